@@ -1,0 +1,283 @@
+//! The command line: `serve`, `check`, `explain`. Parsing with clap; each command
+//! returns an exit code, and problems are printed for a person to read.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use hickory_proto::rr::{LowerName, Name};
+use tracing::{info, warn};
+
+use crate::app::{self, Inputs, Loaded};
+use crate::config::Match;
+use crate::dns::geo::Place;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "steerdns",
+    version,
+    about = "Authoritative DNS server that steers a hostname across CDNs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve DNS (UDP and TCP) from the policy, the zones and the geo database.
+    Serve {
+        #[command(flatten)]
+        inputs: InputArgs,
+        /// Address to answer on, UDP and TCP; repeat for several (IPv6: [::1]:5353).
+        #[arg(long = "listen", value_name = "ADDR", default_value = "127.0.0.1:5353")]
+        listen: Vec<SocketAddr>,
+    },
+    /// Validate the policy, the zones and the geo database; exit non-zero on any error.
+    Check {
+        #[command(flatten)]
+        inputs: InputArgs,
+    },
+    /// Show, offline, how NAME is answered for a client and why.
+    Explain {
+        /// The steered name (www.example.com).
+        name: String,
+        /// The client address (as the ECS address, or the resolver's).
+        #[arg(long)]
+        client: IpAddr,
+        #[command(flatten)]
+        inputs: InputArgs,
+    },
+}
+
+/// The input files, relative to the working directory by default.
+#[derive(Args, Debug, Clone)]
+pub struct InputArgs {
+    /// The steering policy.
+    #[arg(long, value_name = "FILE", default_value = "steering.yaml")]
+    pub config: PathBuf,
+    /// The directory of zone files.
+    #[arg(long, value_name = "DIR", default_value = "zones/")]
+    pub zones: PathBuf,
+    /// The geo database (MaxMind DB: GeoIP2/GeoLite2 Country or City, or flat country_code).
+    #[arg(long, value_name = "FILE", default_value = "geo/country.mmdb")]
+    pub geo: PathBuf,
+}
+
+impl From<InputArgs> for Inputs {
+    fn from(a: InputArgs) -> Inputs {
+        Inputs {
+            config: a.config,
+            zones: a.zones,
+            geo: a.geo,
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve { inputs, listen } => serve(inputs.into(), listen).await,
+        Command::Check { inputs } => check(inputs.into()),
+        Command::Explain {
+            name,
+            client,
+            inputs,
+        } => explain(inputs.into(), &name, client),
+    }
+}
+
+fn load_or_report(inputs: &Inputs) -> Option<Loaded> {
+    match app::load(inputs) {
+        Ok(loaded) => {
+            for w in loaded.warnings.warnings() {
+                eprintln!("{w}");
+            }
+            Some(loaded)
+        }
+        Err(issues) => {
+            for w in issues.warnings() {
+                eprintln!("{w}");
+            }
+            eprint!("{issues}");
+            None
+        }
+    }
+}
+
+async fn serve(inputs: Inputs, listen: Vec<SocketAddr>) -> ExitCode {
+    let Some(loaded) = load_or_report(&inputs) else {
+        eprintln!("steerdns: not starting: fix the errors above (`steerdns check` lists them)");
+        return ExitCode::FAILURE;
+    };
+    let names: Vec<String> = loaded
+        .policy
+        .hosts
+        .iter()
+        .map(|h| h.name.to_string())
+        .collect();
+    let zones: Vec<String> = loaded.zones.origins().map(ToString::to_string).collect();
+    info!(
+        steered = %names.join(" "),
+        zones = %zones.join(" "),
+        geo = %loaded.geo.path().display(),
+        geo_networks = loaded.geo.networks(),
+        "loaded"
+    );
+    let mut running = match app::start(loaded.snapshot(), &listen).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("steerdns: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for addr in running.addrs() {
+        info!(%addr, "listening (udp, tcp)");
+    }
+
+    let token = running.shutdown_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutting down");
+        token.cancel();
+    });
+    match running.wait().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            warn!(error = %e, "server stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn check(inputs: Inputs) -> ExitCode {
+    let Some(loaded) = load_or_report(&inputs) else {
+        return ExitCode::FAILURE;
+    };
+    println!(
+        "ok: {} steered name(s) [{}], {} zone(s) [{}], geo database {} ({}, {} networks)",
+        loaded.policy.hosts.len(),
+        loaded
+            .policy
+            .hosts
+            .iter()
+            .map(|h| h.name.to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        loaded.zones.origins().count(),
+        loaded
+            .zones
+            .origins()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" "),
+        loaded.geo.path().display(),
+        loaded.geo.database_type(),
+        loaded.geo.networks(),
+    );
+    ExitCode::SUCCESS
+}
+
+fn explain(inputs: Inputs, name: &str, client: IpAddr) -> ExitCode {
+    let Some(loaded) = load_or_report(&inputs) else {
+        return ExitCode::FAILURE;
+    };
+    let snapshot = loaded.snapshot();
+    let lower = match Name::from_ascii(name) {
+        Ok(mut n) => {
+            n.set_fqdn(true);
+            LowerName::new(&n)
+        }
+        Err(e) => {
+            eprintln!("steerdns: `{name}` is not a DNS name: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (Some(steered), Some(host)) = (
+        snapshot.plan.get(&lower),
+        loaded
+            .policy
+            .hosts
+            .iter()
+            .find(|h| LowerName::new(&h.name) == lower),
+    ) else {
+        eprintln!("steerdns: {lower} is not a steered name; it is answered from the zone files");
+        return ExitCode::FAILURE;
+    };
+    let place = snapshot.geo.locate(client);
+    let decision = steered.decide(client, &place);
+    let region = &host.regions[decision.region];
+    let why = region
+        .matches
+        .iter()
+        .find(|m| matches(m, client, &place))
+        .map(|m| format!("first region matching `{m}`"))
+        .unwrap_or_else(|| "default".into());
+
+    println!("name:    {}", steered.name);
+    println!(
+        "client:  {client}: {} (network /{} in {})",
+        describe(&place),
+        place.prefix_len,
+        snapshot.geo.path().display()
+    );
+    println!(
+        "region:  regions[{}] {:?} ({why})",
+        decision.region, region.name
+    );
+    let choice = steered.choice(decision.region);
+    println!(
+        "answer:  CNAME, TTL {}, ECS scope /{} (when the query carries ECS)",
+        choice.ttl, decision.scope
+    );
+    let total: u32 = choice.weights().map(|(_, w)| w).sum();
+    for (target, w) in choice.weights() {
+        println!(
+            "  {:<14} {:<34} weight {:>4}  {:>5.1} %",
+            target.cdn,
+            target.cname.to_string(),
+            w,
+            f64::from(w) * 100.0 / f64::from(total)
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn matches(m: &Match, ip: IpAddr, place: &Place) -> bool {
+    match m {
+        Match::Any => true,
+        Match::Country(c) => place.country == Some(*c),
+        Match::Continent(c) => place.continent == Some(*c),
+        Match::Net(n) => n.contains(&ip),
+    }
+}
+
+fn describe(place: &Place) -> String {
+    match (place.country, place.continent) {
+        (Some(c), Some(k)) => format!("country {c}, continent {}", k.code()),
+        (Some(c), None) => format!("country {c}, continent unknown"),
+        _ => "not in the geo database".into(),
+    }
+}

@@ -1,0 +1,200 @@
+//! Input: finds the line of a field in a YAML document, so that semantic errors found
+//! after parsing (an unknown CDN in a region, a default region missing) can name their
+//! line like syntax errors do.
+//!
+//! serde_yaml keeps no positions in its values, but it does attach the position of the
+//! event being read to any error raised while deserializing. So we deserialize the
+//! document once more with a visitor that walks down the wanted path, skipping
+//! everything else, and raises an error on arrival: its location is the field's.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+/// One step of a field path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// Renders `regions[1].weights.akamai`.
+pub fn render(path: &[Seg]) -> String {
+    let mut s = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            Seg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+/// The 1-based line of the value at `path`, or of the deepest ancestor found.
+pub fn line_of(src: &str, path: &[Seg]) -> Option<usize> {
+    // Try the full path, then shorter ones: a missing key is reported at its parent.
+    (0..=path.len()).rev().find_map(|n| {
+        let de = serde_yaml::Deserializer::from_str(src);
+        match (Seek { path: &path[..n] }).deserialize(de) {
+            Err(e) if e.to_string().contains(MARK) => e.location().map(|l| l.line()),
+            _ => None,
+        }
+    })
+}
+
+const MARK: &str = "\u{1}found\u{1}";
+
+struct Seek<'p> {
+    path: &'p [Seg],
+}
+
+impl<'de> DeserializeSeed<'de> for Seek<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        if self.path.is_empty() {
+            d.deserialize_any(Arrived)
+        } else {
+            d.deserialize_any(self)
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for Seek<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map or a sequence")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Seg::Key(want) = &self.path[0] else {
+            return Ok(());
+        };
+        while let Some(key) = map.next_key::<serde_yaml::Value>()? {
+            let matches = match &key {
+                serde_yaml::Value::String(s) => s == want,
+                serde_yaml::Value::Number(n) => n.to_string() == *want,
+                serde_yaml::Value::Bool(b) => b.to_string() == *want,
+                _ => false,
+            };
+            if matches {
+                return map.next_value_seed(Seek {
+                    path: &self.path[1..],
+                });
+            }
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Seg::Index(want) = self.path[0] else {
+            return Ok(());
+        };
+        for _ in 0..want {
+            if seq.next_element::<IgnoredAny>()?.is_none() {
+                return Ok(());
+            }
+        }
+        seq.next_element_seed(Seek {
+            path: &self.path[1..],
+        })
+        .map(|_| ())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// Raises the marker error at the position of the value being read.
+struct Arrived;
+
+impl<'de> Visitor<'de> for Arrived {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("anything")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(de::Error::custom(MARK))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(de::Error::custom(MARK))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Err(E::custom(MARK))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Err(E::custom(MARK))
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Err(E::custom(MARK))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Err(E::custom(MARK))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Err(E::custom(MARK))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Err(E::custom(MARK))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = "\
+hostname: www.example.com
+ttl: 30
+cdns:
+  fastly:     { cname: example.map.fastly.net. }
+  cloudflare: { cname: example.cdn.cloudflare.net. }
+regions:
+  - match: [GB, IE]
+    weights: { fastly: 90, cloudflare: 10 }
+  - match: [\"*\"]
+    weights:
+      fastly: 50
+      akamai: 50
+";
+
+    fn key(k: &str) -> Seg {
+        Seg::Key(k.into())
+    }
+
+    #[test]
+    fn finds_values_in_block_and_flow_style() {
+        assert_eq!(line_of(DOC, &[key("ttl")]), Some(2));
+        assert_eq!(line_of(DOC, &[key("cdns"), key("cloudflare")]), Some(5));
+        let p = [key("regions"), Seg::Index(1), key("weights"), key("akamai")];
+        assert_eq!(line_of(DOC, &p), Some(12));
+        let p = [key("regions"), Seg::Index(0), key("match"), Seg::Index(1)];
+        assert_eq!(line_of(DOC, &p), Some(7));
+        assert_eq!(render(&p), "regions[0].match[1]");
+    }
+
+    #[test]
+    fn missing_fields_fall_back_to_the_parent() {
+        let p = [key("regions"), Seg::Index(1), key("name")];
+        assert_eq!(line_of(DOC, &p), Some(9));
+        assert_eq!(line_of(DOC, &[key("failover")]), Some(1));
+    }
+}

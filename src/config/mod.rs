@@ -1,0 +1,361 @@
+//! Input: the policy file, `steering.yaml`.
+//!
+//! Two layers, as in hickory's and pingora's configs: a serde model that mirrors the file
+//! exactly (`deny_unknown_fields`, so a typo is an error and not a silently ignored key),
+//! and `validate`, which turns it into a `Policy` whose names, CDNs and regions are
+//! resolved and checked, collecting every problem with its file, line and field.
+//!
+//! ```yaml
+//! hostname: www.example.com          # or `hostnames:` mapping each name to the keys below
+//! ttl: 30
+//! incident_ttl: 10
+//! cdns:
+//!   fastly:     { cname: example.map.fastly.net. }
+//! regions:
+//!   - match: [GB, "continent:EU", 81.2.69.0/24, "*"]
+//!     weights: { fastly: 90, cloudflare: 10 }
+//! failover: { steps: [50, 100], step_interval_seconds: 90 }
+//! drain: [{ cdn: fastly, where: [GB], reason: "...", until: 2026-12-01T12:00:00Z }]
+//! ```
+
+mod locate;
+mod validate;
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use hickory_proto::rr::Name;
+use ipnet::IpNet;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use crate::dns::countries::{Continent, Country};
+use crate::error::{ConfigIssue, Issues};
+
+pub use locate::{line_of, render, Seg};
+pub use validate::check_against_zones;
+
+// ===== the validated policy =====
+
+/// Everything `steering.yaml` says, validated.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// The file it came from (messages and `check` output name it).
+    pub file: PathBuf,
+    /// The file's text, kept so that later cross-checks (against the zones) can still
+    /// find the line of a field.
+    pub source: String,
+    pub hosts: Vec<HostPolicy>,
+}
+
+/// The policy of one steered name.
+#[derive(Clone, Debug)]
+pub struct HostPolicy {
+    /// Fully qualified, lowercase.
+    pub name: Name,
+    /// Where this host's keys live in the file (`[]` for the single-name form,
+    /// `hostnames.<name>` otherwise), to locate errors found later.
+    pub path: Vec<Seg>,
+    /// TTL of normal answers.
+    pub ttl: u32,
+    /// TTL while a CDN of this name is off its normal weight (used by failover).
+    pub incident_ttl: Option<u32>,
+    /// In file order; regions refer to them by index.
+    pub cdns: Vec<Cdn>,
+    /// In file order: the first that matches a client wins; the last is the default.
+    pub regions: Vec<Region>,
+    pub failover: Failover,
+    pub drains: Vec<Drain>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Cdn {
+    pub name: String,
+    /// Absolute name the steered name is a CNAME to.
+    pub cname: Name,
+}
+
+#[derive(Clone, Debug)]
+pub struct Region {
+    /// `name:` from the file, or the match list (`GB,IE,DE`), or `default` for `"*"`.
+    pub name: String,
+    pub matches: Vec<Match>,
+    /// Weight of each CDN of the host, by CDN index; 0 = never answered here.
+    pub weights: Vec<u32>,
+}
+
+/// One entry of a region's `match:` list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Match {
+    /// `"*"`: every client.
+    Any,
+    /// `GB`.
+    Country(Country),
+    /// `continent:EU`.
+    Continent(Continent),
+    /// `81.2.69.0/24`, `2001:db8::/32` (a bare address is a /32 or /128).
+    Net(IpNet),
+}
+
+impl Match {
+    /// Parses one entry; `Err` says what was expected.
+    pub fn parse(s: &str) -> Result<Match, String> {
+        let s = s.trim();
+        if s == "*" {
+            return Ok(Match::Any);
+        }
+        if let Some(code) = s.strip_prefix("continent:") {
+            return Continent::from_code(code)
+                .map(Match::Continent)
+                .ok_or_else(|| {
+                    format!("unknown continent `{code}` (one of AF AN AS EU NA OC SA)")
+                });
+        }
+        if s.len() > 2
+            && s[..2].eq_ignore_ascii_case("AS")
+            && s[2..].bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(format!(
+                "`{s}`: AS-number matching needs an ASN database, which this version does not load"
+            ));
+        }
+        if s.contains('/') {
+            let net: IpNet = s.parse().map_err(|_| {
+                format!("`{s}` is not a CIDR block (e.g. 81.2.69.0/24 or 2001:db8::/32)")
+            })?;
+            if net.network() != net.addr() {
+                return Err(format!(
+                    "`{s}` has host bits set past the prefix (did you mean {}?)",
+                    net.trunc()
+                ));
+            }
+            return Ok(Match::Net(net));
+        }
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Ok(Match::Net(IpNet::from(ip)));
+        }
+        if s.len() == 2 {
+            return Country::parse(s).map(Match::Country).ok_or_else(|| {
+                let hint = if s.eq_ignore_ascii_case("UK") {
+                    " (the United Kingdom is GB)"
+                } else {
+                    ""
+                };
+                format!("`{s}` is not an ISO 3166 country code{hint}")
+            });
+        }
+        Err(format!(
+            "`{s}` is not a country (GB), a continent (continent:EU), a CIDR block (81.2.69.0/24) or \"*\""
+        ))
+    }
+}
+
+impl fmt::Display for Match {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Match::Any => f.write_str("*"),
+            Match::Country(c) => write!(f, "{c}"),
+            Match::Continent(c) => write!(f, "continent:{}", c.code()),
+            Match::Net(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// How a demoted CDN's weight is taken away, and given back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failover {
+    /// Percent of the weight removed at each step; increasing, ends at 100.
+    pub steps: Vec<u8>,
+    pub step_interval: Duration,
+}
+
+impl Default for Failover {
+    fn default() -> Self {
+        Failover {
+            steps: vec![50, 100],
+            step_interval: Duration::from_secs(90),
+        }
+    }
+}
+
+/// An operator's request to take a CDN out of service.
+#[derive(Clone, Debug)]
+pub struct Drain {
+    /// Index into the host's `cdns`.
+    pub cdn: usize,
+    /// Empty: everywhere.
+    pub scope: Vec<DrainScope>,
+    pub reason: String,
+    pub until: Option<SystemTime>,
+    /// Move all traffic at once instead of in failover steps.
+    pub immediate: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainScope {
+    /// A region, by index.
+    Region(usize),
+    Match(Match),
+}
+
+// ===== the file, as written =====
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    hostname: Option<String>,
+    hostnames: Option<OrderedMap<RawHost>>,
+    ttl: Option<i64>,
+    incident_ttl: Option<i64>,
+    cdns: Option<OrderedMap<RawCdn>>,
+    regions: Option<Vec<RawRegion>>,
+    failover: Option<RawFailover>,
+    drain: Option<Vec<RawDrain>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    ttl: Option<i64>,
+    incident_ttl: Option<i64>,
+    cdns: Option<OrderedMap<RawCdn>>,
+    regions: Option<Vec<RawRegion>>,
+    failover: Option<RawFailover>,
+    drain: Option<Vec<RawDrain>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCdn {
+    cname: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRegion {
+    name: Option<String>,
+    #[serde(rename = "match")]
+    matches: Option<Vec<Scalar>>,
+    weights: Option<OrderedMap<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFailover {
+    steps: Option<Vec<i64>>,
+    step_interval_seconds: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDrain {
+    cdn: String,
+    #[serde(rename = "where")]
+    scope: Option<Vec<Scalar>>,
+    reason: Option<String>,
+    until: Option<Scalar>,
+    #[serde(default)]
+    immediate: bool,
+}
+
+/// A string-like YAML scalar. `NO` (Norway) is a boolean to some YAML readers and
+/// `2026-12-01T12:00:00Z` a timestamp to others; here both stay the text they were.
+#[derive(Clone, Debug)]
+struct Scalar(String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A mapping that keeps file order and refuses duplicate keys (serde's maps would
+/// silently keep the last one: two `fastly:` entries must be an error).
+struct OrderedMap<T>(Vec<(String, T)>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OrderedMap<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = OrderedMap<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OrderedMap<T>, A::Error> {
+                let mut out: Vec<(String, T)> = Vec::new();
+                while let Some(Scalar(key)) = map.next_key()? {
+                    if out.iter().any(|(k, _)| *k == key) {
+                        return Err(de::Error::custom(format!("duplicate key `{key}`")));
+                    }
+                    out.push((key, map.next_value()?));
+                }
+                Ok(OrderedMap(out))
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
+// ===== loading =====
+
+/// Reads and validates a policy file. On success the `Issues` hold only warnings.
+pub fn load(path: &Path) -> Result<(Policy, Issues), Issues> {
+    let source = std::fs::read_to_string(path).map_err(|e| {
+        Issues(vec![ConfigIssue::error(
+            path,
+            None,
+            "",
+            format!("cannot read: {e}"),
+        )])
+    })?;
+    parse(path, source)
+}
+
+/// Parses and validates policy text (`path` is only used in messages).
+pub fn parse(path: &Path, source: String) -> Result<(Policy, Issues), Issues> {
+    let raw: RawFile = match serde_yaml::from_str(&source) {
+        Ok(raw) => raw,
+        Err(e) => return Err(Issues(vec![yaml_issue(path, &e)])),
+    };
+    validate::validate(path, source, raw)
+}
+
+/// serde_yaml says ``regions[0].weights: unknown field `wieght`… at line 6 column 9``;
+/// split that into our field and line.
+fn yaml_issue(path: &Path, e: &serde_yaml::Error) -> ConfigIssue {
+    let line = e.location().map(|l| l.line());
+    let mut msg = e.to_string();
+    if let Some(i) = msg.rfind(" at line ") {
+        msg.truncate(i);
+    }
+    let (field, message) = match msg.split_once(": ") {
+        Some((field, rest)) if !field.contains(' ') => (field.to_string(), rest.to_string()),
+        _ => (String::new(), msg),
+    };
+    ConfigIssue::error(path, line, field, message)
+}

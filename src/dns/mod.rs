@@ -1,0 +1,178 @@
+//! Data plane: one DNS query in, one response out.
+//!
+//! ```text
+//! UDP/TCP packet ─▶ hickory-server ─▶ Handler::handle_request
+//!    EDNS/ECS checks ─▶ steered name? ──no──▶ zones (hickory Catalog), ECS scope 0
+//!                            │yes
+//!    client location (ECS | source) ─▶ geo lookup ─▶ region ─▶ weighted pick ─▶ CNAME + ECS scope
+//! ```
+//!
+//! No I/O, no locks, no awaits except the send; everything expensive was done by the
+//! planner. This is the only module that names hickory's request and response types.
+
+pub mod countries;
+pub mod edns;
+pub mod geo;
+pub mod listen;
+
+use std::iter;
+use std::sync::Arc;
+
+use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::CNAME;
+use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_server::net::runtime::Time;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponseBuilder;
+
+use crate::plan::{Live, Snapshot};
+
+/// The request handler registered with hickory's `Server`. It holds the live snapshot,
+/// which the control plane replaces; each query reads one snapshot from start to end.
+#[derive(Clone)]
+pub struct Handler {
+    live: Arc<Live>,
+}
+
+impl Handler {
+    pub fn new(live: Arc<Live>) -> Handler {
+        Handler { live }
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for Handler {
+    async fn handle_request<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        response: R,
+    ) -> ResponseInfo {
+        let snap = self.live.load_full();
+        answer::<R, T>(&snap, request, response).await
+    }
+}
+
+/// The query pipeline.
+///
+/// # Hot path
+/// One geo lookup, table lookups, one random draw; allocations are the response OPT
+/// and the answer record (the target name is inline for names up to 32 bytes).
+async fn answer<R: ResponseHandler, T: Time>(
+    snap: &Snapshot,
+    request: &Request,
+    response: R,
+) -> ResponseInfo {
+    // RFC 6891 §7: with no OPT in the query there is none in the response.
+    let client = match edns::client(request.edns.as_ref(), request.src().ip()) {
+        Ok(c) => c,
+        Err(rcode) => {
+            let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));
+            return error(request, rcode, opt.as_ref(), response).await;
+        }
+    };
+    // Answers that do not depend on the client carry ECS scope 0.
+    let untailored = request
+        .edns
+        .as_ref()
+        .map(|e| edns::response(e, client.ecs, 0));
+
+    if request.metadata.op_code != OpCode::Query
+        || request.metadata.message_type != MessageType::Query
+    {
+        return error(request, ResponseCode::NotImp, untailored.as_ref(), response).await;
+    }
+    let [query] = request.queries.queries() else {
+        return error(
+            request,
+            ResponseCode::FormErr,
+            untailored.as_ref(),
+            response,
+        )
+        .await;
+    };
+
+    let steered = match query.query_type() {
+        // Zone transfers go to the zones, which refuse them.
+        RecordType::AXFR | RecordType::IXFR => None,
+        _ if query.query_class() != DNSClass::IN => None,
+        _ => snap.plan.get(query.name()),
+    };
+    let Some(steered) = steered else {
+        return snap
+            .zones
+            .lookup(request, untailored.as_ref(), T::current_time(), response)
+            .await;
+    };
+
+    let place = snap.geo.locate(client.ip);
+    let decision = steered.decide(client.ip, &place);
+    let choice = steered.choice(decision.region);
+    let target = choice.pick(&mut rand::rng());
+
+    let scope = if client.wants_tailoring() {
+        decision.scope
+    } else {
+        0
+    };
+    let opt = request
+        .edns
+        .as_ref()
+        .map(|e| edns::response(e, client.ecs, scope));
+    // The owner is the query name as asked, so its case is preserved (RFC 4343).
+    let record = Record::from_rdata(
+        query.original().name().clone(),
+        choice.ttl,
+        RData::CNAME(CNAME(target.cname.clone())),
+    );
+    let mut metadata = Metadata::response_from_request(&request.metadata);
+    metadata.authoritative = true;
+    let message = MessageResponseBuilder::new(&request.queries, opt.as_ref()).build(
+        metadata,
+        iter::once(&record),
+        iter::empty(),
+        iter::empty(),
+        iter::empty(),
+    );
+    send(request, message_send(response, message).await)
+}
+
+async fn error<R: ResponseHandler>(
+    request: &Request,
+    rcode: ResponseCode,
+    opt: Option<&Edns>,
+    response: R,
+) -> ResponseInfo {
+    let message =
+        MessageResponseBuilder::new(&request.queries, opt).error_msg(&request.metadata, rcode);
+    send(request, message_send(response, message).await)
+}
+
+type Sent = Result<ResponseInfo, hickory_server::net::NetError>;
+
+async fn message_send<'a, R: ResponseHandler>(
+    mut response: R,
+    message: hickory_server::zone_handler::MessageResponse<
+        '_,
+        'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+    >,
+) -> Sent {
+    response.send_response(message).await
+}
+
+/// A failed send (the client went away, the socket queue is full) is not ours to log
+/// per packet; it is reported to hickory as SERVFAIL.
+fn send(request: &Request, sent: Sent) -> ResponseInfo {
+    sent.unwrap_or_else(|_| {
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.response_code = ResponseCode::ServFail;
+        Header {
+            metadata,
+            counts: HeaderCounts::default(),
+        }
+        .into()
+    })
+}

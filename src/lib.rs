@@ -1,0 +1,33 @@
+//! steerdns: an authoritative DNS server that steers a hostname across several CDNs.
+//!
+//! A resolver asks for `www.example.com`; steerdns locates the client (EDNS Client
+//! Subnet, else the resolver's address), finds the client's region in `steering.yaml`
+//! and answers a weighted-random `CNAME` to one CDN, with a short TTL. Every other name
+//! in the served zones is answered from the zone files.
+//!
+//! The code is split along two planes that meet in one type, the [`plan::Plan`]:
+//!
+//! ```text
+//!  data plane (per query, tiny)              control plane (events, may be slow)
+//!  ───────────────────────────               ───────────────────────────────────
+//!  dns/        handler, EDNS/ECS, geo,        config/     steering.yaml → Policy
+//!              sockets                        zones.rs    zones/ → Catalog
+//!       │                                     control/    planner: Policy → Plan
+//!       └──── reads ──▶ plan.rs: Snapshot { Plan, GeoDb, Catalog } ◀── publishes ──┘
+//! ```
+//!
+//! - [`dns`]: the query path: [`dns::Handler`], [`dns::edns`], [`dns::geo`], sockets.
+//! - [`plan`]: the immutable snapshot behind an `ArcSwap`; one atomic load per query.
+//! - [`control`]: builds plans ([`control::planner`]).
+//! - [`config`], [`zones`]: inputs, validated with file, line and field.
+//! - [`app`]: lifecycle: load, bind, serve, stop.
+//! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`).
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod dns;
+pub mod error;
+pub mod plan;
+pub mod zones;

@@ -1,0 +1,399 @@
+//! The contract between the planes: an immutable `Plan` that the control plane builds
+//! and the data plane reads, published together with the geo database and the zones as
+//! one `Snapshot` behind an `ArcSwap`.
+//!
+//! A query does one atomic load of the snapshot, one geo lookup, one region lookup in
+//! precomputed tables, and one random draw plus a binary search over a cumulative weight
+//! table. Nothing here decides policy: the planner (`control::planner`) did that.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use hickory_proto::rr::{LowerName, Name};
+use hickory_server::zone_handler::Catalog;
+use ipnet::IpNet;
+use rand::{Rng, RngExt};
+
+use crate::dns::geo::{GeoDb, Place};
+
+/// Everything a query needs, swapped as one piece so that no query ever sees a plan
+/// from one configuration and zones from another.
+pub struct Snapshot {
+    pub plan: Plan,
+    pub geo: Arc<GeoDb>,
+    pub zones: Arc<Catalog>,
+}
+
+/// The live snapshot: the data plane loads it, the control plane stores a new one.
+pub type Live = ArcSwap<Snapshot>;
+
+/// Every steered name, and how to answer it right now.
+#[derive(Debug, Default)]
+pub struct Plan {
+    names: HashMap<LowerName, Steered>,
+}
+
+/// One steered name.
+#[derive(Debug)]
+pub struct Steered {
+    /// The name as configured (lowercase, absolute).
+    pub name: Name,
+    regions: RegionIndex,
+    /// One per region, in policy order.
+    choices: Box<[Choice]>,
+}
+
+/// What a region answers: the CDNs that may serve it now and their weights.
+#[derive(Debug)]
+pub struct Choice {
+    /// Region name, for explain and (later) metrics labels.
+    pub region: Arc<str>,
+    /// Running sums of the weights of `targets`; the last is the total (> 0).
+    cumulative: Box<[u32]>,
+    targets: Box<[Target]>,
+    /// TTL of the CNAME answer.
+    pub ttl: u32,
+}
+
+/// One CDN a name can be answered with.
+#[derive(Debug)]
+pub struct Target {
+    pub cdn: Arc<str>,
+    /// The CNAME target (absolute).
+    pub cname: Name,
+}
+
+/// Which region a client falls in, and how far that finding extends (the ECS scope).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub region: usize,
+    /// Prefix length over which every address gets this same region; 0 when the answer
+    /// does not depend on the client at all.
+    pub scope: u8,
+}
+
+/// Region lookup tables: for each key, the index of the *first* region that matches it.
+/// The first matching region overall is the smallest index among the keys that match.
+#[derive(Debug)]
+pub struct RegionIndex {
+    by_country: Box<[u16; 676]>,
+    by_continent: [u16; 7],
+    /// CIDR entries with the first region listing each, shortest prefix first.
+    nets: Box<[(IpNet, u16)]>,
+    /// The region with `"*"`.
+    default: u16,
+    /// False when every client gets the same region (ECS scope 0).
+    location_dependent: bool,
+}
+
+const NONE: u16 = u16::MAX;
+
+// === impl Plan ===
+
+impl Plan {
+    pub fn new(names: Vec<Steered>) -> Plan {
+        Plan {
+            names: names
+                .into_iter()
+                .map(|s| (LowerName::new(&s.name), s))
+                .collect(),
+        }
+    }
+
+    /// The steered name, if `name` is one.
+    ///
+    /// # Hot path
+    /// A hash lookup on the already lowercased query name; no allocation.
+    pub fn get(&self, name: &LowerName) -> Option<&Steered> {
+        self.names.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &Steered> {
+        self.names.values()
+    }
+}
+
+// === impl Steered ===
+
+impl Steered {
+    pub fn new(name: Name, regions: RegionIndex, choices: Vec<Choice>) -> Steered {
+        Steered {
+            name,
+            regions,
+            choices: choices.into_boxed_slice(),
+        }
+    }
+
+    /// Finds the client's region and the ECS scope of that finding.
+    ///
+    /// # Hot path
+    /// Table lookups and, only for policies with CIDR entries, a short scan.
+    pub fn decide(&self, ip: IpAddr, place: &Place) -> Decision {
+        self.regions.decide(ip, place)
+    }
+
+    pub fn choice(&self, region: usize) -> &Choice {
+        &self.choices[region]
+    }
+
+    pub fn choices(&self) -> &[Choice] {
+        &self.choices
+    }
+}
+
+// === impl Choice ===
+
+impl Choice {
+    /// `weighted` lists (target, weight); zero weights are left out. `None` if every
+    /// weight is zero (the planner never builds such a choice).
+    pub fn new(region: Arc<str>, ttl: u32, weighted: Vec<(Target, u32)>) -> Option<Choice> {
+        let mut total = 0u32;
+        let mut cumulative = Vec::new();
+        let mut targets = Vec::new();
+        for (target, w) in weighted.into_iter().filter(|(_, w)| *w > 0) {
+            total = total.checked_add(w)?;
+            cumulative.push(total);
+            targets.push(target);
+        }
+        (total > 0).then(|| Choice {
+            region,
+            cumulative: cumulative.into_boxed_slice(),
+            targets: targets.into_boxed_slice(),
+            ttl,
+        })
+    }
+
+    /// One weighted-random target.
+    ///
+    /// # Hot path
+    /// One random draw and a binary search; no allocation.
+    pub fn pick<R: Rng + ?Sized>(&self, rng: &mut R) -> &Target {
+        let total = self.cumulative[self.cumulative.len() - 1];
+        let x = rng.random_range(0..total);
+        let i = self.cumulative.partition_point(|&c| c <= x);
+        &self.targets[i]
+    }
+
+    /// (target, weight) pairs, for explain and tests.
+    pub fn weights(&self) -> impl Iterator<Item = (&Target, u32)> {
+        let mut prev = 0;
+        self.targets
+            .iter()
+            .zip(self.cumulative.iter())
+            .map(move |(t, &c)| {
+                let w = c - prev;
+                prev = c;
+                (t, w)
+            })
+    }
+}
+
+// === impl RegionIndex ===
+
+impl RegionIndex {
+    /// Builds the tables from each region's entries, in policy order.
+    pub fn new<'a>(regions: impl IntoIterator<Item = &'a [crate::config::Match]>) -> RegionIndex {
+        use crate::config::Match;
+        let mut idx = RegionIndex {
+            by_country: Box::new([NONE; 676]),
+            by_continent: [NONE; 7],
+            nets: Box::new([]),
+            default: NONE,
+            location_dependent: false,
+        };
+        let mut nets: Vec<(IpNet, u16)> = Vec::new();
+        let mut count = 0usize;
+        for (i, matches) in regions.into_iter().enumerate() {
+            count += 1;
+            let i = i as u16;
+            for m in matches {
+                match *m {
+                    Match::Any => first(&mut idx.default, i),
+                    Match::Country(c) => first(&mut idx.by_country[c.index()], i),
+                    Match::Continent(c) => first(&mut idx.by_continent[c.index()], i),
+                    Match::Net(n) => {
+                        if !nets.iter().any(|(o, _)| *o == n) {
+                            nets.push((n, i));
+                        }
+                    }
+                }
+            }
+        }
+        nets.sort_by_key(|(n, _)| n.prefix_len());
+        idx.nets = nets.into_boxed_slice();
+        if idx.default == NONE {
+            // Validation requires a default; stay total anyway.
+            idx.default = count.saturating_sub(1) as u16;
+        }
+        idx.location_dependent = count > 1 && idx.default != 0;
+        idx
+    }
+
+    fn decide(&self, ip: IpAddr, place: &Place) -> Decision {
+        if !self.location_dependent {
+            return Decision {
+                region: self.default as usize,
+                scope: 0,
+            };
+        }
+        let mut region = self.default;
+        if let Some(c) = place.country {
+            region = region.min(self.by_country[c.index()]);
+        }
+        if let Some(c) = place.continent {
+            region = region.min(self.by_continent[c.index()]);
+        }
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let mut scope = place.prefix_len.min(max);
+        for &(net, r) in self.nets.iter() {
+            if net.contains(&ip) {
+                region = region.min(r);
+            }
+            // The answer is only constant over a network that lies wholly inside or
+            // outside every CIDR entry: narrow the scope past any entry that overlaps.
+            if net.prefix_len() > scope && same_network(ip, net.addr(), scope) {
+                scope = net.prefix_len();
+            }
+        }
+        Decision {
+            region: region as usize,
+            scope,
+        }
+    }
+}
+
+fn first(slot: &mut u16, region: u16) {
+    if *slot == NONE {
+        *slot = region;
+    }
+}
+
+/// Whether `a` and `b` (same family) share their first `prefix` bits.
+fn same_network(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Match;
+    use crate::dns::countries::Country;
+    use rand::SeedableRng;
+
+    fn idx(regions: &[Vec<Match>]) -> RegionIndex {
+        RegionIndex::new(regions.iter().map(|r| r.as_slice()))
+    }
+
+    fn m(s: &str) -> Match {
+        Match::parse(s).unwrap()
+    }
+
+    fn place(cc: &str, prefix_len: u8) -> Place {
+        let country = Country::parse(cc);
+        Place {
+            country,
+            continent: country.and_then(Country::continent),
+            prefix_len,
+        }
+    }
+
+    #[test]
+    fn first_matching_region_wins() {
+        let r = idx(&[
+            vec![m("81.2.69.0/24")],
+            vec![m("GB")],
+            vec![m("continent:EU")],
+            vec![m("*")],
+        ]);
+        let ip: IpAddr = "81.2.69.142".parse().unwrap();
+        assert_eq!(
+            r.decide(ip, &place("GB", 18)),
+            Decision {
+                region: 0,
+                scope: 24
+            }
+        );
+        let ip: IpAddr = "81.2.70.1".parse().unwrap();
+        assert_eq!(
+            r.decide(ip, &place("GB", 18)),
+            Decision {
+                region: 1,
+                scope: 24
+            }
+        );
+        let ip: IpAddr = "89.160.20.112".parse().unwrap();
+        assert_eq!(
+            r.decide(ip, &place("SE", 17)),
+            Decision {
+                region: 2,
+                scope: 17
+            }
+        );
+        assert_eq!(r.decide(ip, &Place::default()).region, 3);
+    }
+
+    #[test]
+    fn continent_listed_first_beats_a_later_country() {
+        let r = idx(&[vec![m("continent:EU")], vec![m("GB")], vec![m("*")]]);
+        assert_eq!(
+            r.decide("81.2.69.1".parse().unwrap(), &place("GB", 18))
+                .region,
+            0
+        );
+    }
+
+    #[test]
+    fn default_only_policy_has_scope_zero() {
+        let r = idx(&[vec![m("*")]]);
+        assert_eq!(
+            r.decide("81.2.69.1".parse().unwrap(), &place("GB", 18)),
+            Decision {
+                region: 0,
+                scope: 0
+            }
+        );
+    }
+
+    #[test]
+    fn pick_follows_weights() {
+        let t = |n: &str| Target {
+            cdn: n.into(),
+            cname: Name::from_ascii(format!("{n}.example.net.")).unwrap(),
+        };
+        let c = Choice::new(
+            "r".into(),
+            30,
+            vec![(t("a"), 70), (t("b"), 0), (t("c"), 30)],
+        )
+        .unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut a = 0;
+        for _ in 0..10_000 {
+            match &*c.pick(&mut rng).cdn {
+                "a" => a += 1,
+                "c" => {}
+                other => panic!("zero-weight target {other} picked"),
+            }
+        }
+        assert!((6_800..7_200).contains(&a), "{a}");
+        assert_eq!(
+            c.weights()
+                .map(|(t, w)| (t.cdn.to_string(), w))
+                .collect::<Vec<_>>(),
+            vec![("a".into(), 70), ("c".into(), 30)]
+        );
+        assert!(Choice::new("r".into(), 30, vec![(t("a"), 0)]).is_none());
+    }
+}
