@@ -278,6 +278,7 @@ fn describe(place: &Place) -> String {
     match (place.country, place.continent) {
         (Some(c), Some(k)) => format!("country {c}, continent {}", k.code()),
         (Some(c), None) => format!("country {c}, continent unknown"),
+        (None, Some(k)) => format!("continent {}, country unknown", k.code()),
         _ => "not in the geo database".into(),
     }
 }

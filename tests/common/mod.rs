@@ -1,0 +1,216 @@
+//! Test harness: a real steerdns server on an ephemeral loopback port, and a small DNS
+//! client (hickory-proto messages over tokio sockets, UDP and TCP).
+#![allow(dead_code)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_proto::rr::{Name, RData, RecordType};
+use steerdns::app::{self, Inputs, Running};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+
+/// A path inside the repository.
+pub fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The MaxMind test database used by most tests (GB 81.2.69.x, US 216.160.83.x, JP 2001:218::/32).
+pub const TEST_GEO: &str = "tests/fixtures/geo/GeoIP2-Country-Test.mmdb";
+/// The test zone: the demo zone plus records for ANY, TC and delegation tests.
+pub const TEST_ZONES: &str = "tests/fixtures/zones";
+/// The demo policy shipped at the repository root.
+pub const DEMO_POLICY: &str = "steering.yaml";
+/// Several steered names, each region pinned to one CDN.
+pub const MULTI_POLICY: &str = "tests/fixtures/steering-multi.yaml";
+
+pub const FASTLY: &str = "example.map.fastly.net.";
+pub const CLOUDFLARE: &str = "example.cdn.cloudflare.net.";
+
+/// A running server; stopped when dropped.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub running: Running,
+}
+
+impl TestServer {
+    /// The demo policy with the test zone and test geo database, on 127.0.0.1.
+    pub async fn demo() -> TestServer {
+        TestServer::start(DEMO_POLICY, TEST_ZONES, TEST_GEO, "127.0.0.1:0").await
+    }
+
+    /// The multi-name policy.
+    pub async fn multi() -> TestServer {
+        TestServer::start(MULTI_POLICY, TEST_ZONES, TEST_GEO, "127.0.0.1:0").await
+    }
+
+    pub async fn start(policy: &str, zones: &str, geo: &str, listen: &str) -> TestServer {
+        let inputs = Inputs {
+            config: repo(policy),
+            zones: repo(zones),
+            geo: repo(geo),
+        };
+        let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("fixture does not load: {e}"));
+        let running = app::start(loaded.snapshot(), &[listen.parse().unwrap()])
+            .await
+            .expect("bind loopback");
+        TestServer {
+            addr: running.addrs()[0],
+            running,
+        }
+    }
+
+    pub async fn ask(&self, proto: Proto, msg: &Message) -> Message {
+        ask(self.addr, proto, msg).await
+    }
+
+    /// The CNAME target of a steered answer (panics if the answer is not one CNAME).
+    pub async fn cname(&self, proto: Proto, msg: &Message) -> String {
+        cname_of(&self.ask(proto, msg).await)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Udp,
+    Tcp,
+}
+
+pub const BOTH: [Proto; 2] = [Proto::Udp, Proto::Tcp];
+
+/// A query without EDNS.
+pub fn query(name: &str, qtype: RecordType) -> Message {
+    let mut m = Message::new(rand_id(), MessageType::Query, OpCode::Query);
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    m
+}
+
+/// A query with EDNS (UDP size 1232) and, optionally, an ECS option `addr/source`.
+pub fn query_edns(name: &str, qtype: RecordType, ecs: Option<(&str, u8)>) -> Message {
+    let mut m = query(name, qtype);
+    let mut edns = Edns::new();
+    edns.set_max_payload(1232);
+    if let Some((addr, source)) = ecs {
+        let ip: IpAddr = addr.parse().unwrap();
+        edns.options_mut()
+            .insert(EdnsOption::Subnet(ClientSubnet::new(ip, source, 0)));
+    }
+    m.set_edns(edns);
+    m
+}
+
+fn rand_id() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(4242);
+    NEXT.fetch_add(7, Ordering::Relaxed)
+}
+
+/// Sends a message and decodes the answer.
+pub async fn ask(addr: SocketAddr, proto: Proto, msg: &Message) -> Message {
+    let bytes = msg.to_vec().expect("encode query");
+    let reply = raw(addr, proto, &bytes)
+        .await
+        .unwrap_or_else(|| panic!("no answer over {proto:?} to {:?}", msg.queries));
+    let answer = Message::from_vec(&reply).expect("decode answer");
+    assert_eq!(answer.metadata.id, msg.metadata.id, "answer id");
+    answer
+}
+
+/// Sends raw bytes; the raw reply, or `None` if none came within 2 s.
+pub async fn raw(addr: SocketAddr, proto: Proto, bytes: &[u8]) -> Option<Vec<u8>> {
+    let io = async {
+        match proto {
+            Proto::Udp => {
+                let bind: SocketAddr = if addr.is_ipv4() {
+                    "127.0.0.1:0"
+                } else {
+                    "[::1]:0"
+                }
+                .parse()
+                .unwrap();
+                let sock = UdpSocket::bind(bind).await.ok()?;
+                sock.send_to(bytes, addr).await.ok()?;
+                let mut buf = vec![0u8; 65535];
+                let (n, _) = sock.recv_from(&mut buf).await.ok()?;
+                buf.truncate(n);
+                Some(buf)
+            }
+            Proto::Tcp => {
+                let mut s = TcpStream::connect(addr).await.ok()?;
+                let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+                framed.extend_from_slice(bytes);
+                s.write_all(&framed).await.ok()?;
+                let mut len = [0u8; 2];
+                s.read_exact(&mut len).await.ok()?;
+                let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+                s.read_exact(&mut buf).await.ok()?;
+                Some(buf)
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), io)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The single CNAME target of an answer.
+pub fn cname_of(m: &Message) -> String {
+    assert_eq!(
+        m.answers.len(),
+        1,
+        "expected one CNAME, got {:?}",
+        m.answers
+    );
+    match &m.answers[0].data {
+        RData::CNAME(c) => c.0.to_string(),
+        other => panic!("expected a CNAME, got {other:?}"),
+    }
+}
+
+/// The ECS option of an answer.
+pub fn ecs_of(m: &Message) -> Option<ClientSubnet> {
+    m.edns
+        .as_ref()?
+        .options()
+        .options
+        .iter()
+        .find_map(|(_, o)| match o {
+            EdnsOption::Subnet(cs) => Some(*cs),
+            _ => None,
+        })
+}
+
+/// A raw query for `www.example.com A` carrying one EDNS option with raw bytes, for
+/// malformed options hickory's encoder would not produce.
+pub fn raw_query_with_option(id: u16, code: u16, data: &[u8]) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&id.to_be_bytes());
+    p.extend_from_slice(&[0x01, 0x00]); // RD
+    p.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 1]); // QD=1 AN=0 NS=0 AR=1
+    for label in ["www", "example", "com"] {
+        p.push(label.len() as u8);
+        p.extend_from_slice(label.as_bytes());
+    }
+    p.push(0);
+    p.extend_from_slice(&[0, 1, 0, 1]); // A IN
+    p.push(0); // OPT owner: root
+    p.extend_from_slice(&[0, 41]); // type OPT
+    p.extend_from_slice(&1232u16.to_be_bytes()); // UDP size
+    p.extend_from_slice(&[0, 0, 0, 0]); // ext rcode, version, flags
+    let rdlen = 4 + data.len() as u16;
+    p.extend_from_slice(&rdlen.to_be_bytes());
+    p.extend_from_slice(&code.to_be_bytes());
+    p.extend_from_slice(&(data.len() as u16).to_be_bytes());
+    p.extend_from_slice(data);
+    p
+}
+
+/// RCODE (low four bits) of a raw answer.
+pub fn raw_rcode(answer: &[u8]) -> u8 {
+    answer[3] & 0x0f
+}
