@@ -1,5 +1,6 @@
 //! The `steerdns` binary: logging setup and the command line; see `cli.rs`.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -13,6 +14,7 @@ async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     steerdns::cli::run(steerdns::cli::Cli::parse()).await
 }

@@ -321,3 +321,21 @@ async fn a_stopped_server_no_longer_answers() {
     let bytes = query("www.example.com.", RecordType::A).to_vec().unwrap();
     assert!(raw(addr, Proto::Tcp, &bytes).await.is_none());
 }
+
+#[tokio::test]
+async fn zone_transfers_and_other_classes_are_refused() {
+    let srv = TestServer::demo().await;
+    for proto in BOTH {
+        for qtype in [RecordType::AXFR, RecordType::IXFR] {
+            let m = srv.ask(proto, &query("example.com.", qtype)).await;
+            assert_eq!(m.metadata.response_code, ResponseCode::Refused, "{qtype}");
+            assert!(m.answers.is_empty());
+        }
+        for name in ["www.example.com.", "example.com.", "version.bind."] {
+            let mut q = query(name, RecordType::TXT);
+            q.queries[0].set_query_class(hickory_proto::rr::DNSClass::CH);
+            let m = srv.ask(proto, &q).await;
+            assert_eq!(m.metadata.response_code, ResponseCode::Refused, "{name} CH");
+        }
+    }
+}

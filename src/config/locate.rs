@@ -10,11 +10,14 @@
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 
 /// One step of a field path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Seg {
     Key(String),
+    /// The second occurrence of a key (where a duplicate is reported).
+    Repeat(String),
     Index(usize),
 }
 
@@ -23,7 +26,7 @@ pub fn render(path: &[Seg]) -> String {
     let mut s = String::new();
     for seg in path {
         match seg {
-            Seg::Key(k) => {
+            Seg::Key(k) | Seg::Repeat(k) => {
                 if !s.is_empty() {
                     s.push('.');
                 }
@@ -40,11 +43,31 @@ pub fn line_of(src: &str, path: &[Seg]) -> Option<usize> {
     // Try the full path, then shorter ones: a missing key is reported at its parent.
     (0..=path.len()).rev().find_map(|n| {
         let de = serde_yaml::Deserializer::from_str(src);
-        match (Seek { path: &path[..n] }).deserialize(de) {
-            Err(e) if e.to_string().contains(MARK) => e.location().map(|l| l.line()),
-            _ => None,
+        let line = match (Seek { path: &path[..n] }).deserialize(de) {
+            Err(e) if e.to_string().contains(MARK) => e.location()?.line(),
+            _ => return None,
+        };
+        // That is the line where the value starts; a block value starts below its key,
+        // and the operator looks for the key.
+        match path[..n].last() {
+            Some(Seg::Key(k) | Seg::Repeat(k)) => Some(key_line(src, k, line).unwrap_or(line)),
+            _ => Some(line),
         }
     })
+}
+
+/// The last line at or before `line` on which `key:` is written.
+fn key_line(src: &str, key: &str, line: usize) -> Option<usize> {
+    let forms = [
+        format!("{key}:"),
+        format!("\"{key}\":"),
+        format!("'{key}':"),
+    ];
+    let lines: Vec<&str> = src.lines().take(line).collect();
+    (0..lines.len())
+        .rev()
+        .find(|&i| forms.iter().any(|f| lines[i].contains(f.as_str())))
+        .map(|i| i + 1)
 }
 
 const MARK: &str = "\u{1}found\u{1}";
@@ -70,24 +93,25 @@ impl<'de> Visitor<'de> for Seek<'_> {
         f.write_str("a map or a sequence")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let Seg::Key(want) = &self.path[0] else {
-            return Ok(());
+        let (want, mut skip) = match &self.path[0] {
+            Seg::Key(k) => (k, 0),
+            Seg::Repeat(k) => (k, 1),
+            Seg::Index(_) => return Ok(()),
         };
-        while let Some(key) = map.next_key::<serde_yaml::Value>()? {
-            let matches = match &key {
-                serde_yaml::Value::String(s) => s == want,
-                serde_yaml::Value::Number(n) => n.to_string() == *want,
-                serde_yaml::Value::Bool(b) => b.to_string() == *want,
-                _ => false,
-            };
-            if matches {
-                return map.next_value_seed(Seek {
-                    path: &self.path[1..],
-                });
+        loop {
+            let probe = KeyProbe { want };
+            match map.next_key_seed(probe)? {
+                None => return Ok(()),
+                Some(true) if skip == 0 => {
+                    return map.next_value_seed(Seek {
+                        path: &self.path[1..],
+                    })
+                }
+                Some(true) => skip -= 1,
+                Some(false) => {}
             }
             map.next_value::<IgnoredAny>()?;
         }
-        Ok(())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let Seg::Index(want) = self.path[0] else {
@@ -120,6 +144,25 @@ impl<'de> Visitor<'de> for Seek<'_> {
     }
     fn visit_unit<E>(self) -> Result<(), E> {
         Ok(())
+    }
+}
+
+/// Reads a map key; says whether it is the wanted one.
+struct KeyProbe<'k> {
+    want: &'k str,
+}
+
+impl<'de> DeserializeSeed<'de> for KeyProbe<'_> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        let key = serde_yaml::Value::deserialize(d)?;
+        let text = match &key {
+            serde_yaml::Value::String(s) => s.clone(),
+            serde_yaml::Value::Number(n) => n.to_string(),
+            serde_yaml::Value::Bool(b) => b.to_string(),
+            _ => return Ok(false),
+        };
+        Ok(text == self.want)
     }
 }
 

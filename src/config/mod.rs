@@ -294,6 +294,8 @@ impl<'de> Deserialize<'de> for Scalar {
     }
 }
 
+const DUPLICATE: &str = "duplicate key ";
+
 /// A mapping that keeps file order and refuses duplicate keys (serde's maps would
 /// silently keep the last one: two `fastly:` entries must be an error).
 struct OrderedMap<T>(Vec<(String, T)>);
@@ -310,7 +312,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for OrderedMap<T> {
                 let mut out: Vec<(String, T)> = Vec::new();
                 while let Some(Scalar(key)) = map.next_key()? {
                     if out.iter().any(|(k, _)| *k == key) {
-                        return Err(de::Error::custom(format!("duplicate key `{key}`")));
+                        return Err(de::Error::custom(format!("{DUPLICATE}`{key}`")));
                     }
                     out.push((key, map.next_value()?));
                 }
@@ -340,15 +342,15 @@ pub fn load(path: &Path) -> Result<(Policy, Issues), Issues> {
 pub fn parse(path: &Path, source: String) -> Result<(Policy, Issues), Issues> {
     let raw: RawFile = match serde_yaml::from_str(&source) {
         Ok(raw) => raw,
-        Err(e) => return Err(Issues(vec![yaml_issue(path, &e)])),
+        Err(e) => return Err(Issues(vec![yaml_issue(path, &source, &e)])),
     };
     validate::validate(path, source, raw)
 }
 
 /// serde_yaml says ``regions[0].weights: unknown field `wieght`… at line 6 column 9``;
 /// split that into our field and line.
-fn yaml_issue(path: &Path, e: &serde_yaml::Error) -> ConfigIssue {
-    let line = e.location().map(|l| l.line());
+fn yaml_issue(path: &Path, source: &str, e: &serde_yaml::Error) -> ConfigIssue {
+    let mut line = e.location().map(|l| l.line());
     let mut msg = e.to_string();
     if let Some(i) = msg.rfind(" at line ") {
         msg.truncate(i);
@@ -357,5 +359,41 @@ fn yaml_issue(path: &Path, e: &serde_yaml::Error) -> ConfigIssue {
         Some((field, rest)) if !field.contains(' ') => (field.to_string(), rest.to_string()),
         _ => (String::new(), msg),
     };
+    // serde_yaml places a duplicate at its mapping; point at the repeated key instead.
+    if let Some(key) = message.strip_prefix(DUPLICATE).map(|k| k.trim_matches('`')) {
+        let mut at = parse_path(&field);
+        at.push(Seg::Repeat(key.to_string()));
+        line = line_of(source, &at).or(line);
+    }
     ConfigIssue::error(path, line, field, message)
+}
+
+/// Reads back a rendered path (`regions[1].weights`); keys holding dots (host names)
+/// are matched whole when they follow `hostnames.`.
+fn parse_path(s: &str) -> Vec<Seg> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    if let Some(host) = rest.strip_prefix("hostnames.") {
+        out.push(Seg::Key("hostnames".into()));
+        let end = host
+            .find(".cdns")
+            .or_else(|| host.find(".regions"))
+            .or_else(|| host.find(".drain"))
+            .or_else(|| host.find(".failover"))
+            .unwrap_or(host.len());
+        out.push(Seg::Key(host[..end].to_string()));
+        rest = host[end..].trim_start_matches('.');
+    }
+    for part in rest.split('.').filter(|p| !p.is_empty()) {
+        let mut it = part.split('[');
+        if let Some(k) = it.next().filter(|k| !k.is_empty()) {
+            out.push(Seg::Key(k.to_string()));
+        }
+        for idx in it {
+            if let Ok(i) = idx.trim_end_matches(']').parse() {
+                out.push(Seg::Index(i));
+            }
+        }
+    }
+    out
 }

@@ -227,11 +227,22 @@ fn cdns(cx: &mut Ctx, base: &[Seg], raw: Option<OrderedMap<RawCdn>>) -> Vec<Cdn>
                 &path,
                 format!("`{}` is not absolute: write `{}.`", cdn.cname, cdn.cname),
             );
+            // Keep the name, so that regions naming it are not also reported.
+            out.push(Cdn {
+                name,
+                cname: Name::root(),
+            });
             continue;
         }
         match parse_name(&cdn.cname) {
             Ok(cname) => out.push(Cdn { name, cname }),
-            Err(e) => cx.error(&path, e),
+            Err(e) => {
+                cx.error(&path, e);
+                out.push(Cdn {
+                    name,
+                    cname: Name::root(),
+                });
+            }
         }
     }
     out
@@ -442,7 +453,8 @@ fn drains(
     let mut out = Vec::new();
     for (i, d) in raw.unwrap_or_default().into_iter().enumerate() {
         let dpath = at(base, &[key("drain"), Seg::Index(i)]);
-        let Some(cdn) = cdns.iter().position(|c| c.name == d.cdn) else {
+        let cdn = cdns.iter().position(|c| c.name == d.cdn);
+        if cdn.is_none() {
             cx.error(
                 &at(&dpath, &[key("cdn")]),
                 format!(
@@ -451,8 +463,7 @@ fn drains(
                     names(cdns)
                 ),
             );
-            continue;
-        };
+        }
         let mut scope = Vec::new();
         for (j, entry) in d.scope.unwrap_or_default().iter().enumerate() {
             if let Some(r) = regions.iter().position(|r| r.name == entry.0) {
@@ -488,6 +499,9 @@ fn drains(
                 "a drain without a `reason:` leaves the next operator guessing",
             );
         }
+        let Some(cdn) = cdn else {
+            continue;
+        };
         out.push(Drain {
             cdn,
             scope,
@@ -528,7 +542,7 @@ pub fn check_against_zones(policy: &Policy, zones: &Zones) -> Issues {
             cx.error(
                 &path,
                 format!(
-                    "{} is outside every zone served from zones/ ({})",
+                    "{} is outside every served zone ({})",
                     host.name,
                     zones
                         .origins()

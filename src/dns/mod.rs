@@ -91,12 +91,19 @@ async fn answer<R: ResponseHandler, T: Time>(
         .await;
     };
 
-    let steered = match query.query_type() {
-        // Zone transfers go to the zones, which refuse them.
-        RecordType::AXFR | RecordType::IXFR => None,
-        _ if query.query_class() != DNSClass::IN => None,
-        _ => snap.plan.get(query.name()),
-    };
+    // Only the Internet class is served, and zone transfers are not offered.
+    if query.query_class() != DNSClass::IN
+        || matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR)
+    {
+        return error(
+            request,
+            ResponseCode::Refused,
+            untailored.as_ref(),
+            response,
+        )
+        .await;
+    }
+    let steered = snap.plan.get(query.name());
     let Some(steered) = steered else {
         return snap
             .zones

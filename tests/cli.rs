@@ -1,0 +1,267 @@
+//! The real binary: `check` and `serve` exit codes and messages, and `serve` answering.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hickory_proto::rr::RecordType;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steerdns");
+
+/// A scratch copy of the demo inputs (policy, test zone) that a test may break.
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("steerdns-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("zones")).unwrap();
+    std::fs::copy(repo(DEMO_POLICY), dir.join("steering.yaml")).unwrap();
+    std::fs::copy(
+        repo("zones/example.com.zone"),
+        dir.join("zones/example.com.zone"),
+    )
+    .unwrap();
+    dir
+}
+
+fn steerdns(dir: &Path, args: &[&str], geo: &str) -> std::process::Output {
+    Command::new(BIN)
+        .current_dir(dir)
+        .args(args)
+        .args(["--geo", repo(geo).to_str().unwrap()])
+        .output()
+        .unwrap()
+}
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{from:?} not in {}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+#[test]
+fn check_accepts_the_demo_and_says_what_it_loaded() {
+    let out = Command::new(BIN)
+        .current_dir(repo("."))
+        .arg("check")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("www.example.com.") && stdout.contains("example.com."),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_reports_policy_errors_with_file_line_and_field() {
+    let dir = scratch("policy");
+    edit(
+        &dir.join("steering.yaml"),
+        "weights: { fastly: 85, cloudflare: 15 }",
+        "weights: { fastly: 85, akamai: 15 }",
+    );
+    edit(
+        &dir.join("steering.yaml"),
+        "  - match: [\"*\"]",
+        "  - match: [\"EU\"]",
+    );
+    let out = steerdns(&dir, &["check"], TEST_GEO);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("steering.yaml:12: regions[1].weights.akamai: unknown CDN `akamai`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "steering.yaml:15: regions[3].match[0]: `EU` is not an ISO 3166 country code"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("steering.yaml:8: regions: no default region"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_reports_zone_errors_with_their_line() {
+    let dir = scratch("zone");
+    edit(
+        &dir.join("zones/example.com.zone"),
+        "mail    IN A    192.0.2.25",
+        "mail    IN A    192.0.2.256",
+    );
+    let out = steerdns(&dir, &["check"], TEST_GEO);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("zones/example.com.zone:20: zone file syntax"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn steered_names_must_live_below_a_zone_apex_and_alone() {
+    let dir = scratch("placement");
+    let policy = dir.join("steering.yaml");
+    for (from, to, words) in [
+        (
+            "hostname: www.example.com",
+            "hostname: www.example.org",
+            "outside every served zone",
+        ),
+        ("hostname: www.example.com", "hostname: example.com", "apex"),
+        (
+            "hostname: www.example.com",
+            "hostname: mail.example.com",
+            "also has A records",
+        ),
+    ] {
+        edit(&policy, from, to);
+        let out = steerdns(&dir, &["check"], TEST_GEO);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("steering.yaml:3: hostname:") && stderr.contains(words),
+            "{words}: {stderr}"
+        );
+        edit(&policy, to, from);
+    }
+}
+
+#[test]
+fn corrupt_geo_databases_are_refused() {
+    let dir = scratch("geo");
+    for (db, words) in [
+        (
+            "tests/fixtures/geo/MaxMind-DB-test-broken-search-tree-24.mmdb",
+            "corrupt search tree",
+        ),
+        (
+            "tests/fixtures/geo/GeoIP2-City-Test-Invalid-Node-Count.mmdb",
+            "not a MaxMind DB",
+        ),
+        ("steering.yaml", "not a MaxMind DB"),
+        ("tests/fixtures/geo/missing.mmdb", "cannot read"),
+    ] {
+        let out = steerdns(&dir, &["check"], db);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{db}: {stderr}");
+        assert!(
+            stderr.contains(db.rsplit('/').next().unwrap()) && stderr.contains(words),
+            "{db}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn serve_refuses_to_start_on_the_same_errors() {
+    let dir = scratch("serve-bad");
+    edit(
+        &dir.join("steering.yaml"),
+        "cname: example.map.fastly.net.",
+        "cname: example.map.fastly.net",
+    );
+    let out = steerdns(&dir, &["serve", "--listen", "127.0.0.1:0"], TEST_GEO);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "steering.yaml:6: cdns.fastly.cname: `example.map.fastly.net` is not absolute"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("not starting"), "{stderr}");
+}
+
+#[test]
+fn explain_shows_region_weights_and_scope() {
+    let out = Command::new(BIN)
+        .current_dir(repo("."))
+        .args(["explain", "www.example.com", "--client", "81.2.69.142"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for words in [
+        "country GB, continent EU",
+        "network /18",
+        "first region matching `GB`",
+        "TTL 30",
+        "ECS scope /18",
+        "90.0 %",
+        "10.0 %",
+    ] {
+        assert!(stdout.contains(words), "{words}: {stdout}");
+    }
+}
+
+#[tokio::test]
+async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
+    let mut child = Command::new(BIN)
+        .current_dir(repo("."))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--zones",
+            TEST_ZONES,
+            "--geo",
+            TEST_GEO,
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read the log on a thread, so that a missing line fails the test instead of hanging it.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let addr: std::net::SocketAddr = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            let _ = child.kill();
+            panic!("no `listening ... addr=` line within 20 s");
+        };
+        if let Some(rest) = line
+            .split("addr=")
+            .nth(1)
+            .filter(|_| line.contains("listening"))
+        {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    for proto in BOTH {
+        let m = ask(
+            addr,
+            proto,
+            &query_edns("www.example.com.", RecordType::A, Some(("81.2.69.160", 27))),
+        )
+        .await;
+        let target = cname_of(&m);
+        assert!(target == FASTLY || target == CLOUDFLARE);
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}

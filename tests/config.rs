@@ -1,0 +1,245 @@
+//! Policy validation: every rule of the design's list, each reported with file, line
+//! and field, all at once.
+
+use std::path::Path;
+
+use steerdns::config::{self, Match};
+use steerdns::error::Issues;
+
+const GOOD: &str = "\
+hostname: www.example.com
+ttl: 30
+cdns:
+  fastly:     { cname: example.map.fastly.net. }
+  cloudflare: { cname: example.cdn.cloudflare.net. }
+regions:
+  - match: [GB, IE, DE, FR, NL, ES, IT]
+    weights: { fastly: 90, cloudflare: 10 }
+  - match: [\"*\"]
+    weights: { fastly: 50, cloudflare: 50 }
+";
+
+fn errors(text: &str) -> Issues {
+    match config::parse(Path::new("steering.yaml"), text.to_string()) {
+        Ok((_, warnings)) => panic!("accepted; warnings: {:?}", warnings.0),
+        Err(issues) => issues,
+    }
+}
+
+/// Asserts one error names `line`, `field` and contains `words`.
+fn has(issues: &Issues, line: usize, field: &str, words: &str) {
+    assert!(
+        issues
+            .errors()
+            .any(|i| i.line == Some(line) && i.field == field && i.message.contains(words)),
+        "no error at line {line}, field {field}, containing {words:?}; got:\n{issues}"
+    );
+}
+
+#[test]
+fn the_demo_policy_loads_exactly_as_written() {
+    let (policy, warnings) =
+        config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("steering.yaml")).unwrap();
+    assert!(warnings.0.is_empty(), "{warnings:?}");
+    let host = &policy.hosts[0];
+    assert_eq!(host.name.to_string(), "www.example.com.");
+    assert_eq!(host.ttl, 30);
+    assert_eq!(
+        host.cdns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>(),
+        ["fastly", "cloudflare"]
+    );
+    assert_eq!(host.regions.len(), 4);
+    assert_eq!(
+        host.regions[2].weights,
+        [10, 90],
+        "weights follow the cdns order, not the file's"
+    );
+    assert_eq!(host.regions[3].matches, [Match::Any]);
+    assert_eq!(host.failover.steps, [50, 100]);
+    assert_eq!(host.failover.step_interval.as_secs(), 90);
+    assert!(host.drains.is_empty());
+}
+
+#[test]
+fn a_correct_file_is_accepted() {
+    config::parse(Path::new("steering.yaml"), GOOD.to_string()).unwrap();
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_line() {
+    let e = errors(&GOOD.replace("weights: { fastly: 50", "wieghts: { fastly: 50"));
+    has(&e, 10, "regions[1]", "unknown field `wieghts`");
+    let e = errors(&GOOD.replace("ttl: 30", "ttl: 30\nttls: 5"));
+    has(&e, 3, "", "unknown field `ttls`");
+}
+
+#[test]
+fn yaml_syntax_errors_name_the_line() {
+    let e = errors(&GOOD.replace("  - match: [\"*\"]", "  - match: [\"*\""));
+    assert!(e.errors().next().unwrap().line.is_some(), "{e}");
+}
+
+#[test]
+fn every_semantic_error_is_reported_at_once() {
+    let text = "\
+hostname: www.example.com
+ttl: -5
+cdns:
+  fastly:     { cname: example.map.fastly.net }
+  cloudflare: { cname: example.cdn.cloudflare.net. }
+regions:
+  - match: [GB, UK, \"continent:XX\", 81.2.69.1/24, AS13335]
+    weights: { fastly: -1, akamai: 10 }
+  - match: [US]
+    weights: { fastly: 0, cloudflare: 0 }
+failover:
+  steps: [50, 40]
+  step_interval_seconds: 90
+drain:
+  - cdn: limelight
+    where: [atlantis]
+    until: tomorrow
+";
+    let e = errors(text);
+    has(&e, 2, "ttl", "not a TTL");
+    has(&e, 4, "cdns.fastly.cname", "not absolute");
+    has(&e, 7, "regions[0].match[1]", "the United Kingdom is GB");
+    has(&e, 7, "regions[0].match[2]", "unknown continent");
+    has(&e, 7, "regions[0].match[3]", "host bits");
+    has(&e, 7, "regions[0].match[4]", "ASN database");
+    has(&e, 8, "regions[0].weights.fastly", "out of range");
+    has(&e, 8, "regions[0].weights.akamai", "unknown CDN `akamai`");
+    has(&e, 10, "regions[1].weights", "all weights are zero");
+    has(&e, 6, "regions", "no default region");
+    has(&e, 12, "failover.steps[1]", "increasing");
+    has(&e, 12, "failover.steps", "must be 100");
+    has(&e, 15, "drain[0].cdn", "unknown CDN `limelight`");
+    has(&e, 16, "drain[0].where[0]", "not a region name");
+    has(&e, 17, "drain[0].until", "not a UTC time");
+    // The report renders as `file:line: field: message`.
+    assert!(
+        e.to_string()
+            .contains("steering.yaml:8: regions[0].weights.akamai: unknown CDN `akamai`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn duplicates_are_refused() {
+    let e = errors(&GOOD.replace(
+        "  cloudflare: { cname: example.cdn.cloudflare.net. }",
+        "  cloudflare: { cname: example.cdn.cloudflare.net. }\n  fastly: { cname: other.example.net. }",
+    ));
+    has(&e, 6, "cdns", "duplicate key `fastly`");
+
+    let e = errors(&GOOD.replace(
+        "weights: { fastly: 50, cloudflare: 50 }",
+        "weights: { fastly: 50, fastly: 50 }",
+    ));
+    has(&e, 10, "regions[1].weights", "duplicate key `fastly`");
+
+    let two_names = "\
+hostname: www.example.com
+cdns: { a: { cname: a.example.net. } }
+regions:
+  - name: eu
+    match: [GB]
+    weights: { a: 1 }
+  - name: eu
+    match: [\"*\"]
+    weights: { a: 1 }
+";
+    has(&errors(two_names), 7, "regions[1].name", "used twice");
+}
+
+#[test]
+fn the_default_region_must_be_last() {
+    let text = GOOD.replace(
+        "  - match: [GB, IE, DE, FR, NL, ES, IT]",
+        "  - match: [\"*\"]\n    weights: { fastly: 1 }\n  - match: [GB, IE, DE, FR, NL, ES, IT]",
+    );
+    has(&errors(&text), 9, "regions[1]", "can never match");
+}
+
+#[test]
+fn steps_must_be_percentages() {
+    let e = errors(&format!("{GOOD}failover:\n  steps: [0, 120]\n"));
+    has(&e, 12, "failover.steps[0]", "not a percentage");
+    has(&e, 12, "failover.steps[1]", "not a percentage");
+}
+
+#[test]
+fn hostname_forms_cannot_be_mixed() {
+    let text = "hostname: a.example.com\nttl: 30\nhostnames:\n  b.example.com: { cdns: { x: { cname: x.example.net. } }, regions: [{ match: [\"*\"], weights: { x: 1 } }] }\n";
+    has(&errors(text), 3, "hostnames", "not both");
+    has(&errors("ttl: 30\n"), 1, "", "no steered name");
+}
+
+#[test]
+fn several_hostnames_each_with_their_own_keys() {
+    let text = "\
+hostnames:
+  www.example.com:
+    ttl: 30
+    cdns: { a: { cname: a.example.net. }, b: { cname: b.example.net. } }
+    regions:
+      - match: [\"continent:EU\", 2001:db8::/32, NO]
+        weights: { a: 3, b: 1 }
+      - match: [\"*\"]
+        weights: { a: 1, b: 1 }
+    drain:
+      - cdn: a
+        where: [\"continent:EU\", GB]
+        reason: INC-1
+        until: 2026-12-01T12:00:00Z
+        immediate: true
+  VIDEO.example.com:
+    cdns: { c: { cname: c.example.net. } }
+    regions: [{ match: [\"*\"], weights: { c: 1 } }]
+";
+    let (policy, _) = config::parse(Path::new("steering.yaml"), text.to_string()).unwrap();
+    assert_eq!(policy.hosts.len(), 2);
+    assert_eq!(
+        policy.hosts[1].name.to_string(),
+        "video.example.com.",
+        "names are lowercased"
+    );
+    assert_eq!(policy.hosts[1].ttl, 30, "ttl defaults to 30");
+    let eu = &policy.hosts[0].regions[0];
+    assert_eq!(
+        eu.matches[2],
+        Match::parse("NO").unwrap(),
+        "NO stays Norway, not YAML's false"
+    );
+    let drain = &policy.hosts[0].drains[0];
+    assert!(drain.immediate);
+    assert_eq!(drain.scope.len(), 2);
+    assert!(drain.until.is_some());
+
+    let dup = text.replace("VIDEO.example.com", "WWW.example.com");
+    has(
+        &errors(&dup),
+        16,
+        "hostnames.WWW.example.com",
+        "listed twice",
+    );
+}
+
+#[test]
+fn small_shares_are_warned_about_not_refused() {
+    let text = GOOD.replace(
+        "{ fastly: 90, cloudflare: 10 }",
+        "{ fastly: 95, cloudflare: 5 }",
+    );
+    let (_, warnings) = config::parse(Path::new("steering.yaml"), text).unwrap();
+    let w: Vec<String> = warnings.warnings().map(ToString::to_string).collect();
+    assert!(
+        w.iter().any(
+            |w| w.contains("steering.yaml:8: regions[0].weights.cloudflare") && w.contains("5.0 %")
+        ),
+        "{w:?}"
+    );
+}

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# Smoke test: the README's dig commands against the release binary.
+#
+#   bash tests/smoke.sh          # from anywhere; PORT=20053 bash tests/smoke.sh to pick the port
+#
+# Builds `target/release/steerdns`, serves the demo policy (steering.yaml, zones/,
+# geo/country.mmdb) on 127.0.0.1:$PORT, and checks the answers with dig. Prints one line
+# per check and "N passed, M failed"; exits non-zero if any check failed.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+command -v cargo >/dev/null || { [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"; }
+command -v dig >/dev/null || { echo "smoke: dig is not installed (apt-get install dnsutils)" >&2; exit 1; }
+
+FASTLY=example.map.fastly.net.
+CLOUDFLARE=example.cdn.cloudflare.net.
+SHARE_QUERIES=400
+
+TMP=$(mktemp -d)
+PID=
+cleanup() {
+    if [ -n "$PID" ]; then
+        kill "$PID" 2>/dev/null
+        wait "$PID" 2>/dev/null
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "smoke: cargo build --release"
+cargo build --release --quiet || { echo "smoke: build failed" >&2; exit 1; }
+
+# ---- start the server --------------------------------------------------------------
+
+# An explicit PORT is used as given; otherwise the first of 15353..15362 that works.
+if [ -n "${PORT:-}" ]; then ports=$PORT; else ports=$(seq 15353 15362); fi
+
+# dig with the options every query here shares.
+d() { dig @127.0.0.1 -p "$PORT" +time=2 +tries=1 "$@"; }
+# Whether anything answers DNS on $PORT (dig prints errors as ";;" lines on stdout).
+answers() { d +time=1 example.com SOA 2>/dev/null | grep -q '^;; ->>HEADER<<-'; }
+
+started=
+for PORT in $ports; do
+    # Something (a leftover server?) already answers here: do not test it by mistake.
+    if answers; then
+        echo "smoke: 127.0.0.1:$PORT already answers DNS, skipping it" >&2
+        continue
+    fi
+    NO_COLOR=1 target/release/steerdns serve --listen "127.0.0.1:$PORT" >"$TMP/server.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 100); do # up to 10 s
+        if ! kill -0 "$PID" 2>/dev/null; then break; fi
+        if answers; then
+            started=1
+            break
+        fi
+        sleep 0.1
+    done
+    [ -n "$started" ] && break
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+    PID=
+    echo "smoke: the server did not come up on 127.0.0.1:$PORT:" >&2
+    sed 's/^/    /' "$TMP/server.log" >&2
+done
+if [ -z "$started" ]; then
+    echo "smoke: could not start steerdns" >&2
+    exit 1
+fi
+echo "smoke: steerdns serving on 127.0.0.1:$PORT (pid $PID)"
+
+# ---- helpers -----------------------------------------------------------------------
+
+passed=0
+failed=0
+ok() {
+    passed=$((passed + 1))
+    echo "ok   $1"
+}
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL $1: $2"
+    if [ -n "${OUT:-}" ]; then
+        sed -e '/^$/d' -e 's/^/       | /' <<<"$OUT"
+    fi
+}
+
+# q ARGS...: one query; the full dig output is kept in $OUT.
+q() { OUT=$(d "$@" 2>&1); }
+status() { sed -n 's/.*, status: \([A-Z]*\),.*/\1/p' <<<"$OUT"; }
+flags() { sed -n 's/^;; flags: \([^;]*\);.*/ \1 /p' <<<"$OUT"; }
+# section NAME: the records of ANSWER, AUTHORITY or ADDITIONAL.
+section() { awk -v s=";; $1 SECTION:" '$0 == s { f = 1; next } f && /^$/ { exit } f' <<<"$OUT"; }
+ecs() { sed -n 's/^; CLIENT-SUBNET: //p' <<<"$OUT"; }
+
+# is_steered_cname: exactly one answer, a CNAME to one of the CDNs with TTL 30.
+is_steered_cname() {
+    local ans
+    ans=$(section ANSWER)
+    [ "$(wc -l <<<"$ans")" -eq 1 ] || return 1
+    read -r _ ttl class type target <<<"$ans"
+    [ "$ttl" = 30 ] && [ "$class" = IN ] && [ "$type" = CNAME ] &&
+        { [ "$target" = "$FASTLY" ] || [ "$target" = "$CLOUDFLARE" ]; }
+}
+
+# share SUBNET LOW HIGH: of $SHARE_QUERIES answers for SUBNET, LOW..HIGH % are fastly.
+share() {
+    local subnet=$1 low=$2 high=$3 f=0 c=0 other=0
+    OUT=
+    for _ in $(seq "$SHARE_QUERIES"); do echo "www.example.com +subnet=$subnet"; done >"$TMP/batch"
+    while read -r line; do
+        case $line in
+        "$FASTLY") f=$((f + 1)) ;;
+        "$CLOUDFLARE") c=$((c + 1)) ;;
+        *) other=$((other + 1)) ;;
+        esac
+    done < <(d +short -f "$TMP/batch" 2>&1)
+    local name="+subnet=$subnet: fastly $f, cloudflare $c of $SHARE_QUERIES (fastly $low-$high %)"
+    if [ $((f + c)) -ne "$SHARE_QUERIES" ] || [ "$other" -ne 0 ]; then
+        fail "$name" "$((f + c)) CDN answers and $other other lines"
+    elif [ $((f * 100)) -lt $((low * SHARE_QUERIES)) ] || [ $((f * 100)) -gt $((high * SHARE_QUERIES)) ]; then
+        fail "$name" "fastly share $((f * 100 / SHARE_QUERIES)) % is outside $low-$high %"
+    else
+        ok "$name"
+    fi
+}
+
+# ---- checks ------------------------------------------------------------------------
+
+# The README's first command: a GB client, via ECS.
+q www.example.com +subnet=81.2.69.0/24
+if [ "$(status)" = NOERROR ] && [[ $(flags) == *" aa "* ]] && [[ $(flags) != *" ra "* ]]; then
+    ok "www.example.com +subnet=81.2.69.0/24: NOERROR, aa set, ra clear"
+else
+    fail "www.example.com +subnet=81.2.69.0/24" "want status NOERROR, flags with aa and without ra"
+fi
+if is_steered_cname; then
+    ok "www.example.com +subnet=81.2.69.0/24: $(section ANSWER | awk '{ print $4, $5, "TTL", $2 }')"
+else
+    fail "www.example.com +subnet=81.2.69.0/24" "want one CNAME to $FASTLY or $CLOUDFLARE with TTL 30"
+fi
+if [ "$(ecs)" = 81.2.69.0/24/18 ]; then
+    ok "www.example.com +subnet=81.2.69.0/24: CLIENT-SUBNET 81.2.69.0/24/18 (scope = geo network 81.2.64.0/18)"
+else
+    fail "www.example.com +subnet=81.2.69.0/24" "want CLIENT-SUBNET: 81.2.69.0/24/18, got '$(ecs)'"
+fi
+
+# Weighted picks: GB 90/10, US 85/15. 400 draws: sd ~1.5 % and ~1.8 %; 4-sigma bounds.
+share 81.2.69.0/24 84 96
+share 216.160.83.0/24 78 92
+
+# Zone data: the apex SOA.
+q example.com SOA
+soa=$(section ANSWER | awk '$4 == "SOA"' | wc -l)
+if [ "$(status)" = NOERROR ] && [[ $(flags) == *" aa "* ]] && [ "$soa" -eq 1 ] &&
+    [ "$(section ANSWER | wc -l)" -eq 1 ]; then
+    ok "example.com SOA: NOERROR, aa, one SOA answer"
+else
+    fail "example.com SOA" "want NOERROR, aa and exactly one SOA in the answer"
+fi
+
+# A name that does not exist: NXDOMAIN with the SOA for negative caching.
+q nope.example.com
+if [ "$(status)" = NXDOMAIN ] && section AUTHORITY | awk '$1 == "example.com." && $4 == "SOA"' | grep -q .; then
+    ok "nope.example.com: NXDOMAIN, SOA in the authority section"
+else
+    fail "nope.example.com" "want NXDOMAIN with the example.com. SOA in the authority section"
+fi
+
+# Outside every zone.
+q example.org
+if [ "$(status)" = REFUSED ]; then
+    ok "example.org: REFUSED"
+else
+    fail "example.org" "want REFUSED"
+fi
+
+# TCP.
+q www.example.com +tcp
+if [ "$(status)" = NOERROR ] && is_steered_cname && grep -q '^;; SERVER: .*(TCP)' <<<"$OUT"; then
+    ok "www.example.com +tcp: CNAME over TCP"
+else
+    fail "www.example.com +tcp" "want one steered CNAME, received over TCP"
+fi
+
+# Malformed ECS: 81.2.77.0/22 has address bits set past the prefix (RFC 7871 §6). dig
+# masks +subnet=81.2.77.0/22 to 81.2.76.0/22 itself, so send the option raw: family 1,
+# source 22 (0x16), scope 0, address 81.2.77 (0x51024d).
+q www.example.com +ednsopt=8:0001160051024d
+if [ "$(status)" = FORMERR ]; then
+    ok "www.example.com ECS 81.2.77.0/22 (host bits set): FORMERR"
+else
+    fail "www.example.com ECS 81.2.77.0/22 (host bits set)" "want FORMERR, got '$(status)'"
+fi
+
+# EDNS version 1 (RFC 6891 §6.1.3).
+q www.example.com +edns=1 +noednsnegotiation
+if [ "$(status)" = BADVERS ] && grep -q '^; EDNS: version: 0,' <<<"$OUT"; then
+    ok "www.example.com +edns=1: BADVERS, answered with EDNS version 0"
+else
+    fail "www.example.com +edns=1 +noednsnegotiation" "want BADVERS with an EDNS version 0 OPT"
+fi
+
+OUT=
+echo "$passed passed, $failed failed"
+if [ "$failed" -ne 0 ]; then
+    echo "server log:"
+    sed 's/^/    /' "$TMP/server.log"
+    exit 1
+fi
