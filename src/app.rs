@@ -11,8 +11,13 @@ use arc_swap::ArcSwap;
 use hickory_server::Server;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::probes::{self, Probes};
 use crate::config::{self, Policy};
+use crate::control::api::{self, ApiState};
+use crate::control::controller::{self, Controller, StateFile};
+use crate::control::peers::Peers;
 use crate::control::planner;
+use crate::control::prober::Local;
 use crate::dns::geo::GeoDb;
 use crate::dns::{listen, Handler};
 use crate::error::{ConfigIssue, Issues};
@@ -31,6 +36,7 @@ pub struct Inputs {
     pub config: PathBuf,
     pub zones: PathBuf,
     pub geo: PathBuf,
+    pub probes: PathBuf,
 }
 
 impl Default for Inputs {
@@ -39,6 +45,7 @@ impl Default for Inputs {
             config: "steering.yaml".into(),
             zones: "zones".into(),
             geo: "geo/country.mmdb".into(),
+            probes: "probes".into(),
         }
     }
 }
@@ -48,6 +55,8 @@ pub struct Loaded {
     pub policy: Policy,
     pub zones: Zones,
     pub geo: Arc<GeoDb>,
+    /// Health checks; empty when `probes/` is absent.
+    pub probes: Probes,
     /// Warnings from every file (the load succeeded).
     pub warnings: Issues,
 }
@@ -72,6 +81,21 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
     issues.extend(warnings);
     issues.extend(zone_warnings);
     issues.extend(config::check_against_zones(&policy, &zones));
+    let cdns: Vec<&str> = policy
+        .hosts
+        .iter()
+        .flat_map(|h| h.cdns.iter().map(|c| c.name.as_str()))
+        .collect();
+    let probes = match probes::load_dir(&inputs.probes, Some(&cdns)) {
+        Ok((p, warnings)) => {
+            issues.extend(warnings);
+            p
+        }
+        Err(e) => {
+            issues.extend(e);
+            Probes::default()
+        }
+    };
     if issues.has_errors() {
         return Err(issues);
     }
@@ -79,18 +103,26 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
         policy,
         zones,
         geo: Arc::new(geo),
+        probes,
         warnings: issues,
     })
 }
 
 impl Loaded {
-    /// The snapshot the data plane serves from.
+    /// The snapshot with every CDN at its configured weight.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            plan: planner::plan(&self.policy),
+        self.snapshot_with(&planner::Removed::new()).0
+    }
+
+    /// The snapshot for a failover state, and the regions that had to fail open.
+    pub fn snapshot_with(&self, removed: &planner::Removed) -> (Snapshot, Vec<(String, String)>) {
+        let planned = planner::plan(&self.policy, removed);
+        let snapshot = Snapshot {
+            plan: planned.plan,
             geo: self.geo.clone(),
             zones: self.zones.catalog().clone(),
-        }
+        };
+        (snapshot, planned.fail_open)
     }
 }
 
@@ -156,5 +188,114 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.server.shutdown_token().cancel();
+    }
+}
+
+/// How `serve` runs besides the DNS sockets.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub listen: Vec<SocketAddr>,
+    /// The HTTP API (observations for peers, state); `None` to run without.
+    pub api: Option<SocketAddr>,
+    /// Where health and failover progress are saved; `None` to keep nothing.
+    pub state: Option<StateFile>,
+    /// This vantage point's name (in observations, logs and the probe User-Agent).
+    pub vantage: String,
+}
+
+/// The whole server: DNS, prober, peers, controller and API. Dropping it stops it.
+pub struct Service {
+    pub dns: Running,
+    pub api: Option<SocketAddr>,
+    stop: CancellationToken,
+}
+
+/// Starts everything `serve` runs.
+pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
+    let stop = CancellationToken::new();
+    let loaded = Arc::new(loaded);
+    let (local, peers) = (Local::default(), Peers::default());
+    let mut controller = Controller::new(
+        loaded.clone(),
+        opts.vantage.clone(),
+        local.clone(),
+        peers.clone(),
+        opts.state.clone(),
+    );
+    let dns = start(controller.snapshot(), &opts.listen).await?;
+    let api = match opts.api {
+        Some(addr) => {
+            let state = ApiState {
+                vantage: opts.vantage.clone(),
+                local: local.clone(),
+                state: controller.doc(),
+            };
+            Some(api::spawn(addr, state, stop.clone()).await.map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot listen on {addr} (--api): {e}"))
+            })?)
+        }
+        None => None,
+    };
+    peers.spawn(
+        loaded.probes.vantages.clone(),
+        controller::peer_interval(&loaded.probes),
+        stop.clone(),
+    );
+    let rounds = controller::spawn_prober(&loaded.probes, &opts.vantage, &local, &stop);
+    tokio::spawn(controller.run(dns.live().clone(), rounds, stop.clone()));
+    Ok(Service { dns, api, stop })
+}
+
+impl Service {
+    /// A token that stops everything when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.dns.shutdown_token()
+    }
+
+    /// Runs until the DNS server stops.
+    pub async fn wait(&mut self) -> io::Result<()> {
+        let r = self.dns.wait().await;
+        self.stop.cancel();
+        r
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A running `agent`: the prober and the API, no DNS. Dropping it stops it.
+pub struct Agent {
+    pub api: SocketAddr,
+    stop: CancellationToken,
+}
+
+/// Starts a prober-only vantage point publishing on `api`.
+pub async fn agent(probes: Probes, api_addr: SocketAddr, vantage: String) -> io::Result<Agent> {
+    let stop = CancellationToken::new();
+    let local = Local::default();
+    let state = ApiState {
+        vantage: vantage.clone(),
+        local: local.clone(),
+        state: Default::default(),
+    };
+    let api = api::spawn(api_addr, state, stop.clone()).await?;
+    let mut rounds = controller::spawn_prober(&probes, &vantage, &local, &stop);
+    // Nothing decides here; keep the channel drained.
+    tokio::spawn(async move { while rounds.recv().await.is_some() {} });
+    Ok(Agent { api, stop })
+}
+
+impl Agent {
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }

@@ -9,9 +9,11 @@ use clap::{Args, Parser, Subcommand};
 use hickory_proto::rr::{LowerName, Name};
 use tracing::{info, warn};
 
-use crate::app::{self, Inputs, Loaded};
+use crate::app::{self, Inputs, Loaded, ServeOptions};
 use crate::config::Match;
+use crate::control::controller::StateFile;
 use crate::dns::geo::Place;
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -33,6 +35,30 @@ pub enum Command {
         /// Address to answer on, UDP and TCP; repeat for several (IPv6: [::1]:5353).
         #[arg(long = "listen", value_name = "ADDR", default_value = "127.0.0.1:5353")]
         listen: Vec<SocketAddr>,
+        /// HTTP API: observations for peers, state (`off` to disable).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9153")]
+        api: ApiAddr,
+        /// Where health and failover progress are saved across restarts.
+        #[arg(long, value_name = "DIR", default_value = "state/")]
+        state_dir: PathBuf,
+        /// A saved state older than this is ignored at startup.
+        #[arg(long, value_name = "SECONDS", default_value_t = 900)]
+        state_max_age_seconds: u64,
+        /// This vantage point's name (default: the host name).
+        #[arg(long, value_name = "NAME")]
+        vantage: Option<String>,
+    },
+    /// Run only the prober, publishing observations for the servers on --api.
+    Agent {
+        /// The directory of probe files.
+        #[arg(long, value_name = "DIR", default_value = "probes/")]
+        probes: PathBuf,
+        /// Where observations are served (`GET /v1/observations`).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9153")]
+        api: SocketAddr,
+        /// This vantage point's name (default: the host name).
+        #[arg(long, value_name = "NAME")]
+        vantage: Option<String>,
     },
     /// Validate the policy, the zones and the geo database; exit non-zero on any error.
     Check {
@@ -63,6 +89,33 @@ pub struct InputArgs {
     /// The geo database (MaxMind DB: GeoIP2/GeoLite2 Country or City, or flat country_code).
     #[arg(long, value_name = "FILE", default_value = "geo/country.mmdb")]
     pub geo: PathBuf,
+    /// The directory of probe files (one `<cdn>.yaml` per probed CDN, `vantages.yaml`).
+    #[arg(long, value_name = "DIR", default_value = "probes/")]
+    pub probes: PathBuf,
+}
+
+/// `--api ADDR`, or `off`.
+#[derive(Clone, Copy, Debug)]
+pub struct ApiAddr(pub Option<SocketAddr>);
+
+impl std::str::FromStr for ApiAddr {
+    type Err = std::net::AddrParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "off" {
+            return Ok(ApiAddr(None));
+        }
+        s.parse().map(|a| ApiAddr(Some(a)))
+    }
+}
+
+/// The machine's host name, the default vantage point name.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "local".into())
 }
 
 impl From<InputArgs> for Inputs {
@@ -71,6 +124,7 @@ impl From<InputArgs> for Inputs {
             config: a.config,
             zones: a.zones,
             geo: a.geo,
+            probes: a.probes,
         }
     }
 }
@@ -78,7 +132,30 @@ impl From<InputArgs> for Inputs {
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Serve { inputs, listen } => serve(inputs.into(), listen).await,
+        Command::Serve {
+            inputs,
+            listen,
+            api,
+            state_dir,
+            state_max_age_seconds,
+            vantage,
+        } => {
+            let opts = ServeOptions {
+                listen,
+                api: api.0,
+                state: Some(StateFile {
+                    dir: state_dir,
+                    max_age: Duration::from_secs(state_max_age_seconds),
+                }),
+                vantage: vantage.unwrap_or_else(host_name),
+            };
+            serve(inputs.into(), opts).await
+        }
+        Command::Agent {
+            probes,
+            api,
+            vantage,
+        } => agent(probes, api, vantage.unwrap_or_else(host_name)).await,
         Command::Check { inputs } => check(inputs.into()),
         Command::Explain {
             name,
@@ -106,7 +183,7 @@ fn load_or_report(inputs: &Inputs) -> Option<Loaded> {
     }
 }
 
-async fn serve(inputs: Inputs, listen: Vec<SocketAddr>) -> ExitCode {
+async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
     let Some(loaded) = load_or_report(&inputs) else {
         eprintln!("steerdns: not starting: fix the errors above (`steerdns check` lists them)");
         return ExitCode::FAILURE;
@@ -125,30 +202,62 @@ async fn serve(inputs: Inputs, listen: Vec<SocketAddr>) -> ExitCode {
         geo_networks = loaded.geo.networks(),
         "loaded"
     );
-    let mut running = match app::start(loaded.snapshot(), &listen).await {
-        Ok(r) => r,
+    let probed: Vec<&str> = loaded.probes.specs.iter().map(|s| s.cdn.as_str()).collect();
+    info!(probed = %probed.join(" "), vantages = loaded.probes.vantages.len(), vantage = %opts.vantage, "health checks");
+    let mut service = match app::serve(loaded, &opts).await {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("steerdns: {e}");
             return ExitCode::FAILURE;
         }
     };
-    for addr in running.addrs() {
+    for addr in service.dns.addrs() {
         info!(%addr, "listening (udp, tcp)");
     }
+    if let Some(addr) = service.api {
+        info!(%addr, "api listening (http)");
+    }
 
-    let token = running.shutdown_token();
+    let token = service.shutdown_token();
     tokio::spawn(async move {
         shutdown_signal().await;
         info!("shutting down");
         token.cancel();
     });
-    match running.wait().await {
+    match service.wait().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             warn!(error = %e, "server stopped with an error");
             ExitCode::FAILURE
         }
     }
+}
+
+async fn agent(dir: PathBuf, api: SocketAddr, vantage: String) -> ExitCode {
+    let probes = match crate::config::probes::load_dir(&dir, None) {
+        Ok((p, warnings)) => {
+            for w in warnings.warnings() {
+                eprintln!("{w}");
+            }
+            p
+        }
+        Err(issues) => {
+            eprint!("{issues}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let agent = match app::agent(probes, api, vantage.clone()).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("steerdns: cannot listen on {api}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    info!(addr = %agent.api, vantage = %vantage, "agent: probing, observations on /v1/observations");
+    shutdown_signal().await;
+    info!("shutting down");
+    drop(agent);
+    ExitCode::SUCCESS
 }
 
 async fn shutdown_signal() {
@@ -252,14 +361,19 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr) -> ExitCode {
         "answer:  CNAME, TTL {}, ECS scope /{} (when the query carries ECS)",
         choice.ttl, decision.scope
     );
-    let total: u32 = choice.weights().map(|(_, w)| w).sum();
-    for (target, w) in choice.weights() {
+    let total: u64 = choice.weights().map(|(_, w)| w).sum();
+    println!("reason:  {}", choice.reason);
+    for (i, cdn) in host.cdns.iter().enumerate() {
+        let effective = choice
+            .weights()
+            .find(|(t, _)| *t.cdn == cdn.name)
+            .map_or(0, |(_, w)| w);
         println!(
-            "  {:<14} {:<34} weight {:>4}  {:>5.1} %",
-            target.cdn,
-            target.cname.to_string(),
-            w,
-            f64::from(w) * 100.0 / f64::from(total)
+            "  {:<14} {:<34} weight {:>4}  share {:>5.1} %",
+            cdn.name,
+            cdn.cname.to_string(),
+            region.weights[i],
+            effective as f64 * 100.0 / total as f64
         );
     }
     ExitCode::SUCCESS

@@ -51,10 +51,34 @@ pub struct Choice {
     /// Region name, for explain and (later) metrics labels.
     pub region: Arc<str>,
     /// Running sums of the weights of `targets`; the last is the total (> 0).
-    cumulative: Box<[u32]>,
+    cumulative: Box<[u64]>,
     targets: Box<[Target]>,
     /// TTL of the CNAME answer.
     pub ttl: u32,
+    /// Why the weights are what they are.
+    pub reason: Reason,
+}
+
+/// Why a region answers with the weights it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The configured weights.
+    Normal,
+    /// Some CDN is off its configured weight (failover steps).
+    Failover,
+    /// Every CDN of the region would be removed: the configured weights are used
+    /// instead, because answering something beats answering nothing.
+    FailOpen,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Reason::Normal => "normal",
+            Reason::Failover => "failover",
+            Reason::FailOpen => "fail-open",
+        })
+    }
 }
 
 /// One CDN a name can be answered with.
@@ -148,8 +172,13 @@ impl Steered {
 impl Choice {
     /// `weighted` lists (target, weight); zero weights are left out. `None` if every
     /// weight is zero (the planner never builds such a choice).
-    pub fn new(region: Arc<str>, ttl: u32, weighted: Vec<(Target, u32)>) -> Option<Choice> {
-        let mut total = 0u32;
+    pub fn new(
+        region: Arc<str>,
+        ttl: u32,
+        reason: Reason,
+        weighted: Vec<(Target, u64)>,
+    ) -> Option<Choice> {
+        let mut total = 0u64;
         let mut cumulative = Vec::new();
         let mut targets = Vec::new();
         for (target, w) in weighted.into_iter().filter(|(_, w)| *w > 0) {
@@ -162,6 +191,7 @@ impl Choice {
             cumulative: cumulative.into_boxed_slice(),
             targets: targets.into_boxed_slice(),
             ttl,
+            reason,
         })
     }
 
@@ -177,7 +207,7 @@ impl Choice {
     }
 
     /// (target, weight) pairs, for explain and tests.
-    pub fn weights(&self) -> impl Iterator<Item = (&Target, u32)> {
+    pub fn weights(&self) -> impl Iterator<Item = (&Target, u64)> {
         let mut prev = 0;
         self.targets
             .iter()
@@ -375,6 +405,7 @@ mod tests {
         let c = Choice::new(
             "r".into(),
             30,
+            Reason::Normal,
             vec![(t("a"), 70), (t("b"), 0), (t("c"), 30)],
         )
         .unwrap();
@@ -394,6 +425,6 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("a".into(), 70), ("c".into(), 30)]
         );
-        assert!(Choice::new("r".into(), 30, vec![(t("a"), 0)]).is_none());
+        assert!(Choice::new("r".into(), 30, Reason::Normal, vec![(t("a"), 0)]).is_none());
     }
 }

@@ -19,6 +19,7 @@
 //! ```
 
 mod locate;
+pub mod probes;
 mod validate;
 
 use std::fmt;
@@ -246,7 +247,7 @@ struct RawRegion {
 #[serde(deny_unknown_fields)]
 struct RawFailover {
     steps: Option<Vec<i64>>,
-    step_interval_seconds: Option<i64>,
+    step_interval_seconds: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -349,7 +350,7 @@ pub fn parse(path: &Path, source: String) -> Result<(Policy, Issues), Issues> {
 
 /// serde_yaml says ``regions[0].weights: unknown field `wieght`… at line 6 column 9``;
 /// split that into our field and line.
-fn yaml_issue(path: &Path, source: &str, e: &serde_yaml::Error) -> ConfigIssue {
+pub(crate) fn yaml_issue(path: &Path, source: &str, e: &serde_yaml::Error) -> ConfigIssue {
     let mut line = e.location().map(|l| l.line());
     let mut msg = e.to_string();
     if let Some(i) = msg.rfind(" at line ") {

@@ -428,7 +428,7 @@ fn failover(cx: &mut Ctx, path: &[Seg], raw: Option<RawFailover>) -> Failover {
     }
     let step_interval = match raw.step_interval_seconds {
         None => default.step_interval,
-        Some(s) if (0..=86_400).contains(&s) => Duration::from_secs(s as u64),
+        Some(s) if (0.0..=86_400.0).contains(&s) => Duration::from_secs_f64(s),
         Some(s) => {
             cx.error(
                 &at(path, &[key("step_interval_seconds")]),

@@ -1,4 +1,11 @@
 //! Control plane: everything that waits, polls or reloads, and builds new plans. Never
 //! on the query path.
 
+pub mod api;
+pub mod controller;
+pub mod health;
+pub mod peers;
+pub mod persist;
 pub mod planner;
+pub mod prober;
+pub mod stepper;

@@ -52,6 +52,7 @@ impl TestServer {
             config: repo(policy),
             zones: repo(zones),
             geo: repo(geo),
+            probes: repo("tests/fixtures/no-probes"),
         };
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("fixture does not load: {e}"));
         let running = app::start(loaded.snapshot(), &[listen.parse().unwrap()])

@@ -1,0 +1,339 @@
+//! Control plane: the controller. Each finished probe round becomes a verdict (this
+//! vantage point's result plus the peers' fresh ones, by quorum), the verdicts go
+//! through hysteresis, health changes start failover steps, and every change of the
+//! steps publishes a new plan. Every state change is logged with its evidence, and the
+//! state is saved so that a restart resumes where it was.
+//!
+//! ```text
+//!  prober rounds ─┐
+//!  peers' views ──┴─▶ verdict (quorum) ─▶ Tracker (hysteresis) ─▶ Stepper ─▶ planner ─▶ Live
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::app::Loaded;
+use crate::config::probes::Probes;
+use crate::control::health::{self, State, Tracker, VantageView};
+use crate::control::peers::Peers;
+use crate::control::persist;
+use crate::control::planner::{self, Removed};
+use crate::control::prober::{Local, Round};
+use crate::control::stepper::Stepper;
+use crate::plan::{Live, Snapshot};
+
+/// Where state is saved, and how old a saved state may be to be used.
+#[derive(Clone, Debug)]
+pub struct StateFile {
+    pub dir: PathBuf,
+    pub max_age: Duration,
+}
+
+pub struct Controller {
+    loaded: Arc<Loaded>,
+    probes: Probes,
+    vantage: String,
+    local: Local,
+    peers: Peers,
+    live: Option<Arc<Live>>,
+    health: BTreeMap<String, Tracker>,
+    /// By (steered name, CDN).
+    steps: BTreeMap<(String, String), Stepper>,
+    fail_open: Vec<(String, String)>,
+    own_unhappy: Option<String>,
+    verdicts: BTreeMap<String, String>,
+    state_file: Option<StateFile>,
+    /// The document `/v1/state` serves.
+    doc: Arc<Mutex<serde_json::Value>>,
+}
+
+impl Controller {
+    /// A controller for `loaded`, with the saved state restored when there is one.
+    pub fn new(
+        loaded: Arc<Loaded>,
+        vantage: String,
+        local: Local,
+        peers: Peers,
+        state_file: Option<StateFile>,
+    ) -> Controller {
+        let probes = loaded.probes.clone();
+        let mut c = Controller {
+            loaded,
+            probes,
+            vantage,
+            local,
+            peers,
+            live: None,
+            health: BTreeMap::new(),
+            steps: BTreeMap::new(),
+            fail_open: Vec::new(),
+            own_unhappy: None,
+            verdicts: BTreeMap::new(),
+            state_file,
+            doc: Arc::new(Mutex::new(serde_json::Value::Null)),
+        };
+        c.restore();
+        c
+    }
+
+    fn restore(&mut self) {
+        let Some(sf) = &self.state_file else { return };
+        match persist::load(&sf.dir, sf.max_age) {
+            Ok(None) => {}
+            Err(e) => warn!(error = %e, "saved state unreadable: starting from configured weights"),
+            Ok(Some(saved)) => {
+                let now = Instant::now();
+                self.health = saved
+                    .health
+                    .clone()
+                    .into_iter()
+                    .filter(|(cdn, _)| self.probes.get(cdn).is_some())
+                    .collect();
+                let hosts: Vec<String> = self
+                    .loaded
+                    .policy
+                    .hosts
+                    .iter()
+                    .map(|h| h.name.to_string())
+                    .collect();
+                self.steps = saved
+                    .steppers(now)
+                    .into_iter()
+                    .filter(|((name, _), _)| hosts.contains(name))
+                    .collect();
+                info!(
+                    age_s = saved.age_ms() / 1000,
+                    down = ?self.health.iter().filter(|(_, t)| t.state == State::Down).map(|(c, _)| c.as_str()).collect::<Vec<_>>(),
+                    steps = self.steps.len(),
+                    "restored health and failover state"
+                );
+                self.tick_steps(now);
+            }
+        }
+    }
+
+    /// The snapshot for the current state (also used before the server starts, so that
+    /// a restart never serves the configured weights in the middle of a failover).
+    pub fn snapshot(&mut self) -> Snapshot {
+        let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed());
+        self.note_fail_open(fail_open);
+        self.update_doc();
+        snapshot
+    }
+
+    /// The document `/v1/state` serves.
+    pub fn doc(&self) -> Arc<Mutex<serde_json::Value>> {
+        self.doc.clone()
+    }
+
+    /// Runs until `stop`, publishing into `live`.
+    pub async fn run(
+        mut self,
+        live: Arc<Live>,
+        mut rounds: mpsc::Receiver<Round>,
+        stop: CancellationToken,
+    ) {
+        self.live = Some(live);
+        loop {
+            let next = self.steps.values().filter_map(|s| s.next_at).min();
+            let due = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                round = rounds.recv() => match round {
+                    Some(r) => self.on_round(r),
+                    None => return,
+                },
+                _ = due => {
+                    if self.tick_steps(Instant::now()) {
+                        self.publish();
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_round(&mut self, round: Round) {
+        let Some(spec) = self.probes.get(&round.cdn).cloned() else {
+            return;
+        };
+        let latest = self.local.snapshot();
+        let warming_up = latest.len() < self.probes.specs.len();
+        let own = VantageView {
+            name: self.vantage.clone(),
+            latest,
+            error: None,
+            warming_up,
+        };
+        let unhappy = health::unhappy(&own).map(|u| u.to_string());
+        if unhappy != self.own_unhappy {
+            match &unhappy {
+                Some(why) => {
+                    warn!(vantage = %self.vantage, reason = %why, "this vantage point is unhappy: its failures do not demote any CDN")
+                }
+                None => info!(vantage = %self.vantage, "this vantage point is happy again"),
+            }
+            self.own_unhappy = unhappy;
+        }
+        let mut views = vec![own];
+        views.extend(self.peers.views());
+        let fresh_ms = (spec.interval * 3).as_millis() as u64 + 100;
+        let verdict = health::verdict(&round.cdn, &views, spec.quorum, fresh_ms);
+        let tracker = self.health.entry(round.cdn.clone()).or_default();
+        let from = tracker.state;
+        let changed = tracker.observe(verdict.kind, spec.down_after, spec.up_after);
+        self.verdicts.insert(
+            round.cdn.clone(),
+            format!("{:?}: {}", verdict.kind, verdict.summary()),
+        );
+        if let Some(to) = changed {
+            info!(cdn = %round.cdn, scope = "global", from = %from, to = %to, quorum = spec.quorum, evidence = %verdict.summary(), "health changed");
+            let now = Instant::now();
+            for host in &self.loaded.policy.hosts {
+                if !host.cdns.iter().any(|c| c.name == round.cdn) {
+                    continue;
+                }
+                let s = self
+                    .steps
+                    .entry((host.name.to_string(), round.cdn.clone()))
+                    .or_default();
+                match to {
+                    State::Down => s.demote(now, &host.failover),
+                    State::Up => s.promote(now, &host.failover),
+                }
+                info!(name = %host.name, cdn = %round.cdn, removed_percent = s.removed_percent(&host.failover), "failover step");
+            }
+            self.publish();
+        } else {
+            self.update_doc();
+            self.save();
+        }
+    }
+
+    /// Applies due steps; returns whether any weight changed.
+    fn tick_steps(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        for host in &self.loaded.policy.hosts {
+            for cdn in &host.cdns {
+                let key = (host.name.to_string(), cdn.name.clone());
+                if let Some(s) = self.steps.get_mut(&key) {
+                    if s.tick(now, &host.failover) {
+                        changed = true;
+                        info!(name = %host.name, cdn = %cdn.name, removed_percent = s.removed_percent(&host.failover), "failover step");
+                    }
+                }
+            }
+        }
+        self.steps.retain(|_, s| s.is_active());
+        changed
+    }
+
+    fn removed(&self) -> Removed {
+        let mut removed = Removed::new();
+        for host in &self.loaded.policy.hosts {
+            for cdn in &host.cdns {
+                let key = (host.name.to_string(), cdn.name.clone());
+                if let Some(s) = self.steps.get(&key) {
+                    removed.insert(key, s.removed_percent(&host.failover));
+                }
+            }
+        }
+        removed
+    }
+
+    fn publish(&mut self) {
+        let snapshot = self.snapshot();
+        if let Some(live) = &self.live {
+            live.store(Arc::new(snapshot));
+        }
+        self.save();
+    }
+
+    fn note_fail_open(&mut self, now: Vec<(String, String)>) {
+        for (name, region) in now.iter().filter(|r| !self.fail_open.contains(r)) {
+            warn!(name = %name, region = %region, "fail-open: every CDN of the region is out, answering with the configured weights");
+        }
+        for (name, region) in self.fail_open.iter().filter(|r| !now.contains(r)) {
+            info!(name = %name, region = %region, "fail-open over: a CDN of the region is back");
+        }
+        self.fail_open = now;
+    }
+
+    fn save(&self) {
+        let Some(sf) = &self.state_file else { return };
+        let saved = persist::capture(&self.health, &self.steps, Instant::now());
+        if let Err(e) = persist::save(&sf.dir, &saved) {
+            warn!(dir = %sf.dir.display(), error = %e, "cannot save state");
+        }
+    }
+
+    fn update_doc(&self) {
+        let removed = self.removed();
+        let doc = json!({
+            "vantage": self.vantage,
+            "vantage_unhappy": self.own_unhappy,
+            "health": self.health.iter().map(|(cdn, t)| (cdn.clone(), json!({
+                "state": t.state.to_string(),
+                "consecutive_down_rounds": t.bad,
+                "consecutive_up_rounds": t.good,
+                "last_verdict": self.verdicts.get(cdn),
+            }))).collect::<serde_json::Map<_, _>>(),
+            "failover": removed.iter().map(|((name, cdn), pct)| json!({
+                "name": name, "cdn": cdn, "removed_percent": pct,
+                "direction": self.steps.get(&(name.clone(), cdn.clone())).map(|s| format!("{:?}", s.direction).to_lowercase()),
+            })).collect::<Vec<_>>(),
+            "fail_open": self.fail_open.iter().map(|(n, r)| json!({"name": n, "region": r})).collect::<Vec<_>>(),
+            "peers": self.peers.views().iter().map(|v| json!({
+                "name": v.name, "error": v.error, "unhappy": health::unhappy(v).map(|u| u.to_string()),
+            })).collect::<Vec<_>>(),
+        });
+        *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = doc;
+    }
+}
+
+/// Spawns the prober of `probes` (used by `serve` and `agent`).
+pub fn spawn_prober(
+    loaded_probes: &Probes,
+    vantage: &str,
+    local: &Local,
+    stop: &CancellationToken,
+) -> mpsc::Receiver<Round> {
+    let (tx, rx) = mpsc::channel(256);
+    crate::control::prober::spawn(
+        loaded_probes.specs.clone(),
+        vantage.to_string(),
+        local.clone(),
+        tx,
+        stop.clone(),
+    );
+    rx
+}
+
+/// How often peers are read: as often as the most frequent probe.
+pub fn peer_interval(probes: &Probes) -> Duration {
+    probes
+        .specs
+        .iter()
+        .map(|s| s.interval)
+        .min()
+        .unwrap_or(Duration::from_secs(10))
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<Controller>();
+    let _ = planner::removed_of;
+}

@@ -1,0 +1,248 @@
+//! Control plane: the prober. Fetches each CDN's canary object through the real CDN
+//! path on the probe's interval (with jitter, so probes do not march in step) and
+//! records each round's result with its reason. Runs in `serve` and, alone, in `agent`.
+//!
+//! A probe passes only if the connection (and TLS, certificates verified) succeeds, the
+//! status is the expected one, the time to first byte is under `max_ttfb`, and the body
+//! contains `expect_body`: a 200 whose body is an error page is a failure.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::RngExt;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::probes::ProbeSpec;
+use crate::control::health::Observation;
+
+/// Probes running at once, whatever the number of CDNs.
+const MAX_CONCURRENT: usize = 16;
+/// Bytes of body read to look for `expect_body`.
+const MAX_BODY: usize = 64 * 1024;
+
+/// This vantage point's latest result per CDN, shared with the API (`/v1/observations`)
+/// and the health evaluation.
+#[derive(Clone, Default)]
+pub struct Local {
+    inner: Arc<Mutex<BTreeMap<String, (Observation, Instant)>>>,
+}
+
+impl Local {
+    fn record(&self, cdn: &str, mut obs: Observation) -> Observation {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        obs.round = map.get(cdn).map_or(1, |(o, _)| o.round + 1);
+        map.insert(cdn.to_string(), (obs.clone(), Instant::now()));
+        obs
+    }
+
+    /// The latest observations with their age now.
+    pub fn snapshot(&self) -> BTreeMap<String, Observation> {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        map.iter()
+            .map(|(cdn, (o, at))| {
+                let mut o = o.clone();
+                o.age_ms = now.saturating_duration_since(*at).as_millis() as u64;
+                (cdn.clone(), o)
+            })
+            .collect()
+    }
+}
+
+/// A finished round, for the health evaluation.
+#[derive(Clone, Debug)]
+pub struct Round {
+    pub cdn: String,
+    pub observation: Observation,
+}
+
+/// Probes every spec until `stop`, recording into `local` and announcing each round.
+pub fn spawn(
+    specs: Vec<ProbeSpec>,
+    vantage: String,
+    local: Local,
+    rounds: mpsc::Sender<Round>,
+    stop: CancellationToken,
+) {
+    let limit = Arc::new(Semaphore::new(MAX_CONCURRENT));
+    let user_agent = format!(
+        "steerdns-prober/{} (vantage {vantage})",
+        env!("CARGO_PKG_VERSION")
+    );
+    for spec in specs {
+        let (local, rounds, stop, limit, ua) = (
+            local.clone(),
+            rounds.clone(),
+            stop.clone(),
+            limit.clone(),
+            user_agent.clone(),
+        );
+        tokio::spawn(async move {
+            // Start within the first interval, not all at once.
+            let mut delay = spec.interval.mul_f64(rand::rng().random_range(0.0..0.2));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                let result = {
+                    let Ok(_permit) = limit.acquire().await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        r = probe_once(&spec, &ua) => r,
+                    }
+                };
+                let observation = local.record(
+                    &spec.cdn,
+                    Observation {
+                        round: 0,
+                        ok: result.is_ok(),
+                        reason: result.err().unwrap_or_else(|| "ok".into()),
+                        age_ms: 0,
+                    },
+                );
+                if rounds
+                    .send(Round {
+                        cdn: spec.cdn.clone(),
+                        observation,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                delay = spec.interval.mul_f64(rand::rng().random_range(0.9..1.1));
+            }
+        });
+    }
+}
+
+/// One probe; `Err` carries the reason (`timeout`, `connect: …`, `tls: …`,
+/// `status 503`, `body mismatch`, `slow: …`).
+pub async fn probe_once(spec: &ProbeSpec, user_agent: &str) -> Result<(), String> {
+    let (client, url) = client_for(spec).await?;
+    let started = Instant::now();
+    let request = client
+        .get(url)
+        .header(reqwest::header::USER_AGENT, user_agent)
+        .header(reqwest::header::CACHE_CONTROL, "no-cache")
+        .send();
+    let mut response = match tokio::time::timeout(spec.timeout, request).await {
+        Err(_) => {
+            return Err(format!(
+                "timeout: no response in {} ms",
+                spec.timeout.as_millis()
+            ))
+        }
+        Ok(Err(e)) => return Err(describe(&e)),
+        Ok(Ok(r)) => r,
+    };
+    let ttfb = started.elapsed();
+    let status = response.status().as_u16();
+    if status != spec.expect_status {
+        return Err(format!("status {status} (expected {})", spec.expect_status));
+    }
+    if ttfb > spec.max_ttfb {
+        return Err(format!(
+            "slow: first byte after {} ms (limit {} ms)",
+            ttfb.as_millis(),
+            spec.max_ttfb.as_millis()
+        ));
+    }
+    if let Some(expected) = &spec.expect_body {
+        let left = spec.timeout.saturating_sub(started.elapsed());
+        let body = tokio::time::timeout(left, async {
+            let mut body = Vec::new();
+            while body.len() < MAX_BODY {
+                match response.chunk().await {
+                    Ok(Some(c)) => body.extend_from_slice(&c),
+                    Ok(None) => break,
+                    Err(e) => return Err(describe(&e)),
+                }
+            }
+            Ok(body)
+        })
+        .await
+        .map_err(|_| {
+            format!(
+                "timeout: body not complete in {} ms",
+                spec.timeout.as_millis()
+            )
+        })??;
+        if !String::from_utf8_lossy(&body).contains(expected.as_str()) {
+            return Err(format!("body mismatch: `{expected}` not found"));
+        }
+    }
+    Ok(())
+}
+
+/// A client that connects where the probe says, with the Host/SNI it says. Built per
+/// round: a probe must open a fresh connection to test the path, not reuse one.
+async fn client_for(spec: &ProbeSpec) -> Result<(reqwest::Client, reqwest::Url), String> {
+    let mut url = spec.url.clone();
+    let port = url.port_or_known_default().unwrap_or(443);
+    let mut builder = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .timeout(spec.timeout)
+        .connect_timeout(spec.timeout);
+    let url_host = url.host_str().unwrap_or_default().to_string();
+    let name = spec.host.clone().unwrap_or_else(|| url_host.clone());
+    let target: Option<SocketAddr> = match (spec.connect_to, url_host.parse()) {
+        (Some(ip), _) => Some(SocketAddr::new(ip, port)),
+        (None, Ok(ip)) => Some(SocketAddr::new(ip, port)),
+        (None, Err(_)) if spec.host.is_some() => {
+            let found = tokio::net::lookup_host((url_host.as_str(), port))
+                .await
+                .map_err(|e| format!("connect: cannot resolve {url_host}: {e}"))?
+                .next();
+            Some(found.ok_or_else(|| format!("connect: {url_host} has no address"))?)
+        }
+        (None, Err(_)) => None,
+    };
+    if name != url_host {
+        url.set_host(Some(&name))
+            .map_err(|e| format!("connect: bad host {name}: {e}"))?;
+    }
+    if let Some(addr) = target {
+        if name.parse::<std::net::IpAddr>().is_err() {
+            builder = builder.resolve(&name, addr);
+        }
+    }
+    let client = builder.build().map_err(|e| format!("client: {e}"))?;
+    Ok((client, url))
+}
+
+/// The reason of a reqwest error, naming TLS problems as such.
+fn describe(e: &reqwest::Error) -> String {
+    let mut chain = String::new();
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = source {
+        chain.push_str(&s.to_string());
+        chain.push_str(": ");
+        source = s.source();
+    }
+    let chain = chain.trim_end_matches(": ").to_string();
+    let lower = chain.to_ascii_lowercase();
+    if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake") {
+        format!("tls: {chain}")
+    } else if e.is_timeout() {
+        format!("timeout: {chain}")
+    } else if e.is_connect() {
+        format!("connect: {chain}")
+    } else {
+        format!("http: {chain}")
+    }
+}
+
+/// A short pause, for loops that retry.
+pub fn jittered(base: Duration) -> Duration {
+    base.mul_f64(rand::rng().random_range(0.9..1.1))
+}
