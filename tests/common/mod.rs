@@ -2,6 +2,8 @@
 //! client (hickory-proto messages over tokio sockets, UDP and TCP).
 #![allow(dead_code)]
 
+pub mod mock_cdn;
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,0 +1,540 @@
+//! Health and failover end to end: mock CDNs on loopback, the prober at intervals of
+//! tens of milliseconds, and the answers read back by querying the DNS server.
+//! `/v1/state` is read to know *when* to look (after one bad round, after the first
+//! step, ...); what traffic does is always checked over DNS.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::mock_cdn::{MockCdn, Mode};
+use common::*;
+use hickory_proto::rr::RecordType;
+use serde_json::Value;
+use steerdns::app::{self, Inputs, ServeOptions, Service};
+use steerdns::control::controller::StateFile;
+use tokio::time::Instant;
+
+/// Probe timing used throughout: rounds every 60 ms.
+const INTERVAL: f64 = 0.06;
+
+struct Stack {
+    dir: PathBuf,
+    _svc: Service,
+    dns: SocketAddr,
+    api: SocketAddr,
+    http: reqwest::Client,
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("steerdns-failover-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("probes")).unwrap();
+    dir
+}
+
+/// The policy: www.example.com between a and b, 50/50, everywhere; other.example.com
+/// on c (so that a third CDN can stay healthy while a and b both fail).
+fn policy(dir: &Path, steps: &str, step_seconds: f64) {
+    let text = format!(
+        "hostnames:
+  www.example.com:
+    ttl: 30
+    incident_ttl: 5
+    cdns:
+      a: {{ cname: a.cdn.test. }}
+      b: {{ cname: b.cdn.test. }}
+    regions:
+      - match: [\"*\"]
+        weights: {{ a: 50, b: 50 }}
+    failover:
+      steps: {steps}
+      step_interval_seconds: {step_seconds}
+  other.example.com:
+    cdns:
+      c: {{ cname: c.cdn.test. }}
+    regions:
+      - match: [\"*\"]
+        weights: {{ c: 1 }}
+"
+    );
+    std::fs::write(dir.join("steering.yaml"), text).unwrap();
+}
+
+fn probe(dir: &Path, cdn: &str, url: &str, quorum: u32) {
+    let text = format!(
+        "url: {url}\nexpect_body: healthy-v1\ninterval_seconds: {INTERVAL}\ntimeout_ms: 500\nmax_ttfb_ms: 300\nquorum: {quorum}\ndown_after: 2\nup_after: 3\n"
+    );
+    std::fs::write(dir.join("probes").join(format!("{cdn}.yaml")), text).unwrap();
+}
+
+fn vantages(dir: &Path, urls: &[String]) {
+    let text: String = urls.iter().map(|u| format!("- {u}\n")).collect();
+    std::fs::write(
+        dir.join("probes/vantages.yaml"),
+        if text.is_empty() { "[]\n".into() } else { text },
+    )
+    .unwrap();
+}
+
+impl Stack {
+    async fn start(dir: &Path) -> Stack {
+        let inputs = Inputs {
+            config: dir.join("steering.yaml"),
+            zones: repo(TEST_ZONES),
+            geo: repo(TEST_GEO),
+            probes: dir.join("probes"),
+        };
+        let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
+        let opts = ServeOptions {
+            listen: vec!["127.0.0.1:0".parse().unwrap()],
+            api: Some("127.0.0.1:0".parse().unwrap()),
+            state: Some(StateFile {
+                dir: dir.join("state"),
+                max_age: Duration::from_secs(60),
+            }),
+            vantage: "test".into(),
+        };
+        let svc = app::serve(loaded, &opts).await.unwrap();
+        Stack {
+            dir: dir.to_path_buf(),
+            dns: svc.dns.addrs()[0],
+            api: svc.api.unwrap(),
+            _svc: svc,
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let url = format!("http://{}{path}", self.api);
+        let body = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    async fn state(&self) -> Value {
+        self.get("/v1/state").await
+    }
+
+    /// Polls `/v1/state` until `pred` holds (10 s at most).
+    async fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.state().await;
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; state:\n{s:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The own round counter of `cdn`.
+    async fn round(&self, cdn: &str) -> u64 {
+        self.get("/v1/observations").await["observations"][cdn]["round"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    /// Waits until `n` more own rounds of `cdn` have completed.
+    async fn rounds(&self, cdn: &str, n: u64) {
+        let start = self.round(cdn).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.round(cdn).await < start + n {
+            assert!(Instant::now() < deadline, "{cdn}: rounds stopped");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Answers to `n` queries for www.example.com: counts per CDN, and the TTLs seen.
+    async fn answers(&self, n: usize) -> (HashMap<String, usize>, Vec<u32>) {
+        let mut counts = HashMap::new();
+        let mut ttls = Vec::new();
+        let q = query("www.example.com.", RecordType::A);
+        for _ in 0..n {
+            let m = ask(self.dns, Proto::Udp, &q).await;
+            let cdn = cname_of(&m).split('.').next().unwrap().to_string();
+            *counts.entry(cdn).or_insert(0) += 1;
+            if !ttls.contains(&m.answers[0].ttl) {
+                ttls.push(m.answers[0].ttl);
+            }
+        }
+        (counts, ttls)
+    }
+}
+
+fn removed(s: &Value, cdn: &str) -> Option<u64> {
+    s["failover"]
+        .as_array()?
+        .iter()
+        .find(|f| f["cdn"] == cdn && f["name"] == "www.example.com.")?["removed_percent"]
+        .as_u64()
+}
+
+fn health<'a>(s: &'a Value, cdn: &str) -> &'a Value {
+    &s["health"][cdn]
+}
+
+fn up_verdict(s: &Value, cdn: &str) -> bool {
+    health(s, cdn)["last_verdict"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("Up"))
+}
+
+async fn healthy_stack(
+    tag: &str,
+    steps: &str,
+    step_seconds: f64,
+) -> (Stack, MockCdn, MockCdn, MockCdn) {
+    let dir = scratch(tag);
+    let (a, b, c) = (
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+    );
+    policy(&dir, steps, step_seconds);
+    probe(&dir, "a", &a.url("/_health/v1.txt"), 1);
+    probe(&dir, "b", &b.url("/_health/v1.txt"), 1);
+    probe(&dir, "c", &c.url("/_health/v1.txt"), 1);
+    let stack = Stack::start(&dir).await;
+    stack
+        .wait_for("every CDN probed and up", |s| {
+            ["a", "b", "c"].iter().all(|c| up_verdict(s, c))
+        })
+        .await;
+    (stack, a, b, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_cdn_leaves_in_steps_and_comes_back_slowly() {
+    let (stack, a, _b, _c) = healthy_stack("timeline", "[90, 100]", 0.5).await;
+    let (counts, ttls) = stack.answers(100).await;
+    assert!(
+        counts["a"] > 20 && counts["b"] > 20,
+        "normal 50/50: {counts:?}"
+    );
+    assert_eq!(ttls, [30]);
+
+    a.set(Mode::Status(503));
+    // One bad round changes nothing.
+    let s = stack
+        .wait_for("one bad round", |s| {
+            health(s, "a")["consecutive_down_rounds"] == 1
+        })
+        .await;
+    assert_eq!(health(&s, "a")["state"], "up");
+    assert_eq!(removed(&s, "a"), None, "{s:#}");
+    assert!(
+        health(&s, "a")["last_verdict"]
+            .as_str()
+            .unwrap()
+            .contains("status 503"),
+        "{s:#}"
+    );
+
+    // down_after (2) bad rounds: the first step, 90 % of a's weight removed at once.
+    let s = stack
+        .wait_for("first step", |s| removed(s, "a") == Some(90))
+        .await;
+    let first_step = Instant::now();
+    assert_eq!(health(&s, "a")["state"], "down");
+    let (counts, ttls) = stack.answers(150).await;
+    // a keeps 50 × 10 % against b's 50: 1/11 of answers, mean 13.6 of 150, sd 3.5.
+    let a_share = counts.get("a").copied().unwrap_or(0);
+    assert!(a_share <= 31, "a after the first step: {counts:?}");
+    assert_eq!(ttls, [5], "incident TTL while a CDN is off its weight");
+
+    // One step interval later: all of it.
+    stack
+        .wait_for("second step", |s| removed(s, "a") == Some(100))
+        .await;
+    assert!(
+        first_step.elapsed() >= Duration::from_millis(400),
+        "second step came {:?} after the first",
+        first_step.elapsed()
+    );
+    let (counts, _) = stack.answers(100).await;
+    assert_eq!(
+        counts.get("b"),
+        Some(&100),
+        "all traffic on the survivor: {counts:?}"
+    );
+
+    // Recovery: nothing before up_after (3) good rounds...
+    a.set(Mode::Healthy);
+    let s = stack
+        .wait_for("a good round while down", |s| {
+            health(s, "a")["consecutive_up_rounds"].as_u64() >= Some(1)
+        })
+        .await;
+    assert_eq!(health(&s, "a")["state"], "down");
+    assert_eq!(removed(&s, "a"), Some(100));
+    let (counts, _) = stack.answers(50).await;
+    assert_eq!(counts.get("b"), Some(&50), "{counts:?}");
+
+    // ...then the steps in reverse.
+    let s = stack
+        .wait_for("first step back", |s| health(s, "a")["state"] == "up")
+        .await;
+    assert_eq!(removed(&s, "a"), Some(90), "{s:#}");
+    let back = Instant::now();
+    stack
+        .wait_for("normal weights", |s| removed(s, "a").is_none())
+        .await;
+    assert!(back.elapsed() >= Duration::from_millis(400));
+    let (counts, ttls) = stack.answers(200).await;
+    assert!(
+        counts["a"] > 65 && counts["b"] > 65,
+        "back to 50/50: {counts:?}"
+    );
+    assert_eq!(ttls, [30]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flapping_never_moves_traffic() {
+    let (stack, a, _b, _c) = healthy_stack("flap", "[100]", 0.2).await;
+    let mut broken = false;
+    for _ in 0..12 {
+        broken = !broken;
+        a.set(if broken {
+            Mode::Status(503)
+        } else {
+            Mode::Healthy
+        });
+        stack.rounds("a", 1).await;
+        let s = stack.state().await;
+        assert_eq!(health(&s, "a")["state"], "up", "{s:#}");
+        assert_eq!(removed(&s, "a"), None, "{s:#}");
+    }
+    let (counts, _) = stack.answers(100).await;
+    assert!(counts["a"] > 20, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cdn_of_a_region_down_fails_open() {
+    let (stack, a, b, _c) = healthy_stack("failopen", "[100]", 0.2).await;
+    a.set(Mode::Status(503));
+    b.set(Mode::ErrorPage);
+    // c stays healthy, so this vantage point is happy and its verdicts count.
+    let s = stack
+        .wait_for("both down", |s| {
+            health(s, "a")["state"] == "down" && health(s, "b")["state"] == "down"
+        })
+        .await;
+    let s = if s["fail_open"].as_array().unwrap().is_empty() {
+        stack
+            .wait_for("fail-open", |s| {
+                !s["fail_open"].as_array().unwrap().is_empty()
+            })
+            .await
+    } else {
+        s
+    };
+    assert_eq!(s["fail_open"][0]["name"], "www.example.com.", "{s:#}");
+    let (counts, _) = stack.answers(100).await;
+    assert!(
+        counts["a"] > 20 && counts["b"] > 20,
+        "fail-open answers with the configured weights: {counts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vantage_point_that_sees_everything_fail_demotes_nothing() {
+    let (stack, a, b, c) = healthy_stack("unhappy", "[100]", 0.2).await;
+    for cdn in [&a, &b, &c] {
+        cdn.set(Mode::Refused);
+    }
+    stack
+        .wait_for("unhappy", |s| {
+            s["vantage_unhappy"] == "sees every CDN fail at once"
+        })
+        .await;
+    stack.rounds("a", 4).await;
+    let s = stack.state().await;
+    for cdn in ["a", "b", "c"] {
+        assert_eq!(health(&s, cdn)["state"], "up", "{s:#}");
+    }
+    assert!(s["failover"].as_array().unwrap().is_empty(), "{s:#}");
+    let (counts, _) = stack.answers(100).await;
+    assert!(counts["a"] > 20 && counts["b"] > 20, "{counts:?}");
+}
+
+/// Starts a probe-only agent whose `a` is `a_url` and `b`/`c` the given mocks.
+async fn agent(name: &str, a_url: &str, b: &MockCdn, c: &MockCdn, dir: &Path) -> app::Agent {
+    let d = dir.join(name);
+    std::fs::create_dir_all(d.join("probes")).unwrap();
+    probe(&d, "a", a_url, 1);
+    probe(&d, "b", &b.url("/_health/v1.txt"), 1);
+    probe(&d, "c", &c.url("/_health/v1.txt"), 1);
+    let (probes, _) = steerdns::config::probes::load_dir(&d.join("probes"), None).unwrap();
+    app::agent(probes, "127.0.0.1:0".parse().unwrap(), name.into())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_of_five_agents() {
+    let dir = scratch("quorum");
+    let (own_a, b, c) = (
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+    );
+    // Each agent reaches `a` through its own path (its own mock), so each can fail alone.
+    let mut paths = Vec::new();
+    let mut agents = Vec::new();
+    for i in 0..5 {
+        let m = MockCdn::start(Mode::Healthy).await;
+        agents.push(
+            agent(
+                &format!("agent{i}"),
+                &m.url("/_health/v1.txt"),
+                &b,
+                &c,
+                &dir,
+            )
+            .await,
+        );
+        paths.push(m);
+    }
+    policy(&dir, "[100]", 0.2);
+    probe(&dir, "a", &own_a.url("/_health/v1.txt"), 3);
+    probe(&dir, "b", &b.url("/_health/v1.txt"), 3);
+    probe(&dir, "c", &c.url("/_health/v1.txt"), 3);
+    vantages(
+        &dir,
+        &agents
+            .iter()
+            .map(|a| format!("http://{}", a.api))
+            .collect::<Vec<_>>(),
+    );
+    let stack = Stack::start(&dir).await;
+    stack
+        .wait_for("all six vantage points see a up", |s| {
+            health(s, "a")["last_verdict"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("Up") && v.matches(": ok").count() == 6)
+        })
+        .await;
+
+    // Two of five agents see a fail: below the quorum of three.
+    paths[0].set(Mode::Status(503));
+    paths[1].set(Mode::Status(503));
+    stack
+        .wait_for("two failures in the evidence", |s| {
+            health(s, "a")["last_verdict"]
+                .as_str()
+                .is_some_and(|v| v.matches("failed").count() == 2)
+        })
+        .await;
+    stack.rounds("a", 4).await;
+    let s = stack.state().await;
+    assert_eq!(health(&s, "a")["state"], "up", "{s:#}");
+    assert_eq!(removed(&s, "a"), None);
+
+    // A third: quorum reached, a is demoted.
+    paths[2].set(Mode::Status(503));
+    let s = stack
+        .wait_for("a down by quorum", |s| removed(s, "a") == Some(100))
+        .await;
+    assert_eq!(health(&s, "a")["state"], "down");
+    let (counts, _) = stack.answers(50).await;
+    assert_eq!(counts.get("b"), Some(&50), "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhappy_and_silent_peers_demote_nothing() {
+    let dir = scratch("peers");
+    let (a, b, c) = (
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+    );
+    // The peer's network is broken: it sees every CDN fail.
+    let dead = MockCdn::start(Mode::Refused).await;
+    let broken = {
+        let d = dir.join("broken");
+        std::fs::create_dir_all(d.join("probes")).unwrap();
+        for cdn in ["a", "b", "c"] {
+            probe(&d, cdn, &dead.url("/_health/v1.txt"), 1);
+        }
+        let (probes, _) = steerdns::config::probes::load_dir(&d.join("probes"), None).unwrap();
+        app::agent(probes, "127.0.0.1:0".parse().unwrap(), "broken".into())
+            .await
+            .unwrap()
+    };
+    // And another peer does not answer at all.
+    let silent = MockCdn::start(Mode::Refused).await;
+    policy(&dir, "[100]", 0.2);
+    for (cdn, m) in [("a", &a), ("b", &b), ("c", &c)] {
+        probe(&dir, cdn, &m.url("/_health/v1.txt"), 1);
+    }
+    vantages(
+        &dir,
+        &[
+            format!("http://{}", broken.api),
+            format!("http://{}", silent.addr()),
+        ],
+    );
+    let stack = Stack::start(&dir).await;
+    let s = stack
+        .wait_for("both peers unhappy", |s| {
+            let peers = s["peers"].as_array().unwrap();
+            peers.len() == 2 && peers.iter().all(|p| !p["unhappy"].is_null())
+        })
+        .await;
+    assert!(
+        s.to_string().contains("sees every CDN fail at once"),
+        "{s:#}"
+    );
+    stack.rounds("a", 4).await;
+    let s = stack.state().await;
+    for cdn in ["a", "b", "c"] {
+        assert_eq!(health(&s, cdn)["state"], "up", "{s:#}");
+    }
+    assert!(
+        health(&s, "a")["last_verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("Up"),
+        "{s:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_failover_resumes_the_timeline() {
+    let (stack, a, _b, _c) = healthy_stack("restart", "[90, 100]", 1.5).await;
+    a.set(Mode::Status(503));
+    stack
+        .wait_for("first step", |s| removed(s, "a") == Some(90))
+        .await;
+    let dir = stack.dir.clone();
+    drop(stack);
+
+    let stack = Stack::start(&dir).await;
+    // Before any round of the new process: still failed over, not snapped back.
+    let s = stack.state().await;
+    assert_eq!(health(&s, "a")["state"], "down", "{s:#}");
+    assert!(removed(&s, "a").is_some_and(|r| r >= 90), "{s:#}");
+    let (counts, _) = stack.answers(100).await;
+    assert!(counts.get("a").copied().unwrap_or(0) <= 25, "{counts:?}");
+    // And the timeline goes on to the second step.
+    stack
+        .wait_for("second step after the restart", |s| {
+            removed(s, "a") == Some(100)
+        })
+        .await;
+}

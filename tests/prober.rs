@@ -1,0 +1,90 @@
+//! One probe against the mock CDN in each of its failure modes: the reason recorded is
+//! the real one, and the request is what a CDN should see.
+
+mod common;
+
+use std::time::Duration;
+
+use common::mock_cdn::{MockCdn, Mode};
+use steerdns::config::probes::ProbeSpec;
+use steerdns::control::prober::probe_once;
+
+fn spec(url: &str) -> ProbeSpec {
+    ProbeSpec {
+        cdn: "a".into(),
+        file: "probes/a.yaml".into(),
+        url: url.parse().unwrap(),
+        host: None,
+        connect_to: None,
+        expect_status: 200,
+        expect_body: Some("healthy-v1".into()),
+        timeout: Duration::from_millis(600),
+        max_ttfb: Duration::from_millis(200),
+        interval: Duration::from_secs(1),
+        quorum: 1,
+        down_after: 2,
+        up_after: 2,
+    }
+}
+
+#[tokio::test]
+async fn each_failure_has_its_reason() {
+    let cdn = MockCdn::start(Mode::Healthy).await;
+    let s = spec(&cdn.url("/_health/v1.txt"));
+    assert_eq!(probe_once(&s, "ua").await, Ok(()));
+
+    let cases = [
+        (Mode::Status(503), "status 503"),
+        (Mode::ErrorPage, "body mismatch"),
+        (Mode::Slow(Duration::from_millis(400)), "slow"),
+        (Mode::Refused, "connect"),
+    ];
+    for (mode, reason) in cases {
+        cdn.set(mode);
+        let got = probe_once(&s, "ua").await.expect_err("must fail");
+        assert!(got.starts_with(reason), "{mode:?}: {got}");
+    }
+    cdn.set(Mode::Slow(Duration::from_secs(5)));
+    let got = probe_once(&s, "ua").await.expect_err("must time out");
+    assert!(got.starts_with("timeout"), "{got}");
+    cdn.set(Mode::Healthy);
+    assert_eq!(probe_once(&s, "ua").await, Ok(()));
+}
+
+#[tokio::test]
+async fn a_bad_certificate_is_a_tls_failure() {
+    let cdn = MockCdn::start(Mode::BadTls).await;
+    let s = spec(&format!("https://{}/_health/v1.txt", cdn.addr()));
+    let got = probe_once(&s, "ua")
+        .await
+        .expect_err("self-signed certificate must fail");
+    assert!(got.starts_with("tls"), "{got}");
+}
+
+#[tokio::test]
+async fn host_header_pinned_address_and_cache_busting() {
+    let cdn = MockCdn::start(Mode::Healthy).await;
+    // The URL names a CDN host that does not resolve; the probe connects to the pinned
+    // address and sends the configured Host.
+    let mut s = spec(&format!(
+        "http://edge.cdn.invalid:{}/_health/v1.txt",
+        cdn.addr().port()
+    ));
+    s.host = Some("www.example.com".into());
+    s.connect_to = Some(cdn.addr().ip());
+    assert_eq!(
+        probe_once(&s, "steerdns-prober/test (vantage t1)").await,
+        Ok(())
+    );
+    let head = cdn.last_request().unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("get /_health/v1.txt "), "{head}");
+    assert!(
+        head.contains(&format!("host: www.example.com:{}", cdn.addr().port())),
+        "{head}"
+    );
+    assert!(
+        head.contains("user-agent: steerdns-prober/test (vantage t1)"),
+        "{head}"
+    );
+    assert!(head.contains("cache-control: no-cache"), "{head}");
+}
