@@ -74,6 +74,9 @@ pub enum Command {
         client: IpAddr,
         #[command(flatten)]
         inputs: InputArgs,
+        /// Where `serve` saves health and failover progress (read to show them).
+        #[arg(long, value_name = "DIR", default_value = "state/")]
+        state_dir: PathBuf,
     },
 }
 
@@ -161,7 +164,8 @@ pub async fn run(cli: Cli) -> ExitCode {
             name,
             client,
             inputs,
-        } => explain(inputs.into(), &name, client),
+            state_dir,
+        } => explain(inputs.into(), &name, client, &state_dir),
     }
 }
 
@@ -309,11 +313,32 @@ fn check(inputs: Inputs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn explain(inputs: Inputs, name: &str, client: IpAddr) -> ExitCode {
+fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Path) -> ExitCode {
     let Some(loaded) = load_or_report(&inputs) else {
         return ExitCode::FAILURE;
     };
-    let snapshot = loaded.snapshot();
+    // The failover state `serve` saved, if recent: explain what is served now.
+    let saved = match crate::control::persist::load(state_dir, Duration::from_secs(900)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("warning: {e}: showing configured weights");
+            None
+        }
+    };
+    let steppers = saved
+        .as_ref()
+        .map(|s| s.steppers(tokio::time::Instant::now()))
+        .unwrap_or_default();
+    let mut removed = crate::control::planner::Removed::new();
+    for h in &loaded.policy.hosts {
+        for c in &h.cdns {
+            let key = (h.name.to_string(), c.name.clone());
+            if let Some(s) = steppers.get(&key) {
+                removed.insert(key, s.removed_percent(&h.failover));
+            }
+        }
+    }
+    let (snapshot, _) = loaded.snapshot_with(&removed);
     let lower = match Name::from_ascii(name) {
         Ok(mut n) => {
             n.set_fqdn(true);
@@ -362,17 +387,44 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr) -> ExitCode {
         choice.ttl, decision.scope
     );
     let total: u64 = choice.weights().map(|(_, w)| w).sum();
-    println!("reason:  {}", choice.reason);
+    match &saved {
+        Some(s) => println!(
+            "state:   saved by `serve` {} s ago in {}",
+            s.age_ms() / 1000,
+            state_dir.display()
+        ),
+        None => println!("state:   none saved (or older than 15 min): configured weights"),
+    }
+    println!(
+        "reason:  {}{}",
+        choice.reason,
+        match choice.reason {
+            crate::plan::Reason::FailOpen =>
+                ": every CDN of the region is out, so the configured weights answer",
+            crate::plan::Reason::Failover => ": a CDN is off its configured weight",
+            crate::plan::Reason::Normal => "",
+        }
+    );
     for (i, cdn) in host.cdns.iter().enumerate() {
         let effective = choice
             .weights()
             .find(|(t, _)| *t.cdn == cdn.name)
             .map_or(0, |(_, w)| w);
+        let health = saved
+            .as_ref()
+            .and_then(|s| s.health.get(&cdn.name))
+            .map_or("up".to_string(), |t| t.state.to_string());
+        let cut = removed
+            .get(&(host.name.to_string(), cdn.name.clone()))
+            .copied()
+            .unwrap_or(0);
         println!(
-            "  {:<14} {:<34} weight {:>4}  share {:>5.1} %",
+            "  {:<12} {:<30} weight {:>4}  health {:<4}  removed {:>3} %  share {:>5.1} %",
             cdn.name,
             cdn.cname.to_string(),
             region.weights[i],
+            health,
+            cut,
             effective as f64 * 100.0 / total as f64
         );
     }

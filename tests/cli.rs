@@ -265,3 +265,68 @@ async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// Writes a state file as `serve` would, with `cdns` fully failed over.
+fn saved_state(dir: &Path, cdns: &[&str]) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let health: serde_json::Map<String, serde_json::Value> = cdns
+        .iter()
+        .map(|c| {
+            (
+                c.to_string(),
+                serde_json::json!({"state": "down", "bad": 0, "good": 0}),
+            )
+        })
+        .collect();
+    let steps: Vec<serde_json::Value> = cdns
+        .iter()
+        .map(|c| serde_json::json!({"name": "www.example.com.", "cdn": c, "level": 2, "direction": "demote", "next_in_ms": null}))
+        .collect();
+    let doc = serde_json::json!({"saved_unix_ms": now, "health": health, "steps": steps});
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("steerdns-state.json"), doc.to_string()).unwrap();
+}
+
+#[test]
+fn explain_shows_failover_and_fail_open_from_the_saved_state() {
+    let dir = scratch("explain-state");
+    let explain = |state: &Path| {
+        let out = Command::new(BIN)
+            .current_dir(repo("."))
+            .args([
+                "explain",
+                "www.example.com",
+                "--client",
+                "81.2.69.142",
+                "--state-dir",
+                state.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    saved_state(&dir.join("one"), &["fastly"]);
+    let out = explain(&dir.join("one"));
+    assert!(out.contains("reason:  failover"), "{out}");
+    assert!(
+        out.contains("health down  removed 100 %  share   0.0 %"),
+        "{out}"
+    );
+    assert!(out.contains("share 100.0 %"), "{out}");
+
+    saved_state(&dir.join("both"), &["fastly", "cloudflare"]);
+    let out = explain(&dir.join("both"));
+    assert!(
+        out.contains("reason:  fail-open: every CDN of the region is out"),
+        "{out}"
+    );
+    assert!(out.contains("share  90.0 %"), "{out}");
+}
