@@ -89,6 +89,15 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
     let probes = match probes::load_dir(&inputs.probes, Some(&cdns)) {
         Ok((p, warnings)) => {
             issues.extend(warnings);
+            let vantages = 1 + p.vantages.len() as u32;
+            for spec in p.specs.iter().filter(|s| s.quorum > vantages) {
+                issues.push(ConfigIssue::warning(
+                    &spec.file,
+                    None,
+                    "quorum",
+                    format!("quorum {} but only {vantages} vantage point(s) configured: all of them must agree", spec.quorum),
+                ));
+            }
             p
         }
         Err(e) => {

@@ -49,6 +49,8 @@ pub struct Controller {
     steps: BTreeMap<(String, String), Stepper>,
     fail_open: Vec<(String, String)>,
     own_unhappy: Option<String>,
+    /// Peers currently unhappy, with why (logged when it changes).
+    unhappy_peers: BTreeMap<String, String>,
     verdicts: BTreeMap<String, String>,
     state_file: Option<StateFile>,
     /// The document `/v1/state` serves.
@@ -76,6 +78,7 @@ impl Controller {
             steps: BTreeMap::new(),
             fail_open: Vec::new(),
             own_unhappy: None,
+            unhappy_peers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             state_file,
             doc: Arc::new(Mutex::new(serde_json::Value::Null)),
@@ -188,9 +191,13 @@ impl Controller {
             self.own_unhappy = unhappy;
         }
         let mut views = vec![own];
-        views.extend(self.peers.views());
+        let peers = self.peers.views();
+        self.note_unhappy_peers(&peers);
+        views.extend(peers);
         let fresh_ms = (spec.interval * 3).as_millis() as u64 + 100;
-        let verdict = health::verdict(&round.cdn, &views, spec.quorum, fresh_ms);
+        // With fewer vantage points configured than the quorum, all of them must agree.
+        let quorum = spec.quorum.min(1 + self.probes.vantages.len() as u32);
+        let verdict = health::verdict(&round.cdn, &views, quorum, fresh_ms);
         let tracker = self.health.entry(round.cdn.clone()).or_default();
         let from = tracker.state;
         let changed = tracker.observe(verdict.kind, spec.down_after, spec.up_after);
@@ -199,7 +206,7 @@ impl Controller {
             format!("{:?}: {}", verdict.kind, verdict.summary()),
         );
         if let Some(to) = changed {
-            info!(cdn = %round.cdn, scope = "global", from = %from, to = %to, quorum = spec.quorum, evidence = %verdict.summary(), "health changed");
+            info!(cdn = %round.cdn, scope = "global", from = %from, to = %to, quorum, evidence = %verdict.summary(), "health changed");
             let now = Instant::now();
             for host in &self.loaded.policy.hosts {
                 if !host.cdns.iter().any(|c| c.name == round.cdn) {
@@ -259,6 +266,22 @@ impl Controller {
             live.store(Arc::new(snapshot));
         }
         self.save();
+    }
+
+    fn note_unhappy_peers(&mut self, views: &[VantageView]) {
+        let now: BTreeMap<String, String> = views
+            .iter()
+            .filter_map(|v| health::unhappy(v).map(|u| (v.name.clone(), u.to_string())))
+            .collect();
+        for (peer, why) in &now {
+            if self.unhappy_peers.get(peer) != Some(why) {
+                warn!(peer = %peer, reason = %why, "vantage point unhappy: its failures do not count");
+            }
+        }
+        for peer in self.unhappy_peers.keys().filter(|p| !now.contains_key(*p)) {
+            info!(peer = %peer, "vantage point happy again");
+        }
+        self.unhappy_peers = now;
     }
 
     fn note_fail_open(&mut self, now: Vec<(String, String)>) {
