@@ -18,6 +18,7 @@ use crate::control::controller::{self, Controller, StateFile};
 use crate::control::peers::Peers;
 use crate::control::planner;
 use crate::control::prober::Local;
+use crate::control::reload;
 use crate::dns::geo::GeoDb;
 use crate::dns::{listen, Handler};
 use crate::error::{ConfigIssue, Issues};
@@ -57,6 +58,8 @@ pub struct Loaded {
     pub geo: Arc<GeoDb>,
     /// Health checks; empty when `probes/` is absent.
     pub probes: Probes,
+    /// A short hash of every input file: which configuration this is.
+    pub version: String,
     /// Warnings from every file (the load succeeded).
     pub warnings: Issues,
 }
@@ -113,6 +116,7 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
         zones,
         geo: Arc::new(geo),
         probes,
+        version: crate::control::reload::version(inputs),
         warnings: issues,
     })
 }
@@ -203,6 +207,10 @@ impl Drop for Running {
 /// How `serve` runs besides the DNS sockets.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
+    /// Where the inputs are, to reload them.
+    pub inputs: Inputs,
+    /// How often the inputs are checked for changes (zero: only on SIGHUP).
+    pub reload_poll: Duration,
     pub listen: Vec<SocketAddr>,
     /// The HTTP API (observations for peers, state); `None` to run without.
     pub api: Option<SocketAddr>,
@@ -245,13 +253,14 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         }
         None => None,
     };
-    peers.spawn(
-        loaded.probes.vantages.clone(),
-        controller::peer_interval(&loaded.probes),
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
+    reload::spawn(
+        opts.inputs.clone(),
+        opts.reload_poll,
+        reload_tx,
         stop.clone(),
     );
-    let rounds = controller::spawn_prober(&loaded.probes, &opts.vantage, &local, &stop);
-    tokio::spawn(controller.run(dns.live().clone(), rounds, stop.clone()));
+    tokio::spawn(controller.run(dns.live().clone(), reload_rx, stop.clone()));
     Ok(Service { dns, api, stop })
 }
 

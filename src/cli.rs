@@ -47,6 +47,9 @@ pub enum Command {
         /// This vantage point's name (default: the host name).
         #[arg(long, value_name = "NAME")]
         vantage: Option<String>,
+        /// How often the inputs are checked for changes; 0 = reload on SIGHUP only.
+        #[arg(long, value_name = "MS", default_value_t = 250)]
+        reload_poll_ms: u64,
     },
     /// Run only the prober, publishing observations for the servers on --api.
     Agent {
@@ -142,8 +145,12 @@ pub async fn run(cli: Cli) -> ExitCode {
             state_dir,
             state_max_age_seconds,
             vantage,
+            reload_poll_ms,
         } => {
+            let inputs: Inputs = inputs.into();
             let opts = ServeOptions {
+                inputs: inputs.clone(),
+                reload_poll: Duration::from_millis(reload_poll_ms),
                 listen,
                 api: api.0,
                 state: Some(StateFile {
@@ -152,7 +159,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 }),
                 vantage: vantage.unwrap_or_else(host_name),
             };
-            serve(inputs.into(), opts).await
+            serve(inputs, opts).await
         }
         Command::Agent {
             probes,

@@ -330,3 +330,99 @@ fn explain_shows_failover_and_fail_open_from_the_saved_state() {
     );
     assert!(out.contains("share  90.0 %"), "{out}");
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_configuration() {
+    let dir = scratch("sighup");
+    let mut child = Command::new(BIN)
+        .current_dir(&dir)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--api",
+            "off",
+            "--reload-poll-ms",
+            "0",
+            "--state-dir",
+            "state",
+        ])
+        .args([
+            "--geo",
+            repo(TEST_GEO).to_str().unwrap(),
+            "--probes",
+            "none",
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = |what: &str| -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no log line with {what:?}"));
+            if line.contains(what) {
+                return line;
+            }
+        }
+    };
+    let line = next_line("listening (udp, tcp)");
+    let addr: std::net::SocketAddr = line
+        .split("addr=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let q = query_edns(
+        "www.example.com.",
+        RecordType::A,
+        Some(("216.160.83.56", 29)),
+    );
+
+    edit(
+        &dir.join("steering.yaml"),
+        "example.map.fastly.net.",
+        "example.fastly-edge.net.",
+    );
+    // Polling is off: nothing changes until SIGHUP.
+    for _ in 0..50 {
+        assert_ne!(
+            cname_of(&ask(addr, Proto::Udp, &q).await),
+            "example.fastly-edge.net."
+        );
+    }
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let line = next_line("configuration reloaded");
+    assert!(line.contains("trigger=SIGHUP"), "{line}");
+    let mut seen = false;
+    for _ in 0..100 {
+        if cname_of(&ask(addr, Proto::Udp, &q).await) == "example.fastly-edge.net." {
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "the new CNAME is not served after SIGHUP");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert!(child.wait().unwrap().success());
+}

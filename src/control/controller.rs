@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::app::Loaded;
 use crate::config::probes::Probes;
@@ -26,7 +26,8 @@ use crate::control::health::{self, State, Tracker, VantageView};
 use crate::control::peers::Peers;
 use crate::control::persist;
 use crate::control::planner::{self, Removed};
-use crate::control::prober::{Local, Round};
+use crate::control::prober::{self, Local, Round};
+use crate::control::reload::Reloaded;
 use crate::control::stepper::Stepper;
 use crate::plan::{Live, Snapshot};
 
@@ -52,6 +53,8 @@ pub struct Controller {
     /// Peers currently unhappy, with why (logged when it changes).
     unhappy_peers: BTreeMap<String, String>,
     verdicts: BTreeMap<String, String>,
+    /// The outcome of the last reload, for `/v1/state`.
+    last_reload: serde_json::Value,
     state_file: Option<StateFile>,
     /// The document `/v1/state` serves.
     doc: Arc<Mutex<serde_json::Value>>,
@@ -80,6 +83,7 @@ impl Controller {
             own_unhappy: None,
             unhappy_peers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
+            last_reload: serde_json::Value::Null,
             state_file,
             doc: Arc::new(Mutex::new(serde_json::Value::Null)),
         };
@@ -141,10 +145,12 @@ impl Controller {
     pub async fn run(
         mut self,
         live: Arc<Live>,
-        mut rounds: mpsc::Receiver<Round>,
+        mut reloads: mpsc::Receiver<Reloaded>,
         stop: CancellationToken,
     ) {
         self.live = Some(live);
+        let (tx, mut rounds) = mpsc::channel(256);
+        let mut probing = self.start_probing(&tx, &stop);
         loop {
             let next = self.steps.values().filter_map(|s| s.next_at).min();
             let due = async {
@@ -159,11 +165,94 @@ impl Controller {
                     Some(r) => self.on_round(r),
                     None => return,
                 },
+                reloaded = reloads.recv() => match reloaded {
+                    Some(r) => {
+                        if self.on_reload(r) {
+                            probing.cancel();
+                            probing = self.start_probing(&tx, &stop);
+                        }
+                    }
+                    None => return,
+                },
                 _ = due => {
                     if self.tick_steps(Instant::now()) {
                         self.publish();
                     }
                 }
+            }
+        }
+    }
+
+    /// Starts the prober and the peer readers for the current probes; the returned
+    /// token stops them (on a reload that changes the probes).
+    fn start_probing(
+        &self,
+        rounds: &mpsc::Sender<Round>,
+        stop: &CancellationToken,
+    ) -> CancellationToken {
+        let token = stop.child_token();
+        self.peers.clear();
+        self.peers.spawn(
+            self.probes.vantages.clone(),
+            peer_interval(&self.probes),
+            token.clone(),
+        );
+        prober::spawn(
+            self.probes.specs.clone(),
+            self.vantage.clone(),
+            self.local.clone(),
+            rounds.clone(),
+            token.clone(),
+        );
+        token
+    }
+
+    /// Swaps in a reloaded configuration, or keeps the last good one; returns whether
+    /// the probes changed (so the prober must restart).
+    fn on_reload(&mut self, reloaded: Reloaded) -> bool {
+        let trigger = reloaded.trigger;
+        match reloaded.result {
+            Err(issues) => {
+                for issue in issues.errors() {
+                    error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
+                }
+                self.last_reload = json!({
+                    "trigger": trigger.to_string(),
+                    "result": "refused",
+                    "errors": issues.errors().map(ToString::to_string).collect::<Vec<_>>(),
+                    "serving_version": self.loaded.version,
+                });
+                self.update_doc();
+                false
+            }
+            Ok(loaded) => {
+                for w in loaded.warnings.warnings() {
+                    warn!(warning = %w, "configuration warning");
+                }
+                let probes_changed = loaded.probes != self.probes;
+                let from = self.loaded.version.clone();
+                self.loaded = Arc::new(loaded);
+                self.probes = self.loaded.probes.clone();
+                // Health and failover progress carry over for the CDNs and names that remain.
+                let probes = &self.probes;
+                self.health.retain(|cdn, _| probes.get(cdn).is_some());
+                let names: Vec<String> = self
+                    .loaded
+                    .policy
+                    .hosts
+                    .iter()
+                    .map(|h| h.name.to_string())
+                    .collect();
+                self.steps.retain(|(name, _), _| names.contains(name));
+                info!(trigger = %trigger, from = %from, to = %self.loaded.version, probes_changed, "configuration reloaded");
+                self.last_reload = json!({
+                    "trigger": trigger.to_string(),
+                    "result": "applied",
+                    "errors": [],
+                    "serving_version": self.loaded.version,
+                });
+                self.publish();
+                probes_changed
             }
         }
     }
@@ -194,7 +283,8 @@ impl Controller {
         let peers = self.peers.views();
         self.note_unhappy_peers(&peers);
         views.extend(peers);
-        let fresh_ms = (spec.interval * 3).as_millis() as u64 + 100;
+        // Three rounds, plus a second for a peer's reading to travel and a loaded machine.
+        let fresh_ms = (spec.interval * 3).as_millis() as u64 + 1000;
         // With fewer vantage points configured than the quorum, all of them must agree.
         let quorum = spec.quorum.min(1 + self.probes.vantages.len() as u32);
         let verdict = health::verdict(&round.cdn, &views, quorum, fresh_ms);
@@ -305,6 +395,8 @@ impl Controller {
     fn update_doc(&self) {
         let removed = self.removed();
         let doc = json!({
+            "config_version": self.loaded.version,
+            "last_reload": self.last_reload,
             "vantage": self.vantage,
             "vantage_unhappy": self.own_unhappy,
             "health": self.health.iter().map(|(cdn, t)| (cdn.clone(), json!({
@@ -326,16 +418,16 @@ impl Controller {
     }
 }
 
-/// Spawns the prober of `probes` (used by `serve` and `agent`).
+/// Spawns the prober of `probes` alone (for `agent`).
 pub fn spawn_prober(
-    loaded_probes: &Probes,
+    probes: &Probes,
     vantage: &str,
     local: &Local,
     stop: &CancellationToken,
 ) -> mpsc::Receiver<Round> {
     let (tx, rx) = mpsc::channel(256);
-    crate::control::prober::spawn(
-        loaded_probes.specs.clone(),
+    prober::spawn(
+        probes.specs.clone(),
         vantage.to_string(),
         local.clone(),
         tx,

@@ -8,4 +8,5 @@ pub mod peers;
 pub mod persist;
 pub mod planner;
 pub mod prober;
+pub mod reload;
 pub mod stepper;

@@ -69,9 +69,15 @@ impl Peers {
             .collect()
     }
 
+    /// Forgets every reading (before the peers are read anew after a reload).
+    pub fn clear(&self) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Polls every peer each `every` until `stop`.
     pub fn spawn(&self, urls: Vec<reqwest::Url>, every: Duration, stop: CancellationToken) {
-        let timeout = every.clamp(Duration::from_millis(50), Duration::from_secs(2));
+        // Generous even for fast probes: a loaded peer is slow, not down.
+        let timeout = every.clamp(Duration::from_millis(500), Duration::from_secs(2));
         let Ok(client) = reqwest::Client::builder()
             .no_proxy()
             .timeout(timeout)

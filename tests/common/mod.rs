@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod mock_cdn;
+pub mod stack;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

@@ -1,0 +1,134 @@
+//! Control plane: reload. The inputs (policy, zones, probes, geo database) are watched
+//! by polling their size and modification time, and reloaded on change or on SIGHUP.
+//! A reload loads and validates *everything* off the query path and hands the result
+//! to the controller, which swaps it in as one snapshot; a broken edit changes nothing
+//! and is logged with its file, line and field, and the last good input keeps serving.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{self, Inputs, Loaded};
+use crate::error::Issues;
+
+/// What asked for a reload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    FileChange,
+    Sighup,
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Trigger::FileChange => "file change",
+            Trigger::Sighup => "SIGHUP",
+        })
+    }
+}
+
+/// A reload's outcome, for the controller.
+pub struct Reloaded {
+    pub trigger: Trigger,
+    pub result: Result<Loaded, Issues>,
+}
+
+/// (path, size, modification time) of every input file, in a stable order.
+type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+
+fn fingerprint(inputs: &Inputs) -> Fingerprint {
+    let mut files = vec![inputs.config.clone(), inputs.geo.clone()];
+    for dir in [&inputs.zones, &inputs.probes] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            files.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.is_file()),
+            );
+        }
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let meta = std::fs::metadata(&p).ok();
+            let (len, mtime) = meta.map_or((u64::MAX, None), |m| (m.len(), m.modified().ok()));
+            (p, len, mtime)
+        })
+        .collect()
+}
+
+/// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`.
+pub fn spawn(inputs: Inputs, poll: Duration, out: mpsc::Sender<Reloaded>, stop: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut seen = fingerprint(&inputs);
+        loop {
+            let tick = async {
+                if poll.is_zero() {
+                    std::future::pending::<()>().await
+                } else {
+                    tokio::time::sleep(poll).await
+                }
+            };
+            #[cfg(unix)]
+            let hangup = async {
+                match hup.as_mut() {
+                    Some(s) => s.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hangup = std::future::pending::<Option<()>>();
+            let trigger = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick => {
+                    let now = fingerprint(&inputs);
+                    if now == seen {
+                        continue;
+                    }
+                    seen = now;
+                    Trigger::FileChange
+                }
+                _ = hangup => {
+                    seen = fingerprint(&inputs);
+                    Trigger::Sighup
+                }
+            };
+            let inputs2 = inputs.clone();
+            // Walking a geo database takes tens of milliseconds: not on a runtime worker.
+            let result = match tokio::task::spawn_blocking(move || app::load(&inputs2)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "reload task failed");
+                    continue;
+                }
+            };
+            if out.send(Reloaded { trigger, result }).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// A short version of the inputs' contents (FNV-1a over every file), to tell which
+/// configuration is loaded.
+pub fn version(inputs: &Inputs) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (path, _, _) in fingerprint(inputs) {
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        for b in path_bytes(&path).iter().chain(&bytes) {
+            hash ^= u64::from(*b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+fn path_bytes(p: &Path) -> Vec<u8> {
+    p.to_string_lossy().as_bytes().to_vec()
+}

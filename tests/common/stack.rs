@@ -1,0 +1,226 @@
+//! A whole steerdns (`app::serve`: DNS, prober, controller, API, reload) in a scratch
+//! directory, with mock CDNs, for the failover and reload tests.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hickory_proto::rr::RecordType;
+use serde_json::Value;
+use steerdns::app::{self, Inputs, ServeOptions, Service};
+use steerdns::control::controller::StateFile;
+use tokio::time::Instant;
+
+use super::mock_cdn::{MockCdn, Mode};
+use super::*;
+
+/// Probe timing used throughout: rounds every 60 ms.
+pub const INTERVAL: f64 = 0.06;
+
+pub struct Stack {
+    pub dir: PathBuf,
+    pub svc: Service,
+    pub dns: SocketAddr,
+    pub api: SocketAddr,
+    pub http: reqwest::Client,
+}
+
+pub fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("steerdns-stack-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("probes")).unwrap();
+    std::fs::create_dir_all(dir.join("zones")).unwrap();
+    std::fs::copy(
+        repo("tests/fixtures/zones/example.com.zone"),
+        dir.join("zones/example.com.zone"),
+    )
+    .unwrap();
+    std::fs::copy(repo(TEST_GEO), dir.join("geo.mmdb")).unwrap();
+    dir
+}
+
+/// The policy: www.example.com between a and b, 50/50, everywhere; other.example.com
+/// on c (so that a third CDN can stay healthy while a and b both fail).
+pub fn policy(dir: &Path, steps: &str, step_seconds: f64) {
+    let text = format!(
+        "hostnames:
+  www.example.com:
+    ttl: 30
+    incident_ttl: 5
+    cdns:
+      a: {{ cname: a.cdn.test. }}
+      b: {{ cname: b.cdn.test. }}
+    regions:
+      - match: [\"*\"]
+        weights: {{ a: 50, b: 50 }}
+    failover:
+      steps: {steps}
+      step_interval_seconds: {step_seconds}
+  other.example.com:
+    cdns:
+      c: {{ cname: c.cdn.test. }}
+    regions:
+      - match: [\"*\"]
+        weights: {{ c: 1 }}
+"
+    );
+    std::fs::write(dir.join("steering.yaml"), text).unwrap();
+}
+
+pub fn probe(dir: &Path, cdn: &str, url: &str, quorum: u32) {
+    let text = format!(
+        "url: {url}\nexpect_body: healthy-v1\ninterval_seconds: {INTERVAL}\ntimeout_ms: 500\nmax_ttfb_ms: 300\nquorum: {quorum}\ndown_after: 2\nup_after: 3\n"
+    );
+    std::fs::write(dir.join("probes").join(format!("{cdn}.yaml")), text).unwrap();
+}
+
+pub fn vantages(dir: &Path, urls: &[String]) {
+    let text: String = urls.iter().map(|u| format!("- {u}\n")).collect();
+    std::fs::write(
+        dir.join("probes/vantages.yaml"),
+        if text.is_empty() { "[]\n".into() } else { text },
+    )
+    .unwrap();
+}
+
+impl Stack {
+    pub async fn start(dir: &Path) -> Stack {
+        let inputs = Inputs {
+            config: dir.join("steering.yaml"),
+            zones: dir.join("zones"),
+            geo: dir.join("geo.mmdb"),
+            probes: dir.join("probes"),
+        };
+        let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
+        let opts = ServeOptions {
+            inputs: inputs.clone(),
+            reload_poll: Duration::from_millis(50),
+            listen: vec!["127.0.0.1:0".parse().unwrap()],
+            api: Some("127.0.0.1:0".parse().unwrap()),
+            state: Some(StateFile {
+                dir: dir.join("state"),
+                max_age: Duration::from_secs(60),
+            }),
+            vantage: "test".into(),
+        };
+        let svc = app::serve(loaded, &opts).await.unwrap();
+        Stack {
+            dir: dir.to_path_buf(),
+            dns: svc.dns.addrs()[0],
+            api: svc.api.unwrap(),
+            svc,
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        let url = format!("http://{}{path}", self.api);
+        let body = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    pub async fn state(&self) -> Value {
+        self.get("/v1/state").await
+    }
+
+    /// Polls `/v1/state` until `pred` holds (10 s at most).
+    pub async fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.state().await;
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; state:\n{s:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The own round counter of `cdn`.
+    pub async fn round(&self, cdn: &str) -> u64 {
+        self.get("/v1/observations").await["observations"][cdn]["round"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    /// Waits until `n` more own rounds of `cdn` have completed.
+    pub async fn rounds(&self, cdn: &str, n: u64) {
+        let start = self.round(cdn).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.round(cdn).await < start + n {
+            assert!(Instant::now() < deadline, "{cdn}: rounds stopped");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Answers to `n` queries for www.example.com: counts per CDN, and the TTLs seen.
+    pub async fn answers(&self, n: usize) -> (HashMap<String, usize>, Vec<u32>) {
+        let mut counts = HashMap::new();
+        let mut ttls = Vec::new();
+        let q = query("www.example.com.", RecordType::A);
+        for _ in 0..n {
+            let m = ask(self.dns, Proto::Udp, &q).await;
+            let cdn = cname_of(&m).split('.').next().unwrap().to_string();
+            *counts.entry(cdn).or_insert(0) += 1;
+            if !ttls.contains(&m.answers[0].ttl) {
+                ttls.push(m.answers[0].ttl);
+            }
+        }
+        (counts, ttls)
+    }
+}
+
+pub fn removed(s: &Value, cdn: &str) -> Option<u64> {
+    s["failover"]
+        .as_array()?
+        .iter()
+        .find(|f| f["cdn"] == cdn && f["name"] == "www.example.com.")?["removed_percent"]
+        .as_u64()
+}
+
+pub fn health<'a>(s: &'a Value, cdn: &str) -> &'a Value {
+    &s["health"][cdn]
+}
+
+pub fn up_verdict(s: &Value, cdn: &str) -> bool {
+    health(s, cdn)["last_verdict"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("Up"))
+}
+
+pub async fn healthy_stack(
+    tag: &str,
+    steps: &str,
+    step_seconds: f64,
+) -> (Stack, MockCdn, MockCdn, MockCdn) {
+    let dir = scratch(tag);
+    let (a, b, c) = (
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+    );
+    policy(&dir, steps, step_seconds);
+    probe(&dir, "a", &a.url("/_health/v1.txt"), 1);
+    probe(&dir, "b", &b.url("/_health/v1.txt"), 1);
+    probe(&dir, "c", &c.url("/_health/v1.txt"), 1);
+    let stack = Stack::start(&dir).await;
+    stack
+        .wait_for("every CDN probed and up", |s| {
+            ["a", "b", "c"].iter().all(|c| up_verdict(s, c))
+        })
+        .await;
+    (stack, a, b, c)
+}

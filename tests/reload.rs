@@ -1,0 +1,218 @@
+//! Hot reload: edits apply within a second as one swap while queries keep flowing,
+//! broken edits change nothing and say why, and health and failover carry over.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::mock_cdn::Mode;
+use common::stack::*;
+use common::*;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use serde_json::Value;
+use tokio::time::Instant;
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{from:?} not in {}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+fn last_reload(s: &Value) -> (&str, String) {
+    (
+        s["last_reload"]["result"].as_str().unwrap_or(""),
+        s["last_reload"]["errors"].to_string(),
+    )
+}
+
+/// Queries www.example.com in a loop until stopped; counts answers and failures
+/// (anything but one CNAME to a known target).
+fn query_loop(stack: &Stack, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(usize, usize)> {
+    let dns = stack.dns;
+    tokio::spawn(async move {
+        let (mut ok, mut bad) = (0, 0);
+        let q = query("www.example.com.", RecordType::A);
+        while !stop.load(Ordering::Relaxed) {
+            let bytes = q.to_vec().unwrap();
+            let good = match raw(dns, Proto::Udp, &bytes)
+                .await
+                .map(|b| hickory_proto::op::Message::from_vec(&b))
+            {
+                Some(Ok(m)) => {
+                    m.metadata.response_code == ResponseCode::NoError
+                        && m.answers.len() == 1
+                        && matches!(&m.answers[0].data, hickory_proto::rr::RData::CNAME(c) if c.0.to_string().ends_with(".cdn.test."))
+                }
+                _ => false,
+            };
+            if good {
+                ok += 1
+            } else {
+                bad += 1
+            }
+        }
+        (ok, bad)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_applies_within_a_second_while_queries_keep_flowing() {
+    let (stack, _a, _b, _c) = healthy_stack("reload-edit", "[100]", 0.2).await;
+    let version = stack.state().await["config_version"].clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flowing = query_loop(&stack, stop.clone());
+
+    edit(
+        &stack.dir.join("steering.yaml"),
+        "a: { cname: a.cdn.test. }",
+        "a: { cname: a2.cdn.test. }",
+    );
+    let edited = Instant::now();
+    loop {
+        let (counts, _) = stack.answers(20).await;
+        if counts.contains_key("a2") {
+            break;
+        }
+        assert!(
+            edited.elapsed() < Duration::from_secs(1),
+            "the edit did not apply within a second"
+        );
+    }
+    // One swap: never an answer from the old a once the new one is seen.
+    let (counts, _) = stack.answers(100).await;
+    assert!(!counts.contains_key("a"), "{counts:?}");
+    stop.store(true, Ordering::Relaxed);
+    let (ok, bad) = flowing.await.unwrap();
+    assert!(ok > 50, "only {ok} answers");
+    assert_eq!(bad, 0, "{bad} failed answers during the reload");
+    let s = stack.state().await;
+    assert_eq!(last_reload(&s).0, "applied");
+    assert_ne!(s["config_version"], version);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_edits_change_nothing_and_say_why() {
+    let (stack, _a, _b, _c) = healthy_stack("reload-broken", "[100]", 0.2).await;
+    let dir = stack.dir.clone();
+    let policy = dir.join("steering.yaml");
+    let zone = dir.join("zones/example.com.zone");
+    let good_policy = std::fs::read_to_string(&policy).unwrap();
+    let good_zone = std::fs::read_to_string(&zone).unwrap();
+    let good_geo = std::fs::read(dir.join("geo.mmdb")).unwrap();
+
+    type Break = Box<dyn Fn()>;
+    let cases: Vec<(&str, Break, &str)> = vec![
+        (
+            "YAML error",
+            Box::new({
+                let p = policy.clone();
+                move || edit(&p, "weights: { a: 50, b: 50 }", "weights: { a: 50, b: 50")
+            }),
+            "steering.yaml:",
+        ),
+        (
+            "unknown CDN",
+            Box::new({
+                let p = policy.clone();
+                move || {
+                    edit(
+                        &p,
+                        "weights: { a: 50, b: 50 }",
+                        "weights: { a: 50, akamai: 50 }",
+                    )
+                }
+            }),
+            "steering.yaml:10: hostnames.www.example.com.regions[0].weights.akamai: unknown CDN",
+        ),
+        (
+            "weights summing to zero",
+            Box::new({
+                let p = policy.clone();
+                move || edit(&p, "weights: { a: 50, b: 50 }", "weights: { a: 0, b: 0 }")
+            }),
+            "all weights are zero",
+        ),
+        (
+            "bad zone",
+            Box::new({
+                let z = zone.clone();
+                move || {
+                    edit(
+                        &z,
+                        "mail    IN A    192.0.2.25",
+                        "mail    IN A    192.0.2.256",
+                    )
+                }
+            }),
+            "example.com.zone:20: zone file syntax",
+        ),
+        (
+            "corrupt geo database",
+            Box::new({
+                let d = dir.clone();
+                move || {
+                    std::fs::copy(
+                        repo("tests/fixtures/geo/MaxMind-DB-test-broken-search-tree-24.mmdb"),
+                        d.join("geo.mmdb"),
+                    )
+                    .unwrap();
+                }
+            }),
+            "corrupt search tree",
+        ),
+    ];
+    for (what, break_it, expected) in cases {
+        break_it();
+        let s = stack
+            .wait_for(what, |s| {
+                last_reload(s).0 == "refused" && last_reload(s).1.contains(expected)
+            })
+            .await;
+        assert!(last_reload(&s).1.contains(expected), "{what}: {s:#}");
+        // Still serving the last good configuration.
+        let (counts, _) = stack.answers(50).await;
+        assert!(
+            counts.keys().all(|k| k == "a" || k == "b") && counts.len() == 2,
+            "{what}: {counts:?}"
+        );
+        let m = ask(
+            stack.dns,
+            Proto::Udp,
+            &query("mail.example.com.", RecordType::A),
+        )
+        .await;
+        assert_eq!(m.answers.len(), 1, "{what}: the zone still serves");
+
+        std::fs::write(&policy, &good_policy).unwrap();
+        std::fs::write(&zone, &good_zone).unwrap();
+        std::fs::write(dir.join("geo.mmdb"), &good_geo).unwrap();
+        stack
+            .wait_for("the fix applied", |s| last_reload(s).0 == "applied")
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_failover_survive_a_reload() {
+    let (stack, a, _b, _c) = healthy_stack("reload-health", "[100]", 0.2).await;
+    a.set(Mode::Status(503));
+    stack
+        .wait_for("a out", |s| removed(s, "a") == Some(100))
+        .await;
+    edit(
+        &stack.dir.join("steering.yaml"),
+        "b: { cname: b.cdn.test. }",
+        "b: { cname: b2.cdn.test. }",
+    );
+    let s = stack
+        .wait_for("reloaded", |s| last_reload(s).0 == "applied")
+        .await;
+    assert_eq!(health(&s, "a")["state"], "down", "{s:#}");
+    assert_eq!(removed(&s, "a"), Some(100));
+    let (counts, _) = stack.answers(50).await;
+    assert_eq!(counts.get("b2"), Some(&50), "{counts:?}");
+}
