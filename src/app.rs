@@ -124,12 +124,16 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
 impl Loaded {
     /// The snapshot with every CDN at its configured weight.
     pub fn snapshot(&self) -> Snapshot {
-        self.snapshot_with(&planner::Removed::new()).0
+        self.snapshot_with(&planner::Removed::new(), &[]).0
     }
 
     /// The snapshot for a failover state, and the regions that had to fail open.
-    pub fn snapshot_with(&self, removed: &planner::Removed) -> (Snapshot, Vec<(String, String)>) {
-        let planned = planner::plan(&self.policy, removed);
+    pub fn snapshot_with(
+        &self,
+        removed: &planner::Removed,
+        drains: &[planner::DrainCut],
+    ) -> (Snapshot, Vec<(String, String)>) {
+        let planned = planner::plan(&self.policy, removed, drains);
         let snapshot = Snapshot {
             plan: planned.plan,
             geo: self.geo.clone(),
@@ -214,6 +218,8 @@ pub struct ServeOptions {
     pub listen: Vec<SocketAddr>,
     /// The HTTP API (observations for peers, state); `None` to run without.
     pub api: Option<SocketAddr>,
+    /// Bearer token for the API's mutations; `None` refuses them.
+    pub api_token: Option<String>,
     /// Where health and failover progress are saved; `None` to keep nothing.
     pub state: Option<StateFile>,
     /// This vantage point's name (in observations, logs and the probe User-Agent).
@@ -240,12 +246,15 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         opts.state.clone(),
     );
     let dns = start(controller.snapshot(), &opts.listen).await?;
+    let (command_tx, command_rx) = tokio::sync::mpsc::channel(16);
     let api = match opts.api {
         Some(addr) => {
             let state = ApiState {
                 vantage: opts.vantage.clone(),
                 local: local.clone(),
                 state: controller.doc(),
+                commands: Some(command_tx.clone()),
+                token: opts.api_token.clone(),
             };
             Some(api::spawn(addr, state, stop.clone()).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot listen on {addr} (--api): {e}"))
@@ -260,7 +269,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         reload_tx,
         stop.clone(),
     );
-    tokio::spawn(controller.run(dns.live().clone(), reload_rx, stop.clone()));
+    tokio::spawn(controller.run(dns.live().clone(), reload_rx, command_rx, stop.clone()));
     Ok(Service { dns, api, stop })
 }
 
@@ -298,6 +307,8 @@ pub async fn agent(probes: Probes, api_addr: SocketAddr, vantage: String) -> io:
         vantage: vantage.clone(),
         local: local.clone(),
         state: Default::default(),
+        commands: None,
+        token: None,
     };
     let api = api::spawn(api_addr, state, stop.clone()).await?;
     let mut rounds = controller::spawn_prober(&probes, &vantage, &local, &stop);

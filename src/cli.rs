@@ -47,6 +47,10 @@ pub enum Command {
         /// This vantage point's name (default: the host name).
         #[arg(long, value_name = "NAME")]
         vantage: Option<String>,
+        /// File holding the bearer token for the API's mutations (drains, freeze);
+        /// or set STEERDNS_API_TOKEN. Without either, mutations are refused.
+        #[arg(long, value_name = "FILE")]
+        api_token_file: Option<PathBuf>,
         /// How often the inputs are checked for changes; 0 = reload on SIGHUP only.
         #[arg(long, value_name = "MS", default_value_t = 250)]
         reload_poll_ms: u64,
@@ -114,6 +118,21 @@ impl std::str::FromStr for ApiAddr {
     }
 }
 
+/// The API token: from the file, else from STEERDNS_API_TOKEN; never empty.
+fn api_token(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+    let token = match file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| format!("--api-token-file {}: {e}", f.display()))?,
+        ),
+        None => std::env::var("STEERDNS_API_TOKEN").ok(),
+    };
+    match token.map(|t| t.trim().to_string()) {
+        Some(t) if t.len() < 16 => Err("the API token must be at least 16 characters".into()),
+        other => Ok(other),
+    }
+}
+
 /// The machine's host name, the default vantage point name.
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -146,11 +165,20 @@ pub async fn run(cli: Cli) -> ExitCode {
             state_max_age_seconds,
             vantage,
             reload_poll_ms,
+            api_token_file,
         } => {
             let inputs: Inputs = inputs.into();
+            let api_token = match api_token(api_token_file.as_deref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("steerdns: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let opts = ServeOptions {
                 inputs: inputs.clone(),
                 reload_poll: Duration::from_millis(reload_poll_ms),
+                api_token,
                 listen,
                 api: api.0,
                 state: Some(StateFile {
@@ -345,7 +373,21 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
             }
         }
     }
-    let (snapshot, _) = loaded.snapshot_with(&removed);
+    let mut drains = crate::control::drains::Drains::default();
+    if let Some(s) = &saved {
+        drains.restore(
+            s.overrides.clone(),
+            &s.drains,
+            tokio::time::Instant::now(),
+            s.age_ms(),
+        );
+    }
+    drains.sync(
+        &loaded.policy,
+        tokio::time::Instant::now(),
+        crate::control::drains::now_ms(),
+    );
+    let (snapshot, _) = loaded.snapshot_with(&removed, &drains.cuts(&loaded.policy));
     let lower = match Name::from_ascii(name) {
         Ok(mut n) => {
             n.set_fqdn(true);
@@ -388,7 +430,7 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
         "region:  regions[{}] {:?} ({why})",
         decision.region, region.name
     );
-    let choice = steered.choice(decision.region);
+    let choice = steered.choose(&decision);
     println!(
         "answer:  CNAME, TTL {}, ECS scope /{} (when the query carries ECS)",
         choice.ttl, decision.scope
@@ -409,6 +451,7 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
             crate::plan::Reason::FailOpen =>
                 ": every CDN of the region is out, so the configured weights answer",
             crate::plan::Reason::Failover => ": a CDN is off its configured weight",
+            crate::plan::Reason::Drain => ": a CDN is drained here by an operator",
             crate::plan::Reason::Normal => "",
         }
     );

@@ -16,6 +16,7 @@ use hickory_server::zone_handler::Catalog;
 use ipnet::IpNet;
 use rand::{Rng, RngExt};
 
+use crate::config::Match;
 use crate::dns::geo::{GeoDb, Place};
 
 /// Everything a query needs, swapped as one piece so that no query ever sees a plan
@@ -41,7 +42,11 @@ pub struct Steered {
     /// The name as configured (lowercase, absolute).
     pub name: Name,
     regions: RegionIndex,
-    /// One per region, in policy order.
+    /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
+    /// set when it matches `drain_scopes[i]`. Usually empty.
+    drain_scopes: Box<[Box<[Match]>]>,
+    /// `2^drain_scopes.len()` choices per region, in policy order: index
+    /// `region << drain_scopes.len() | mask`.
     choices: Box<[Choice]>,
 }
 
@@ -66,6 +71,8 @@ pub enum Reason {
     Normal,
     /// Some CDN is off its configured weight (failover steps).
     Failover,
+    /// Some CDN is drained here by an operator.
+    Drain,
     /// Every CDN of the region would be removed: the configured weights are used
     /// instead, because answering something beats answering nothing.
     FailOpen,
@@ -76,6 +83,7 @@ impl std::fmt::Display for Reason {
         f.write_str(match self {
             Reason::Normal => "normal",
             Reason::Failover => "failover",
+            Reason::Drain => "drain",
             Reason::FailOpen => "fail-open",
         })
     }
@@ -96,6 +104,8 @@ pub struct Decision {
     /// Prefix length over which every address gets this same region; 0 when the answer
     /// does not depend on the client at all.
     pub scope: u8,
+    /// Which location-scoped drains the client falls in (bit per `drain_scopes` entry).
+    pub mask: usize,
 }
 
 /// Region lookup tables: for each key, the index of the *first* region that matches it.
@@ -142,28 +152,69 @@ impl Plan {
 // === impl Steered ===
 
 impl Steered {
-    pub fn new(name: Name, regions: RegionIndex, choices: Vec<Choice>) -> Steered {
+    /// `choices` holds `2^drain_scopes.len()` entries per region (see the field docs).
+    pub fn new(
+        name: Name,
+        regions: RegionIndex,
+        drain_scopes: Vec<Box<[Match]>>,
+        choices: Vec<Choice>,
+    ) -> Steered {
         Steered {
             name,
             regions,
+            drain_scopes: drain_scopes.into_boxed_slice(),
             choices: choices.into_boxed_slice(),
         }
     }
 
-    /// Finds the client's region and the ECS scope of that finding.
+    /// Finds the client's region, the drains it falls in, and the ECS scope of that
+    /// finding.
     ///
     /// # Hot path
-    /// Table lookups and, only for policies with CIDR entries, a short scan.
+    /// Table lookups and, only for policies with CIDR entries or location-scoped
+    /// drains, a short scan.
     pub fn decide(&self, ip: IpAddr, place: &Place) -> Decision {
-        self.regions.decide(ip, place)
+        let mut d = self.regions.decide(ip, place);
+        if self.drain_scopes.is_empty() {
+            return d;
+        }
+        if d.scope == 0 {
+            d.scope = place.prefix_len.min(if ip.is_ipv4() { 32 } else { 128 });
+        }
+        for (i, scope) in self.drain_scopes.iter().enumerate() {
+            for m in scope.iter() {
+                let hit = match *m {
+                    Match::Any => true,
+                    Match::Country(c) => place.country == Some(c),
+                    Match::Continent(c) => place.continent == Some(c),
+                    Match::Net(n) => {
+                        if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
+                            d.scope = n.prefix_len();
+                        }
+                        n.contains(&ip)
+                    }
+                };
+                if hit {
+                    d.mask |= 1 << i;
+                }
+            }
+        }
+        d
     }
 
+    /// The choice for a decision.
+    pub fn choose(&self, d: &Decision) -> &Choice {
+        &self.choices[(d.region << self.drain_scopes.len()) | d.mask]
+    }
+
+    /// The choice of a region for clients outside every location-scoped drain.
     pub fn choice(&self, region: usize) -> &Choice {
-        &self.choices[region]
+        &self.choices[region << self.drain_scopes.len()]
     }
 
-    pub fn choices(&self) -> &[Choice] {
-        &self.choices
+    /// Location scopes of active drains.
+    pub fn drain_scopes(&self) -> &[Box<[Match]>] {
+        &self.drain_scopes
     }
 }
 
@@ -224,8 +275,7 @@ impl Choice {
 
 impl RegionIndex {
     /// Builds the tables from each region's entries, in policy order.
-    pub fn new<'a>(regions: impl IntoIterator<Item = &'a [crate::config::Match]>) -> RegionIndex {
-        use crate::config::Match;
+    pub fn new<'a>(regions: impl IntoIterator<Item = &'a [Match]>) -> RegionIndex {
         let mut idx = RegionIndex {
             by_country: Box::new([NONE; 676]),
             by_continent: [NONE; 7],
@@ -266,6 +316,7 @@ impl RegionIndex {
             return Decision {
                 region: self.default as usize,
                 scope: 0,
+                mask: 0,
             };
         }
         let mut region = self.default;
@@ -290,6 +341,7 @@ impl RegionIndex {
         Decision {
             region: region as usize,
             scope,
+            mask: 0,
         }
     }
 }
@@ -352,7 +404,8 @@ mod tests {
             r.decide(ip, &place("GB", 18)),
             Decision {
                 region: 0,
-                scope: 24
+                scope: 24,
+                mask: 0
             }
         );
         let ip: IpAddr = "81.2.70.1".parse().unwrap();
@@ -360,7 +413,8 @@ mod tests {
             r.decide(ip, &place("GB", 18)),
             Decision {
                 region: 1,
-                scope: 24
+                scope: 24,
+                mask: 0
             }
         );
         let ip: IpAddr = "89.160.20.112".parse().unwrap();
@@ -368,7 +422,8 @@ mod tests {
             r.decide(ip, &place("SE", 17)),
             Decision {
                 region: 2,
-                scope: 17
+                scope: 17,
+                mask: 0
             }
         );
         assert_eq!(r.decide(ip, &Place::default()).region, 3);
@@ -391,7 +446,8 @@ mod tests {
             r.decide("81.2.69.1".parse().unwrap(), &place("GB", 18)),
             Decision {
                 region: 0,
-                scope: 0
+                scope: 0,
+                mask: 0
             }
         );
     }

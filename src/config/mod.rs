@@ -37,7 +37,7 @@ use crate::dns::countries::{Continent, Country};
 use crate::error::{ConfigIssue, Issues};
 
 pub use locate::{line_of, render, Seg};
-pub use validate::check_against_zones;
+pub use validate::{check_against_zones, empties_a_region};
 
 // ===== the validated policy =====
 

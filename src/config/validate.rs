@@ -166,6 +166,7 @@ fn host_policy(
     let regions = regions(cx, base, raw.regions, &cdns);
     let failover = failover(cx, &at(base, &[key("failover")]), raw.failover);
     let drains = drains(cx, base, raw.drain, &cdns, &regions);
+    check_drains(cx, base, &cdns, &regions, &drains);
 
     if cx.issues.errors().count() > errors_before {
         return None;
@@ -582,4 +583,85 @@ pub fn check_against_zones(policy: &Policy, zones: &Zones) -> Issues {
         }
     }
     cx.issues
+}
+
+/// Whether `drains` (all in force) would leave some region of `host` with no CDN: the
+/// region's every serving CDN is drained everywhere, in that region, or for one of the
+/// region's own match entries. Draining a whole region is refused, not failed open.
+pub fn empties_a_region(host: &HostPolicy, drains: &[(usize, Vec<DrainScope>)]) -> Option<String> {
+    for (r, region) in host.regions.iter().enumerate() {
+        let applies = |scope: &[DrainScope]| {
+            scope.is_empty()
+                || scope.iter().any(|s| match s {
+                    DrainScope::Region(i) => *i == r,
+                    DrainScope::Match(m) => region.matches.contains(m),
+                })
+        };
+        let serving = (0..host.cdns.len()).filter(|&c| region.weights[c] > 0);
+        let all = serving
+            .clone()
+            .all(|c| drains.iter().any(|(dc, scope)| *dc == c && applies(scope)));
+        if all && serving.count() > 0 {
+            return Some(region.name.clone());
+        }
+    }
+    None
+}
+
+/// Drains in force must leave every region a CDN, and fit the planner's limit.
+fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], drains: &[Drain]) {
+    let now = std::time::SystemTime::now();
+    let mut active = Vec::new();
+    for (i, d) in drains.iter().enumerate() {
+        match d.until {
+            Some(t) if t <= now => cx.warn(
+                &at(base, &[key("drain"), Seg::Index(i), key("until")]),
+                format!(
+                    "this drain of {} expired at {}: it no longer applies; remove it",
+                    cdns[d.cdn].name,
+                    humantime::format_rfc3339_seconds(t)
+                ),
+            ),
+            _ => active.push((d.cdn, d.scope.clone())),
+        }
+    }
+    let probe = HostPolicy {
+        name: Name::root(),
+        path: Vec::new(),
+        ttl: 0,
+        incident_ttl: None,
+        cdns: cdns.to_vec(),
+        regions: regions.to_vec(),
+        failover: Failover::default(),
+        drains: Vec::new(),
+    };
+    if let Some(region) = empties_a_region(&probe, &active) {
+        cx.error(
+            &at(base, &[key("drain")]),
+            format!("these drains take every CDN out of region `{region}`: refused, traffic would have nowhere to go"),
+        );
+    }
+    let mut groups: Vec<Vec<Match>> = Vec::new();
+    for (_, scope) in &active {
+        let g: Vec<Match> = scope
+            .iter()
+            .filter_map(|s| match s {
+                DrainScope::Match(m) => Some(*m),
+                _ => None,
+            })
+            .collect();
+        if !g.is_empty() && !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    if groups.len() > crate::control::planner::MAX_DRAIN_SCOPES {
+        cx.error(
+            &at(base, &[key("drain")]),
+            format!(
+                "{} different location scopes in drains: at most {} (use region names)",
+                groups.len(),
+                crate::control::planner::MAX_DRAIN_SCOPES
+            ),
+        );
+    }
 }

@@ -1,23 +1,34 @@
-//! Control plane: the HTTP API on `--api` (loopback by default). Read-only for now:
-//! `/v1/observations` (this vantage point's latest probe results, read by peers),
-//! `/v1/state` (health, failover steps, fail-open regions) and `/healthz`.
+//! Control plane: the HTTP API on `--api` (loopback by default).
+//!
+//! Read-only, open: `/healthz`, `/v1/observations` (this vantage point's latest probe
+//! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=`.
+//! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
+//! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
+//! Without a configured token every mutation is refused. Bodies are limited to 64 KiB.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{header, Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::json;
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::control::controller::Command;
+use crate::control::drains::{now_ms, unix_ms, DrainRule};
 use crate::control::peers::Published;
 use crate::control::prober::Local;
+
+const MAX_BODY: usize = 64 * 1024;
 
 /// What the API serves, shared with the tasks that produce it.
 #[derive(Clone)]
@@ -26,6 +37,10 @@ pub struct ApiState {
     pub local: Local,
     /// The controller's latest state document (`serve` only).
     pub state: Arc<Mutex<serde_json::Value>>,
+    /// The controller, for mutations and live explain (`serve` only).
+    pub commands: Option<mpsc::Sender<Command>>,
+    /// Bearer token for mutations; `None` refuses them all.
+    pub token: Option<String>,
 }
 
 /// Binds `addr` and serves until `stop`; returns the bound address.
@@ -62,32 +77,229 @@ pub async fn spawn(
     Ok(bound)
 }
 
-async fn route(
-    req: Request<Incoming>,
-    state: ApiState,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.method() != Method::GET {
-        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"));
-    }
-    Ok(match req.uri().path() {
-        "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/v1/observations" => json(&Published {
-            vantage: state.vantage.clone(),
-            observations: state.local.snapshot(),
-        }),
-        "/v1/state" => {
+type Reply = Response<Full<Bytes>>;
+
+async fn route(req: Request<Incoming>, state: ApiState) -> Result<Reply, Infallible> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    Ok(match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (Method::GET, "/v1/observations") => json_reply(
+            StatusCode::OK,
+            &Published {
+                vantage: state.vantage.clone(),
+                observations: state.local.snapshot(),
+            },
+        ),
+        (Method::GET, "/v1/state") => {
             let doc = state
                 .state
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            json(&doc)
+            json_reply(StatusCode::OK, &doc)
+        }
+        (Method::GET, "/v1/explain") => explain(&state, &query).await,
+        (Method::POST, "/v1/drains")
+        | (Method::DELETE, _)
+        | (Method::POST, "/v1/failover/freeze")
+        | (Method::POST, "/v1/failover/resume") => {
+            if let Some(refusal) = refuse(&req, &state) {
+                return Ok(refusal);
+            }
+            mutate(req, &state, &path).await
+        }
+        (_, "/healthz" | "/v1/observations" | "/v1/state" | "/v1/explain") => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n")
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+/// The refusal of a mutation without the right bearer token (compared in constant
+/// time), or `None` to go ahead.
+fn refuse(req: &Request<Incoming>, state: &ApiState) -> Option<Reply> {
+    let Some(token) = &state.token else {
+        return Some(error(StatusCode::FORBIDDEN, "mutations are disabled: no API token is configured (--api-token-file or STEERDNS_API_TOKEN)"));
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let same = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    (!same).then(|| error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token"))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainRequest {
+    name: String,
+    cdn: String,
+    #[serde(default, rename = "where")]
+    scope: Vec<String>,
+    reason: String,
+    /// RFC 3339 time, e.g. 2026-12-01T12:00:00Z.
+    until: Option<String>,
+    /// Or a duration from now.
+    ttl_seconds: Option<u64>,
+    #[serde(default)]
+    immediate: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReasonRequest {
+    #[serde(default)]
+    reason: String,
+}
+
+async fn mutate(req: Request<Incoming>, state: &ApiState, path: &str) -> Reply {
+    let method = req.method().clone();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body over 64 KiB or unreadable",
+            )
+        }
+    };
+    let Some(commands) = &state.commands else {
+        return error(StatusCode::NOT_FOUND, "not available in this mode");
+    };
+    match (method, path) {
+        (Method::POST, "/v1/drains") => {
+            let r: DrainRequest = match serde_json::from_slice(&body) {
+                Ok(r) => r,
+                Err(e) => {
+                    return error(StatusCode::BAD_REQUEST, &format!("bad drain request: {e}"))
+                }
+            };
+            if r.reason.trim().is_empty() {
+                return error(StatusCode::BAD_REQUEST, "a drain needs a reason");
+            }
+            let until_unix_ms = match (&r.until, r.ttl_seconds) {
+                (Some(u), _) => match humantime::parse_rfc3339_weak(u) {
+                    Ok(t) => Some(unix_ms(t)),
+                    Err(_) => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "until: not a time like 2026-12-01T12:00:00Z",
+                        )
+                    }
+                },
+                (None, Some(s)) => Some(now_ms() + s.saturating_mul(1000)),
+                (None, None) => None,
+            };
+            let mut name = r.name.trim().to_ascii_lowercase();
+            if !name.ends_with('.') {
+                name.push('.');
+            }
+            let rule = DrainRule {
+                id: String::new(),
+                name,
+                cdn: r.cdn,
+                scope: r.scope,
+                reason: r.reason,
+                until_unix_ms,
+                immediate: r.immediate,
+            };
+            match ask(commands, |tx| Command::Drain(rule, tx)).await {
+                Ok(Ok(rule)) => json_reply(StatusCode::CREATED, &rule),
+                Ok(Err(e)) => error(StatusCode::CONFLICT, &e),
+                Err(reply) => *reply,
+            }
+        }
+        (Method::DELETE, p) if p.starts_with("/v1/drains/") => {
+            let id = p.trim_start_matches("/v1/drains/").to_string();
+            match ask(commands, |tx| Command::Undrain(id, tx)).await {
+                Ok(Ok(rule)) => json_reply(StatusCode::OK, &rule),
+                Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e),
+                Err(reply) => *reply,
+            }
+        }
+        (Method::POST, "/v1/failover/freeze" | "/v1/failover/resume") => {
+            let r: ReasonRequest = if body.is_empty() {
+                ReasonRequest::default()
+            } else {
+                match serde_json::from_slice(&body) {
+                    Ok(r) => r,
+                    Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad request: {e}")),
+                }
+            };
+            if r.reason.trim().is_empty() {
+                return error(StatusCode::BAD_REQUEST, "say why: {\"reason\": \"...\"}");
+            }
+            let freeze = path.ends_with("freeze");
+            let sent = ask(commands, |tx| {
+                if freeze {
+                    Command::Freeze(r.reason, tx)
+                } else {
+                    Command::Resume(r.reason, tx)
+                }
+            })
+            .await;
+            match sent {
+                Ok(Ok(())) => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
+                Ok(Err(e)) => error(StatusCode::CONFLICT, &e),
+                Err(reply) => *reply,
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+async fn explain(state: &ApiState, query: &str) -> Reply {
+    let mut name = None;
+    let mut client = None;
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("name", v)) => name = Some(v.to_string()),
+            Some(("client", v)) => client = Some(v.replace("%3A", ":").replace("%3a", ":")),
+            _ => {}
+        }
+    }
+    let (Some(name), Some(client)) = (name, client) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "usage: /v1/explain?name=www.example.com&client=81.2.69.142",
+        );
+    };
+    let Ok(ip) = client.parse::<IpAddr>() else {
+        return error(StatusCode::BAD_REQUEST, "client: not an IP address");
+    };
+    let Some(commands) = &state.commands else {
+        return error(StatusCode::NOT_FOUND, "not available in this mode");
+    };
+    match ask(commands, |tx| Command::Explain(name, ip, tx)).await {
+        Ok(Ok(doc)) => json_reply(StatusCode::OK, &doc),
+        Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e),
+        Err(reply) => *reply,
+    }
+}
+
+/// Sends a command to the controller and waits for its answer.
+async fn ask<T>(
+    commands: &mpsc::Sender<Command>,
+    make: impl FnOnce(oneshot::Sender<T>) -> Command,
+) -> Result<T, Box<Reply>> {
+    let unavailable = |why: &str| Box::new(error(StatusCode::SERVICE_UNAVAILABLE, why));
+    let (tx, rx) = oneshot::channel();
+    if commands.send(make(tx)).await.is_err() {
+        return Err(unavailable("the controller is not running"));
+    }
+    rx.await
+        .map_err(|_| unavailable("the controller did not answer"))
+}
+
+fn text(status: StatusCode, body: &'static str) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -97,10 +309,15 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-fn json<T: serde::Serialize>(value: &T) -> Response<Full<Bytes>> {
+fn error(status: StatusCode, message: &str) -> Reply {
+    json_reply(status, &json!({ "error": message }))
+}
+
+fn json_reply<T: serde::Serialize>(status: StatusCode, value: &T) -> Reply {
     match serde_json::to_vec_pretty(value) {
         Ok(body) => {
             let mut r = Response::new(Full::new(Bytes::from(body)));
+            *r.status_mut() = status;
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 header::HeaderValue::from_static("application/json"),

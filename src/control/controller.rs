@@ -15,20 +15,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::mpsc;
+use std::net::IpAddr;
+
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::app::Loaded;
 use crate::config::probes::Probes;
+use crate::control::drains::{now_ms, DrainRule, Drains};
 use crate::control::health::{self, State, Tracker, VantageView};
 use crate::control::peers::Peers;
 use crate::control::persist;
 use crate::control::planner::{self, Removed};
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
-use crate::control::stepper::Stepper;
+use crate::control::stepper::{Direction, Stepper};
 use crate::plan::{Live, Snapshot};
 
 /// Where state is saved, and how old a saved state may be to be used.
@@ -55,6 +58,10 @@ pub struct Controller {
     verdicts: BTreeMap<String, String>,
     /// The outcome of the last reload, for `/v1/state`.
     last_reload: serde_json::Value,
+    /// Drains from the policy and the API, with their progress.
+    drains: Drains,
+    /// Why automatic failover is frozen (health is still tracked, no step is taken).
+    frozen: Option<String>,
     state_file: Option<StateFile>,
     /// The document `/v1/state` serves.
     doc: Arc<Mutex<serde_json::Value>>,
@@ -84,10 +91,13 @@ impl Controller {
             unhappy_peers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             last_reload: serde_json::Value::Null,
+            drains: Drains::default(),
+            frozen: None,
             state_file,
             doc: Arc::new(Mutex::new(serde_json::Value::Null)),
         };
         c.restore();
+        c.drains.sync(&c.loaded.policy, Instant::now(), now_ms());
         c
     }
 
@@ -116,8 +126,13 @@ impl Controller {
                     .into_iter()
                     .filter(|((name, _), _)| hosts.contains(name))
                     .collect();
+                self.drains
+                    .restore(saved.overrides.clone(), &saved.drains, now, saved.age_ms());
+                self.frozen = saved.frozen.clone();
                 info!(
                     age_s = saved.age_ms() / 1000,
+                    frozen = self.frozen.is_some(),
+                    overrides = self.drains.overrides.len(),
                     down = ?self.health.iter().filter(|(_, t)| t.state == State::Down).map(|(c, _)| c.as_str()).collect::<Vec<_>>(),
                     steps = self.steps.len(),
                     "restored health and failover state"
@@ -130,7 +145,8 @@ impl Controller {
     /// The snapshot for the current state (also used before the server starts, so that
     /// a restart never serves the configured weights in the middle of a failover).
     pub fn snapshot(&mut self) -> Snapshot {
-        let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed());
+        let cuts = self.drains.cuts(&self.loaded.policy);
+        let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
         self.note_fail_open(fail_open);
         self.update_doc();
         snapshot
@@ -146,13 +162,21 @@ impl Controller {
         mut self,
         live: Arc<Live>,
         mut reloads: mpsc::Receiver<Reloaded>,
+        mut commands: mpsc::Receiver<Command>,
         stop: CancellationToken,
     ) {
         self.live = Some(live);
         let (tx, mut rounds) = mpsc::channel(256);
         let mut probing = self.start_probing(&tx, &stop);
         loop {
-            let next = self.steps.values().filter_map(|s| s.next_at).min();
+            let now = Instant::now();
+            let next = self
+                .steps
+                .values()
+                .filter_map(|s| s.next_at)
+                .filter(|_| self.frozen.is_none())
+                .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
+                .min();
             let due = async {
                 match next {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -174,13 +198,149 @@ impl Controller {
                     }
                     None => return,
                 },
+                command = commands.recv() => {
+                    if let Some(c) = command {
+                        self.on_command(c);
+                    }
+                }
                 _ = due => {
-                    if self.tick_steps(Instant::now()) {
+                    let now = Instant::now();
+                    let mut changed = self.frozen.is_none() && self.tick_steps(now);
+                    changed |= self.drains.tick(&self.loaded.policy, now);
+                    changed |= self.drains.sync(&self.loaded.policy, now, now_ms());
+                    self.drains.prune(now_ms());
+                    if changed {
                         self.publish();
+                    } else {
+                        self.update_doc();
+                        self.save();
                     }
                 }
             }
         }
+    }
+
+    fn on_command(&mut self, command: Command) {
+        let now = Instant::now();
+        match command {
+            Command::Drain(rule, reply) => {
+                let result = self.drains.add(&self.loaded.policy, rule, now_ms());
+                if let Ok(r) = &result {
+                    info!(id = %r.id, name = %r.name, cdn = %r.cdn, reason = %r.reason, "drain override added over the API");
+                    self.drains.sync(&self.loaded.policy, now, now_ms());
+                    self.publish();
+                }
+                let _ = reply.send(result);
+            }
+            Command::Undrain(id, reply) => {
+                let result = self
+                    .drains
+                    .remove(&id)
+                    .ok_or_else(|| format!("no drain override `{id}`"));
+                if let Ok(r) = &result {
+                    info!(id = %r.id, name = %r.name, cdn = %r.cdn, "drain override removed over the API");
+                    self.drains.sync(&self.loaded.policy, now, now_ms());
+                    self.publish();
+                }
+                let _ = reply.send(result);
+            }
+            Command::Freeze(reason, reply) => {
+                warn!(reason = %reason, "automatic failover frozen: health is tracked, no step is taken");
+                self.frozen = Some(reason);
+                self.update_doc();
+                self.save();
+                let _ = reply.send(Ok(()));
+            }
+            Command::Resume(reason, reply) => {
+                info!(reason = %reason, "automatic failover resumed");
+                self.frozen = None;
+                self.reconcile(now);
+                self.publish();
+                let _ = reply.send(Ok(()));
+            }
+            Command::Explain(name, ip, reply) => {
+                let _ = reply.send(self.explain(&name, ip));
+            }
+        }
+    }
+
+    /// Explains, for a live query, how `name` is answered to a client at `ip` and why.
+    fn explain(&self, name: &str, ip: IpAddr) -> Result<serde_json::Value, String> {
+        let live = self.live.as_ref().ok_or("not serving yet")?.load_full();
+        let mut qname = hickory_proto::rr::Name::from_ascii(name)
+            .map_err(|e| format!("`{name}` is not a DNS name: {e}"))?;
+        qname.set_fqdn(true);
+        let lower = hickory_proto::rr::LowerName::new(&qname);
+        let steered = live.plan.get(&lower).ok_or_else(|| {
+            format!("{lower} is not a steered name: it is answered from the zone files")
+        })?;
+        let host = self
+            .loaded
+            .policy
+            .hosts
+            .iter()
+            .find(|h| hickory_proto::rr::LowerName::new(&h.name) == lower)
+            .ok_or("policy and plan disagree")?;
+        let place = live.geo.locate(ip);
+        let d = steered.decide(ip, &place);
+        let choice = steered.choose(&d);
+        let region = &host.regions[d.region];
+        let total: u64 = choice.weights().map(|(_, w)| w).sum();
+        let removed = self.removed();
+        let cdns: Vec<serde_json::Value> = host
+            .cdns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let share = choice.weights().find(|(t, _)| *t.cdn == c.name).map_or(0, |(_, w)| w);
+                json!({
+                    "cdn": c.name,
+                    "cname": c.cname.to_string(),
+                    "weight": region.weights[i],
+                    "health": self.health.get(&c.name).map_or("up (not probed)".to_string(), |t| t.state.to_string()),
+                    "failover_removed_percent": planner::removed_of(&removed, host, &c.name),
+                    "share_percent": share as f64 * 100.0 / total.max(1) as f64,
+                })
+            })
+            .collect();
+        let drains: Vec<serde_json::Value> = self
+            .drains
+            .report(&self.loaded.policy, now_ms())
+            .into_iter()
+            .filter(|r| r["name"] == host.name.to_string())
+            .collect();
+        Ok(json!({
+            "name": host.name.to_string(),
+            "client": ip.to_string(),
+            "country": place.country.map(|c| c.to_string()),
+            "continent": place.continent.map(|c| c.code()),
+            "network_prefix": place.prefix_len,
+            "region": { "index": d.region, "name": region.name },
+            "ttl": choice.ttl,
+            "ecs_scope": d.scope,
+            "reason": choice.reason.to_string(),
+            "cdns": cdns,
+            "drains": drains,
+            "failover_frozen": self.frozen,
+            "config_version": self.loaded.version,
+        }))
+    }
+
+    /// After a freeze: make the steps follow the health state again.
+    fn reconcile(&mut self, now: Instant) {
+        for host in &self.loaded.policy.hosts {
+            for cdn in &host.cdns {
+                let state = self.health.get(&cdn.name).map_or(State::Up, |t| t.state);
+                let key = (host.name.to_string(), cdn.name.clone());
+                let s = self.steps.entry(key).or_default();
+                match (state, s.direction) {
+                    (State::Down, Direction::Promote) => s.demote(now, &host.failover),
+                    (State::Up, Direction::Demote) => s.promote(now, &host.failover),
+                    _ => {}
+                }
+            }
+        }
+        self.tick_steps(now);
     }
 
     /// Starts the prober and the peer readers for the current probes; the returned
@@ -251,6 +411,8 @@ impl Controller {
                     "errors": [],
                     "serving_version": self.loaded.version,
                 });
+                self.drains
+                    .sync(&self.loaded.policy, Instant::now(), now_ms());
                 self.publish();
                 probes_changed
             }
@@ -298,6 +460,12 @@ impl Controller {
         if let Some(to) = changed {
             info!(cdn = %round.cdn, scope = "global", from = %from, to = %to, quorum, evidence = %verdict.summary(), "health changed");
             let now = Instant::now();
+            if self.frozen.is_some() {
+                warn!(cdn = %round.cdn, to = %to, "failover frozen: not acting on the health change");
+                self.update_doc();
+                self.save();
+                return;
+            }
             for host in &self.loaded.policy.hosts {
                 if !host.cdns.iter().any(|c| c.name == round.cdn) {
                     continue;
@@ -386,7 +554,11 @@ impl Controller {
 
     fn save(&self) {
         let Some(sf) = &self.state_file else { return };
-        let saved = persist::capture(&self.health, &self.steps, Instant::now());
+        let now = Instant::now();
+        let mut saved = persist::capture(&self.health, &self.steps, now);
+        saved.overrides = self.drains.overrides.clone();
+        saved.drains = self.drains.saved(now);
+        saved.frozen = self.frozen.clone();
         if let Err(e) = persist::save(&sf.dir, &saved) {
             warn!(dir = %sf.dir.display(), error = %e, "cannot save state");
         }
@@ -396,6 +568,8 @@ impl Controller {
         let removed = self.removed();
         let doc = json!({
             "config_version": self.loaded.version,
+            "failover_frozen": self.frozen,
+            "drains": self.drains.report(&self.loaded.policy, now_ms()),
             "last_reload": self.last_reload,
             "vantage": self.vantage,
             "vantage_unhappy": self.own_unhappy,
@@ -416,6 +590,19 @@ impl Controller {
         });
         *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = doc;
     }
+}
+
+/// A request from the admin API, answered on its oneshot.
+pub enum Command {
+    Drain(DrainRule, oneshot::Sender<Result<DrainRule, String>>),
+    Undrain(String, oneshot::Sender<Result<DrainRule, String>>),
+    Freeze(String, oneshot::Sender<Result<(), String>>),
+    Resume(String, oneshot::Sender<Result<(), String>>),
+    Explain(
+        String,
+        IpAddr,
+        oneshot::Sender<Result<serde_json::Value, String>>,
+    ),
 }
 
 /// Spawns the prober of `probes` alone (for `agent`).

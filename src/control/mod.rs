@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod controller;
+pub mod drains;
 pub mod health;
 pub mod peers;
 pub mod persist;

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::control::drains::{DrainRule, SavedDrain};
 use crate::control::health::Tracker;
 use crate::control::stepper::{Direction, Stepper};
 
@@ -23,6 +24,15 @@ pub struct Saved {
     pub saved_unix_ms: u64,
     pub health: BTreeMap<String, Tracker>,
     pub steps: Vec<SavedStep>,
+    /// Runtime drain overrides from the admin API.
+    #[serde(default)]
+    pub overrides: Vec<DrainRule>,
+    /// Progress of every drain.
+    #[serde(default)]
+    pub drains: Vec<SavedDrain>,
+    /// Why automatic failover is frozen, when it is.
+    #[serde(default)]
+    pub frozen: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -67,6 +77,9 @@ pub fn capture(
                     .map(|at| at.saturating_duration_since(now).as_millis() as u64),
             })
             .collect(),
+        overrides: Vec::new(),
+        drains: Vec::new(),
+        frozen: None,
     }
 }
 

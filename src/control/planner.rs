@@ -9,27 +9,41 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::config::{HostPolicy, Policy};
+use crate::config::{DrainScope, HostPolicy, Match, Policy};
 use crate::plan::{Choice, Plan, Reason, RegionIndex, Steered, Target};
 
-/// Percent of weight removed, by (steered name, CDN name); absent = 0.
+/// Percent of weight removed by failover, by (steered name, CDN name); absent = 0.
 pub type Removed = BTreeMap<(String, String), u8>;
+
+/// A drain in force: `percent` of a CDN's weight removed for the clients in `scope`
+/// (empty: everywhere) of one steered name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainCut {
+    pub name: String,
+    pub cdn: String,
+    pub scope: Vec<DrainScope>,
+    pub percent: u8,
+}
+
+/// At most this many distinct location scopes of drains per name: each doubles the
+/// precomputed choices.
+pub const MAX_DRAIN_SCOPES: usize = 6;
 
 /// A plan and what it had to do to stay up.
 pub struct Planned {
     pub plan: Plan,
-    /// (steered name, region) pairs answering with configured weights because every
-    /// CDN of the region is out.
+    /// (steered name, region) pairs answering with configured weights, for some or
+    /// all of their clients, because every CDN there is out.
     pub fail_open: Vec<(String, String)>,
 }
 
-/// Builds the plan for a validated policy and the current failover state.
-pub fn plan(policy: &Policy, removed: &Removed) -> Planned {
+/// Builds the plan for a validated policy, the failover state and the drains in force.
+pub fn plan(policy: &Policy, removed: &Removed, drains: &[DrainCut]) -> Planned {
     let mut fail_open = Vec::new();
     let names = policy
         .hosts
         .iter()
-        .map(|h| steered(h, removed, &mut fail_open))
+        .map(|h| steered(h, removed, drains, &mut fail_open))
         .collect();
     Planned {
         plan: Plan::new(names),
@@ -37,7 +51,7 @@ pub fn plan(policy: &Policy, removed: &Removed) -> Planned {
     }
 }
 
-/// Percent removed for one CDN of one host.
+/// Percent removed by failover for one CDN of one host.
 pub fn removed_of(removed: &Removed, host: &HostPolicy, cdn: &str) -> u8 {
     removed
         .get(&(host.name.to_string(), cdn.to_string()))
@@ -46,65 +60,135 @@ pub fn removed_of(removed: &Removed, host: &HostPolicy, cdn: &str) -> u8 {
         .min(100)
 }
 
-fn steered(host: &HostPolicy, removed: &Removed, fail_open: &mut Vec<(String, String)>) -> Steered {
+fn steered(
+    host: &HostPolicy,
+    removed: &Removed,
+    drains: &[DrainCut],
+    fail_open: &mut Vec<(String, String)>,
+) -> Steered {
+    let n_cdn = host.cdns.len();
+    let name = host.name.to_string();
+    let idx = |cdn: &str| host.cdns.iter().position(|c| c.name == cdn);
+    let health: Vec<u8> = host
+        .cdns
+        .iter()
+        .map(|c| removed_of(removed, host, &c.name))
+        .collect();
+
+    // Drains: the region-wide part per region, and the location part per scope group.
+    let mut region_drain = vec![vec![0u8; n_cdn]; host.regions.len()];
+    let mut groups: Vec<(Vec<Match>, Vec<u8>)> = Vec::new();
+    for d in drains.iter().filter(|d| d.name == name && d.percent > 0) {
+        let Some(c) = idx(&d.cdn) else { continue };
+        if d.scope.is_empty() {
+            region_drain
+                .iter_mut()
+                .for_each(|r| r[c] = r[c].max(d.percent));
+            continue;
+        }
+        let mut matches = Vec::new();
+        for s in &d.scope {
+            match *s {
+                DrainScope::Region(r) if r < region_drain.len() => {
+                    region_drain[r][c] = region_drain[r][c].max(d.percent)
+                }
+                DrainScope::Region(_) => {}
+                DrainScope::Match(m) => matches.push(m),
+            }
+        }
+        if matches.is_empty() {
+            continue;
+        }
+        let g = match groups.iter().position(|(m, _)| *m == matches) {
+            Some(g) => g,
+            None if groups.len() < MAX_DRAIN_SCOPES => {
+                groups.push((matches, vec![0; n_cdn]));
+                groups.len() - 1
+            }
+            None => {
+                tracing::warn!(name = %name, cdn = %d.cdn, "too many location-scoped drains: this one applies everywhere");
+                region_drain
+                    .iter_mut()
+                    .for_each(|r| r[c] = r[c].max(d.percent));
+                continue;
+            }
+        };
+        groups[g].1[c] = groups[g].1[c].max(d.percent);
+    }
+
+    let any_cut = health.iter().any(|&r| r > 0)
+        || region_drain.iter().flatten().any(|&r| r > 0)
+        || groups.iter().any(|(_, cut)| cut.iter().any(|&r| r > 0));
+    // While any CDN of the name is off its weight, answers may be cached less long.
+    let ttl = if any_cut {
+        host.incident_ttl.unwrap_or(host.ttl)
+    } else {
+        host.ttl
+    };
+
     let cdn_names: Vec<Arc<str>> = host
         .cdns
         .iter()
         .map(|c| Arc::from(c.name.as_str()))
         .collect();
-    let cut: Vec<u8> = host
-        .cdns
-        .iter()
-        .map(|c| removed_of(removed, host, &c.name))
-        .collect();
-    // While any CDN of the name is off its weight, answers may be cached less long.
-    let ttl = if cut.iter().any(|&r| r > 0) {
-        host.incident_ttl.unwrap_or(host.ttl)
-    } else {
-        host.ttl
-    };
     let regions = RegionIndex::new(host.regions.iter().map(|r| r.matches.as_slice()));
-    let choices = host
-        .regions
-        .iter()
-        .map(|region| {
-            let serving = |i: usize| region.weights[i] > 0;
-            let all_out = (0..host.cdns.len())
-                .filter(|&i| serving(i))
-                .all(|i| cut[i] >= 100);
-            let any_cut = (0..host.cdns.len()).any(|i| serving(i) && cut[i] > 0);
-            let reason = if all_out {
-                fail_open.push((host.name.to_string(), region.name.clone()));
+    let masks = 1usize << groups.len();
+    let mut choices = Vec::with_capacity(host.regions.len() * masks);
+    for (r, region) in host.regions.iter().enumerate() {
+        let mut failed_open = false;
+        for mask in 0..masks {
+            let drain: Vec<u8> = (0..n_cdn)
+                .map(|c| {
+                    let located = (0..groups.len())
+                        .filter(|g| mask & (1 << g) != 0)
+                        .map(|g| groups[g].1[c])
+                        .max()
+                        .unwrap_or(0);
+                    region_drain[r][c].max(located)
+                })
+                .collect();
+            let serving: Vec<usize> = (0..n_cdn).filter(|&c| region.weights[c] > 0).collect();
+            let cut = |c: usize| health[c].max(drain[c]).min(100);
+            let reason = if serving.iter().all(|&c| cut(c) >= 100) {
+                failed_open = true;
                 Reason::FailOpen
-            } else if any_cut {
+            } else if serving.iter().any(|&c| drain[c] > 0) {
+                Reason::Drain
+            } else if serving.iter().any(|&c| health[c] > 0) {
                 Reason::Failover
             } else {
                 Reason::Normal
             };
-            let weighted = host
-                .cdns
-                .iter()
-                .enumerate()
-                .map(|(i, cdn)| {
+            let weighted = (0..n_cdn)
+                .map(|c| {
                     let keep = if reason == Reason::FailOpen {
                         100
                     } else {
-                        100 - u64::from(cut[i])
+                        100 - u64::from(cut(c))
                     };
                     let target = Target {
-                        cdn: cdn_names[i].clone(),
-                        cname: cdn.cname.clone(),
+                        cdn: cdn_names[c].clone(),
+                        cname: host.cdns[c].cname.clone(),
                     };
-                    (target, u64::from(region.weights[i]) * keep)
+                    (target, u64::from(region.weights[c]) * keep)
                 })
                 .collect();
             // Validation refused regions whose weights are all zero, and fail-open
             // restores the configured ones, so some weight is always positive.
-            Choice::new(Arc::from(region.name.as_str()), ttl, reason, weighted)
-                .expect("validated region has a positive weight")
-        })
+            choices.push(
+                Choice::new(Arc::from(region.name.as_str()), ttl, reason, weighted)
+                    .expect("validated region has a positive weight"),
+            );
+        }
+        if failed_open {
+            fail_open.push((name.clone(), region.name.clone()));
+        }
+    }
+    let scopes = groups
+        .into_iter()
+        .map(|(m, _)| m.into_boxed_slice())
         .collect();
-    Steered::new(host.name.clone(), regions, choices)
+    Steered::new(host.name.clone(), regions, scopes, choices)
 }
 
 #[cfg(test)]
@@ -156,7 +240,7 @@ regions:
 
     #[test]
     fn normal_weights_and_ttl() {
-        let p = plan(&policy(), &Removed::new());
+        let p = plan(&policy(), &Removed::new(), &[]);
         assert_eq!(
             weights(&p, 0),
             (
@@ -170,7 +254,7 @@ regions:
 
     #[test]
     fn a_removed_share_moves_to_the_others_and_shortens_the_ttl() {
-        let p = plan(&policy(), &cut(50));
+        let p = plan(&policy(), &cut(50), &[]);
         assert_eq!(
             weights(&p, 0),
             (
@@ -179,7 +263,7 @@ regions:
                 10
             )
         );
-        let p = plan(&policy(), &cut(100));
+        let p = plan(&policy(), &cut(100), &[]);
         assert_eq!(
             weights(&p, 0),
             (vec![("b".into(), 1000)], Reason::Failover, 10)
@@ -189,7 +273,7 @@ regions:
 
     #[test]
     fn a_region_with_nobody_left_fails_open() {
-        let p = plan(&policy(), &cut(100));
+        let p = plan(&policy(), &cut(100), &[]);
         assert_eq!(
             weights(&p, 1),
             (vec![("a".into(), 10000)], Reason::FailOpen, 10)
@@ -199,6 +283,9 @@ regions:
             vec![("www.example.com.".to_string(), "JP".to_string())]
         );
         // Half removed still serves from a: no fail-open.
-        assert_eq!(weights(&plan(&policy(), &cut(50)), 1).1, Reason::Failover);
+        assert_eq!(
+            weights(&plan(&policy(), &cut(50), &[]), 1).1,
+            Reason::Failover
+        );
     }
 }

@@ -113,7 +113,7 @@ async fn answer<R: ResponseHandler, T: Time>(
 
     let place = snap.geo.locate(client.ip);
     let decision = steered.decide(client.ip, &place);
-    let choice = steered.choice(decision.region);
+    let choice = steered.choose(&decision);
     let target = choice.pick(&mut rand::rng());
 
     let scope = if client.wants_tailoring() {

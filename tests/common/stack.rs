@@ -18,6 +18,8 @@ use super::*;
 
 /// Probe timing used throughout: rounds every 60 ms.
 pub const INTERVAL: f64 = 0.06;
+/// The admin API token of every test stack.
+pub const TOKEN: &str = "test-token-0123456789";
 
 pub struct Stack {
     pub dir: PathBuf,
@@ -99,6 +101,7 @@ impl Stack {
             reload_poll: Duration::from_millis(50),
             listen: vec!["127.0.0.1:0".parse().unwrap()],
             api: Some("127.0.0.1:0".parse().unwrap()),
+            api_token: Some(TOKEN.into()),
             state: Some(StateFile {
                 dir: dir.join("state"),
                 max_age: Duration::from_secs(60),

@@ -1,0 +1,403 @@
+//! Control plane: drains, the operator's way to take a CDN out of service: from
+//! `drain:` in the policy, or as runtime overrides over the admin API. Both become the
+//! same `DrainRule`, resolved against the current policy at every plan (a region named
+//! in `where:` is found by name, so a reload that reorders regions keeps the drain).
+//!
+//! A drain moves traffic in the failover steps (the controller runs a stepper per
+//! drain), or at once with `immediate`; it ends by itself at `until`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tracing::info;
+
+pub use crate::config::empties_a_region;
+use crate::config::{DrainScope, HostPolicy, Match, Policy};
+use crate::control::planner::DrainCut;
+use crate::control::stepper::{Direction, Stepper};
+
+/// Runtime overrides expire by default after this long, so a forgotten one reverts.
+pub const DEFAULT_OVERRIDE_TTL: Duration = Duration::from_secs(2 * 3600);
+
+/// One drain, from the policy or the API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRule {
+    /// `policy` or `api-N`.
+    pub id: String,
+    /// The steered name (absolute, lowercase).
+    pub name: String,
+    pub cdn: String,
+    /// Region names, countries, `continent:XX`, CIDR blocks; empty = everywhere.
+    #[serde(default)]
+    pub scope: Vec<String>,
+    #[serde(default)]
+    pub reason: String,
+    /// Milliseconds since the Unix epoch; `None` = until removed.
+    #[serde(default)]
+    pub until_unix_ms: Option<u64>,
+    #[serde(default)]
+    pub immediate: bool,
+}
+
+/// What identifies a drain across reloads (its stepper is kept by this).
+pub type DrainKey = (String, String, String);
+
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn now_ms() -> u64 {
+    unix_ms(SystemTime::now())
+}
+
+impl DrainRule {
+    pub fn key(&self) -> DrainKey {
+        (self.name.clone(), self.cdn.clone(), self.scope.join(","))
+    }
+
+    /// Whether it has expired at `now_ms`.
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.until_unix_ms.is_some_and(|u| u <= now_ms)
+    }
+
+    /// The host and the scope it applies to in `policy`, or why it cannot apply.
+    pub fn resolve<'p>(
+        &self,
+        policy: &'p Policy,
+    ) -> Result<(&'p HostPolicy, Vec<DrainScope>), String> {
+        let host = policy
+            .hosts
+            .iter()
+            .find(|h| h.name.to_string() == self.name)
+            .ok_or_else(|| format!("{} is not a steered name", self.name))?;
+        if !host.cdns.iter().any(|c| c.name == self.cdn) {
+            let known: Vec<&str> = host.cdns.iter().map(|c| c.name.as_str()).collect();
+            return Err(format!(
+                "{} has no CDN `{}` (CDNs: {})",
+                self.name,
+                self.cdn,
+                known.join(", ")
+            ));
+        }
+        let mut scope = Vec::new();
+        for entry in &self.scope {
+            if let Some(r) = host.regions.iter().position(|r| r.name == *entry) {
+                scope.push(DrainScope::Region(r));
+                continue;
+            }
+            match Match::parse(entry) {
+                Ok(Match::Any) => {}
+                Ok(m) => scope.push(DrainScope::Match(m)),
+                Err(e) => {
+                    return Err(format!(
+                        "where: `{entry}` is not a region of {}, and {e}",
+                        self.name
+                    ))
+                }
+            }
+        }
+        Ok((host, scope))
+    }
+
+    /// The policy's drains as rules.
+    pub fn from_policy(policy: &Policy) -> Vec<DrainRule> {
+        let mut out = Vec::new();
+        for host in &policy.hosts {
+            for d in &host.drains {
+                out.push(DrainRule {
+                    id: "policy".into(),
+                    name: host.name.to_string(),
+                    cdn: host.cdns[d.cdn].name.clone(),
+                    scope: d
+                        .scope
+                        .iter()
+                        .map(|s| match s {
+                            DrainScope::Region(r) => host.regions[*r].name.clone(),
+                            DrainScope::Match(m) => m.to_string(),
+                        })
+                        .collect(),
+                    reason: d.reason.clone(),
+                    until_unix_ms: d.until.map(unix_ms),
+                    immediate: d.immediate,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// A drain's progress: its stepper and the rule (kept while it steps back after the
+/// rule ended).
+#[derive(Clone, Debug)]
+struct Draining {
+    rule: DrainRule,
+    stepper: Stepper,
+    /// The rule is in force (not removed, not expired).
+    active: bool,
+}
+
+/// Every drain in force or stepping back, and the runtime overrides.
+#[derive(Clone, Debug, Default)]
+pub struct Drains {
+    /// Added over the API; persisted.
+    pub overrides: Vec<DrainRule>,
+    next_id: u64,
+    steps: BTreeMap<DrainKey, Draining>,
+}
+
+/// Saved form of a drain's progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedDrain {
+    pub rule: DrainRule,
+    pub level: usize,
+    pub direction: Direction,
+    pub next_in_ms: Option<u64>,
+    pub active: bool,
+}
+
+impl Drains {
+    /// The rules in force now: the policy's and the overrides, not expired.
+    pub fn in_force(&self, policy: &Policy, now_ms: u64) -> Vec<DrainRule> {
+        DrainRule::from_policy(policy)
+            .into_iter()
+            .chain(self.overrides.iter().cloned())
+            .filter(|r| !r.expired(now_ms) && r.resolve(policy).is_ok())
+            .collect()
+    }
+
+    /// Starts steppers for new drains and steps back those that ended; returns whether
+    /// a weight changed.
+    pub fn sync(&mut self, policy: &Policy, now: Instant, now_ms: u64) -> bool {
+        let in_force = self.in_force(policy, now_ms);
+        let mut changed = false;
+        for rule in &in_force {
+            let Ok((host, _)) = rule.resolve(policy) else {
+                continue;
+            };
+            let entry = self.steps.entry(rule.key()).or_insert_with(|| Draining {
+                rule: rule.clone(),
+                stepper: Stepper::default(),
+                active: false,
+            });
+            entry.rule = rule.clone();
+            if !entry.active {
+                entry.active = true;
+                let before = entry.stepper.level;
+                if rule.immediate {
+                    entry.stepper = Stepper {
+                        level: host.failover.steps.len(),
+                        direction: Direction::Demote,
+                        next_at: None,
+                    };
+                } else {
+                    entry.stepper.demote(now, &host.failover);
+                }
+                changed |= entry.stepper.level != before;
+                info!(
+                    name = %rule.name, cdn = %rule.cdn, scope = %scope_text(rule), reason = %rule.reason, id = %rule.id,
+                    immediate = rule.immediate, removed_percent = entry.stepper.removed_percent(&host.failover),
+                    "drain applied"
+                );
+            }
+        }
+        let keys: Vec<DrainKey> = in_force.iter().map(DrainRule::key).collect();
+        for (key, d) in self.steps.iter_mut() {
+            if d.active && !keys.contains(key) {
+                d.active = false;
+                let why = if d.rule.expired(now_ms) {
+                    "drain expired"
+                } else {
+                    "drain removed"
+                };
+                info!(name = %d.rule.name, cdn = %d.rule.cdn, scope = %scope_text(&d.rule), reason = %d.rule.reason, id = %d.rule.id, "{why}: traffic returns in steps");
+                if let Ok((host, _)) = d.rule.resolve(policy) {
+                    let before = d.stepper.level;
+                    d.stepper.promote(now, &host.failover);
+                    changed |= d.stepper.level != before;
+                } else {
+                    d.stepper = Stepper::default();
+                    changed = true;
+                }
+            }
+        }
+        self.steps.retain(|_, d| d.active || d.stepper.is_active());
+        changed
+    }
+
+    /// Applies due steps; returns whether a weight changed.
+    pub fn tick(&mut self, policy: &Policy, now: Instant) -> bool {
+        let mut changed = false;
+        for d in self.steps.values_mut() {
+            if let Ok((host, _)) = d.rule.resolve(policy) {
+                if d.stepper.tick(now, &host.failover) {
+                    changed = true;
+                    info!(name = %d.rule.name, cdn = %d.rule.cdn, scope = %scope_text(&d.rule), removed_percent = d.stepper.removed_percent(&host.failover), "drain step");
+                }
+            }
+        }
+        self.steps.retain(|_, d| d.active || d.stepper.is_active());
+        changed
+    }
+
+    /// What the planner removes for the drains.
+    pub fn cuts(&self, policy: &Policy) -> Vec<DrainCut> {
+        self.steps
+            .values()
+            .filter_map(|d| {
+                let (host, scope) = d.rule.resolve(policy).ok()?;
+                let percent = d.stepper.removed_percent(&host.failover);
+                (percent > 0).then(|| DrainCut {
+                    name: d.rule.name.clone(),
+                    cdn: d.rule.cdn.clone(),
+                    scope,
+                    percent,
+                })
+            })
+            .collect()
+    }
+
+    /// When something is next due: a step or an expiry.
+    pub fn next_due(&self, policy: &Policy, now: Instant, now_ms: u64) -> Option<Instant> {
+        let steps = self.steps.values().filter_map(|d| d.stepper.next_at);
+        let expiries = self
+            .in_force(policy, now_ms)
+            .into_iter()
+            .filter_map(|r| r.until_unix_ms)
+            .map(|u| now + Duration::from_millis(u.saturating_sub(now_ms)));
+        steps.chain(expiries).min()
+    }
+
+    /// Adds a runtime override after checking it against the policy and the drains
+    /// already in force.
+    pub fn add(
+        &mut self,
+        policy: &Policy,
+        mut rule: DrainRule,
+        now_ms: u64,
+    ) -> Result<DrainRule, String> {
+        let (host, scope) = rule.resolve(policy)?;
+        let cdn = host
+            .cdns
+            .iter()
+            .position(|c| c.name == rule.cdn)
+            .unwrap_or(0);
+        let mut all: Vec<(usize, Vec<DrainScope>)> = self
+            .in_force(policy, now_ms)
+            .iter()
+            .filter(|r| r.name == rule.name)
+            .filter_map(|r| {
+                let (h, s) = r.resolve(policy).ok()?;
+                Some((h.cdns.iter().position(|c| c.name == r.cdn)?, s))
+            })
+            .collect();
+        all.push((cdn, scope));
+        if let Some(region) = empties_a_region(host, &all) {
+            return Err(format!(
+                "refused: this drain would take every CDN out of region `{region}`"
+            ));
+        }
+        if rule.until_unix_ms.is_some_and(|u| u <= now_ms) {
+            return Err("`until` is in the past".into());
+        }
+        rule.until_unix_ms = Some(
+            rule.until_unix_ms
+                .unwrap_or(now_ms + DEFAULT_OVERRIDE_TTL.as_millis() as u64),
+        );
+        self.next_id += 1;
+        rule.id = format!("api-{}-{}", now_ms, self.next_id);
+        self.overrides.retain(|o| o.key() != rule.key());
+        self.overrides.push(rule.clone());
+        Ok(rule)
+    }
+
+    /// Removes a runtime override by id.
+    pub fn remove(&mut self, id: &str) -> Option<DrainRule> {
+        let i = self.overrides.iter().position(|o| o.id == id)?;
+        Some(self.overrides.remove(i))
+    }
+
+    /// Forgets overrides that have expired (they are reported once by `sync`).
+    pub fn prune(&mut self, now_ms: u64) {
+        self.overrides.retain(|o| !o.expired(now_ms));
+    }
+
+    pub fn saved(&self, now: Instant) -> Vec<SavedDrain> {
+        self.steps
+            .values()
+            .map(|d| SavedDrain {
+                rule: d.rule.clone(),
+                level: d.stepper.level,
+                direction: d.stepper.direction,
+                next_in_ms: d
+                    .stepper
+                    .next_at
+                    .map(|at| at.saturating_duration_since(now).as_millis() as u64),
+                active: d.active,
+            })
+            .collect()
+    }
+
+    pub fn restore(
+        &mut self,
+        overrides: Vec<DrainRule>,
+        saved: &[SavedDrain],
+        now: Instant,
+        away_ms: u64,
+    ) {
+        self.overrides = overrides;
+        for s in saved {
+            let stepper = Stepper {
+                level: s.level,
+                direction: s.direction,
+                next_at: s
+                    .next_in_ms
+                    .map(|ms| now + Duration::from_millis(ms.saturating_sub(away_ms))),
+            };
+            self.steps.insert(
+                s.rule.key(),
+                Draining {
+                    rule: s.rule.clone(),
+                    stepper,
+                    active: s.active,
+                },
+            );
+        }
+    }
+
+    /// For `/v1/state` and explain: every drain with its progress.
+    pub fn report(&self, policy: &Policy, now_ms: u64) -> Vec<serde_json::Value> {
+        let mut out: Vec<serde_json::Value> = self
+            .steps
+            .values()
+            .map(|d| {
+                let pct = d.rule.resolve(policy).map(|(h, _)| d.stepper.removed_percent(&h.failover)).unwrap_or(0);
+                serde_json::json!({
+                    "id": d.rule.id, "name": d.rule.name, "cdn": d.rule.cdn, "where": d.rule.scope,
+                    "reason": d.rule.reason, "until_unix_ms": d.rule.until_unix_ms, "immediate": d.rule.immediate,
+                    "status": if d.active { "in force" } else { "ending" }, "removed_percent": pct,
+                })
+            })
+            .collect();
+        for r in DrainRule::from_policy(policy)
+            .into_iter()
+            .filter(|r| r.expired(now_ms))
+        {
+            out.push(serde_json::json!({
+                "id": r.id, "name": r.name, "cdn": r.cdn, "where": r.scope, "reason": r.reason,
+                "until_unix_ms": r.until_unix_ms, "status": "expired: remove it from the policy", "removed_percent": 0,
+            }));
+        }
+        out
+    }
+}
+
+fn scope_text(rule: &DrainRule) -> String {
+    if rule.scope.is_empty() {
+        "everywhere".into()
+    } else {
+        rule.scope.join(",")
+    }
+}
