@@ -243,3 +243,28 @@ fn small_shares_are_warned_about_not_refused() {
         "{w:?}"
     );
 }
+
+#[test]
+fn drains_that_empty_a_region_are_refused_and_expired_ones_reported() {
+    let both = format!(
+        "{GOOD}drain:\n  - cdn: fastly\n    reason: x\n  - cdn: cloudflare\n    where: [GB]\n    reason: y\n"
+    );
+    has(
+        &errors(&both),
+        11,
+        "drain",
+        "every CDN out of region `GB,IE,DE,FR,NL,ES,IT`",
+    );
+
+    let expired = format!(
+        "{GOOD}drain:\n  - cdn: fastly\n    reason: old\n    until: 2020-01-01T00:00:00Z\n"
+    );
+    let (policy, warnings) = config::parse(Path::new("steering.yaml"), expired).unwrap();
+    assert_eq!(policy.hosts[0].drains.len(), 1);
+    let w: Vec<String> = warnings.warnings().map(ToString::to_string).collect();
+    assert!(
+        w.iter()
+            .any(|w| w.contains("steering.yaml:14: drain[0].until") && w.contains("expired")),
+        "{w:?}"
+    );
+}

@@ -171,9 +171,27 @@ impl Stack {
 
     /// Answers to `n` queries for www.example.com: counts per CDN, and the TTLs seen.
     pub async fn answers(&self, n: usize) -> (HashMap<String, usize>, Vec<u32>) {
+        self.answers_to(query("www.example.com.", RecordType::A), n)
+            .await
+    }
+
+    /// Answers to `n` queries for www.example.com from the ECS client `addr/source`.
+    pub async fn answers_from(&self, addr: &str, source: u8, n: usize) -> HashMap<String, usize> {
+        self.answers_to(
+            query_edns("www.example.com.", RecordType::A, Some((addr, source))),
+            n,
+        )
+        .await
+        .0
+    }
+
+    async fn answers_to(
+        &self,
+        q: hickory_proto::op::Message,
+        n: usize,
+    ) -> (HashMap<String, usize>, Vec<u32>) {
         let mut counts = HashMap::new();
         let mut ttls = Vec::new();
-        let q = query("www.example.com.", RecordType::A);
         for _ in 0..n {
             let m = ask(self.dns, Proto::Udp, &q).await;
             let cdn = cname_of(&m).split('.').next().unwrap().to_string();
@@ -183,6 +201,42 @@ impl Stack {
             }
         }
         (counts, ttls)
+    }
+}
+
+impl Stack {
+    /// A request to the admin API with `token` (if any); (status, JSON body).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("http://{}{path}", self.api));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// POST with the stack's token.
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body), Some(TOKEN))
+            .await
     }
 }
 

@@ -1,0 +1,368 @@
+//! Drains and the admin API over real sockets: every scope, steps and immediate,
+//! expiry, refusal of an empty region, authentication, persistence, freeze, explain.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use common::mock_cdn::Mode;
+use common::stack::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// www.example.com: region `uk` [GB], region `europe` [continent:EU], default; 50/50
+/// everywhere. Steps [50, 100], 0.4 s apart.
+fn regional_policy(dir: &Path) {
+    let text = "hostnames:
+  www.example.com:
+    ttl: 30
+    cdns:
+      a: { cname: a.cdn.test. }
+      b: { cname: b.cdn.test. }
+    regions:
+      - name: uk
+        match: [GB]
+        weights: { a: 50, b: 50 }
+      - name: europe
+        match: [\"continent:EU\"]
+        weights: { a: 50, b: 50 }
+      - name: world
+        match: [\"*\"]
+        weights: { a: 50, b: 50 }
+    failover:
+      steps: [50, 100]
+      step_interval_seconds: 0.4
+  other.example.com:
+    cdns:
+      c: { cname: c.cdn.test. }
+    regions:
+      - match: [\"*\"]
+        weights: { c: 1 }
+";
+    std::fs::write(dir.join("steering.yaml"), text).unwrap();
+}
+
+const GB: (&str, u8) = ("2.125.160.216", 29);
+const SE: (&str, u8) = ("89.160.20.112", 28);
+const US: (&str, u8) = ("216.160.83.56", 29);
+
+async fn regional_stack(tag: &str) -> (Stack, Vec<common::mock_cdn::MockCdn>) {
+    let dir = scratch(tag);
+    regional_policy(&dir);
+    let mut mocks = Vec::new();
+    for cdn in ["a", "b", "c"] {
+        let m = common::mock_cdn::MockCdn::start(Mode::Healthy).await;
+        probe(&dir, cdn, &m.url("/_health/v1.txt"), 1);
+        mocks.push(m);
+    }
+    let stack = Stack::start(&dir).await;
+    stack
+        .wait_for("probed", |s| ["a", "b"].iter().all(|c| up_verdict(s, c)))
+        .await;
+    (stack, mocks)
+}
+
+/// Whether `client` gets only b (a drained for it), over 40 queries.
+async fn only_b(stack: &Stack, client: (&str, u8)) -> bool {
+    let counts = stack.answers_from(client.0, client.1, 40).await;
+    counts.get("b") == Some(&40)
+}
+
+/// Whether `client` still gets both CDNs (40 queries: both appear unless 1e-12 bad luck).
+async fn both(stack: &Stack, client: (&str, u8)) -> bool {
+    let counts = stack.answers_from(client.0, client.1, 40).await;
+    counts.contains_key("a") && counts.contains_key("b")
+}
+
+fn drain(scope: &[&str]) -> Value {
+    json!({ "name": "www.example.com", "cdn": "a", "where": scope, "reason": "INC-1 test", "immediate": true, "ttl_seconds": 600 })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_apply_to_exactly_their_scope() {
+    let (stack, _m) = regional_stack("drain-scopes").await;
+    // (scope, clients drained, clients untouched)
+    let cases: [(&[&str], &[(&str, u8)], &[(&str, u8)]); 5] = [
+        (&[], &[GB, SE, US], &[]),
+        (&["uk"], &[GB], &[SE, US]),
+        (&["SE"], &[SE], &[GB, US]),
+        (&["continent:EU"], &[GB, SE], &[US]),
+        (&["89.160.20.0/24"], &[SE], &[GB, US]),
+    ];
+    for (scope, drained, untouched) in cases {
+        let (status, rule) = stack.post("/v1/drains", drain(scope)).await;
+        assert_eq!(status, 201, "{rule}");
+        for &c in drained {
+            assert!(only_b(&stack, c).await, "{scope:?}: {c:?} must be drained");
+        }
+        for &c in untouched {
+            assert!(
+                both(&stack, c).await,
+                "{scope:?}: {c:?} must not be drained"
+            );
+        }
+        let id = rule["id"].as_str().unwrap();
+        let (status, _) = stack
+            .call(
+                Method::DELETE,
+                &format!("/v1/drains/{id}"),
+                None,
+                Some(TOKEN),
+            )
+            .await;
+        assert_eq!(status, 200);
+        // Undrained in steps: wait until everyone has a back.
+        stack
+            .wait_for("drain gone", |s| {
+                s["drains"].as_array().is_some_and(|d| d.is_empty())
+            })
+            .await;
+        for &c in drained {
+            assert!(both(&stack, c).await, "{scope:?}: {c:?} must be back");
+        }
+    }
+    // A CIDR drain narrows the ECS scope: the database network of SE is a /28 (test DB),
+    // the drained block a /24 that contains it: the scope stays 28.
+    let (_, rule) = stack.post("/v1/drains", drain(&["89.160.20.112/30"])).await;
+    let m = common::ask(
+        stack.dns,
+        common::Proto::Udp,
+        &common::query_edns(
+            "www.example.com.",
+            hickory_proto::rr::RecordType::A,
+            Some(SE),
+        ),
+    )
+    .await;
+    assert_eq!(
+        common::ecs_of(&m).unwrap().scope_prefix(),
+        30,
+        "a /30 drain inside a /28 geo network"
+    );
+    let _ = rule;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_moves_in_steps_unless_immediate_and_expires_by_itself() {
+    let (stack, _m) = regional_stack("drain-steps").await;
+    let until = humantime::format_rfc3339_millis(SystemTime::now() + Duration::from_millis(1500))
+        .to_string();
+    let body =
+        json!({ "name": "www.example.com", "cdn": "a", "reason": "INC-2 steps", "until": until });
+    let (status, _) = stack.post("/v1/drains", body).await;
+    assert_eq!(status, 201);
+    let pct = |s: &Value| s["drains"][0]["removed_percent"].as_u64();
+    let s = stack.state().await;
+    assert_eq!(pct(&s), Some(50), "the first step at once: {s:#}");
+    let counts = stack.answers_from(US.0, US.1, 150).await;
+    // a keeps 25 of 75: a third of the answers (mean 50, sd 5.8).
+    let a = counts.get("a").copied().unwrap_or(0);
+    assert!((20..=80).contains(&a), "{counts:?}");
+    stack.wait_for("second step", |s| pct(s) == Some(100)).await;
+    assert!(only_b(&stack, US).await);
+    // `until` passes: the drain ends by itself and traffic comes back in steps.
+    let s = stack
+        .wait_for("expired", |s| {
+            s["drains"][0]["status"] == "ending"
+                || s["drains"].as_array().is_some_and(|d| d.is_empty())
+        })
+        .await;
+    let _ = s;
+    stack
+        .wait_for("back to normal", |s| {
+            s["drains"].as_array().is_some_and(|d| d.is_empty())
+        })
+        .await;
+    assert!(both(&stack, US).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_every_cdn_of_a_region_is_refused() {
+    let (stack, _m) = regional_stack("drain-empty").await;
+    let (status, _) = stack.post("/v1/drains", drain(&["uk"])).await;
+    assert_eq!(status, 201);
+    let mut b = drain(&["uk"]);
+    b["cdn"] = json!("b");
+    let (status, body) = stack.post("/v1/drains", b).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("every CDN out of region `uk`"),
+        "{body}"
+    );
+    assert!(only_b(&stack, GB).await, "the first drain still stands");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutations_need_the_token() {
+    let (stack, _m) = regional_stack("drain-auth").await;
+    let body = drain(&[]);
+    let (status, _) = stack
+        .call(Method::POST, "/v1/drains", Some(body.clone()), None)
+        .await;
+    assert_eq!(status, 401);
+    let (status, _) = stack
+        .call(
+            Method::POST,
+            "/v1/drains",
+            Some(body.clone()),
+            Some("wrong-token-0123456789"),
+        )
+        .await;
+    assert_eq!(status, 401);
+    let (status, _) = stack
+        .call(
+            Method::POST,
+            "/v1/failover/freeze",
+            Some(json!({"reason": "x"})),
+            None,
+        )
+        .await;
+    assert_eq!(status, 401);
+    assert!(both(&stack, US).await, "nothing changed");
+    let (status, _) = stack
+        .call(Method::POST, "/v1/drains", Some(body), Some(TOKEN))
+        .await;
+    assert_eq!(status, 201);
+    let (status, _) = stack.call(Method::GET, "/v1/state", None, None).await;
+    assert_eq!(status, 200, "reading needs no token");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_survive_a_restart() {
+    let (stack, _m) = regional_stack("drain-restart").await;
+    let (status, rule) = stack.post("/v1/drains", drain(&["continent:EU"])).await;
+    assert_eq!(status, 201);
+    let dir = stack.dir.clone();
+    drop(stack);
+    let stack = Stack::start(&dir).await;
+    assert!(
+        only_b(&stack, SE).await,
+        "the override is back after the restart"
+    );
+    assert!(both(&stack, US).await);
+    let s = stack.state().await;
+    assert_eq!(s["drains"][0]["id"], rule["id"], "{s:#}");
+    assert_eq!(s["drains"][0]["reason"], "INC-1 test");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_failover_takes_no_step_until_resumed() {
+    let (stack, mocks) = regional_stack("freeze").await;
+    let (status, _) = stack
+        .post(
+            "/v1/failover/freeze",
+            json!({"reason": "CDN maintenance window"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    mocks[0].set(Mode::Status(503));
+    let s = stack
+        .wait_for("a down but frozen", |s| health(s, "a")["state"] == "down")
+        .await;
+    assert_eq!(removed(&s, "a"), None, "frozen: no step: {s:#}");
+    assert!(both(&stack, US).await);
+    let (status, _) = stack
+        .post("/v1/failover/resume", json!({"reason": "window over"}))
+        .await;
+    assert_eq!(status, 200);
+    stack
+        .wait_for("a stepped out", |s| removed(s, "a") == Some(100))
+        .await;
+    assert!(only_b(&stack, US).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_over_http_says_why() {
+    let (stack, mocks) = regional_stack("explain").await;
+    let explain = |client: &'static str| {
+        let stack = &stack;
+        async move {
+            stack
+                .call(
+                    Method::GET,
+                    &format!("/v1/explain?name=www.example.com&client={client}"),
+                    None,
+                    None,
+                )
+                .await
+        }
+    };
+    let (status, e) = explain("89.160.20.112").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (
+            e["country"].as_str(),
+            e["continent"].as_str(),
+            e["network_prefix"].as_u64()
+        ),
+        (Some("SE"), Some("EU"), Some(28))
+    );
+    assert_eq!(e["region"]["name"], "europe");
+    assert_eq!(e["reason"], "normal");
+    assert_eq!(e["ttl"], 30);
+
+    stack.post("/v1/drains", drain(&["europe"])).await;
+    let (_, e) = explain("89.160.20.112").await;
+    assert_eq!(e["reason"], "drain", "{e:#}");
+    assert_eq!(e["drains"][0]["where"][0], "europe");
+    let a = e["cdns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cdn"] == "a")
+        .unwrap();
+    assert_eq!(a["share_percent"], 0.0);
+
+    mocks[1].set(Mode::Status(503));
+    stack
+        .wait_for("b out", |s| removed(s, "b") == Some(100))
+        .await;
+    let (_, e) = explain("89.160.20.112").await;
+    assert_eq!(e["reason"], "fail-open", "drained a and failed b: {e:#}");
+    let (_, e) = explain("216.160.83.56").await;
+    assert_eq!(e["reason"], "failover", "{e:#}");
+    let b = e["cdns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cdn"] == "b")
+        .unwrap();
+    assert_eq!(
+        (b["health"].as_str(), b["failover_removed_percent"].as_u64()),
+        (Some("down"), Some(100))
+    );
+
+    let (status, _) = stack
+        .call(
+            Method::GET,
+            "/v1/explain?name=nope.example.com&client=1.2.3.4",
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_written_in_the_policy_applies_on_reload() {
+    let (stack, _m) = regional_stack("drain-policy").await;
+    let path = stack.dir.join("steering.yaml");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "  other.example.com:",
+        "    drain:\n      - cdn: a\n        where: [uk]\n        reason: \"INC-3 fastly LHR 503s\"\n        immediate: true\n  other.example.com:",
+    );
+    std::fs::write(&path, text).unwrap();
+    let s = stack
+        .wait_for("policy drain", |s| {
+            s["drains"].as_array().is_some_and(|d| !d.is_empty())
+        })
+        .await;
+    assert_eq!(s["drains"][0]["id"], "policy", "{s:#}");
+    assert_eq!(s["drains"][0]["reason"], "INC-3 fastly LHR 503s");
+    assert!(only_b(&stack, GB).await);
+    assert!(both(&stack, SE).await);
+}
