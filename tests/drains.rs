@@ -83,7 +83,8 @@ fn drain(scope: &[&str]) -> Value {
 async fn drains_apply_to_exactly_their_scope() {
     let (stack, _m) = regional_stack("drain-scopes").await;
     // (scope, clients drained, clients untouched)
-    let cases: [(&[&str], &[(&str, u8)], &[(&str, u8)]); 5] = [
+    type Clients<'a> = &'a [(&'a str, u8)];
+    let cases: [(&[&str], Clients, Clients); 5] = [
         (&[], &[GB, SE, US], &[]),
         (&["uk"], &[GB], &[SE, US]),
         (&["SE"], &[SE], &[GB, US]),
