@@ -442,7 +442,9 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
             s.age_ms() / 1000,
             state_dir.display()
         ),
-        None => println!("state:   none saved by `serve` (or older than 15 min): no failover in progress"),
+        None => println!(
+            "state:   none saved by `serve` (or older than 15 min): no failover in progress"
+        ),
     }
     println!(
         "reason:  {}{}",
@@ -483,19 +485,33 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
             continue;
         }
         let scope = d["where"].as_array().map_or(String::new(), |w| {
-            w.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")
+            w.iter()
+                .filter_map(|x| x.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
         });
         println!(
             "drain:   {} {} [{}] {}: {} % removed ({}, {})",
             d["id"].as_str().unwrap_or(""),
             d["cdn"].as_str().unwrap_or(""),
-            if scope.is_empty() { "everywhere" } else { scope.as_str() },
+            if scope.is_empty() {
+                "everywhere"
+            } else {
+                scope.as_str()
+            },
             d["status"].as_str().unwrap_or(""),
             d["removed_percent"],
             d["reason"].as_str().unwrap_or(""),
-            d["until_unix_ms"].as_u64().map_or("no expiry".to_string(), |u| {
-                format!("until {}", humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(u)))
-            }),
+            d["until_unix_ms"]
+                .as_u64()
+                .map_or("no expiry".to_string(), |u| {
+                    format!(
+                        "until {}",
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + Duration::from_millis(u)
+                        )
+                    )
+                }),
         );
     }
     ExitCode::SUCCESS
