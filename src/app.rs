@@ -22,6 +22,7 @@ use crate::control::reload;
 use crate::dns::geo::GeoDb;
 use crate::dns::{listen, Handler};
 use crate::error::{ConfigIssue, Issues};
+use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
 use crate::zones::Zones;
 
@@ -146,10 +147,21 @@ pub struct Running {
     live: Arc<Live>,
 }
 
-/// Binds every address (UDP and TCP) and starts answering from `snapshot`.
+/// Binds every address (UDP and TCP) and starts answering from `snapshot`, with
+/// metrics nobody reads (see [`start_with`]).
 pub async fn start(snapshot: Snapshot, listen: &[SocketAddr]) -> io::Result<Running> {
+    start_with(snapshot, listen, Metrics::new()).await
+}
+
+/// Binds every address (UDP and TCP) and starts answering from `snapshot`, counting
+/// answers into `metrics`.
+pub async fn start_with(
+    snapshot: Snapshot,
+    listen: &[SocketAddr],
+    metrics: Metrics,
+) -> io::Result<Running> {
     let live = Arc::new(ArcSwap::from_pointee(snapshot));
-    let mut server = Server::new(Handler::new(live.clone()));
+    let mut server = Server::new(Handler::new(live.clone(), metrics));
     let mut addrs = Vec::new();
     for &addr in listen {
         let bound = listen::bind(addr)
