@@ -236,14 +236,22 @@ pub struct ServeOptions {
 pub struct Service {
     pub dns: Running,
     pub api: Option<SocketAddr>,
+    /// What `/metrics` serves; the DNS handler and the prober count into it.
+    pub metrics: Metrics,
     stop: CancellationToken,
 }
 
 /// Starts everything `serve` runs.
 pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let stop = CancellationToken::new();
+    let metrics = Metrics::new();
+    metrics.config_version(&loaded.version);
+    for spec in &loaded.probes.specs {
+        metrics.cdn_probed(&spec.cdn);
+    }
     let loaded = Arc::new(loaded);
-    let (local, peers) = (Local::default(), Peers::default());
+    // The prober counts its rounds through `Local` (the controller spawns it).
+    let (local, peers) = (Local::with_metrics(metrics.clone()), Peers::default());
     let mut controller = Controller::new(
         loaded.clone(),
         opts.vantage.clone(),
@@ -251,13 +259,14 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         peers.clone(),
         opts.state.clone(),
     );
-    let dns = start(controller.snapshot(), &opts.listen).await?;
+    let dns = start_with(controller.snapshot(), &opts.listen, metrics.clone()).await?;
     let api = match opts.api {
         Some(addr) => {
             let state = ApiState {
                 vantage: opts.vantage.clone(),
                 local: local.clone(),
                 state: controller.doc(),
+                metrics: metrics.clone(),
             };
             Some(api::spawn(addr, state, stop.clone()).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot listen on {addr} (--api): {e}"))
@@ -273,7 +282,12 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         stop.clone(),
     );
     tokio::spawn(controller.run(dns.live().clone(), reload_rx, stop.clone()));
-    Ok(Service { dns, api, stop })
+    Ok(Service {
+        dns,
+        api,
+        metrics,
+        stop,
+    })
 }
 
 impl Service {
@@ -299,23 +313,27 @@ impl Drop for Service {
 /// A running `agent`: the prober and the API, no DNS. Dropping it stops it.
 pub struct Agent {
     pub api: SocketAddr,
+    /// What `/metrics` serves: the prober's rounds.
+    pub metrics: Metrics,
     stop: CancellationToken,
 }
 
 /// Starts a prober-only vantage point publishing on `api`.
 pub async fn agent(probes: Probes, api_addr: SocketAddr, vantage: String) -> io::Result<Agent> {
     let stop = CancellationToken::new();
-    let local = Local::default();
+    let metrics = Metrics::new();
+    let local = Local::with_metrics(metrics.clone());
     let state = ApiState {
         vantage: vantage.clone(),
         local: local.clone(),
         state: Default::default(),
+        metrics: metrics.clone(),
     };
     let api = api::spawn(api_addr, state, stop.clone()).await?;
     let mut rounds = controller::spawn_prober(&probes, &vantage, &local, &stop);
     // Nothing decides here; keep the channel drained.
     tokio::spawn(async move { while rounds.recv().await.is_some() {} });
-    Ok(Agent { api, stop })
+    Ok(Agent { api, metrics, stop })
 }
 
 impl Agent {

@@ -1,6 +1,7 @@
 //! Control plane: the HTTP API on `--api` (loopback by default). Read-only for now:
 //! `/v1/observations` (this vantage point's latest probe results, read by peers),
-//! `/v1/state` (health, failover steps, fail-open regions) and `/healthz`.
+//! `/v1/state` (health, failover steps, fail-open regions), `/metrics` (Prometheus
+//! text format) and `/healthz`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::control::peers::Published;
 use crate::control::prober::Local;
+use crate::metrics::{self, Metrics};
 
 /// What the API serves, shared with the tasks that produce it.
 #[derive(Clone)]
@@ -26,6 +28,8 @@ pub struct ApiState {
     pub local: Local,
     /// The controller's latest state document (`serve` only).
     pub state: Arc<Mutex<serde_json::Value>>,
+    /// What `/metrics` serves.
+    pub metrics: Metrics,
 }
 
 /// Binds `addr` and serves until `stop`; returns the bound address.
@@ -71,6 +75,7 @@ async fn route(
     }
     Ok(match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/metrics" => prometheus_text(&state.metrics),
         "/v1/observations" => json(&Published {
             vantage: state.vantage.clone(),
             observations: state.local.snapshot(),
@@ -95,6 +100,23 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
         header::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     r
+}
+
+fn prometheus_text(m: &Metrics) -> Response<Full<Bytes>> {
+    match m.encode() {
+        Ok(body) => {
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(metrics::CONTENT_TYPE),
+            );
+            r
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot encode /metrics");
+            text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n")
+        }
+    }
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Response<Full<Bytes>> {
