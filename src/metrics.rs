@@ -5,7 +5,7 @@
 //!
 //! | family | labels | what |
 //! |---|---|---|
-//! | `queries_total` | name, region, cdn, rcode | answers; name/region/cdn are empty unless steered |
+//! | `queries_total` | name, region, cdn, rcode | answers; name/region/cdn are empty unless steered (¹) |
 //! | `query_duration_seconds` | | handler time, 1 µs .. 8 ms buckets |
 //! | `probe_results_total` | cdn, vantage, result | `ok` or the reason class (`timeout`, `status`, ...) |
 //! | `cdn_up` | cdn | 1 up, 0 down (quorum + hysteresis) |
@@ -18,6 +18,10 @@
 //! | `config_reloads_total` | result | `applied` or `refused` |
 //! | `config_info` | version | 1 for the configuration being served |
 //! | `drains_active` | name, cdn | 1 while a drain applies |
+//!
+//! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
+//! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
+//! runs, and is neither counted nor timed.
 //!
 //! Every label set is bounded by the configuration (names × regions × CDNs, vantage
 //! points, a fixed set of rcodes and reason classes); a client address is never a label.
