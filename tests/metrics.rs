@@ -348,3 +348,54 @@ async fn the_api_serves_metrics_with_answers_and_every_probe_round() {
     let direct = parse(&text_of(&stack.svc.metrics));
     assert_eq!(sum(&direct, q, &[]), 20.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_counts_its_probe_rounds_by_reason_class() {
+    let dir = scratch("metrics-agent");
+    let cdns = [
+        ("a", MockCdn::start(Mode::Healthy).await, "http", "ok"),
+        ("b", MockCdn::start(Mode::Refused).await, "http", "connect"),
+        ("c", MockCdn::start(Mode::ErrorPage).await, "http", "body"),
+        (
+            "d",
+            MockCdn::start(Mode::Status(503)).await,
+            "http",
+            "status",
+        ),
+        ("e", MockCdn::start(Mode::BadTls).await, "https", "tls"),
+    ];
+    for (cdn, mock, scheme, _) in &cdns {
+        let url = format!("{scheme}://{}/_health/v1.txt", mock.addr());
+        probe(&dir, cdn, &url, 1);
+    }
+    let (probes, _) = steerdns::config::probes::load_dir(&dir.join("probes"), None).unwrap();
+    let agent = steerdns::app::agent(probes, "127.0.0.1:0".parse().unwrap(), "agent1".into())
+        .await
+        .unwrap();
+
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{}/metrics", agent.api);
+    let p = "steerdns_probe_results_total";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let text = http.get(&url).send().await.unwrap().text().await.unwrap();
+        let s = parse(&text);
+        if cdns
+            .iter()
+            .all(|(cdn, ..)| sum(&s, p, &[("cdn", cdn)]) >= 2.0)
+        {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "rounds missing:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Each CDN fails (or passes) the same way every round: one result label each.
+    for (cdn, _, _, class) in &cdns {
+        let all = sum(&s, p, &[("cdn", cdn), ("vantage", "agent1")]);
+        let labels = [("cdn", *cdn), ("vantage", "agent1"), ("result", *class)];
+        assert_eq!(value(&s, p, &labels), Some(all), "{cdn}: expected {class}");
+    }
+    // An agent answers no DNS.
+    assert_eq!(sum(&s, "steerdns_queries_total", &[]), 0.0);
+    assert_eq!(parse(&text_of(&agent.metrics)).len(), s.len());
+}
