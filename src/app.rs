@@ -22,6 +22,7 @@ use crate::control::reload;
 use crate::dns::geo::GeoDb;
 use crate::dns::{listen, Handler};
 use crate::error::{ConfigIssue, Issues};
+use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
 use crate::zones::Zones;
 
@@ -150,10 +151,21 @@ pub struct Running {
     live: Arc<Live>,
 }
 
-/// Binds every address (UDP and TCP) and starts answering from `snapshot`.
+/// Binds every address (UDP and TCP) and starts answering from `snapshot`, with
+/// metrics nobody reads (see [`start_with`]).
 pub async fn start(snapshot: Snapshot, listen: &[SocketAddr]) -> io::Result<Running> {
+    start_with(snapshot, listen, Metrics::new()).await
+}
+
+/// Binds every address (UDP and TCP) and starts answering from `snapshot`, counting
+/// answers into `metrics`.
+pub async fn start_with(
+    snapshot: Snapshot,
+    listen: &[SocketAddr],
+    metrics: Metrics,
+) -> io::Result<Running> {
     let live = Arc::new(ArcSwap::from_pointee(snapshot));
-    let mut server = Server::new(Handler::new(live.clone()));
+    let mut server = Server::new(Handler::new(live.clone(), metrics));
     let mut addrs = Vec::new();
     for &addr in listen {
         let bound = listen::bind(addr)
@@ -230,14 +242,22 @@ pub struct ServeOptions {
 pub struct Service {
     pub dns: Running,
     pub api: Option<SocketAddr>,
+    /// What `/metrics` serves; the DNS handler and the prober count into it.
+    pub metrics: Metrics,
     stop: CancellationToken,
 }
 
 /// Starts everything `serve` runs.
 pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let stop = CancellationToken::new();
+    let metrics = Metrics::new();
+    metrics.config_version(&loaded.version);
+    for spec in &loaded.probes.specs {
+        metrics.cdn_probed(&spec.cdn);
+    }
     let loaded = Arc::new(loaded);
-    let (local, peers) = (Local::default(), Peers::default());
+    // The prober counts its rounds through `Local` (the controller spawns it).
+    let (local, peers) = (Local::with_metrics(metrics.clone()), Peers::default());
     let mut controller = Controller::new(
         loaded.clone(),
         opts.vantage.clone(),
@@ -245,7 +265,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         peers.clone(),
         opts.state.clone(),
     );
-    let dns = start(controller.snapshot(), &opts.listen).await?;
+    let dns = start_with(controller.snapshot(), &opts.listen, metrics.clone()).await?;
     let (command_tx, command_rx) = tokio::sync::mpsc::channel(16);
     let api = match opts.api {
         Some(addr) => {
@@ -255,6 +275,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
                 state: controller.doc(),
                 commands: Some(command_tx.clone()),
                 token: opts.api_token.clone(),
+                metrics: metrics.clone(),
             };
             Some(api::spawn(addr, state, stop.clone()).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot listen on {addr} (--api): {e}"))
@@ -270,7 +291,12 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         stop.clone(),
     );
     tokio::spawn(controller.run(dns.live().clone(), reload_rx, command_rx, stop.clone()));
-    Ok(Service { dns, api, stop })
+    Ok(Service {
+        dns,
+        api,
+        metrics,
+        stop,
+    })
 }
 
 impl Service {
@@ -296,25 +322,29 @@ impl Drop for Service {
 /// A running `agent`: the prober and the API, no DNS. Dropping it stops it.
 pub struct Agent {
     pub api: SocketAddr,
+    /// What `/metrics` serves: the prober's rounds.
+    pub metrics: Metrics,
     stop: CancellationToken,
 }
 
 /// Starts a prober-only vantage point publishing on `api`.
 pub async fn agent(probes: Probes, api_addr: SocketAddr, vantage: String) -> io::Result<Agent> {
     let stop = CancellationToken::new();
-    let local = Local::default();
+    let metrics = Metrics::new();
+    let local = Local::with_metrics(metrics.clone());
     let state = ApiState {
         vantage: vantage.clone(),
         local: local.clone(),
         state: Default::default(),
         commands: None,
         token: None,
+        metrics: metrics.clone(),
     };
     let api = api::spawn(api_addr, state, stop.clone()).await?;
     let mut rounds = controller::spawn_prober(&probes, &vantage, &local, &stop);
     // Nothing decides here; keep the channel drained.
     tokio::spawn(async move { while rounds.recv().await.is_some() {} });
-    Ok(Agent { api, stop })
+    Ok(Agent { api, metrics, stop })
 }
 
 impl Agent {

@@ -20,6 +20,7 @@
 //! - [`plan`]: the immutable snapshot behind an `ArcSwap`; one atomic load per query.
 //! - [`control`]: builds plans ([`control::planner`]).
 //! - [`config`], [`zones`]: inputs, validated with file, line and field.
+//! - [`metrics`]: Prometheus families both planes update, served on `/metrics`.
 //! - [`app`]: lifecycle: load, bind, serve, stop.
 //! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`).
 
@@ -29,5 +30,6 @@ pub mod config;
 pub mod control;
 pub mod dns;
 pub mod error;
+pub mod metrics;
 pub mod plan;
 pub mod zones;

@@ -1,6 +1,6 @@
 //! Control plane: the HTTP API on `--api` (loopback by default).
 //!
-//! Read-only, open: `/healthz`, `/v1/observations` (this vantage point's latest probe
+//! Read-only, open: `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
 //! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
@@ -27,6 +27,7 @@ use crate::control::controller::Command;
 use crate::control::drains::{now_ms, unix_ms, DrainRule};
 use crate::control::peers::Published;
 use crate::control::prober::Local;
+use crate::metrics::{self, Metrics};
 
 const MAX_BODY: usize = 64 * 1024;
 
@@ -41,6 +42,8 @@ pub struct ApiState {
     pub commands: Option<mpsc::Sender<Command>>,
     /// Bearer token for mutations; `None` refuses them all.
     pub token: Option<String>,
+    /// What `/metrics` serves.
+    pub metrics: Metrics,
 }
 
 /// Binds `addr` and serves until `stop`; returns the bound address.
@@ -84,6 +87,7 @@ async fn route(req: Request<Incoming>, state: ApiState) -> Result<Reply, Infalli
     let query = req.uri().query().unwrap_or("").to_string();
     Ok(match (req.method().clone(), path.as_str()) {
         (Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (Method::GET, "/metrics") => prometheus_text(&state.metrics),
         (Method::GET, "/v1/observations") => json_reply(
             StatusCode::OK,
             &Published {
@@ -109,7 +113,7 @@ async fn route(req: Request<Incoming>, state: ApiState) -> Result<Reply, Infalli
             }
             mutate(req, &state, &path).await
         }
-        (_, "/healthz" | "/v1/observations" | "/v1/state" | "/v1/explain") => {
+        (_, "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n")
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
@@ -307,6 +311,23 @@ fn text(status: StatusCode, body: &'static str) -> Reply {
         header::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     r
+}
+
+fn prometheus_text(m: &Metrics) -> Reply {
+    match m.encode() {
+        Ok(body) => {
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(metrics::CONTENT_TYPE),
+            );
+            r
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot encode /metrics");
+            text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n")
+        }
+    }
 }
 
 fn error(status: StatusCode, message: &str) -> Reply {

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::ProbeSpec;
 use crate::control::health::Observation;
+use crate::metrics::Metrics;
 
 /// Probes running at once, whatever the number of CDNs.
 const MAX_CONCURRENT: usize = 16;
@@ -29,10 +30,31 @@ const MAX_BODY: usize = 64 * 1024;
 #[derive(Clone, Default)]
 pub struct Local {
     inner: Arc<Mutex<BTreeMap<String, (Observation, Instant)>>>,
+    /// Where every round is counted (`probe_results_total`). Held here rather than
+    /// passed to [`spawn`], so that whoever creates the store decides, and the callers
+    /// of `spawn` (the controller) stay as they are.
+    metrics: Option<Metrics>,
 }
 
 impl Local {
-    fn record(&self, cdn: &str, mut obs: Observation) -> Observation {
+    /// A store that also counts every round into `metrics`.
+    pub fn with_metrics(metrics: Metrics) -> Local {
+        Local {
+            metrics: Some(metrics),
+            ..Local::default()
+        }
+    }
+
+    /// The metrics this store counts into, if any: the controller, which holds the
+    /// `Local` it was given, reaches them here.
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
+    }
+
+    fn record(&self, vantage: &str, cdn: &str, mut obs: Observation) -> Observation {
+        if let Some(m) = &self.metrics {
+            m.probe(cdn, vantage, (!obs.ok).then_some(obs.reason.as_str()));
+        }
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         obs.round = map.get(cdn).map_or(1, |(o, _)| o.round + 1);
         map.insert(cdn.to_string(), (obs.clone(), Instant::now()));
@@ -60,7 +82,8 @@ pub struct Round {
     pub observation: Observation,
 }
 
-/// Probes every spec until `stop`, recording into `local` and announcing each round.
+/// Probes every spec until `stop`, recording into `local` (which counts the rounds
+/// when it has metrics) and announcing each round.
 pub fn spawn(
     specs: Vec<ProbeSpec>,
     vantage: String,
@@ -73,13 +96,15 @@ pub fn spawn(
         "steerdns-prober/{} (vantage {vantage})",
         env!("CARGO_PKG_VERSION")
     );
+    let vantage: Arc<str> = vantage.into();
     for spec in specs {
-        let (local, rounds, stop, limit, ua) = (
+        let (local, rounds, stop, limit, ua, vantage) = (
             local.clone(),
             rounds.clone(),
             stop.clone(),
             limit.clone(),
             user_agent.clone(),
+            vantage.clone(),
         );
         tokio::spawn(async move {
             // Start within the first interval, not all at once.
@@ -99,6 +124,7 @@ pub fn spawn(
                     }
                 };
                 let observation = local.record(
+                    &vantage,
                     &spec.cdn,
                     Observation {
                         round: 0,

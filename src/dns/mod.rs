@@ -20,11 +20,13 @@ use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::CNAME;
-use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_server::net::runtime::Time;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
+use tokio::time::Instant;
 
+use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
 
 /// The request handler registered with hickory's `Server`. It holds the live snapshot,
@@ -32,24 +34,50 @@ use crate::plan::{Live, Snapshot};
 #[derive(Clone)]
 pub struct Handler {
     live: Arc<Live>,
+    /// Answers by name, region, CDN and rcode, and how long they took.
+    metrics: Metrics,
 }
 
 impl Handler {
-    pub fn new(live: Arc<Live>) -> Handler {
-        Handler { live }
+    pub fn new(live: Arc<Live>, metrics: Metrics) -> Handler {
+        Handler { live, metrics }
     }
 }
 
 #[async_trait::async_trait]
 impl RequestHandler for Handler {
+    /// Answers one query, then counts the answer (steered ones by name, region and CDN,
+    /// the others by rcode) and times it.
+    ///
+    /// # Hot path
+    /// Counting a steered answer is, for now, a label lookup under the family's read
+    /// lock (TODO(perf, issue 5): counters pre-resolved per target by the planner).
     async fn handle_request<R: ResponseHandler, T: Time>(
         &self,
         request: &Request,
         response: R,
     ) -> ResponseInfo {
+        let started = Instant::now();
         let snap = self.live.load_full();
-        answer::<R, T>(&snap, request, response).await
+        let (info, steered) = answer::<R, T>(&snap, request, response).await;
+        match steered {
+            // A steered answer that could not be sent counts as what hickory was told.
+            Some(s) if info.response_code == ResponseCode::NoError => {
+                self.metrics.steered(s.name, s.region, s.cdn)
+            }
+            _ => self.metrics.answered(info.response_code.into()),
+        }
+        self.metrics.observe(started.elapsed());
+        info
     }
+}
+
+/// Which steered answer was given, for the metrics.
+struct Steer<'s> {
+    /// The steered name as configured.
+    name: &'s Name,
+    region: &'s str,
+    cdn: &'s str,
 }
 
 /// The query pipeline.
@@ -57,17 +85,17 @@ impl RequestHandler for Handler {
 /// # Hot path
 /// One geo lookup, table lookups, one random draw; allocations are the response OPT
 /// and the answer record (the target name is inline for names up to 32 bytes).
-async fn answer<R: ResponseHandler, T: Time>(
-    snap: &Snapshot,
+async fn answer<'s, R: ResponseHandler, T: Time>(
+    snap: &'s Snapshot,
     request: &Request,
     response: R,
-) -> ResponseInfo {
+) -> (ResponseInfo, Option<Steer<'s>>) {
     // RFC 6891 §7: with no OPT in the query there is none in the response.
     let client = match edns::client(request.edns.as_ref(), request.src().ip()) {
         Ok(c) => c,
         Err(rcode) => {
             let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));
-            return error(request, rcode, opt.as_ref(), response).await;
+            return (error(request, rcode, opt.as_ref(), response).await, None);
         }
     };
     // Answers that do not depend on the client carry ECS scope 0.
@@ -79,36 +107,40 @@ async fn answer<R: ResponseHandler, T: Time>(
     if request.metadata.op_code != OpCode::Query
         || request.metadata.message_type != MessageType::Query
     {
-        return error(request, ResponseCode::NotImp, untailored.as_ref(), response).await;
+        let info = error(request, ResponseCode::NotImp, untailored.as_ref(), response).await;
+        return (info, None);
     }
     let [query] = request.queries.queries() else {
-        return error(
+        let info = error(
             request,
             ResponseCode::FormErr,
             untailored.as_ref(),
             response,
         )
         .await;
+        return (info, None);
     };
 
     // Only the Internet class is served, and zone transfers are not offered.
     if query.query_class() != DNSClass::IN
         || matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR)
     {
-        return error(
+        let info = error(
             request,
             ResponseCode::Refused,
             untailored.as_ref(),
             response,
         )
         .await;
+        return (info, None);
     }
     let steered = snap.plan.get(query.name());
     let Some(steered) = steered else {
-        return snap
+        let info = snap
             .zones
             .lookup(request, untailored.as_ref(), T::current_time(), response)
             .await;
+        return (info, None);
     };
 
     let place = snap.geo.locate(client.ip);
@@ -140,7 +172,13 @@ async fn answer<R: ResponseHandler, T: Time>(
         iter::empty(),
         iter::empty(),
     );
-    send(request, message_send(response, message).await)
+    let info = send(request, message_send(response, message).await);
+    let steer = Steer {
+        name: &steered.name,
+        region: &choice.region,
+        cdn: &target.cdn,
+    };
+    (info, Some(steer))
 }
 
 async fn error<R: ResponseHandler>(

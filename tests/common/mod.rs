@@ -13,6 +13,7 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
 use hickory_proto::rr::{Name, RData, RecordType};
 use steerdns::app::{self, Inputs, Running};
+use steerdns::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
@@ -51,14 +52,26 @@ impl TestServer {
     }
 
     pub async fn start(policy: &str, zones: &str, geo: &str, listen: &str) -> TestServer {
-        let inputs = Inputs {
-            config: repo(policy),
-            zones: repo(zones),
-            geo: repo(geo),
-            probes: repo("tests/fixtures/no-probes"),
-        };
-        let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("fixture does not load: {e}"));
+        let loaded = load_fixture(policy, zones, geo);
         let running = app::start(loaded.snapshot(), &[listen.parse().unwrap()])
+            .await
+            .expect("bind loopback");
+        TestServer {
+            addr: running.addrs()[0],
+            running,
+        }
+    }
+
+    /// As [`TestServer::start`], counting answers into `metrics`.
+    pub async fn start_with_metrics(
+        policy: &str,
+        zones: &str,
+        geo: &str,
+        listen: &str,
+        metrics: Metrics,
+    ) -> TestServer {
+        let loaded = load_fixture(policy, zones, geo);
+        let running = app::start_with(loaded.snapshot(), &[listen.parse().unwrap()], metrics)
             .await
             .expect("bind loopback");
         TestServer {
@@ -75,6 +88,16 @@ impl TestServer {
     pub async fn cname(&self, proto: Proto, msg: &Message) -> String {
         cname_of(&self.ask(proto, msg).await)
     }
+}
+
+fn load_fixture(policy: &str, zones: &str, geo: &str) -> app::Loaded {
+    let inputs = Inputs {
+        config: repo(policy),
+        zones: repo(zones),
+        geo: repo(geo),
+        probes: repo("tests/fixtures/no-probes"),
+    };
+    app::load(&inputs).unwrap_or_else(|e| panic!("fixture does not load: {e}"))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

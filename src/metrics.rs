@@ -1,0 +1,621 @@
+//! Both planes: the Prometheus metric families, in their own registry (prefix
+//! `steerdns_`), and the typed methods that update them. The data plane counts answers
+//! and times them; the control plane reports probe results, health, failover steps,
+//! fail-open, drains and reloads. `/metrics` on `--api` serves [`Metrics::encode`].
+//!
+//! | family | labels | what |
+//! |---|---|---|
+//! | `queries_total` | name, region, cdn, rcode | answers; name/region/cdn are empty unless steered (¹) |
+//! | `query_duration_seconds` | | handler time, 1 µs .. 8 ms buckets |
+//! | `probe_results_total` | cdn, vantage, result | `ok` or the reason class (`timeout`, `status`, ...) |
+//! | `cdn_up` | cdn | 1 up, 0 down (quorum + hysteresis) |
+//! | `health_transitions_total` | cdn, to | `to="down"`: quorum reached, CDN demoted |
+//! | `failover_removed_percent` | name, cdn | share removed by failover steps |
+//! | `effective_weight` | name, region, cdn | percent of the region's answers, 0..100 |
+//! | `fail_open` | name, region | 1 while the region fails open |
+//! | `fail_open_events_total` | name, region | times the region started failing open |
+//! | `vantage_unhappy` | vantage | 1 while a vantage point is unhappy (not a demotion) |
+//! | `config_reloads_total` | result | `applied` or `refused` |
+//! | `config_info` | version | 1 for the configuration being served |
+//! | `drains_active` | name, cdn | 1 while a drain applies |
+//!
+//! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
+//! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
+//! runs, and is neither counted nor timed.
+//!
+//! Every label set is bounded by the configuration (names × regions × CDNs, vantage
+//! points, a fixed set of rcodes and reason classes); a client address is never a label.
+
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{
+    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// The content type of [`Metrics::encode`]'s output (`text/plain; version=0.0.4`).
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+/// The rcodes counted through a pre-resolved counter (no label lookup).
+const COMMON_RCODES: [u16; 7] = [0, 1, 2, 3, 4, 5, 16];
+
+/// The reason classes `probe_results_total{result}` may carry besides `ok`; anything
+/// else is `other`, so that a new reason text can never grow the label set.
+const REASON_CLASSES: [&str; 8] = [
+    "timeout", "connect", "tls", "status", "body", "slow", "http", "client",
+];
+
+/// The metrics of one process. Cheap to clone: every clone updates the same registry.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Our own registry (not the global default), so tests and several servers in one
+    /// process each have theirs.
+    registry: Registry,
+    queries: IntCounterVec,
+    /// `queries_total{name="",region="",cdn="",rcode=R}` for each of `COMMON_RCODES`.
+    unsteered: [IntCounter; COMMON_RCODES.len()],
+    duration: Histogram,
+    probes: IntCounterVec,
+    cdn_up: IntGaugeVec,
+    transitions: IntCounterVec,
+    removed: IntGaugeVec,
+    effective_weight: GaugeVec,
+    fail_open: IntGaugeVec,
+    fail_open_events: IntCounterVec,
+    vantage_unhappy: IntGaugeVec,
+    reloads_applied: IntCounter,
+    reloads_refused: IntCounter,
+    config_info: IntGaugeVec,
+    drains: IntGaugeVec,
+}
+
+// === impl Metrics ===
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every family registered.
+    pub fn new() -> Metrics {
+        let registry = Registry::new_custom(Some("steerdns".into()), None)
+            .expect("static registry prefix is valid");
+        let reg = Reg(&registry);
+
+        let queries = reg.counters(
+            "queries_total",
+            "DNS answers; name, region and cdn are set for steered answers only.",
+            &["name", "region", "cdn", "rcode"],
+        );
+        let unsteered =
+            COMMON_RCODES.map(|rc| queries.with_label_values(&["", "", "", rcode_name(rc)]));
+        let duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "query_duration_seconds",
+                "Time to answer a DNS query, from handler entry to the response sent.",
+            )
+            // 1 µs, 2 µs, ... 8.192 ms.
+            .buckets(exponential_buckets(1e-6, 2.0, 14).expect("static buckets")),
+        )
+        .expect("static histogram definition");
+        registry
+            .register(Box::new(duration.clone()))
+            .expect("registered once");
+        let reloads = reg.counters(
+            "config_reloads_total",
+            "Configuration reloads by result (applied, or refused: the last good one keeps serving).",
+            &["result"],
+        );
+
+        Metrics {
+            inner: Arc::new(Inner {
+                queries,
+                unsteered,
+                duration,
+                probes: reg.counters(
+                    "probe_results_total",
+                    "Probe rounds of this vantage point by CDN and result (ok, or the reason class).",
+                    &["cdn", "vantage", "result"],
+                ),
+                cdn_up: reg.gauges(
+                    "cdn_up",
+                    "1 while the CDN is up, 0 while it is marked down (quorum and hysteresis).",
+                    &["cdn"],
+                ),
+                transitions: reg.counters(
+                    "health_transitions_total",
+                    "Health changes of a CDN; to=\"down\" is a demotion (quorum reached).",
+                    &["cdn", "to"],
+                ),
+                removed: reg.gauges(
+                    "failover_removed_percent",
+                    "Percent of the CDN's configured weight removed by failover steps.",
+                    &["name", "cdn"],
+                ),
+                effective_weight: reg.float_gauges(
+                    "effective_weight",
+                    "Share of the region's answers going to the CDN now, in percent (0..100).",
+                    &["name", "region", "cdn"],
+                ),
+                fail_open: reg.gauges(
+                    "fail_open",
+                    "1 while the region answers with configured weights because every CDN is out.",
+                    &["name", "region"],
+                ),
+                fail_open_events: reg.counters(
+                    "fail_open_events_total",
+                    "Times the region started failing open.",
+                    &["name", "region"],
+                ),
+                vantage_unhappy: reg.gauges(
+                    "vantage_unhappy",
+                    "1 while the vantage point is unhappy (stale, warming up, everything failing): \
+                     its failures do not count; this is not a demotion.",
+                    &["vantage"],
+                ),
+                reloads_applied: reloads.with_label_values(&["applied"]),
+                reloads_refused: reloads.with_label_values(&["refused"]),
+                config_info: reg.gauges(
+                    "config_info",
+                    "1 for the version (hash of the input files) of the configuration being served.",
+                    &["version"],
+                ),
+                drains: reg.gauges(
+                    "drains_active",
+                    "1 while an operator drain of the CDN applies to the name.",
+                    &["name", "cdn"],
+                ),
+                registry,
+            }),
+        }
+    }
+
+    // --- data plane ---
+
+    /// Counts a steered answer (rcode NOERROR). `name` is formatted on the stack.
+    ///
+    /// # Hot path
+    /// No allocation (for names up to 320 bytes of text); one hash lookup under a read
+    /// lock, then one atomic add.
+    pub fn steered<N: fmt::Display + ?Sized>(&self, name: &N, region: &str, cdn: &str) {
+        // TODO(perf, issue 5): the planner should pre-resolve this counter per
+        // (name, region, target) and store it in the Plan's `Target`, so that a steered
+        // answer is one atomic add with no formatting or label hashing.
+        let mut buf = [0u8; 320];
+        let count = |name: &str| {
+            self.inner
+                .queries
+                .with_label_values(&[name, region, cdn, "NOERROR"])
+                .inc()
+        };
+        match on_stack(name, &mut buf) {
+            Some(name) => count(name),
+            None => count(&name.to_string()),
+        }
+    }
+
+    /// Counts an answer that was not steered (zone data, or an error) by its rcode.
+    ///
+    /// # Hot path
+    /// The common rcodes are one atomic add; others take a label lookup.
+    pub fn answered(&self, rcode: u16) {
+        match COMMON_RCODES.iter().position(|&rc| rc == rcode) {
+            Some(i) => self.inner.unsteered[i].inc(),
+            None => self
+                .inner
+                .queries
+                .with_label_values(&["", "", "", rcode_name(rcode)])
+                .inc(),
+        }
+    }
+
+    /// Records how long a query took.
+    ///
+    /// # Hot path
+    /// One bucket search and atomic adds.
+    pub fn observe(&self, elapsed: Duration) {
+        self.inner.duration.observe(elapsed.as_secs_f64());
+    }
+
+    // --- control plane ---
+
+    /// Counts one probe round of this vantage point: `reason` is `None` when it passed,
+    /// else the prober's reason (counted by its class, see [`reason_class`]).
+    pub fn probe(&self, cdn: &str, vantage: &str, reason: Option<&str>) {
+        let result = reason.map_or("ok", reason_class);
+        self.inner
+            .probes
+            .with_label_values(&[cdn, vantage, result])
+            .inc();
+    }
+
+    /// Creates the per-CDN counters at zero, so that `increase()` sees their first
+    /// event. Call for every probed CDN at start and after a reload.
+    pub fn cdn_probed(&self, cdn: &str) {
+        for to in ["down", "up"] {
+            self.inner.transitions.with_label_values(&[cdn, to]);
+        }
+    }
+
+    /// The CDN's current health (at start, after a restore, after a transition).
+    pub fn health(&self, cdn: &str, up: bool) {
+        self.inner
+            .cdn_up
+            .with_label_values(&[cdn])
+            .set(i64::from(up));
+    }
+
+    /// A health change: counts it (`to_down`: quorum reached, CDN demoted) and sets
+    /// `cdn_up` to match.
+    pub fn transition(&self, cdn: &str, to_down: bool) {
+        let to = if to_down { "down" } else { "up" };
+        self.inner.transitions.with_label_values(&[cdn, to]).inc();
+        self.health(cdn, !to_down);
+    }
+
+    /// The percent of `cdn`'s weight that failover steps have removed for `name`.
+    pub fn removed(&self, name: &str, cdn: &str, percent: u8) {
+        self.inner
+            .removed
+            .with_label_values(&[name, cdn])
+            .set(i64::from(percent));
+    }
+
+    /// The share of the region's answers that `cdn` gets in the published plan.
+    pub fn effective_weight(&self, name: &str, region: &str, cdn: &str, percent: f64) {
+        self.inner
+            .effective_weight
+            .with_label_values(&[name, region, cdn])
+            .set(percent);
+    }
+
+    /// Forgets every effective weight (before publishing those of a new plan, so that
+    /// names, regions and CDNs removed by a reload do not linger).
+    pub fn clear_effective_weights(&self) {
+        self.inner.effective_weight.reset();
+    }
+
+    /// Whether the region fails open. Idempotent: a change from off (or never set) to
+    /// on counts one event, however often the same state is reported.
+    pub fn fail_open(&self, name: &str, region: &str, on: bool) {
+        let gauge = self.inner.fail_open.with_label_values(&[name, region]);
+        if on && gauge.get() == 0 {
+            self.inner
+                .fail_open_events
+                .with_label_values(&[name, region])
+                .inc();
+        }
+        gauge.set(i64::from(on));
+    }
+
+    /// Whether a vantage point (this one or a peer) is unhappy: its failures do not
+    /// count towards a demotion. Not a CDN problem.
+    pub fn vantage_unhappy(&self, vantage: &str, unhappy: bool) {
+        self.inner
+            .vantage_unhappy
+            .with_label_values(&[vantage])
+            .set(i64::from(unhappy));
+    }
+
+    /// Counts a reload: applied, or refused (the last good configuration keeps serving).
+    pub fn reload(&self, applied: bool) {
+        match applied {
+            true => self.inner.reloads_applied.inc(),
+            false => self.inner.reloads_refused.inc(),
+        }
+    }
+
+    /// The version of the configuration being served; the only `config_info` series.
+    pub fn config_version(&self, version: &str) {
+        self.inner.config_info.reset();
+        self.inner.config_info.with_label_values(&[version]).set(1);
+    }
+
+    /// Whether an operator drain of `cdn` applies to `name`.
+    pub fn drain_active(&self, name: &str, cdn: &str, on: bool) {
+        self.inner
+            .drains
+            .with_label_values(&[name, cdn])
+            .set(i64::from(on));
+    }
+
+    /// Every family in the Prometheus text format.
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let mut buf = Vec::with_capacity(8 * 1024);
+        TextEncoder::new()
+            .encode(&self.inner.registry.gather(), &mut buf)
+            .map_err(|e| format!("cannot encode metrics: {e}"))?;
+        Ok(buf)
+    }
+}
+
+/// The class of a prober reason: the part before the first `:` or space (`timeout`,
+/// `connect`, `tls`, `status`, `body`, `slow`, `http`, `client`), or `other`.
+pub fn reason_class(reason: &str) -> &'static str {
+    let head = reason.split([':', ' ']).next().unwrap_or_default().trim();
+    REASON_CLASSES
+        .iter()
+        .find(|&&c| c == head)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// The mnemonic of an rcode (IANA's DNS RCODEs registry); 16 is `BADVERS` (this server
+/// does no TSIG, so never `BADSIG`). Unassigned codes are `UNKNOWN`, keeping the label
+/// set bounded.
+pub fn rcode_name(rcode: u16) -> &'static str {
+    match rcode {
+        0 => "NOERROR",
+        1 => "FORMERR",
+        2 => "SERVFAIL",
+        3 => "NXDOMAIN",
+        4 => "NOTIMP",
+        5 => "REFUSED",
+        6 => "YXDOMAIN",
+        7 => "YXRRSET",
+        8 => "NXRRSET",
+        9 => "NOTAUTH",
+        10 => "NOTZONE",
+        16 => "BADVERS",
+        17 => "BADKEY",
+        18 => "BADTIME",
+        19 => "BADMODE",
+        20 => "BADNAME",
+        21 => "BADALG",
+        22 => "BADTRUNC",
+        23 => "BADCOOKIE",
+        _ => "UNKNOWN",
+    }
+}
+
+/// Formats `value` into `buf`; `None` if it does not fit.
+fn on_stack<'b, D: fmt::Display + ?Sized>(value: &D, buf: &'b mut [u8]) -> Option<&'b str> {
+    struct Cursor<'a> {
+        buf: &'a mut [u8],
+        len: usize,
+    }
+    impl fmt::Write for Cursor<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let end = self.len + s.len();
+            let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+            dst.copy_from_slice(s.as_bytes());
+            self.len = end;
+            Ok(())
+        }
+    }
+    let mut cursor = Cursor { buf, len: 0 };
+    write!(cursor, "{value}").ok()?;
+    let Cursor { buf, len } = cursor;
+    let buf: &'b [u8] = buf;
+    // Whole `str`s were copied, so this is valid UTF-8.
+    std::str::from_utf8(&buf[..len]).ok()
+}
+
+/// Registers families in one registry; every definition is static, so a failure is a
+/// programming error caught by the unit tests.
+struct Reg<'r>(&'r Registry);
+
+impl Reg<'_> {
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        let v = IntCounterVec::new(Opts::new(name, help), labels).expect("static counter");
+        self.0
+            .register(Box::new(v.clone()))
+            .expect("registered once");
+        v
+    }
+
+    fn gauges(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        let v = IntGaugeVec::new(Opts::new(name, help), labels).expect("static gauge");
+        self.0
+            .register(Box::new(v.clone()))
+            .expect("registered once");
+        v
+    }
+
+    fn float_gauges(&self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        let v = GaugeVec::new(Opts::new(name, help), labels).expect("static gauge");
+        self.0
+            .register(Box::new(v.clone()))
+            .expect("registered once");
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(m: &Metrics) -> String {
+        String::from_utf8(m.encode().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn reason_classes_are_the_text_before_the_first_colon_or_space() {
+        for (reason, class) in [
+            ("timeout: no response in 3000 ms", "timeout"),
+            ("timeout: body not complete in 500 ms", "timeout"),
+            ("connect: cannot resolve a.example: failed", "connect"),
+            ("tls: invalid peer certificate: UnknownIssuer", "tls"),
+            ("status 503 (expected 200)", "status"),
+            ("body mismatch: `healthy-v3` not found", "body"),
+            ("slow: first byte after 900 ms (limit 800 ms)", "slow"),
+            ("http: connection closed before message completed", "http"),
+            ("client: builder error", "client"),
+            ("status", "status"),
+        ] {
+            assert_eq!(reason_class(reason), class, "{reason}");
+        }
+    }
+
+    #[test]
+    fn unknown_reasons_are_other_so_the_label_set_stays_bounded() {
+        for reason in ["", "weird", "https://x.example/ failed", "Timeout: x", ":"] {
+            assert_eq!(reason_class(reason), "other", "{reason:?}");
+        }
+    }
+
+    #[test]
+    fn rcode_names_are_the_iana_mnemonics() {
+        assert_eq!(rcode_name(0), "NOERROR");
+        assert_eq!(rcode_name(3), "NXDOMAIN");
+        assert_eq!(rcode_name(5), "REFUSED");
+        assert_eq!(rcode_name(16), "BADVERS");
+        assert_eq!(rcode_name(15), "UNKNOWN");
+        assert_eq!(rcode_name(4095), "UNKNOWN");
+    }
+
+    #[test]
+    fn encode_contains_every_family() {
+        let m = Metrics::new();
+        m.steered("www.example.com.", "eu", "fastly");
+        m.answered(3);
+        m.observe(Duration::from_micros(30));
+        m.probe("fastly", "ns1", Some("status 503 (expected 200)"));
+        m.cdn_probed("fastly");
+        m.transition("fastly", true);
+        m.removed("www.example.com.", "fastly", 50);
+        m.effective_weight("www.example.com.", "eu", "cloudflare", 100.0);
+        m.fail_open("www.example.com.", "eu", true);
+        m.vantage_unhappy("ns2", true);
+        m.reload(false);
+        m.config_version("abc123");
+        m.drain_active("www.example.com.", "fastly", true);
+        let t = text(&m);
+        for family in [
+            "steerdns_queries_total",
+            "steerdns_query_duration_seconds",
+            "steerdns_probe_results_total",
+            "steerdns_cdn_up",
+            "steerdns_health_transitions_total",
+            "steerdns_failover_removed_percent",
+            "steerdns_effective_weight",
+            "steerdns_fail_open",
+            "steerdns_fail_open_events_total",
+            "steerdns_vantage_unhappy",
+            "steerdns_config_reloads_total",
+            "steerdns_config_info",
+            "steerdns_drains_active",
+        ] {
+            assert!(
+                t.contains(&format!("# TYPE {family} ")),
+                "{family} missing from:\n{t}"
+            );
+        }
+        for line in [
+            r#"steerdns_queries_total{cdn="fastly",name="www.example.com.",rcode="NOERROR",region="eu"} 1"#,
+            r#"steerdns_queries_total{cdn="",name="",rcode="NXDOMAIN",region=""} 1"#,
+            r#"steerdns_queries_total{cdn="",name="",rcode="REFUSED",region=""} 0"#,
+            r#"steerdns_query_duration_seconds_count 1"#,
+            r#"steerdns_query_duration_seconds_bucket{le="0.000032"} 1"#,
+            r#"steerdns_query_duration_seconds_bucket{le="0.000016"} 0"#,
+            r#"steerdns_probe_results_total{cdn="fastly",result="status",vantage="ns1"} 1"#,
+            r#"steerdns_cdn_up{cdn="fastly"} 0"#,
+            r#"steerdns_health_transitions_total{cdn="fastly",to="down"} 1"#,
+            r#"steerdns_health_transitions_total{cdn="fastly",to="up"} 0"#,
+            r#"steerdns_failover_removed_percent{cdn="fastly",name="www.example.com."} 50"#,
+            r#"steerdns_effective_weight{cdn="cloudflare",name="www.example.com.",region="eu"} 100"#,
+            r#"steerdns_fail_open{name="www.example.com.",region="eu"} 1"#,
+            r#"steerdns_fail_open_events_total{name="www.example.com.",region="eu"} 1"#,
+            r#"steerdns_vantage_unhappy{vantage="ns2"} 1"#,
+            r#"steerdns_config_reloads_total{result="applied"} 0"#,
+            r#"steerdns_config_reloads_total{result="refused"} 1"#,
+            r#"steerdns_config_info{version="abc123"} 1"#,
+            r#"steerdns_drains_active{cdn="fastly",name="www.example.com."} 1"#,
+        ] {
+            assert!(
+                t.lines().any(|l| l == line),
+                "line `{line}` missing from:\n{t}"
+            );
+        }
+    }
+
+    #[test]
+    fn uncommon_rcodes_fall_back_to_a_labelled_counter() {
+        let m = Metrics::new();
+        m.answered(9);
+        m.answered(9);
+        m.answered(300);
+        let t = text(&m);
+        assert!(t.contains(r#"steerdns_queries_total{cdn="",name="",rcode="NOTAUTH",region=""} 2"#));
+        assert!(t.contains(r#"steerdns_queries_total{cdn="",name="",rcode="UNKNOWN",region=""} 1"#));
+    }
+
+    #[test]
+    fn steered_names_format_on_the_stack_and_long_ones_still_count() {
+        let mut buf = [0u8; 8];
+        assert_eq!(on_stack("www.a.", &mut buf), Some("www.a."));
+        assert_eq!(on_stack("www.abc.", &mut buf), Some("www.abc."));
+        assert_eq!(on_stack("www.abcd.", &mut buf), None);
+
+        let m = Metrics::new();
+        let long = format!("{}.example.", "a".repeat(400));
+        m.steered(&long, "r", "c");
+        m.steered(&long, "r", "c");
+        assert!(text(&m).contains(&format!(
+            r#"steerdns_queries_total{{cdn="c",name="{long}",rcode="NOERROR",region="r"}} 2"#
+        )));
+    }
+
+    #[test]
+    fn config_info_shows_only_the_current_version() {
+        let m = Metrics::new();
+        m.config_version("old");
+        m.config_version("new");
+        let t = text(&m);
+        assert!(t.contains(r#"steerdns_config_info{version="new"} 1"#));
+        assert!(!t.contains(r#"version="old""#), "{t}");
+    }
+
+    #[test]
+    fn fail_open_counts_each_start_once() {
+        let m = Metrics::new();
+        let events = |m: &Metrics| {
+            m.inner
+                .fail_open_events
+                .with_label_values(&["n.", "eu"])
+                .get()
+        };
+        m.fail_open("n.", "eu", false);
+        assert_eq!(events(&m), 0);
+        m.fail_open("n.", "eu", true);
+        m.fail_open("n.", "eu", true);
+        assert_eq!(events(&m), 1);
+        m.fail_open("n.", "eu", false);
+        m.fail_open("n.", "eu", true);
+        assert_eq!(events(&m), 2);
+        assert_eq!(m.inner.fail_open.with_label_values(&["n.", "eu"]).get(), 1);
+    }
+
+    #[test]
+    fn clear_effective_weights_forgets_old_series() {
+        let m = Metrics::new();
+        m.effective_weight("n.", "gone", "a", 40.0);
+        m.clear_effective_weights();
+        m.effective_weight("n.", "eu", "a", 60.0);
+        let t = text(&m);
+        assert!(!t.contains(r#"region="gone""#), "{t}");
+        assert!(t.contains(r#"steerdns_effective_weight{cdn="a",name="n.",region="eu"} 60"#));
+    }
+
+    #[test]
+    fn clones_share_one_registry_and_instances_do_not() {
+        let (a, b) = (Metrics::new(), Metrics::new());
+        a.clone().reload(true);
+        assert!(text(&a).contains(r#"steerdns_config_reloads_total{result="applied"} 1"#));
+        assert!(text(&b).contains(r#"steerdns_config_reloads_total{result="applied"} 0"#));
+    }
+}

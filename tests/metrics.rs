@@ -1,0 +1,401 @@
+//! Metrics end to end: queries over UDP are counted by name, region, CDN and rcode
+//! exactly as they were answered, and timed; `/metrics` on the API serves the text
+//! format with the answers and every probe round.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use common::mock_cdn::{MockCdn, Mode};
+use common::stack::*;
+use common::*;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use steerdns::metrics::Metrics;
+use tokio::time::Instant;
+
+/// One sample of the text format.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses the Prometheus text format (the subset `TextEncoder` writes).
+fn parse(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (series, value) = line.rsplit_once(' ').expect("sample line has a value");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value: {line}"));
+        let (name, mut rest) = match series.split_once('{') {
+            Some((name, rest)) => (name, rest.strip_suffix('}').expect("labels end")),
+            None => (series, ""),
+        };
+        let mut labels = BTreeMap::new();
+        while !rest.is_empty() {
+            let (key, after) = rest.split_once("=\"").expect("label key");
+            let mut val = String::new();
+            let mut chars = after.char_indices();
+            let end = loop {
+                match chars.next().expect("closing quote") {
+                    (_, '\\') => val.push(chars.next().expect("escaped char").1),
+                    (i, '"') => break i,
+                    (_, c) => val.push(c),
+                }
+            };
+            labels.insert(key.to_string(), val);
+            rest = after[end + 1..].trim_start_matches(',');
+        }
+        out.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+/// The value of the series with exactly these labels.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|s| {
+            s.name == name
+                && s.labels.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+}
+
+/// The sum of the series whose labels include these.
+fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+fn text_of(m: &Metrics) -> String {
+    String::from_utf8(m.encode().expect("encode")).expect("utf-8")
+}
+
+/// The handler counts after it has sent, so the last answer can arrive a moment before
+/// its count: waits until `n` queries have been timed (2 s at most).
+async fn settled(m: &Metrics, n: f64) -> Vec<Sample> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let samples = parse(&text_of(m));
+        let timed = value(&samples, "steerdns_query_duration_seconds_count", &[]).unwrap_or(0.0);
+        if timed >= n || Instant::now() > deadline {
+            return samples;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+const GB_REGION: &str = "GB,IE,DE,FR,NL,ES,IT";
+const JP_REGION: &str = "AU,NZ,SG,JP";
+const WWW: &str = "www.example.com.";
+
+fn cdn_of(target: &str) -> &'static str {
+    match target {
+        FASTLY => "fastly",
+        CLOUDFLARE => "cloudflare",
+        other => panic!("unexpected CNAME target {other}"),
+    }
+}
+
+#[tokio::test]
+async fn answers_are_counted_by_name_region_cdn_and_rcode() {
+    let metrics = Metrics::new();
+    let srv = TestServer::start_with_metrics(
+        DEMO_POLICY,
+        TEST_ZONES,
+        TEST_GEO,
+        "127.0.0.1:0",
+        metrics.clone(),
+    )
+    .await;
+
+    // Steered: 40 clients in GB, 30 in JP; what each answer was, by (region, cdn).
+    let mut steered: HashMap<(&str, &str), u64> = HashMap::new();
+    for (addr, source, region, n) in [
+        ("81.2.69.160", 27, GB_REGION, 40),
+        ("2001:218::", 32, JP_REGION, 30),
+    ] {
+        let q = query_edns(WWW, RecordType::A, Some((addr, source)));
+        for _ in 0..n {
+            let cdn = cdn_of(&srv.cname(Proto::Udp, &q).await);
+            *steered.entry((region, cdn)).or_default() += 1;
+        }
+    }
+
+    // Not steered: zone data, NXDOMAIN, REFUSED, BADVERS (also for the steered name:
+    // it is refused before steering), FORMERR.
+    let others = [
+        ("mail.example.com.", ResponseCode::NoError, 2, 0u8),
+        ("nope.example.com.", ResponseCode::NXDomain, 3, 0),
+        ("www.example.org.", ResponseCode::Refused, 2, 0),
+        ("example.com.", ResponseCode::BADVERS, 1, 1),
+        (WWW, ResponseCode::BADVERS, 1, 1),
+    ];
+    for (name, rcode, n, edns_version) in others {
+        let mut q = query_edns(name, RecordType::A, None);
+        q.edns.as_mut().unwrap().set_version(edns_version);
+        for _ in 0..n {
+            let m = srv.ask(Proto::Udp, &q).await;
+            assert_eq!(
+                u16::from(m.metadata.response_code),
+                u16::from(rcode),
+                "{name}"
+            );
+        }
+    }
+    // An ECS option with address bits set past its prefix (81.2.77.0/22): FORMERR from
+    // our handler. (A packet hickory cannot decode at all is answered FORMERR by hickory
+    // itself, before any handler, and is not counted.)
+    let formerr = raw(
+        srv.addr,
+        Proto::Udp,
+        &raw_query_with_option(77, 8, &[0, 1, 22, 0, 81, 2, 77]),
+    )
+    .await
+    .expect("an answer to a bad ECS option");
+    assert_eq!(raw_rcode(&formerr), 1);
+
+    let total = 70 + 2 + 3 + 2 + 2 + 1;
+    let s = settled(&metrics, total as f64).await;
+    let q = "steerdns_queries_total";
+
+    // Each steered series holds exactly the answers given with that CDN in that region.
+    for region in [GB_REGION, JP_REGION] {
+        for cdn in ["fastly", "cloudflare"] {
+            let answered = steered.get(&(region, cdn)).copied().unwrap_or(0) as f64;
+            let counted = value(
+                &s,
+                q,
+                &[
+                    ("name", WWW),
+                    ("region", region),
+                    ("cdn", cdn),
+                    ("rcode", "NOERROR"),
+                ],
+            )
+            .unwrap_or(0.0);
+            assert_eq!(counted, answered, "{region} / {cdn}");
+        }
+    }
+    // Per CDN, the series add up to the CDN's answers, and all of them to 70.
+    for cdn in ["fastly", "cloudflare"] {
+        let answered: u64 = steered
+            .iter()
+            .filter(|((_, c), _)| *c == cdn)
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(sum(&s, q, &[("name", WWW), ("cdn", cdn)]), answered as f64);
+    }
+    assert_eq!(sum(&s, q, &[("name", WWW)]), 70.0);
+    assert!(
+        steered.get(&(GB_REGION, "fastly")).copied().unwrap_or(0) > 20,
+        "GB is 90 % fastly: {steered:?}"
+    );
+
+    // Everything else by rcode, with empty name, region and CDN.
+    for (rcode, n) in [
+        ("NOERROR", 2.0),
+        ("NXDOMAIN", 3.0),
+        ("REFUSED", 2.0),
+        ("BADVERS", 2.0),
+        ("FORMERR", 1.0),
+        ("SERVFAIL", 0.0),
+        ("NOTIMP", 0.0),
+    ] {
+        let labels = [("name", ""), ("region", ""), ("cdn", ""), ("rcode", rcode)];
+        assert_eq!(value(&s, q, &labels), Some(n), "rcode {rcode}");
+    }
+    assert_eq!(sum(&s, q, &[]), total as f64, "every answer once");
+
+    // Every query was timed, and each took less than a second.
+    let h = "steerdns_query_duration_seconds";
+    assert_eq!(value(&s, &format!("{h}_count"), &[]), Some(total as f64));
+    assert_eq!(
+        value(&s, &format!("{h}_bucket"), &[("le", "+Inf")]),
+        Some(total as f64)
+    );
+    let sum_seconds = value(&s, &format!("{h}_sum"), &[]).unwrap();
+    assert!(
+        sum_seconds > 0.0 && sum_seconds < total as f64,
+        "{sum_seconds}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_serves_metrics_with_answers_and_every_probe_round() {
+    let dir = scratch("metrics");
+    let (a, b, c) = (
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Status(503)).await,
+        MockCdn::start(Mode::Healthy).await,
+    );
+    policy(&dir, "[50, 100]", 0.5);
+    probe(&dir, "a", &a.url("/_health/v1.txt"), 1);
+    probe(&dir, "b", &b.url("/_health/v1.txt"), 1);
+    probe(&dir, "c", &c.url("/_health/v1.txt"), 1);
+    let stack = Stack::start(&dir).await;
+    stack.rounds("a", 2).await;
+    stack.rounds("b", 2).await;
+
+    let (answers, _) = stack.answers(20).await;
+
+    let url = format!("http://{}/metrics", stack.api);
+    let get = || async {
+        let r = stack.http.get(&url).send().await.expect("GET /metrics");
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["content-type"].to_str().unwrap(),
+            "text/plain; version=0.0.4"
+        );
+        parse(&r.text().await.unwrap())
+    };
+    // Wait for the last answer's count (the handler counts after sending).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut s = get().await;
+    while value(&s, "steerdns_query_duration_seconds_count", &[]) != Some(20.0) {
+        assert!(Instant::now() < deadline, "20 queries never all timed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        s = get().await;
+    }
+
+    // The answers, by CDN, as the resolver saw them.
+    let q = "steerdns_queries_total";
+    for cdn in ["a", "b"] {
+        let answered = answers.get(cdn).copied().unwrap_or(0) as f64;
+        let labels = [
+            ("name", WWW),
+            ("region", "default"),
+            ("cdn", cdn),
+            ("rcode", "NOERROR"),
+        ];
+        assert_eq!(value(&s, q, &labels).unwrap_or(0.0), answered, "cdn {cdn}");
+    }
+    assert_eq!(sum(&s, q, &[]), 20.0);
+
+    // Every probe round counted once: between the round counters read before and after.
+    let p = "steerdns_probe_results_total";
+    let before = (stack.round("a").await, stack.round("b").await);
+    let s = get().await;
+    let after = (stack.round("a").await, stack.round("b").await);
+    let rounds_a = sum(&s, p, &[("cdn", "a"), ("vantage", "test")]);
+    let rounds_b = sum(&s, p, &[("cdn", "b"), ("vantage", "test")]);
+    assert!(
+        (before.0 as f64..=after.0 as f64).contains(&rounds_a),
+        "a: {rounds_a} counted, rounds {before:?}..{after:?}"
+    );
+    assert!(
+        (before.1 as f64..=after.1 as f64).contains(&rounds_b),
+        "b: {rounds_b} counted, rounds {before:?}..{after:?}"
+    );
+    // b answers 503 every time: every round is a `status` failure.
+    let status_b = value(
+        &s,
+        p,
+        &[("cdn", "b"), ("vantage", "test"), ("result", "status")],
+    );
+    assert_eq!(status_b, Some(rounds_b));
+    assert!(rounds_b >= 2.0);
+    let ok_a = value(
+        &s,
+        p,
+        &[("cdn", "a"), ("vantage", "test"), ("result", "ok")],
+    );
+    assert!(ok_a.is_some_and(|n| n >= 1.0), "{ok_a:?}");
+
+    // The configuration served, and the per-CDN counters created at start.
+    let version = stack.state().await["config_version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        value(&s, "steerdns_config_info", &[("version", &version)]),
+        Some(1.0)
+    );
+    assert_eq!(sum(&s, "steerdns_config_info", &[]), 1.0);
+    assert_eq!(
+        value(
+            &s,
+            "steerdns_health_transitions_total",
+            &[("cdn", "a"), ("to", "down")]
+        ),
+        Some(0.0)
+    );
+
+    // The same registry is reachable from the Service, for the controller wiring.
+    let direct = parse(&text_of(&stack.svc.metrics));
+    assert_eq!(sum(&direct, q, &[]), 20.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_counts_its_probe_rounds_by_reason_class() {
+    let dir = scratch("metrics-agent");
+    let cdns = [
+        ("a", MockCdn::start(Mode::Healthy).await, "http", "ok"),
+        ("b", MockCdn::start(Mode::Refused).await, "http", "connect"),
+        ("c", MockCdn::start(Mode::ErrorPage).await, "http", "body"),
+        (
+            "d",
+            MockCdn::start(Mode::Status(503)).await,
+            "http",
+            "status",
+        ),
+        ("e", MockCdn::start(Mode::BadTls).await, "https", "tls"),
+    ];
+    for (cdn, mock, scheme, _) in &cdns {
+        let url = format!("{scheme}://{}/_health/v1.txt", mock.addr());
+        probe(&dir, cdn, &url, 1);
+    }
+    let (probes, _) = steerdns::config::probes::load_dir(&dir.join("probes"), None).unwrap();
+    let agent = steerdns::app::agent(probes, "127.0.0.1:0".parse().unwrap(), "agent1".into())
+        .await
+        .unwrap();
+
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{}/metrics", agent.api);
+    let p = "steerdns_probe_results_total";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let text = http.get(&url).send().await.unwrap().text().await.unwrap();
+        let s = parse(&text);
+        if cdns
+            .iter()
+            .all(|(cdn, ..)| sum(&s, p, &[("cdn", cdn)]) >= 2.0)
+        {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "rounds missing:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Each CDN fails (or passes) the same way every round: one result label each.
+    for (cdn, _, _, class) in &cdns {
+        let all = sum(&s, p, &[("cdn", cdn), ("vantage", "agent1")]);
+        let labels = [("cdn", *cdn), ("vantage", "agent1"), ("result", *class)];
+        assert_eq!(value(&s, p, &labels), Some(all), "{cdn}: expected {class}");
+    }
+    // An agent answers no DNS.
+    assert_eq!(sum(&s, "steerdns_queries_total", &[]), 0.0);
+    assert_eq!(parse(&text_of(&agent.metrics)).len(), s.len());
+}
