@@ -94,6 +94,12 @@ async fn drains_apply_to_exactly_their_scope() {
     for (scope, drained, untouched) in cases {
         let (status, rule) = stack.post("/v1/drains", drain(scope)).await;
         assert_eq!(status, 201, "{rule}");
+        assert_eq!(
+            stack
+                .metric(r#"steerdns_drains_active{cdn="a",name="www.example.com."}"#)
+                .await,
+            Some(1.0)
+        );
         for &c in drained {
             assert!(only_b(&stack, c).await, "{scope:?}: {c:?} must be drained");
         }

@@ -67,6 +67,28 @@ async fn a_failing_cdn_leaves_in_steps_and_comes_back_slowly() {
         Some(&100),
         "all traffic on the survivor: {counts:?}"
     );
+    // The same story in the metrics: demoted by quorum, its share gone.
+    assert_eq!(stack.metric(r#"steerdns_cdn_up{cdn="a"}"#).await, Some(0.0));
+    assert_eq!(
+        stack
+            .metric(r#"steerdns_health_transitions_total{cdn="a",to="down"}"#)
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        stack
+            .metric(r#"steerdns_failover_removed_percent{cdn="a",name="www.example.com."}"#)
+            .await,
+        Some(100.0)
+    );
+    assert_eq!(
+        stack
+            .metric(
+                r#"steerdns_effective_weight{cdn="b",name="www.example.com.",region="default"}"#
+            )
+            .await,
+        Some(100.0)
+    );
 
     // Recovery: nothing before up_after (3) good rounds...
     a.set(Mode::Healthy);
@@ -139,6 +161,12 @@ async fn every_cdn_of_a_region_down_fails_open() {
         s
     };
     assert_eq!(s["fail_open"][0]["name"], "www.example.com.", "{s:#}");
+    assert_eq!(
+        stack
+            .metric(r#"steerdns_fail_open{name="www.example.com.",region="default"}"#)
+            .await,
+        Some(1.0)
+    );
     let (counts, _) = stack.answers(100).await;
     assert!(
         counts["a"] > 20 && counts["b"] > 20,
@@ -157,6 +185,12 @@ async fn a_vantage_point_that_sees_everything_fail_demotes_nothing() {
             s["vantage_unhappy"] == "sees every CDN fail at once"
         })
         .await;
+    assert_eq!(
+        stack
+            .metric(r#"steerdns_vantage_unhappy{vantage="test"}"#)
+            .await,
+        Some(1.0)
+    );
     stack.rounds("a", 4).await;
     let s = stack.state().await;
     for cdn in ["a", "b", "c"] {

@@ -173,6 +173,12 @@ async fn broken_edits_change_nothing_and_say_why() {
             })
             .await;
         assert!(last_reload(&s).1.contains(expected), "{what}: {s:#}");
+        assert!(
+            stack
+                .metric(r#"steerdns_config_reloads_total{result="refused"}"#)
+                .await
+                >= Some(1.0)
+        );
         // Still serving the last good configuration.
         let (counts, _) = stack.answers(50).await;
         assert!(

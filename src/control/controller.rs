@@ -9,7 +9,7 @@
 //!  peers' views ──┴─▶ verdict (quorum) ─▶ Tracker (hysteresis) ─▶ Stepper ─▶ planner ─▶ Live
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,6 +62,8 @@ pub struct Controller {
     drains: Drains,
     /// Why automatic failover is frozen (health is still tracked, no step is taken).
     frozen: Option<String>,
+    /// (name, CDN) pairs whose `drains_active` gauge is set.
+    drain_gauges: BTreeSet<(String, String)>,
     state_file: Option<StateFile>,
     /// The document `/v1/state` serves.
     doc: Arc<Mutex<serde_json::Value>>,
@@ -93,6 +95,7 @@ impl Controller {
             last_reload: serde_json::Value::Null,
             drains: Drains::default(),
             frozen: None,
+            drain_gauges: BTreeSet::new(),
             state_file,
             doc: Arc::new(Mutex::new(serde_json::Value::Null)),
         };
@@ -165,6 +168,8 @@ impl Controller {
         mut commands: mpsc::Receiver<Command>,
         stop: CancellationToken,
     ) {
+        let first = live.load_full();
+        self.export(&first);
         self.live = Some(live);
         let (tx, mut rounds) = mpsc::channel(256);
         let mut probing = self.start_probing(&tx, &stop);
@@ -373,6 +378,9 @@ impl Controller {
         let trigger = reloaded.trigger;
         match reloaded.result {
             Err(issues) => {
+                if let Some(m) = self.local.metrics() {
+                    m.reload(false);
+                }
                 for issue in issues.errors() {
                     error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
                 }
@@ -390,6 +398,13 @@ impl Controller {
                     warn!(warning = %w, "configuration warning");
                 }
                 let probes_changed = loaded.probes != self.probes;
+                if let Some(m) = self.local.metrics() {
+                    m.reload(true);
+                    m.config_version(&loaded.version);
+                    for spec in &loaded.probes.specs {
+                        m.cdn_probed(&spec.cdn);
+                    }
+                }
                 let from = self.loaded.version.clone();
                 self.loaded = Arc::new(loaded);
                 self.probes = self.loaded.probes.clone();
@@ -433,6 +448,9 @@ impl Controller {
         };
         let unhappy = health::unhappy(&own).map(|u| u.to_string());
         if unhappy != self.own_unhappy {
+            if let Some(m) = self.local.metrics() {
+                m.vantage_unhappy(&self.vantage, unhappy.is_some());
+            }
             match &unhappy {
                 Some(why) => {
                     warn!(vantage = %self.vantage, reason = %why, "this vantage point is unhappy: its failures do not demote any CDN")
@@ -458,6 +476,9 @@ impl Controller {
             format!("{:?}: {}", verdict.kind, verdict.summary()),
         );
         if let Some(to) = changed {
+            if let Some(m) = self.local.metrics() {
+                m.transition(&round.cdn, to == State::Down);
+            }
             info!(cdn = %round.cdn, scope = "global", from = %from, to = %to, quorum, evidence = %verdict.summary(), "health changed");
             let now = Instant::now();
             if self.frozen.is_some() {
@@ -520,10 +541,78 @@ impl Controller {
 
     fn publish(&mut self) {
         let snapshot = self.snapshot();
+        self.export(&snapshot);
         if let Some(live) = &self.live {
             live.store(Arc::new(snapshot));
         }
         self.save();
+    }
+
+    /// Sets the gauges that describe the plan: health, removed percentages, effective
+    /// shares, drains.
+    fn export(&mut self, snapshot: &Snapshot) {
+        let Some(m) = self.local.metrics() else {
+            return;
+        };
+        let removed = self.removed();
+        for (cdn, t) in &self.health {
+            m.health(cdn, t.state == State::Up);
+        }
+        m.clear_effective_weights();
+        for host in &self.loaded.policy.hosts {
+            let name = host.name.to_string();
+            for cdn in &host.cdns {
+                m.removed(
+                    &name,
+                    &cdn.name,
+                    removed
+                        .get(&(name.clone(), cdn.name.clone()))
+                        .copied()
+                        .unwrap_or(0),
+                );
+            }
+            let Some(steered) = snapshot
+                .plan
+                .get(&hickory_proto::rr::LowerName::new(&host.name))
+            else {
+                continue;
+            };
+            for r in 0..host.regions.len() {
+                let choice = steered.choice(r);
+                let total: u64 = choice.weights().map(|(_, w)| w).sum();
+                for cdn in &host.cdns {
+                    let w = choice
+                        .weights()
+                        .find(|(t, _)| *t.cdn == cdn.name)
+                        .map_or(0, |(_, w)| w);
+                    m.effective_weight(
+                        &name,
+                        &host.regions[r].name,
+                        &cdn.name,
+                        w as f64 * 100.0 / total.max(1) as f64,
+                    );
+                }
+            }
+        }
+        let active: BTreeSet<(String, String)> = self
+            .drains
+            .report(&self.loaded.policy, now_ms())
+            .iter()
+            .filter(|d| d["status"] == "in force")
+            .filter_map(|d| {
+                Some((
+                    d["name"].as_str()?.to_string(),
+                    d["cdn"].as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        for (name, cdn) in self.drain_gauges.difference(&active) {
+            m.drain_active(name, cdn, false);
+        }
+        for (name, cdn) in &active {
+            m.drain_active(name, cdn, true);
+        }
+        self.drain_gauges = active;
     }
 
     fn note_unhappy_peers(&mut self, views: &[VantageView]) {
@@ -531,6 +620,14 @@ impl Controller {
             .iter()
             .filter_map(|v| health::unhappy(v).map(|u| (v.name.clone(), u.to_string())))
             .collect();
+        if let Some(m) = self.local.metrics() {
+            for peer in now.keys() {
+                m.vantage_unhappy(peer, true);
+            }
+            for peer in self.unhappy_peers.keys().filter(|p| !now.contains_key(*p)) {
+                m.vantage_unhappy(peer, false);
+            }
+        }
         for (peer, why) in &now {
             if self.unhappy_peers.get(peer) != Some(why) {
                 warn!(peer = %peer, reason = %why, "vantage point unhappy: its failures do not count");
@@ -545,9 +642,15 @@ impl Controller {
     fn note_fail_open(&mut self, now: Vec<(String, String)>) {
         for (name, region) in now.iter().filter(|r| !self.fail_open.contains(r)) {
             warn!(name = %name, region = %region, "fail-open: every CDN of the region is out, answering with the configured weights");
+            if let Some(m) = self.local.metrics() {
+                m.fail_open(name, region, true);
+            }
         }
         for (name, region) in self.fail_open.iter().filter(|r| !now.contains(r)) {
             info!(name = %name, region = %region, "fail-open over: a CDN of the region is back");
+            if let Some(m) = self.local.metrics() {
+                m.fail_open(name, region, false);
+            }
         }
         self.fail_open = now;
     }

@@ -233,6 +233,26 @@ impl Stack {
         )
     }
 
+    /// The value of the first `/metrics` sample whose line starts with `series`
+    /// (labels in the order prometheus prints them: sorted by name).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = self
+            .http
+            .get(format!("http://{}/metrics", self.api))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))?
+            .rsplit(' ')
+            .next()?
+            .parse()
+            .ok()
+    }
+
     /// POST with the stack's token.
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         self.call(reqwest::Method::POST, path, Some(body), Some(TOKEN))
