@@ -153,7 +153,7 @@ async fn drains_apply_to_exactly_their_scope() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_moves_in_steps_unless_immediate_and_expires_by_itself() {
     let (stack, _m) = regional_stack("drain-steps").await;
-    let until = humantime::format_rfc3339_millis(SystemTime::now() + Duration::from_millis(1500))
+    let until = humantime::format_rfc3339_millis(SystemTime::now() + Duration::from_millis(3000))
         .to_string();
     let body =
         json!({ "name": "www.example.com", "cdn": "a", "reason": "INC-2 steps", "until": until });

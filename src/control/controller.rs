@@ -111,24 +111,9 @@ impl Controller {
             Err(e) => warn!(error = %e, "saved state unreadable: starting from configured weights"),
             Ok(Some(saved)) => {
                 let now = Instant::now();
-                self.health = saved
-                    .health
-                    .clone()
-                    .into_iter()
-                    .filter(|(cdn, _)| self.probes.get(cdn).is_some())
-                    .collect();
-                let hosts: Vec<String> = self
-                    .loaded
-                    .policy
-                    .hosts
-                    .iter()
-                    .map(|h| h.name.to_string())
-                    .collect();
-                self.steps = saved
-                    .steppers(now)
-                    .into_iter()
-                    .filter(|((name, _), _)| hosts.contains(name))
-                    .collect();
+                self.health = saved.health.clone();
+                self.steps = saved.steppers(now);
+                self.retain_known();
                 self.drains
                     .restore(saved.overrides.clone(), &saved.drains, now, saved.age_ms());
                 self.frozen = saved.frozen.clone();
@@ -331,6 +316,20 @@ impl Controller {
         }))
     }
 
+    /// Forgets health of CDNs no longer probed and steps of names no longer steered.
+    fn retain_known(&mut self) {
+        let probes = &self.probes;
+        self.health.retain(|cdn, _| probes.get(cdn).is_some());
+        let names: Vec<String> = self
+            .loaded
+            .policy
+            .hosts
+            .iter()
+            .map(|h| h.name.to_string())
+            .collect();
+        self.steps.retain(|(name, _), _| names.contains(name));
+    }
+
     /// After a freeze: make the steps follow the health state again.
     fn reconcile(&mut self, now: Instant) {
         for host in &self.loaded.policy.hosts {
@@ -409,16 +408,7 @@ impl Controller {
                 self.loaded = Arc::new(loaded);
                 self.probes = self.loaded.probes.clone();
                 // Health and failover progress carry over for the CDNs and names that remain.
-                let probes = &self.probes;
-                self.health.retain(|cdn, _| probes.get(cdn).is_some());
-                let names: Vec<String> = self
-                    .loaded
-                    .policy
-                    .hosts
-                    .iter()
-                    .map(|h| h.name.to_string())
-                    .collect();
-                self.steps.retain(|(name, _), _| names.contains(name));
+                self.retain_known();
                 info!(trigger = %trigger, from = %from, to = %self.loaded.version, probes_changed, "configuration reloaded");
                 self.last_reload = json!({
                     "trigger": trigger.to_string(),
@@ -439,14 +429,20 @@ impl Controller {
             return;
         };
         let latest = self.local.snapshot();
-        let warming_up = latest.len() < self.probes.specs.len();
+        // Until every CDN has been probed (since this one began failing, if it is), a
+        // failure here cannot be told from a failure of this vantage point's network.
+        let warming_up = latest.len() < self.probes.specs.len()
+            || !self.local.others_probed_since_failure(&round.cdn);
         let own = VantageView {
             name: self.vantage.clone(),
             latest,
             error: None,
             warming_up,
         };
-        let unhappy = health::unhappy(&own).map(|u| u.to_string());
+        // Waiting for the other CDNs' rounds is routine, not worth a log line.
+        let unhappy = health::unhappy(&own)
+            .filter(|u| *u != health::Unhappy::WarmingUp)
+            .map(|u| u.to_string());
         if unhappy != self.own_unhappy {
             if let Some(m) = self.local.metrics() {
                 m.vantage_unhappy(&self.vantage, unhappy.is_some());

@@ -33,8 +33,8 @@ pub struct VantageView {
     pub latest: BTreeMap<String, Observation>,
     /// Set when the vantage point could not be read at all (unreachable, garbage).
     pub error: Option<String>,
-    /// This instance has not yet probed every CDN once: "every CDN fails" cannot be
-    /// told apart from "this CDN fails" yet.
+    /// This instance has not yet probed every CDN (since the CDN being judged began
+    /// failing): "every CDN fails" cannot be told apart from "this CDN fails" yet.
     pub warming_up: bool,
 }
 
@@ -57,7 +57,9 @@ impl fmt::Display for Unhappy {
             Unhappy::Stale => f.write_str("stale"),
             Unhappy::Unreachable(e) => write!(f, "unreachable: {e}"),
             Unhappy::AllFailing => f.write_str("sees every CDN fail at once"),
-            Unhappy::WarmingUp => f.write_str("warming up: not every CDN probed yet"),
+            Unhappy::WarmingUp => {
+                f.write_str("waiting: not every CDN probed yet (since this failure began)")
+            }
         }
     }
 }

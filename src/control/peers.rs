@@ -77,7 +77,7 @@ impl Peers {
     /// Polls every peer each `every` until `stop`.
     pub fn spawn(&self, urls: Vec<reqwest::Url>, every: Duration, stop: CancellationToken) {
         // Generous even for fast probes: a loaded peer is slow, not down.
-        let timeout = every.clamp(Duration::from_millis(500), Duration::from_secs(2));
+        let timeout = every.clamp(Duration::from_secs(1), Duration::from_secs(2));
         let Ok(client) = reqwest::Client::builder()
             .no_proxy()
             .timeout(timeout)

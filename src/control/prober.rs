@@ -29,11 +29,20 @@ const MAX_BODY: usize = 64 * 1024;
 /// and the health evaluation.
 #[derive(Clone, Default)]
 pub struct Local {
-    inner: Arc<Mutex<BTreeMap<String, (Observation, Instant)>>>,
+    /// Per CDN: the latest observation, when it was recorded, and since when the CDN
+    /// has been failing (the first failed round of the current streak).
+    inner: Arc<Mutex<BTreeMap<String, Recorded>>>,
     /// Where every round is counted (`probe_results_total`). Held here rather than
     /// passed to [`spawn`], so that whoever creates the store decides, and the callers
     /// of `spawn` (the controller) stay as they are.
     metrics: Option<Metrics>,
+}
+
+#[derive(Clone, Debug)]
+struct Recorded {
+    obs: Observation,
+    at: Instant,
+    failing_since: Option<Instant>,
 }
 
 impl Local {
@@ -56,9 +65,35 @@ impl Local {
             m.probe(cdn, vantage, (!obs.ok).then_some(obs.reason.as_str()));
         }
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        obs.round = map.get(cdn).map_or(1, |(o, _)| o.round + 1);
-        map.insert(cdn.to_string(), (obs.clone(), Instant::now()));
+        let now = Instant::now();
+        let prev = map.get(cdn);
+        obs.round = prev.map_or(1, |r| r.obs.round + 1);
+        let failing_since = if obs.ok {
+            None
+        } else {
+            Some(prev.and_then(|r| r.failing_since).unwrap_or(now))
+        };
+        map.insert(
+            cdn.to_string(),
+            Recorded {
+                obs: obs.clone(),
+                at: now,
+                failing_since,
+            },
+        );
         obs
+    }
+
+    /// Whether every other CDN has been probed since `cdn` began failing: until then,
+    /// "this CDN fails" cannot be told from "this vantage point's network fails".
+    pub fn others_probed_since_failure(&self, cdn: &str) -> bool {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(since) = map.get(cdn).and_then(|r| r.failing_since) else {
+            return true;
+        };
+        map.iter()
+            .filter(|(c, _)| c.as_str() != cdn)
+            .all(|(_, r)| r.at >= since)
     }
 
     /// The latest observations with their age now.
@@ -66,9 +101,9 @@ impl Local {
         let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         map.iter()
-            .map(|(cdn, (o, at))| {
-                let mut o = o.clone();
-                o.age_ms = now.saturating_duration_since(*at).as_millis() as u64;
+            .map(|(cdn, r)| {
+                let mut o = r.obs.clone();
+                o.age_ms = now.saturating_duration_since(r.at).as_millis() as u64;
                 (cdn.clone(), o)
             })
             .collect()

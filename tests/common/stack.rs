@@ -72,8 +72,13 @@ pub fn policy(dir: &Path, steps: &str, step_seconds: f64) {
 }
 
 pub fn probe(dir: &Path, cdn: &str, url: &str, quorum: u32) {
+    probe_every(dir, cdn, url, quorum, INTERVAL)
+}
+
+/// A probe file with its own interval (seconds).
+pub fn probe_every(dir: &Path, cdn: &str, url: &str, quorum: u32, interval: f64) {
     let text = format!(
-        "url: {url}\nexpect_body: healthy-v1\ninterval_seconds: {INTERVAL}\ntimeout_ms: 500\nmax_ttfb_ms: 300\nquorum: {quorum}\ndown_after: 2\nup_after: 3\n"
+        "url: {url}\nexpect_body: healthy-v1\ninterval_seconds: {interval}\ntimeout_ms: 2000\nmax_ttfb_ms: 1500\nquorum: {quorum}\ndown_after: 2\nup_after: 3\n"
     );
     std::fs::write(dir.join("probes").join(format!("{cdn}.yaml")), text).unwrap();
 }
@@ -283,6 +288,15 @@ pub async fn healthy_stack(
     steps: &str,
     step_seconds: f64,
 ) -> (Stack, MockCdn, MockCdn, MockCdn) {
+    healthy_stack_every(tag, steps, step_seconds, INTERVAL).await
+}
+
+pub async fn healthy_stack_every(
+    tag: &str,
+    steps: &str,
+    step_seconds: f64,
+    interval: f64,
+) -> (Stack, MockCdn, MockCdn, MockCdn) {
     let dir = scratch(tag);
     let (a, b, c) = (
         MockCdn::start(Mode::Healthy).await,
@@ -290,9 +304,9 @@ pub async fn healthy_stack(
         MockCdn::start(Mode::Healthy).await,
     );
     policy(&dir, steps, step_seconds);
-    probe(&dir, "a", &a.url("/_health/v1.txt"), 1);
-    probe(&dir, "b", &b.url("/_health/v1.txt"), 1);
-    probe(&dir, "c", &c.url("/_health/v1.txt"), 1);
+    probe_every(&dir, "a", &a.url("/_health/v1.txt"), 1, interval);
+    probe_every(&dir, "b", &b.url("/_health/v1.txt"), 1, interval);
+    probe_every(&dir, "c", &c.url("/_health/v1.txt"), 1, interval);
     let stack = Stack::start(&dir).await;
     stack
         .wait_for("every CDN probed and up", |s| {
