@@ -259,15 +259,25 @@ impl Drains {
             .collect()
     }
 
-    /// When something is next due: a step or an expiry.
+    /// When something is next due: a step, a drain to start, or an expiry. A drain
+    /// still marked in force whose `until` has passed is due now: wall-clock and
+    /// monotonic time may disagree by a little, and an expiry seen a millisecond early
+    /// must not be missed for good.
     pub fn next_due(&self, policy: &Policy, now: Instant, now_ms: u64) -> Option<Instant> {
         let steps = self.steps.values().filter_map(|d| d.stepper.next_at);
-        let expiries = self
+        let at = |u: u64| now + Duration::from_millis(u.saturating_sub(now_ms));
+        let ending = self
+            .steps
+            .values()
+            .filter(|d| d.active)
+            .filter_map(|d| d.rule.until_unix_ms)
+            .map(at);
+        let starting = self
             .in_force(policy, now_ms)
             .into_iter()
-            .filter_map(|r| r.until_unix_ms)
-            .map(|u| now + Duration::from_millis(u.saturating_sub(now_ms)));
-        steps.chain(expiries).min()
+            .filter(|r| !self.steps.get(&r.key()).is_some_and(|d| d.active))
+            .map(|_| now);
+        steps.chain(ending).chain(starting).min()
     }
 
     /// Adds a runtime override after checking it against the policy and the drains
@@ -399,5 +409,57 @@ fn scope_text(rule: &DrainRule) -> String {
         "everywhere".into()
     } else {
         rule.scope.join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn policy() -> Policy {
+        let text = "hostname: www.example.com\ncdns:\n  a: { cname: a.example.net. }\n  b: { cname: b.example.net. }\nregions:\n  - match: [\"*\"]\n    weights: { a: 1, b: 1 }\nfailover: { steps: [100] }\n";
+        crate::config::parse(Path::new("t.yaml"), text.to_string())
+            .unwrap()
+            .0
+    }
+
+    fn rule(until: u64) -> DrainRule {
+        DrainRule {
+            id: String::new(),
+            name: "www.example.com.".into(),
+            cdn: "a".into(),
+            scope: vec![],
+            reason: "test".into(),
+            until_unix_ms: Some(until),
+            immediate: true,
+        }
+    }
+
+    #[test]
+    fn an_expiry_is_due_even_when_the_timer_fired_early() {
+        let p = policy();
+        let (now, t0) = (Instant::now(), 1_000_000);
+        let mut d = Drains::default();
+        d.add(&p, rule(t0 + 100), t0).unwrap();
+        assert!(d.sync(&p, now, t0));
+        assert_eq!(d.cuts(&p)[0].percent, 100);
+        // The timer fired 1 ms before `until` by the wall clock: nothing ends yet...
+        assert!(!d.sync(&p, now, t0 + 99));
+        // ...and once `until` has passed, the end is due at once, not never.
+        let due = d.next_due(&p, now, t0 + 101).expect("the expiry is due");
+        assert!(due <= now);
+        assert!(d.sync(&p, now, t0 + 101));
+        assert!(d.cuts(&p).is_empty(), "steps [100]: back at once");
+    }
+
+    #[test]
+    fn a_drain_that_empties_a_region_is_refused() {
+        let p = policy();
+        let mut d = Drains::default();
+        d.add(&p, rule(2_000_000), 1_000_000).unwrap();
+        let mut b = rule(2_000_000);
+        b.cdn = "b".into();
+        assert!(d.add(&p, b, 1_000_000).unwrap_err().contains("every CDN"));
     }
 }
