@@ -133,10 +133,15 @@ impl Controller {
     /// The snapshot for the current state (also used before the server starts, so that
     /// a restart never serves the configured weights in the middle of a failover).
     pub fn snapshot(&mut self) -> Snapshot {
+        let snapshot = self.plan();
+        self.update_doc();
+        snapshot
+    }
+
+    fn plan(&mut self) -> Snapshot {
         let cuts = self.drains.cuts(&self.loaded.policy);
         let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
         self.note_fail_open(fail_open);
-        self.update_doc();
         snapshot
     }
 
@@ -202,8 +207,8 @@ impl Controller {
                     if changed {
                         self.publish();
                     } else {
-                        self.update_doc();
                         self.save();
+                        self.update_doc();
                     }
                 }
             }
@@ -237,8 +242,8 @@ impl Controller {
             Command::Freeze(reason, reply) => {
                 warn!(reason = %reason, "automatic failover frozen: health is tracked, no step is taken");
                 self.frozen = Some(reason);
-                self.update_doc();
                 self.save();
+                self.update_doc();
                 let _ = reply.send(Ok(()));
             }
             Command::Resume(reason, reply) => {
@@ -479,8 +484,8 @@ impl Controller {
             let now = Instant::now();
             if self.frozen.is_some() {
                 warn!(cdn = %round.cdn, to = %to, "failover frozen: not acting on the health change");
-                self.update_doc();
                 self.save();
+                self.update_doc();
                 return;
             }
             for host in &self.loaded.policy.hosts {
@@ -499,8 +504,8 @@ impl Controller {
             }
             self.publish();
         } else {
-            self.update_doc();
             self.save();
+            self.update_doc();
         }
     }
 
@@ -535,13 +540,16 @@ impl Controller {
         removed
     }
 
+    /// Serves the current state, saves it, and only then shows it in `/v1/state`: what
+    /// an operator (or a test) sees there has been persisted.
     fn publish(&mut self) {
-        let snapshot = self.snapshot();
+        let snapshot = self.plan();
         self.export(&snapshot);
         if let Some(live) = &self.live {
             live.store(Arc::new(snapshot));
         }
         self.save();
+        self.update_doc();
     }
 
     /// Sets the gauges that describe the plan: health, removed percentages, effective

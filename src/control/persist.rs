@@ -86,7 +86,11 @@ pub fn capture(
 /// Writes the state atomically.
 pub fn save(dir: &Path, saved: &Saved) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{FILE}.tmp"));
+    // A name of its own per write: two writers (a restart overlapping the old process)
+    // must never interleave in one temporary file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{FILE}.{}.{n}.tmp", std::process::id()));
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(&serde_json::to_vec_pretty(saved).map_err(std::io::Error::other)?)?;
     f.sync_all()?;
