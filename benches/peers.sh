@@ -314,7 +314,7 @@ done
 version() {
     case $1 in
     steerdns) echo "steerdns $(git -C "$REPO" describe --always --dirty 2>/dev/null)${UDP_SOCKETS:+, --udp-sockets $UDP_SOCKETS}" ;;
-    gdnsd) gdnsd -V 2>&1 | grep -o 'gdnsd version [0-9.]*' | head -1 ;;
+    gdnsd) echo "gdnsd $(gdnsd -h 2>&1 | grep -o 'gdnsd version [0-9.]*' | head -1 | cut -d' ' -f3)" ;;
     pdns) echo "PowerDNS $(pdns_server --version 2>&1 | grep -o 'Server [0-9.]*' | head -1 | cut -d' ' -f2), LUA shared" ;;
     esac
 }
