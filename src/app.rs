@@ -151,26 +151,31 @@ pub struct Running {
     live: Arc<Live>,
 }
 
-/// Binds every address (UDP and TCP) and starts answering from `snapshot`, with
-/// metrics nobody reads (see [`start_with`]).
+/// Binds every address (UDP and TCP, the default number of UDP sockets) and starts
+/// answering from `snapshot`, with metrics nobody reads (see [`start_with`]).
 pub async fn start(snapshot: Snapshot, listen: &[SocketAddr]) -> io::Result<Running> {
-    start_with(snapshot, listen, Metrics::new()).await
+    let udp_sockets = listen::default_udp_sockets();
+    start_with(snapshot, listen, udp_sockets, Metrics::new()).await
 }
 
-/// Binds every address (UDP and TCP) and starts answering from `snapshot`, counting
-/// answers into `metrics`.
+/// Binds every address (`udp_sockets` UDP sockets sharing the port with SO_REUSEPORT,
+/// and a TCP listener) and starts answering from `snapshot`, counting answers into
+/// `metrics`.
 pub async fn start_with(
     snapshot: Snapshot,
     listen: &[SocketAddr],
+    udp_sockets: usize,
     metrics: Metrics,
 ) -> io::Result<Running> {
     let live = Arc::new(ArcSwap::from_pointee(snapshot));
     let mut server = Server::new(Handler::new(live.clone(), metrics));
     let mut addrs = Vec::new();
     for &addr in listen {
-        let bound = listen::bind(addr)
+        let bound = listen::bind(addr, udp_sockets)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
-        server.register_socket(bound.udp);
+        for udp in bound.udp {
+            server.register_socket(udp);
+        }
         server.register_listener(bound.tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
         addrs.push(bound.addr);
     }
@@ -228,6 +233,8 @@ pub struct ServeOptions {
     /// How often the inputs are checked for changes (zero: only on SIGHUP).
     pub reload_poll: Duration,
     pub listen: Vec<SocketAddr>,
+    /// UDP sockets per listen address (SO_REUSEPORT); see [`listen::default_udp_sockets`].
+    pub udp_sockets: usize,
     /// The HTTP API (observations for peers, state); `None` to run without.
     pub api: Option<SocketAddr>,
     /// Bearer token for the API's mutations; `None` refuses them.
@@ -265,7 +272,13 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         peers.clone(),
         opts.state.clone(),
     );
-    let dns = start_with(controller.snapshot(), &opts.listen, metrics.clone()).await?;
+    let dns = start_with(
+        controller.snapshot(),
+        &opts.listen,
+        opts.udp_sockets,
+        metrics.clone(),
+    )
+    .await?;
     let (command_tx, command_rx) = tokio::sync::mpsc::channel(16);
     let api = match opts.api {
         Some(addr) => {

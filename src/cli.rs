@@ -35,6 +35,10 @@ pub enum Command {
         /// Address to answer on, UDP and TCP; repeat for several (IPv6: [::1]:5353).
         #[arg(long = "listen", value_name = "ADDR", default_value = "127.0.0.1:5353")]
         listen: Vec<SocketAddr>,
+        /// UDP sockets per --listen address, sharing its port with SO_REUSEPORT (the
+        /// kernel spreads queries over them); default: the number of CPUs available.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        udp_sockets: Option<u16>,
         /// HTTP API: observations for peers, state (`off` to disable).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9153")]
         api: ApiAddr,
@@ -160,6 +164,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Serve {
             inputs,
             listen,
+            udp_sockets,
             api,
             state_dir,
             state_max_age_seconds,
@@ -180,6 +185,8 @@ pub async fn run(cli: Cli) -> ExitCode {
                 reload_poll: Duration::from_millis(reload_poll_ms),
                 api_token,
                 listen,
+                udp_sockets: udp_sockets
+                    .map_or_else(crate::dns::listen::default_udp_sockets, usize::from),
                 api: api.0,
                 state: Some(StateFile {
                     dir: state_dir,
@@ -251,7 +258,7 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
         }
     };
     for addr in service.dns.addrs() {
-        info!(%addr, "listening (udp, tcp)");
+        info!(%addr, udp_sockets = opts.udp_sockets, "listening (udp, tcp)");
     }
     if let Some(addr) = service.api {
         info!(%addr, "api listening (http)");

@@ -71,7 +71,7 @@ impl TestServer {
         metrics: Metrics,
     ) -> TestServer {
         let loaded = load_fixture(policy, zones, geo);
-        let running = app::start_with(loaded.snapshot(), &[listen.parse().unwrap()], metrics)
+        let running = app::start_with(loaded.snapshot(), &[listen.parse().unwrap()], 2, metrics)
             .await
             .expect("bind loopback");
         TestServer {
@@ -90,7 +90,7 @@ impl TestServer {
     }
 }
 
-fn load_fixture(policy: &str, zones: &str, geo: &str) -> app::Loaded {
+pub fn load_fixture(policy: &str, zones: &str, geo: &str) -> app::Loaded {
     let inputs = Inputs {
         config: repo(policy),
         zones: repo(zones),

@@ -105,6 +105,7 @@ impl Stack {
             inputs: inputs.clone(),
             reload_poll: Duration::from_millis(50),
             listen: vec!["127.0.0.1:0".parse().unwrap()],
+            udp_sockets: 2,
             api: Some("127.0.0.1:0".parse().unwrap()),
             api_token: Some(TOKEN.into()),
             state: Some(StateFile {

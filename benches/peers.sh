@@ -1,0 +1,337 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: steerdns, gdnsd and PowerDNS (LUA records, shared mode) answering
+# the same steering job (../shared/peers/README.md) on loopback, measured with dnsperf.
+#
+#   benches/peers.sh [--quick]
+#
+# Environment:
+#   RUNS=3          repetitions per server and mix (median reported); --quick: 1
+#   DURATION=10     seconds per throughput run; --quick: 3
+#   LAT_DURATION=5  seconds of the fixed-rate latency pass (-Q $LAT_QPS); --quick: 3
+#   LAT_QPS=10000
+#   QUERIES=20000   messages in the binary query files
+#   SERVERS="steerdns gdnsd pdns"   which servers, in interleaving order
+#   MIXES="plain ecs mix"
+#   UDP_SOCKETS=    --udp-sockets for steerdns (default: its own default)
+#   STEERDNS_BIN=target/release/steerdns (built with cargo build --release if absent)
+#   SHARED=../shared  where peers/ and geo/ are
+#   KEEP=1          keep the temp dir (logs, rendered configs, raw dnsperf outputs)
+#
+# Every server is pinned to CPU 1 and dnsperf to CPU 0. Runs are interleaved
+# (A B C A B C ...) and the medians printed as a markdown table. Server CPU per answered
+# query = (utime + stime of the server over the run) / queries completed.
+# Needs root for apt-get only when dnsperf, gdnsd or pdns_server is missing.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+REPO=$PWD
+QUICK=0
+[[ ${1:-} == --quick ]] && QUICK=1
+if ((QUICK)); then
+    RUNS=${RUNS:-1} DURATION=${DURATION:-3} LAT_DURATION=${LAT_DURATION:-3}
+fi
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-10}
+LAT_DURATION=${LAT_DURATION:-5}
+LAT_QPS=${LAT_QPS:-10000}
+QUERIES=${QUERIES:-20000}
+SERVERS=${SERVERS:-steerdns gdnsd pdns}
+MIXES=${MIXES:-plain ecs mix}
+SHARED=${SHARED:-$REPO/../shared}
+GEODB=$SHARED/geo/GeoIP2-Country-bench.mmdb
+PREFIXES=$SHARED/geo/GeoIP2-Country-bench.prefixes.tsv
+STEERDNS_BIN=${STEERDNS_BIN:-$REPO/target/release/steerdns}
+PORT_STEERDNS=${PORT_STEERDNS:-25353}
+PORT_GDNSD=${PORT_GDNSD:-25354}
+PORT_PDNS=${PORT_PDNS:-25355}
+HEALTH_PORT=${HEALTH_PORT:-28080}
+DNSPERF_ARGS=(-c 4 -T 1 -q 200)
+
+log() { echo "peers.sh: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+# --- prerequisites -------------------------------------------------------------------
+missing=()
+command -v dnsperf >/dev/null || missing+=(dnsperf)
+command -v gdnsd >/dev/null || missing+=(gdnsd)
+command -v pdns_server >/dev/null || missing+=(pdns-server)
+[[ -e /usr/lib/x86_64-linux-gnu/pdns/libbindbackend.so || -n $(find /usr/lib -name 'libbindbackend.so' 2>/dev/null) ]] || missing+=(pdns-backend-bind)
+[[ -n $(find /usr/lib -name 'libgeoipbackend.so' 2>/dev/null) ]] || missing+=(pdns-backend-geoip)
+command -v dig >/dev/null || missing+=(bind9-dnsutils)
+command -v curl >/dev/null || missing+=(curl)
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
+fi
+[[ -r $GEODB ]] || die "no $GEODB"
+if [[ ! -x $STEERDNS_BIN ]]; then
+    log "building steerdns (release)"
+    cargo build --release >&2
+fi
+
+# --- temp dir, cleanup ---------------------------------------------------------------
+TMP=$(mktemp -d /tmp/steerdns-peers.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [[ ${KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+render() { # template output threads lua_mode
+    sed -e "s|@PORT@|$5|g" -e "s|@RUN@|$3|g" -e "s|@GEODB@|$GEODB|g" \
+        -e "s|@HEALTH_PORT@|$HEALTH_PORT|g" -e "s|@THREADS@|1|g" -e "s|@LUA_MODE@|$4|g" \
+        "$1" >"$2"
+}
+
+# --- the health endpoint both peers check --------------------------------------------
+mkdir -p "$TMP/www/health"
+for c in example.map.fastly.net example.cdn.cloudflare.net; do
+    echo healthy-v3 >"$TMP/www/health/$c"
+done
+# 127.0.0.2 is PowerDNS's always-healthy sentinel (see the zone template).
+for a in 127.0.0.1 127.0.0.2; do
+    taskset -c 0 python3 -m http.server "$HEALTH_PORT" --bind "$a" --directory "$TMP/www" \
+        >"$TMP/health-$a.log" 2>&1 &
+    PIDS+=($!)
+done
+
+# --- steerdns ------------------------------------------------------------------------
+S=$TMP/steerdns
+mkdir -p "$S/zones" "$S/probes" "$S/state"
+cat >"$S/steering.yaml" <<'YAML'
+# The peers' policy (../shared/peers/README.md).
+hostname: www.example.com
+ttl: 30
+cdns:
+  fastly:     { cname: example.map.fastly.net. }
+  cloudflare: { cname: example.cdn.cloudflare.net. }
+regions:
+  - match: [GB, IE, DE, FR, NL, ES, IT]
+    weights: { fastly: 90, cloudflare: 10 }
+  - match: [US, CA, MX]
+    weights: { fastly: 85, cloudflare: 15 }
+  - match: [AU, NZ, SG, JP]
+    weights: { cloudflare: 90, fastly: 10 }
+  - match: ["*"]
+    weights: { fastly: 50, cloudflare: 50 }
+YAML
+# The peers' zone without the steered name.
+grep -v -E '^(www|[[:space:]]+")' "$SHARED/peers/pdns/example.com.zone" >"$S/zones/example.com.zone"
+STEERDNS_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$GEODB"
+    --probes "$S/probes" --state-dir "$S/state" --api off --reload-poll-ms 0
+    --listen "127.0.0.1:$PORT_STEERDNS")
+[[ -n ${UDP_SOCKETS:-} ]] && STEERDNS_ARGS+=(--udp-sockets "$UDP_SOCKETS")
+
+# --- gdnsd ---------------------------------------------------------------------------
+G=$TMP/gdnsd
+mkdir -p "$G/zones" "$G/run" "$G/state"
+render "$SHARED/peers/gdnsd/config" "$G/config" "$G" x "$PORT_GDNSD"
+render "$SHARED/peers/gdnsd/zones/example.com" "$G/zones/example.com" "$G" x "$PORT_GDNSD"
+
+# --- PowerDNS ------------------------------------------------------------------------
+P=$TMP/pdns
+mkdir -p "$P"
+for f in pdns.conf named.conf example.com.zone; do
+    render "$SHARED/peers/pdns/$f" "$P/$f" "$P" shared "$PORT_PDNS"
+done
+
+declare -A PORT=([steerdns]=$PORT_STEERDNS [gdnsd]=$PORT_GDNSD [pdns]=$PORT_PDNS)
+declare -A SPID
+
+start() {
+    case $1 in
+    steerdns) taskset -c 1 "$STEERDNS_BIN" "${STEERDNS_ARGS[@]}" >"$TMP/steerdns.log" 2>&1 & ;;
+    gdnsd) taskset -c 1 gdnsd -c "$G" -f start >"$TMP/gdnsd.log" 2>&1 & ;;
+    pdns) taskset -c 1 pdns_server --config-dir="$P" >"$TMP/pdns.log" 2>&1 & ;;
+    esac
+    SPID[$1]=$!
+    PIDS+=($!)
+}
+
+q() { # server name type [dig options]
+    dig +tries=1 +time=2 @127.0.0.1 -p "${PORT[$1]}" "$2" "$3" "${@:4}"
+}
+
+wait_up() {
+    local i
+    for i in $(seq 1 100); do
+        if q "$1" example.com SOA +short >/dev/null 2>&1 && [[ -n $(q "$1" example.com SOA +short 2>/dev/null) ]]; then
+            return 0
+        fi
+        kill -0 "${SPID[$1]}" 2>/dev/null || { cat "$TMP/$1.log" >&2; die "$1 exited"; }
+        sleep 0.2
+    done
+    cat "$TMP/$1.log" >&2
+    die "$1 does not answer on port ${PORT[$1]}"
+}
+
+# Counts fastly answers out of N queries from a client subnet.
+fastly_share() { # server subnet n
+    local i n=$3 f=0 ans
+    for i in $(seq 1 "$n"); do
+        ans=$(q "$1" www.example.com A +subnet="$2" +short +norec | head -1)
+        case $ans in
+        example.map.fastly.net.) f=$((f + 1)) ;;
+        example.cdn.cloudflare.net.) ;;
+        *) die "$1: www.example.com from $2 answered '$ans'" ;;
+        esac
+    done
+    echo "$f"
+}
+
+# Picks subnets for the check from the bench DB's prefix list, one per region.
+pick_subnet() { # country
+    local p
+    p=$(awk -v c="$1" -F'\t' '$2 == c && $1 !~ /:/ {print $1; exit}' "$PREFIXES")
+    python3 - "$p" <<'PY'
+import ipaddress, sys
+n = ipaddress.ip_network(sys.argv[1])
+print(f"{n.network_address}/{max(24, n.prefixlen)}")
+PY
+}
+pick_subnet6() {
+    local p
+    p=$(awk -v c="$1" -F'\t' '$2 == c && $1 ~ /:/ {print $1; exit}' "$PREFIXES")
+    python3 - "$p" <<'PY'
+import ipaddress, sys
+n = ipaddress.ip_network(sys.argv[1])
+print(f"{n.network_address}/{max(56, n.prefixlen)}")
+PY
+}
+
+check_all() {
+    local gb us au kr de6 s
+    gb=$(pick_subnet GB) us=$(pick_subnet US) au=$(pick_subnet AU) kr=$(pick_subnet KR)
+    de6=$(pick_subnet6 DE)
+    [[ $de6 == */* && $de6 != None* ]] || de6=$(pick_subnet6 GB)
+    for s in $SERVERS; do
+        check_one "$s" "$gb 90" "$de6 90" "$us 85" "$au 10" "$kr 50"
+    done
+}
+
+check_one() { # server "subnet want"...
+    local s=$1 n=40 f c net want lo hi
+    shift
+    for c in "$@"; do
+        read -r net want <<<"$c"
+        f=$(fastly_share "$s" "$net" "$n")
+        lo=$(((want - 25) * n / 100)) hi=$(((want + 25) * n / 100))
+        ((lo < 0)) && lo=0
+        if ((f < lo || f > hi)); then
+            die "$s: $net gave fastly $f/$n, policy says about $want %"
+        fi
+        printf '%s' "$net fastly $f/$n; " >&2
+    done
+    local soa nx
+    soa=$(q "$s" example.com SOA +short)
+    [[ $soa == ns1.example.com.* ]] || die "$s: example.com SOA answered '$soa'"
+    nx=$(q "$s" nx1.example.com A +norec | grep -o 'status: [A-Z]*')
+    [[ $nx == "status: NXDOMAIN" ]] || die "$s: nx1.example.com gave $nx"
+    echo "=> $s answers the policy" >&2
+}
+
+# --- query files ---------------------------------------------------------------------
+python3 "$REPO/benches/queries.py" "$PREFIXES" "$TMP" "$QUERIES"
+
+datafile() { # mix -> dnsperf args
+    case $1 in
+    plain) echo "-d $TMP/plain.txt" ;;
+    ecs) echo "-B -d $TMP/ecs.bin" ;;
+    mix) echo "-B -d $TMP/mix.bin" ;;
+    esac
+}
+
+cpu_ticks() { # pid -> utime+stime in clock ticks (all threads)
+    awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+RESULTS=$TMP/results.tsv
+: >"$RESULTS"
+
+run_one() { # server mix rep
+    local s=$1 m=$2 r=$3 pid=${SPID[$1]} out=$TMP/run-$1-$2-$3.txt
+    local t0 t1 c0 c1
+    kill -0 "$pid" 2>/dev/null || die "$s died (see $TMP/$s.log)"
+    c0=$(cpu_ticks "$pid") t0=$(date +%s.%N)
+    # shellcheck disable=SC2046
+    taskset -c 0 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" $(datafile "$m") "${DNSPERF_ARGS[@]}" \
+        -l "$DURATION" >"$out" 2>&1 || true
+    c1=$(cpu_ticks "$pid") t1=$(date +%s.%N)
+    local lat=$TMP/lat-$1-$2-$3.txt
+    # shellcheck disable=SC2046
+    taskset -c 0 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" $(datafile "$m") "${DNSPERF_ARGS[@]}" \
+        -Q "$LAT_QPS" -l "$LAT_DURATION" -v >"$lat" 2>&1 || true
+    python3 - "$out" "$lat" "$c0" "$c1" "$t0" "$t1" "$(getconf CLK_TCK)" "$s" "$m" "$r" >>"$RESULTS" <<'PY'
+import re, sys
+out, lat, c0, c1, t0, t1, hz, s, m, r = sys.argv[1:]
+text = open(out).read()
+def num(label):
+    g = re.search(label + r":\s+([0-9.]+)", text)
+    return float(g.group(1)) if g else float("nan")
+completed = num("Queries completed")
+lost = num("Queries lost")
+qps = num("Queries per second")
+cpu = (float(c1) - float(c0)) / float(hz)
+# dnsperf waits up to its timeout for lost queries after the time limit: the server is
+# idle then, so busy = CPU over the run / dnsperf's run time (not the wall clock).
+wall = num("Run time \\(s\\)")
+if wall != wall:
+    wall = float(t1) - float(t0)
+lats = []
+for line in open(lat, errors="replace"):
+    # dnsperf -v: "> NOERROR www.example.com A 0.000123"
+    if line.startswith(">"):
+        try:
+            lats.append(float(line.split()[-1]))
+        except ValueError:
+            pass
+lats.sort()
+def pct(p):
+    return lats[min(len(lats) - 1, int(p * len(lats)))] * 1e6 if lats else float("nan")
+us = cpu / completed * 1e6 if completed else float("nan")
+print(f"{s}\t{m}\t{r}\t{qps:.0f}\t{cpu / wall:.3f}\t{us:.2f}\t{lost:.0f}\t{pct(0.5):.0f}\t{pct(0.99):.0f}")
+PY
+    log "$(tail -1 "$RESULTS")"
+}
+
+# --- go ------------------------------------------------------------------------------
+for s in $SERVERS; do start "$s"; done
+for s in $SERVERS; do wait_up "$s"; done
+sleep 2 # let the peers' health checks settle
+check_all
+
+for m in $MIXES; do
+    for r in $(seq 1 "$RUNS"); do
+        for s in $SERVERS; do run_one "$s" "$m" "$r"; done
+    done
+done
+
+# --- report --------------------------------------------------------------------------
+version() {
+    case $1 in
+    steerdns) echo "steerdns $(git -C "$REPO" describe --always --dirty 2>/dev/null)${UDP_SOCKETS:+, --udp-sockets $UDP_SOCKETS}" ;;
+    gdnsd) echo "gdnsd $(gdnsd -h 2>&1 | grep -o 'gdnsd version [0-9.]*' | head -1 | cut -d' ' -f3)" ;;
+    pdns) echo "PowerDNS $(pdns_server --version 2>&1 | grep -o 'Server [0-9.]*' | head -1 | cut -d' ' -f2), LUA shared" ;;
+    esac
+}
+echo
+echo "dnsperf ${DNSPERF_ARGS[*]}, ${DURATION} s per run, median of $RUNS interleaved runs;" \
+    "server on CPU 1, dnsperf on CPU 0; latency: -Q $LAT_QPS for ${LAT_DURATION} s; $QUERIES queries per binary file"
+echo
+echo "| server | mix | QPS | server CPU busy | server CPU per answered query | lost | p50 at ${LAT_QPS} QPS | p99 at ${LAT_QPS} QPS |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+python3 - "$RESULTS" "$SERVERS" "$MIXES" <<'PY' | while IFS=$'\t' read -r s rest; do echo "| $(version "$s") $rest"; done
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+for m in sys.argv[3].split():
+    for s in sys.argv[2].split():
+        rs = [r for r in rows if r[0] == s and r[1] == m]
+        if not rs:
+            continue
+        med = lambda i: statistics.median(float(r[i]) for r in rs)
+        print(f"{s}\t| {m} | {med(3):,.0f} | {med(4) * 100:.0f} % | {med(5):.2f} µs | {med(6):,.0f} | {med(7):.0f} µs | {med(8):.0f} µs |")
+PY

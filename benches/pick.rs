@@ -1,0 +1,193 @@
+//! Micro-benchmarks of the query path (issue 5, item 3): geo lookup, region match,
+//! weighted pick, the three together (the steering decision), and the whole handler on
+//! a pre-built request (decode excluded; encode included).
+//!
+//!   cargo bench --bench pick
+//!
+//! Inputs: the demo policy (`steering.yaml`), `zones/` and the NRO database
+//! `geo/country.mmdb` (the whole Internet), queried with random IPv4 addresses.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use arc_swap::ArcSwap;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_proto::rr::{LowerName, Name, Record, RecordType};
+use hickory_proto::serialize::binary::BinEncoder;
+use hickory_server::net::runtime::TokioTime;
+use hickory_server::net::NetError;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponse;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use steerdns::app::{self, Inputs};
+use steerdns::dns::geo::Place;
+use steerdns::dns::Handler;
+use steerdns::metrics::Metrics;
+
+const ADDRS: usize = 4096;
+
+fn repo(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+fn loaded() -> app::Loaded {
+    let inputs = Inputs {
+        config: repo("steering.yaml"),
+        zones: repo("zones"),
+        geo: repo("geo/country.mmdb"),
+        probes: repo("tests/fixtures/no-probes"),
+    };
+    app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn random_v4(rng: &mut SmallRng) -> Vec<IpAddr> {
+    (0..ADDRS)
+        .map(|_| IpAddr::V4(Ipv4Addr::from(rng.random::<u32>())))
+        .collect()
+}
+
+fn steering(c: &mut Criterion) {
+    let loaded = loaded();
+    let snap = loaded.snapshot();
+    let www = LowerName::from(Name::from_ascii("www.example.com.").unwrap());
+    let steered = snap.plan.get(&www).expect("www.example.com is steered");
+    let mut rng = SmallRng::seed_from_u64(5);
+    let ips = random_v4(&mut rng);
+    let places: Vec<(IpAddr, Place)> = ips.iter().map(|&ip| (ip, snap.geo.locate(ip))).collect();
+
+    let mut g = c.benchmark_group("steering");
+    g.throughput(Throughput::Elements(1));
+    let mut i = 0usize;
+    g.bench_function("geo_locate", |b| {
+        b.iter(|| {
+            i = (i + 1) % ADDRS;
+            black_box(snap.geo.locate(black_box(ips[i])))
+        })
+    });
+    g.bench_function("region_match", |b| {
+        b.iter(|| {
+            i = (i + 1) % ADDRS;
+            let (ip, place) = &places[i];
+            black_box(steered.decide(black_box(*ip), black_box(place)))
+        })
+    });
+    let choice = steered.choice(0);
+    g.bench_function("weighted_pick", |b| {
+        b.iter(|| black_box(black_box(choice).pick(&mut rng).cname.num_labels()))
+    });
+    g.bench_function("decision", |b| {
+        b.iter(|| {
+            i = (i + 1) % ADDRS;
+            let ip = black_box(ips[i]);
+            let place = snap.geo.locate(ip);
+            let d = steered.decide(ip, &place);
+            black_box(steered.choose(&d).pick(&mut rng).cname.num_labels())
+        })
+    });
+    g.finish();
+}
+
+/// Encodes the response into a fresh buffer, as hickory's own UDP handle does, and
+/// drops it.
+#[derive(Clone)]
+struct Encode;
+
+#[async_trait::async_trait]
+impl ResponseHandler for Encode {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(1232);
+        let info = response.destructive_emit(&mut encoder)?;
+        black_box(&bytes);
+        Ok(info)
+    }
+}
+
+/// Polls a future that never waits (the handler with `Encode`) to completion.
+fn run<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..16 {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+    panic!("the handler waited");
+}
+
+fn request(name: &str, qtype: RecordType, ecs: Option<IpAddr>) -> Request {
+    let mut m = Message::new(4242, MessageType::Query, OpCode::Query);
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    if let Some(ip) = ecs {
+        let mut edns = Edns::new();
+        edns.set_max_payload(1232);
+        edns.options_mut()
+            .insert(EdnsOption::Subnet(ClientSubnet::new(ip, 24, 0)));
+        m.set_edns(edns);
+    }
+    let src: SocketAddr = "192.0.2.1:53000".parse().unwrap();
+    Request::from_bytes(
+        m.to_vec().unwrap(),
+        src,
+        hickory_server::net::xfer::Protocol::Udp,
+    )
+    .unwrap()
+}
+
+fn handler(c: &mut Criterion) {
+    let loaded = loaded();
+    let live = Arc::new(ArcSwap::from_pointee(loaded.snapshot()));
+    let handler = Handler::new(live, Metrics::new());
+    let mut rng = SmallRng::seed_from_u64(7);
+    let ecs: Vec<Request> = random_v4(&mut rng)
+        .into_iter()
+        .take(256)
+        .map(|ip| {
+            let IpAddr::V4(v4) = ip else { unreachable!() };
+            let o = v4.octets();
+            let net = IpAddr::V4(Ipv4Addr::new(o[0], o[1], o[2], 0));
+            request("www.example.com.", RecordType::A, Some(net))
+        })
+        .collect();
+    let plain = request("www.example.com.", RecordType::A, None);
+    let soa = request("example.com.", RecordType::SOA, None);
+
+    let mut g = c.benchmark_group("handler");
+    g.throughput(Throughput::Elements(1));
+    let mut i = 0usize;
+    g.bench_function("steered_ecs", |b| {
+        b.iter(|| {
+            i = (i + 1) % ecs.len();
+            run(handler.handle_request::<_, TokioTime>(&ecs[i], Encode))
+        })
+    });
+    g.bench_function("steered_plain", |b| {
+        b.iter(|| run(handler.handle_request::<_, TokioTime>(&plain, Encode)))
+    });
+    g.bench_function("zone_soa", |b| {
+        b.iter(|| run(handler.handle_request::<_, TokioTime>(&soa, Encode)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, steering, handler);
+criterion_main!(benches);
