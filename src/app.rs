@@ -26,8 +26,10 @@ use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
 use crate::zones::Zones;
 
-/// Idle timeout of a TCP connection.
-const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle timeout of a TCP connection: one that completes no query for this long is
+/// closed, whether it sends nothing or trickles bytes (hickory's `TimeoutStream` restarts
+/// only when a whole message has arrived).
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Responses queued per TCP connection before back-pressure (hickory's bin uses 32).
 const TCP_RESPONSE_BUFFER: usize = 32;
 
@@ -157,12 +159,37 @@ pub async fn start(snapshot: Snapshot, listen: &[SocketAddr]) -> io::Result<Runn
     start_with(snapshot, listen, Metrics::new()).await
 }
 
+/// How the DNS listeners treat their clients.
+#[derive(Clone, Debug)]
+pub struct DnsOptions {
+    /// See [`TCP_IDLE_TIMEOUT`]; tests shorten it.
+    pub tcp_idle_timeout: Duration,
+}
+
+impl Default for DnsOptions {
+    fn default() -> Self {
+        DnsOptions {
+            tcp_idle_timeout: TCP_IDLE_TIMEOUT,
+        }
+    }
+}
+
 /// Binds every address (UDP and TCP) and starts answering from `snapshot`, counting
 /// answers into `metrics`.
 pub async fn start_with(
     snapshot: Snapshot,
     listen: &[SocketAddr],
     metrics: Metrics,
+) -> io::Result<Running> {
+    start_with_options(snapshot, listen, metrics, &DnsOptions::default()).await
+}
+
+/// As [`start_with`], with listener options other than the defaults.
+pub async fn start_with_options(
+    snapshot: Snapshot,
+    listen: &[SocketAddr],
+    metrics: Metrics,
+    opts: &DnsOptions,
 ) -> io::Result<Running> {
     let live = Arc::new(ArcSwap::from_pointee(snapshot));
     let mut server = Server::new(Handler::new(live.clone(), metrics));
@@ -171,7 +198,7 @@ pub async fn start_with(
         let bound = listen::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         server.register_socket(bound.udp);
-        server.register_listener(bound.tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
+        server.register_listener(bound.tcp, opts.tcp_idle_timeout, TCP_RESPONSE_BUFFER);
         addrs.push(bound.addr);
     }
     Ok(Running {
