@@ -11,6 +11,7 @@
 //! | QR=1 that decodes | hickory | dropped, no answer (anti-reflection) |
 //! | opcode other than QUERY | our handler | `NOTIMP` |
 //! | QDCOUNT 0 or 2 (both present) | our handler | `FORMERR` |
+//! | a compressed question (e.g. a pointer into the header) | our handler | `FORMERR`, no question (hickory would echo the pointer) |
 //! | class other than IN | our handler | `REFUSED` |
 //! | oversized unknown EDNS option | our handler | ignored, normal answer, not echoed |
 //!
@@ -296,11 +297,30 @@ async fn compression_pointer_loops_get_formerr() {
             let a = answer(&srv, proto, bytes, what).await;
             assert_formerr(&a, id_of(bytes), what);
         }
-        // A pointer into the header is legal (it points backwards): here it reads the
-        // flags and counts as the name `\000.`, a name outside our zones.
-        let bytes = packet(5, RD, [1, 0, 0, 0], &[&[0xc0, 2], &tail]);
-        let a = answer(&srv, proto, &bytes, "pointer into the header").await;
-        assert_eq!(raw_rcode(&a), 5, "pointer into the header: REFUSED");
+        // A pointer into the header points backwards, so hickory decodes it (here as
+        // the name `\000.`), and it used to echo the pointer in the question of its
+        // REFUSED, where it pointed into our own header: an answer no client could
+        // decode (found by the `request` fuzz target). Our handler now answers FORMERR
+        // without a question to any compressed question (no resolver compresses it).
+        for (id, name) in [
+            (5u16, vec![0xc0, 2]),
+            (6, vec![3, b'w', b'w', b'w', 0xc0, 2]),
+        ] {
+            let bytes = packet(id, RD, [1, 0, 0, 0], &[&name, &tail]);
+            let a = answer(&srv, proto, &bytes, "pointer into the header").await;
+            assert_formerr(&a, id, "pointer into the header");
+            let m = hickory_proto::op::Message::from_vec(&a).expect("the answer decodes");
+            assert!(m.queries.is_empty());
+            // With an OPT, the FORMERR carries one.
+            let bytes = packet(id, RD, [1, 0, 0, 1], &[&name, &tail, &opt(&[])]);
+            let a = answer(&srv, proto, &bytes, "pointer into the header, OPT").await;
+            let m = hickory_proto::op::Message::from_vec(&a).expect("the answer decodes");
+            assert_eq!(
+                m.metadata.response_code,
+                hickory_proto::op::ResponseCode::FormErr
+            );
+            assert!(m.edns.is_some());
+        }
     }
     still_answers(&srv, "pointer loops").await;
 }
