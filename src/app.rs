@@ -26,8 +26,10 @@ use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
 use crate::zones::Zones;
 
-/// Idle timeout of a TCP connection.
-const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle timeout of a TCP connection: one that completes no query for this long is
+/// closed, whether it sends nothing or trickles bytes (hickory's `TimeoutStream` restarts
+/// only when a whole message has arrived).
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Responses queued per TCP connection before back-pressure (hickory's bin uses 32).
 const TCP_RESPONSE_BUFFER: usize = 32;
 
@@ -158,6 +160,24 @@ pub async fn start(snapshot: Snapshot, listen: &[SocketAddr]) -> io::Result<Runn
     start_with(snapshot, listen, udp_sockets, Metrics::new()).await
 }
 
+/// How the DNS listeners treat their clients.
+#[derive(Clone, Debug)]
+pub struct DnsOptions {
+    /// See [`TCP_IDLE_TIMEOUT`]; tests shorten it.
+    pub tcp_idle_timeout: Duration,
+    /// UDP sockets per address, sharing the port with SO_REUSEPORT.
+    pub udp_sockets: usize,
+}
+
+impl Default for DnsOptions {
+    fn default() -> Self {
+        DnsOptions {
+            tcp_idle_timeout: TCP_IDLE_TIMEOUT,
+            udp_sockets: listen::default_udp_sockets(),
+        }
+    }
+}
+
 /// Binds every address (`udp_sockets` UDP sockets sharing the port with SO_REUSEPORT,
 /// and a TCP listener) and starts answering from `snapshot`, counting answers into
 /// `metrics`.
@@ -167,16 +187,30 @@ pub async fn start_with(
     udp_sockets: usize,
     metrics: Metrics,
 ) -> io::Result<Running> {
+    let opts = DnsOptions {
+        udp_sockets,
+        ..DnsOptions::default()
+    };
+    start_with_options(snapshot, listen, metrics, &opts).await
+}
+
+/// As [`start_with`], with listener options other than the defaults.
+pub async fn start_with_options(
+    snapshot: Snapshot,
+    listen: &[SocketAddr],
+    metrics: Metrics,
+    opts: &DnsOptions,
+) -> io::Result<Running> {
     let live = Arc::new(ArcSwap::from_pointee(snapshot));
     let mut server = Server::new(Handler::new(live.clone(), metrics));
     let mut addrs = Vec::new();
     for &addr in listen {
-        let bound = listen::bind(addr, udp_sockets)
+        let bound = listen::bind(addr, opts.udp_sockets)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         for udp in bound.udp {
             server.register_socket(udp);
         }
-        server.register_listener(bound.tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
+        server.register_listener(bound.tcp, opts.tcp_idle_timeout, TCP_RESPONSE_BUFFER);
         addrs.push(bound.addr);
     }
     Ok(Running {

@@ -268,3 +268,27 @@ fn drains_that_empty_a_region_are_refused_and_expired_ones_reported() {
         "{w:?}"
     );
 }
+
+/// Found by the `policy` fuzz target: a two-character match entry that is not two
+/// letters (`*#`) made the country table index underflow, a panic in `check`, reload or
+/// the drain API.
+#[test]
+fn two_character_matches_that_are_not_letters_are_errors_not_panics() {
+    for entry in ["*#", "1A", "[]", "~~"] {
+        let text = GOOD.replace("[GB, IE,", &format!("[\"{entry}\", IE,"));
+        let issues = errors(&text);
+        assert!(issues.has_errors(), "{entry}: {issues}");
+        assert!(Match::parse(entry).is_err(), "{entry} parsed as a match");
+    }
+}
+
+/// Found by the `policy` fuzz target: an entry with a multi-byte character across its
+/// second byte (`+՟::1/128`) was sliced at byte 2, a panic.
+#[test]
+fn match_entries_with_multibyte_characters_are_errors_not_panics() {
+    for entry in ["+՟::1/128", "é", "aé1", "A€", "ÅS1"] {
+        assert!(Match::parse(entry).is_err(), "{entry} parsed as a match");
+        let text = GOOD.replace("[GB, IE,", &format!("[\"{entry}\", IE,"));
+        assert!(errors(&text).has_errors(), "{entry}");
+    }
+}

@@ -115,9 +115,12 @@ impl Match {
                     format!("unknown continent `{code}` (one of AF AN AS EU NA OC SA)")
                 });
         }
-        if s.len() > 2
-            && s[..2].eq_ignore_ascii_case("AS")
-            && s[2..].bytes().all(|b| b.is_ascii_digit())
+        // Bytes, not `&s[..2]`: a multi-byte character across byte 2 would panic (found
+        // by the `policy` fuzz target with `+՟::1/128`).
+        let b = s.as_bytes();
+        if b.len() > 2
+            && b[..2].eq_ignore_ascii_case(b"AS")
+            && b[2..].iter().all(|c| c.is_ascii_digit())
         {
             return Err(format!(
                 "`{s}`: AS-number matching needs an ASN database, which this version does not load"

@@ -144,6 +144,20 @@ pub fn load_dir(dir: &Path, cdns: Option<&[&str]>) -> Result<(Probes, Issues), I
     Ok((probes, issues))
 }
 
+/// Parses one probe file's text as if read from `file` (its stem names the CDN;
+/// `vantages.yaml` is the vantage list), without reading the disk; for the fuzzer.
+pub fn parse_file(file: &Path, text: &str) -> (Probes, Issues) {
+    let mut issues = Issues::default();
+    let mut probes = Probes::default();
+    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if stem == "vantages" {
+        probes.vantages = vantages(file, text, &mut issues);
+    } else if let Some(spec) = probe(file, stem, text, &mut issues) {
+        probes.specs.push(spec);
+    }
+    (probes, issues)
+}
+
 fn probe(file: &Path, cdn: &str, text: &str, issues: &mut Issues) -> Option<ProbeSpec> {
     let raw: RawProbe = match serde_yaml::from_str(text) {
         Ok(r) => r,
@@ -301,6 +315,23 @@ mod tests {
             std::fs::write(d.join(name), text).unwrap();
         }
         d
+    }
+
+    #[test]
+    fn one_file_parses_without_the_disk() {
+        let (p, issues) = parse_file(
+            Path::new("probes/fastly.yaml"),
+            "url: https://a.example.com/_health/v1.txt\n",
+        );
+        assert!(!issues.has_errors(), "{issues}");
+        assert_eq!(p.specs[0].cdn, "fastly");
+        let (p, _) = parse_file(
+            Path::new("probes/vantages.yaml"),
+            "- http://127.0.0.2:9153\n",
+        );
+        assert_eq!(p.vantages.len(), 1);
+        let (_, issues) = parse_file(Path::new("probes/fastly.yaml"), "url: [\n");
+        assert!(issues.has_errors());
     }
 
     #[test]

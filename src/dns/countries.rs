@@ -63,11 +63,9 @@ pub struct Country([u8; 2]);
 impl Country {
     /// Parses a code from a policy or database; `None` unless it is a known ISO code.
     pub fn parse(code: &str) -> Option<Country> {
-        let b = code.as_bytes();
-        if b.len() != 2 {
-            return None;
-        }
-        let c = Country([b[0].to_ascii_uppercase(), b[1].to_ascii_uppercase()]);
+        // Letters only: `index` assumes them (a code such as `*#` once underflowed it,
+        // found by the `policy` fuzz target).
+        let c = Country::from_db(code)?;
         c.continent().map(|_| c)
     }
 
@@ -193,6 +191,10 @@ mod tests {
             Some(Continent::SouthAmerica)
         );
         assert_eq!(Country::parse("UK"), None);
+        // Two bytes that are not letters: no panic, no country.
+        for code in ["*#", "1A", "A1", "[]", "{}", "aé", "\0\0", "~~"] {
+            assert_eq!(Country::parse(code), None, "{code:?}");
+        }
         assert_eq!(Country::parse("G"), None);
         assert_eq!(Country::parse("ÄB"), None);
         assert_eq!(Country::from_db("EU").unwrap().continent(), None);

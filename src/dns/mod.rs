@@ -21,9 +21,10 @@ use std::sync::Arc;
 use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::CNAME;
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_proto::serialize::binary::BinDecoder;
 use hickory_server::net::runtime::Time;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::MessageResponseBuilder;
+use hickory_server::zone_handler::{MessageResponseBuilder, Queries};
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
@@ -90,6 +91,16 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     request: &Request,
     response: R,
 ) -> (ResponseInfo, Option<Steer<'s>>) {
+    // hickory echoes the question as the bytes it received, compression pointers
+    // included; a pointer (into the header, say) would then point into *our* answer and
+    // make it undecodable. No resolver compresses a lone question: FORMERR, without it.
+    if compressed_question(request.queries.as_bytes(), request.queries.len()) {
+        let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));
+        return (
+            error_without_question(request, opt.as_ref(), response).await,
+            None,
+        );
+    }
     // RFC 6891 §7: with no OPT in the query there is none in the response.
     let client = match edns::client(request.edns.as_ref(), request.src().ip()) {
         Ok(c) => c,
@@ -189,6 +200,42 @@ async fn error<R: ResponseHandler>(
 ) -> ResponseInfo {
     let message =
         MessageResponseBuilder::new(&request.queries, opt).error_msg(&request.metadata, rcode);
+    send(request, message_send(response, message).await)
+}
+
+/// Whether a name in the raw question section ends in a compression pointer (found by
+/// the `request` fuzz target: the echoed pointer made our answers undecodable).
+fn compressed_question(raw: &[u8], count: usize) -> bool {
+    let mut i = 0;
+    for _ in 0..count {
+        loop {
+            match raw.get(i) {
+                None => return false,
+                Some(0) => break,
+                Some(len) if len & 0xc0 != 0 => return true,
+                Some(len) => i += 1 + usize::from(*len),
+            }
+        }
+        i += 1 + 4; // the root label, type and class
+    }
+    false
+}
+
+/// FORMERR with an empty question section.
+async fn error_without_question<R: ResponseHandler>(
+    request: &Request,
+    opt: Option<&Edns>,
+    response: R,
+) -> ResponseInfo {
+    let Ok(none) = Queries::read(&mut BinDecoder::new(&[]), 0) else {
+        // Reading no question from no bytes cannot fail; answer nothing if it does.
+        return send(
+            request,
+            Err(hickory_server::net::NetError::from("no empty Queries")),
+        );
+    };
+    let message =
+        MessageResponseBuilder::new(&none, opt).error_msg(&request.metadata, ResponseCode::FormErr);
     send(request, message_send(response, message).await)
 }
 

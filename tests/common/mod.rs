@@ -62,6 +62,23 @@ impl TestServer {
         }
     }
 
+    /// The demo server with listener options other than the defaults.
+    pub async fn demo_with(opts: &app::DnsOptions) -> TestServer {
+        let loaded = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO);
+        let running = app::start_with_options(
+            loaded.snapshot(),
+            &["127.0.0.1:0".parse().unwrap()],
+            Metrics::new(),
+            opts,
+        )
+        .await
+        .expect("bind loopback");
+        TestServer {
+            addr: running.addrs()[0],
+            running,
+        }
+    }
+
     /// As [`TestServer::start`], counting answers into `metrics`.
     pub async fn start_with_metrics(
         policy: &str,
