@@ -20,14 +20,13 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
 use hickory_proto::rr::RecordType;
 use steerdns::app::DnsOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 
 // ---------------------------------------------------------------------------------------
@@ -108,44 +107,6 @@ fn counts_of(answer: &[u8]) -> [u16; 4] {
 
 // ---------------------------------------------------------------------------------------
 // Sending.
-
-/// Sends raw bytes and waits `wait` for an answer (shorter than `raw`'s 2 s, for inputs
-/// that must get none).
-async fn raw_within(
-    addr: SocketAddr,
-    proto: Proto,
-    bytes: &[u8],
-    wait: Duration,
-) -> Option<Vec<u8>> {
-    let io = async {
-        match proto {
-            Proto::Udp => {
-                let sock = UdpSocket::bind("127.0.0.1:0").await.ok()?;
-                sock.send_to(bytes, addr).await.ok()?;
-                let mut buf = vec![0u8; 65535];
-                let (n, _) = sock.recv_from(&mut buf).await.ok()?;
-                buf.truncate(n);
-                Some(buf)
-            }
-            Proto::Tcp => {
-                let mut s = TcpStream::connect(addr).await.ok()?;
-                let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
-                framed.extend_from_slice(bytes);
-                s.write_all(&framed).await.ok()?;
-                read_frame(&mut s).await
-            }
-        }
-    };
-    timeout(wait, io).await.ok().flatten()
-}
-
-async fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len).await.ok()?;
-    let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
-    s.read_exact(&mut buf).await.ok()?;
-    Some(buf)
-}
 
 const SILENCE: Duration = Duration::from_millis(300);
 

@@ -166,6 +166,17 @@ pub async fn ask(addr: SocketAddr, proto: Proto, msg: &Message) -> Message {
 
 /// Sends raw bytes; the raw reply, or `None` if none came within 2 s.
 pub async fn raw(addr: SocketAddr, proto: Proto, bytes: &[u8]) -> Option<Vec<u8>> {
+    raw_within(addr, proto, bytes, Duration::from_secs(2)).await
+}
+
+/// Sends raw bytes and waits `wait` for the reply (shorter waits for inputs that must
+/// get none).
+pub async fn raw_within(
+    addr: SocketAddr,
+    proto: Proto,
+    bytes: &[u8],
+    wait: Duration,
+) -> Option<Vec<u8>> {
     let io = async {
         match proto {
             Proto::Udp => {
@@ -188,18 +199,20 @@ pub async fn raw(addr: SocketAddr, proto: Proto, bytes: &[u8]) -> Option<Vec<u8>
                 let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
                 framed.extend_from_slice(bytes);
                 s.write_all(&framed).await.ok()?;
-                let mut len = [0u8; 2];
-                s.read_exact(&mut len).await.ok()?;
-                let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
-                s.read_exact(&mut buf).await.ok()?;
-                Some(buf)
+                read_frame(&mut s).await
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(2), io)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(wait, io).await.ok().flatten()
+}
+
+/// One length-prefixed DNS message from a TCP stream.
+pub async fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await.ok()?;
+    let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+    s.read_exact(&mut buf).await.ok()?;
+    Some(buf)
 }
 
 /// The single CNAME target of an answer.
