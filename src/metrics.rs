@@ -191,10 +191,17 @@ impl Metrics {
     /// # Hot path
     /// No allocation (for names up to 320 bytes of text); one hash lookup under a read
     /// lock, then one atomic add.
+    /// The counter of steered answers for (name, region, cdn), for the control plane to
+    /// store in the plan's targets.
+    pub fn steered_counter(&self, name: &str, region: &str, cdn: &str) -> IntCounter {
+        self.inner
+            .queries
+            .with_label_values(&[name, region, cdn, "NOERROR"])
+    }
+
     pub fn steered<N: fmt::Display + ?Sized>(&self, name: &N, region: &str, cdn: &str) {
-        // TODO(perf, issue 5): the planner should pre-resolve this counter per
-        // (name, region, target) and store it in the Plan's `Target`, so that a steered
-        // answer is one atomic add with no formatting or label hashing.
+        // The fallback for plans built without metrics: the controller attaches
+        // pre-resolved counters to every target (see `steered_counter`).
         let mut buf = [0u8; 320];
         let count = |name: &str| {
             self.inner

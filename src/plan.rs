@@ -95,6 +95,10 @@ pub struct Target {
     pub cdn: Arc<str>,
     /// The CNAME target (absolute).
     pub cname: Name,
+    /// `queries_total{name, region, cdn, rcode="NOERROR"}`, resolved by the control
+    /// plane so that counting an answer is one atomic add (`None` when no metrics are
+    /// kept, as in tests that run the DNS server alone).
+    pub answered: Option<prometheus::IntCounter>,
 }
 
 /// Which region a client falls in, and how far that finding extends (the ECS scope).
@@ -146,6 +150,21 @@ impl Plan {
 
     pub fn names(&self) -> impl Iterator<Item = &Steered> {
         self.names.values()
+    }
+
+    /// Resolves every target's answer counter with `counter(name, region, cdn)`.
+    pub fn attach_counters(
+        &mut self,
+        counter: impl Fn(&str, &str, &str) -> prometheus::IntCounter,
+    ) {
+        for steered in self.names.values_mut() {
+            let name = steered.name.to_string();
+            for choice in steered.choices.iter_mut() {
+                for target in choice.targets.iter_mut() {
+                    target.answered = Some(counter(&name, &choice.region, &target.cdn));
+                }
+            }
+        }
     }
 }
 
@@ -455,6 +474,7 @@ mod tests {
     #[test]
     fn pick_follows_weights() {
         let t = |n: &str| Target {
+            answered: None,
             cdn: n.into(),
             cname: Name::from_ascii(format!("{n}.example.net.")).unwrap(),
         };

@@ -140,7 +140,12 @@ impl Controller {
 
     fn plan(&mut self) -> Snapshot {
         let cuts = self.drains.cuts(&self.loaded.policy);
-        let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
+        let (mut snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
+        if let Some(m) = self.local.metrics() {
+            snapshot
+                .plan
+                .attach_counters(|name, region, cdn| m.steered_counter(name, region, cdn));
+        }
         self.note_fail_open(fail_open);
         snapshot
     }

@@ -167,6 +167,7 @@ fn steered(
                         100 - u64::from(cut(c))
                     };
                     let target = Target {
+                        answered: None,
                         cdn: cdn_names[c].clone(),
                         cname: host.cdns[c].cname.clone(),
                     };
@@ -286,6 +287,37 @@ regions:
         assert_eq!(
             weights(&plan(&policy(), &cut(50), &[]), 1).1,
             Reason::Failover
+        );
+    }
+}
+
+#[cfg(test)]
+mod counter_tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn every_target_gets_its_answer_counter() {
+        let text = "hostname: www.example.com\ncdns:\n  a: { cname: a.example.net. }\n  b: { cname: b.example.net. }\nregions:\n  - match: [GB]\n    weights: { a: 1, b: 1 }\n  - match: [\"*\"]\n    weights: { a: 1, b: 1 }\n";
+        let policy = crate::config::parse(Path::new("t.yaml"), text.to_string())
+            .unwrap()
+            .0;
+        let mut planned = plan(&policy, &Removed::new(), &[]);
+        let metrics = crate::metrics::Metrics::new();
+        planned
+            .plan
+            .attach_counters(|n, r, c| metrics.steered_counter(n, r, c));
+        let steered = planned.plan.names().next().unwrap();
+        for region in 0..2 {
+            for (t, _) in steered.choice(region).weights() {
+                let c = t.answered.as_ref().expect("counter attached");
+                c.inc();
+            }
+        }
+        let text = String::from_utf8(metrics.encode().unwrap()).unwrap();
+        assert!(
+            text.contains(r#"steerdns_queries_total{cdn="a",name="www.example.com.",rcode="NOERROR",region="GB"} 1"#),
+            "{text}"
         );
     }
 }

@@ -52,7 +52,7 @@ impl RequestHandler for Handler {
     ///
     /// # Hot path
     /// Counting a steered answer is, for now, a label lookup under the family's read
-    /// lock (TODO(perf, issue 5): counters pre-resolved per target by the planner).
+    /// lock: steered answers count into counters the control plane resolved ahead.
     async fn handle_request<R: ResponseHandler, T: Time>(
         &self,
         request: &Request,
@@ -63,9 +63,10 @@ impl RequestHandler for Handler {
         let (info, steered) = answer::<R, T>(&snap, request, response).await;
         match steered {
             // A steered answer that could not be sent counts as what hickory was told.
-            Some(s) if info.response_code == ResponseCode::NoError => {
-                self.metrics.steered(s.name, s.region, s.cdn)
-            }
+            Some(s) if info.response_code == ResponseCode::NoError => match s.counter {
+                Some(c) => c.inc(),
+                None => self.metrics.steered(s.name, s.region, s.cdn),
+            },
             _ => self.metrics.answered(info.response_code.into()),
         }
         self.metrics.observe(started.elapsed());
@@ -79,6 +80,8 @@ struct Steer<'s> {
     name: &'s Name,
     region: &'s str,
     cdn: &'s str,
+    /// Pre-resolved by the control plane, when it keeps metrics.
+    counter: Option<&'s prometheus::IntCounter>,
 }
 
 /// The query pipeline.
@@ -188,6 +191,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         name: &steered.name,
         region: &choice.region,
         cdn: &target.cdn,
+        counter: target.answered.as_ref(),
     };
     (info, Some(steer))
 }
