@@ -43,7 +43,6 @@ pub struct StateFile {
 
 pub struct Controller {
     loaded: Arc<Loaded>,
-    probes: Probes,
     vantage: String,
     local: Local,
     peers: Peers,
@@ -78,10 +77,8 @@ impl Controller {
         peers: Peers,
         state_file: Option<StateFile>,
     ) -> Controller {
-        let probes = loaded.probes.clone();
         let mut c = Controller {
             loaded,
-            probes,
             vantage,
             local,
             peers,
@@ -328,7 +325,7 @@ impl Controller {
 
     /// Forgets health of CDNs no longer probed and steps of names no longer steered.
     fn retain_known(&mut self) {
-        let probes = &self.probes;
+        let probes = &self.loaded.probes;
         self.health.retain(|cdn, _| probes.get(cdn).is_some());
         let names: Vec<String> = self
             .loaded
@@ -367,12 +364,12 @@ impl Controller {
         let token = stop.child_token();
         self.peers.clear();
         self.peers.spawn(
-            self.probes.vantages.clone(),
-            peer_interval(&self.probes),
+            self.loaded.probes.vantages.clone(),
+            peer_interval(&self.loaded.probes),
             token.clone(),
         );
         prober::spawn(
-            self.probes.specs.clone(),
+            self.loaded.probes.specs.clone(),
             self.vantage.clone(),
             self.local.clone(),
             rounds.clone(),
@@ -406,7 +403,7 @@ impl Controller {
                 for w in loaded.warnings.warnings() {
                     warn!(warning = %w, "configuration warning");
                 }
-                let probes_changed = loaded.probes != self.probes;
+                let probes_changed = loaded.probes != self.loaded.probes;
                 if let Some(m) = self.local.metrics() {
                     m.reload(true);
                     m.config_version(&loaded.version);
@@ -416,7 +413,6 @@ impl Controller {
                 }
                 let from = self.loaded.version.clone();
                 self.loaded = Arc::new(loaded);
-                self.probes = self.loaded.probes.clone();
                 // Health and failover progress carry over for the CDNs and names that remain.
                 self.retain_known();
                 info!(trigger = %trigger, from = %from, to = %self.loaded.version, probes_changed, "configuration reloaded");
@@ -435,13 +431,13 @@ impl Controller {
     }
 
     fn on_round(&mut self, round: Round) {
-        let Some(spec) = self.probes.get(&round.cdn).cloned() else {
+        let Some(spec) = self.loaded.probes.get(&round.cdn).cloned() else {
             return;
         };
         let latest = self.local.snapshot();
         // Until every CDN has been probed (since this one began failing, if it is), a
         // failure here cannot be told from a failure of this vantage point's network.
-        let warming_up = latest.len() < self.probes.specs.len()
+        let warming_up = latest.len() < self.loaded.probes.specs.len()
             || !self.local.others_probed_since_failure(&round.cdn);
         let own = VantageView {
             name: self.vantage.clone(),
@@ -472,7 +468,9 @@ impl Controller {
         // Three rounds, plus a second for a peer's reading to travel and a loaded machine.
         let fresh_ms = (spec.interval * 3).as_millis() as u64 + 1000;
         // With fewer vantage points configured than the quorum, all of them must agree.
-        let quorum = spec.quorum.min(1 + self.probes.vantages.len() as u32);
+        let quorum = spec
+            .quorum
+            .min(1 + self.loaded.probes.vantages.len() as u32);
         let verdict = health::verdict(&round.cdn, &views, quorum, fresh_ms);
         let tracker = self.health.entry(round.cdn.clone()).or_default();
         let from = tracker.state;
