@@ -742,10 +742,3 @@ pub fn peer_interval(probes: &Probes) -> Duration {
         .min()
         .unwrap_or(Duration::from_secs(10))
 }
-
-#[allow(dead_code)]
-fn _assert_send() {
-    fn is_send<T: Send>() {}
-    is_send::<Controller>();
-    let _ = planner::removed_of;
-}
