@@ -1,6 +1,6 @@
 //! Micro-benchmarks of the query path (issue 5, item 3): geo lookup, region match,
-//! weighted pick, the three together (the steering decision), and the whole handler on
-//! a pre-built request (decode excluded; encode included).
+//! weighted pick, the three together (the steering decision), and a whole query from
+//! its bytes to the response's bytes, on the UDP fast path and on the full path.
 //!
 //!   cargo bench --bench pick
 //!
@@ -19,17 +19,13 @@ use arc_swap::ArcSwap;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
-use hickory_proto::rr::{LowerName, Name, Record, RecordType};
-use hickory_proto::serialize::binary::BinEncoder;
-use hickory_server::net::runtime::TokioTime;
-use hickory_server::net::NetError;
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::MessageResponse;
+use hickory_proto::rr::{LowerName, Name, RecordType};
+use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::{self, Inputs};
 use steerdns::dns::geo::Place;
-use steerdns::dns::Handler;
+use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 
 const ADDRS: usize = 4096;
@@ -95,34 +91,7 @@ fn steering(c: &mut Criterion) {
     g.finish();
 }
 
-/// Encodes the response into a fresh buffer, as hickory's own UDP handle does, and
-/// drops it.
-#[derive(Clone)]
-struct Encode;
-
-#[async_trait::async_trait]
-impl ResponseHandler for Encode {
-    async fn send_response<'a>(
-        &mut self,
-        response: MessageResponse<
-            '_,
-            'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-        >,
-    ) -> Result<ResponseInfo, NetError> {
-        let mut bytes = Vec::with_capacity(512);
-        let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(1232);
-        let info = response.destructive_emit(&mut encoder)?;
-        black_box(&bytes);
-        Ok(info)
-    }
-}
-
-/// Polls a future that never waits (the handler with `Encode`) to completion.
+/// Polls a future that never waits (the full path answers without I/O) to completion.
 fn run<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);
     let mut cx = Context::from_waker(Waker::noop());
@@ -134,7 +103,8 @@ fn run<F: Future>(f: F) -> F::Output {
     panic!("the handler waited");
 }
 
-fn request(name: &str, qtype: RecordType, ecs: Option<IpAddr>) -> Request {
+/// A query's bytes, with an ECS option for `ecs` when given.
+fn request(name: &str, qtype: RecordType, ecs: Option<IpAddr>) -> Vec<u8> {
     let mut m = Message::new(4242, MessageType::Query, OpCode::Query);
     m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
     if let Some(ip) = ecs {
@@ -144,21 +114,15 @@ fn request(name: &str, qtype: RecordType, ecs: Option<IpAddr>) -> Request {
             .insert(EdnsOption::Subnet(ClientSubnet::new(ip, 24, 0)));
         m.set_edns(edns);
     }
-    let src: SocketAddr = "192.0.2.1:53000".parse().unwrap();
-    Request::from_bytes(
-        m.to_vec().unwrap(),
-        src,
-        hickory_server::net::xfer::Protocol::Udp,
-    )
-    .unwrap()
+    m.to_vec().unwrap()
 }
 
 fn handler(c: &mut Criterion) {
     let loaded = loaded();
     let live = Arc::new(ArcSwap::from_pointee(loaded.snapshot()));
-    let handler = Handler::new(live, Metrics::new());
+    let handler = Handler::new(live.clone(), Metrics::new());
     let mut rng = SmallRng::seed_from_u64(7);
-    let ecs: Vec<Request> = random_v4(&mut rng)
+    let ecs: Vec<Vec<u8>> = random_v4(&mut rng)
         .into_iter()
         .take(256)
         .map(|ip| {
@@ -170,21 +134,32 @@ fn handler(c: &mut Criterion) {
         .collect();
     let plain = request("www.example.com.", RecordType::A, None);
     let soa = request("example.com.", RecordType::SOA, None);
+    let src: SocketAddr = "192.0.2.1:53000".parse().unwrap();
+    let snap = live.load_full();
+    let mut out = Vec::with_capacity(512);
 
+    // Bytes in, bytes out: the UDP fast path, and the full path (hickory decode,
+    // handler, encode) that TCP and every other query take.
     let mut g = c.benchmark_group("handler");
     g.throughput(Throughput::Elements(1));
     let mut i = 0usize;
-    g.bench_function("steered_ecs", |b| {
+    g.bench_function("fast_path_ecs", |b| {
         b.iter(|| {
             i = (i + 1) % ecs.len();
-            run(handler.handle_request::<_, TokioTime>(&ecs[i], Encode))
+            black_box(wire::answer(&snap, &ecs[i], src.ip(), &mut out, &mut rng).is_some())
         })
     });
-    g.bench_function("steered_plain", |b| {
-        b.iter(|| run(handler.handle_request::<_, TokioTime>(&plain, Encode)))
+    g.bench_function("fast_path_plain", |b| {
+        b.iter(|| black_box(wire::answer(&snap, &plain, src.ip(), &mut out, &mut rng).is_some()))
     });
-    g.bench_function("zone_soa", |b| {
-        b.iter(|| run(handler.handle_request::<_, TokioTime>(&soa, Encode)))
+    g.bench_function("full_path_ecs", |b| {
+        b.iter(|| {
+            i = (i + 1) % ecs.len();
+            black_box(run(handler.respond(&ecs[i], src, Protocol::Udp)))
+        })
+    });
+    g.bench_function("full_path_zone_soa", |b| {
+        b.iter(|| black_box(run(handler.respond(&soa, src, Protocol::Udp))))
     });
     g.finish();
 }

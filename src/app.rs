@@ -1,5 +1,5 @@
 //! Lifecycle: load every input (refusing to start on any error), bind the sockets, run
-//! hickory's server with our handler, stop on SIGINT/SIGTERM.
+//! the DNS tasks (`dns::udp`, `dns::tcp`) and the control plane, stop on SIGINT/SIGTERM.
 
 use std::io;
 use std::net::SocketAddr;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hickory_server::Server;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::{self, Probes};
@@ -20,18 +20,13 @@ use crate::control::planner;
 use crate::control::prober::Local;
 use crate::control::reload;
 use crate::dns::geo::GeoDb;
-use crate::dns::{listen, Handler};
+use crate::dns::rrl::{Rrl, RrlConfig};
+use crate::dns::tcp::{self, TcpLimits};
+use crate::dns::{listen, udp, Handler};
 use crate::error::{ConfigIssue, Issues};
 use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
 use crate::zones::Zones;
-
-/// Idle timeout of a TCP connection: one that completes no query for this long is
-/// closed, whether it sends nothing or trickles bytes (hickory's `TimeoutStream` restarts
-/// only when a whole message has arrived).
-pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Responses queued per TCP connection before back-pressure (hickory's bin uses 32).
-const TCP_RESPONSE_BUFFER: usize = 32;
 
 /// Where the inputs are; the defaults are relative to the working directory, so a fresh
 /// checkout serves its demo policy.
@@ -146,9 +141,11 @@ impl Loaded {
     }
 }
 
-/// A running DNS server. Dropping it stops it.
+/// A running DNS server: one task per UDP socket, one per TCP listener. Dropping it
+/// stops it.
 pub struct Running {
-    server: Server<Handler>,
+    tasks: JoinSet<()>,
+    shutdown: CancellationToken,
     addrs: Vec<SocketAddr>,
     live: Arc<Live>,
 }
@@ -156,24 +153,24 @@ pub struct Running {
 /// Binds every address (UDP and TCP, the default number of UDP sockets) and starts
 /// answering from `snapshot`, with metrics nobody reads (see [`start_with`]).
 pub async fn start(snapshot: Snapshot, listen: &[SocketAddr]) -> io::Result<Running> {
-    let udp_sockets = listen::default_udp_sockets();
-    start_with(snapshot, listen, udp_sockets, Metrics::new()).await
+    start_with_options(snapshot, listen, Metrics::new(), &DnsOptions::default()).await
 }
 
 /// How the DNS listeners treat their clients.
 #[derive(Clone, Debug)]
 pub struct DnsOptions {
-    /// See [`TCP_IDLE_TIMEOUT`]; tests shorten it.
-    pub tcp_idle_timeout: Duration,
     /// UDP sockets per address, sharing the port with SO_REUSEPORT.
     pub udp_sockets: usize,
+    pub tcp: TcpLimits,
+    pub rrl: RrlConfig,
 }
 
 impl Default for DnsOptions {
     fn default() -> Self {
         DnsOptions {
-            tcp_idle_timeout: TCP_IDLE_TIMEOUT,
             udp_sockets: listen::default_udp_sockets(),
+            tcp: TcpLimits::default(),
+            rrl: RrlConfig::default(),
         }
     }
 }
@@ -202,19 +199,33 @@ pub async fn start_with_options(
     opts: &DnsOptions,
 ) -> io::Result<Running> {
     let live = Arc::new(ArcSwap::from_pointee(snapshot));
-    let mut server = Server::new(Handler::new(live.clone(), metrics));
+    let handler = Handler::new(live.clone(), metrics);
+    let rrl = Rrl::new(opts.rrl.clone()).map(Arc::new);
+    let shutdown = CancellationToken::new();
+    let mut tasks = JoinSet::new();
     let mut addrs = Vec::new();
     for &addr in listen {
         let bound = listen::bind(addr, opts.udp_sockets)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         for udp in bound.udp {
-            server.register_socket(udp);
+            tasks.spawn(udp::serve(
+                udp,
+                handler.clone(),
+                rrl.clone(),
+                shutdown.clone(),
+            ));
         }
-        server.register_listener(bound.tcp, opts.tcp_idle_timeout, TCP_RESPONSE_BUFFER);
+        tasks.spawn(tcp::serve(
+            bound.tcp,
+            handler.clone(),
+            opts.tcp,
+            shutdown.clone(),
+        ));
         addrs.push(bound.addr);
     }
     Ok(Running {
-        server,
+        tasks,
+        shutdown,
         addrs,
         live,
     })
@@ -233,29 +244,32 @@ impl Running {
 
     /// A token that stops the server when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
-        self.server.shutdown_token().clone()
+        self.shutdown.clone()
     }
 
-    /// Stops accepting, and returns when every socket task has ended.
+    /// Stops the sockets, and returns when every socket task has ended.
     pub async fn stop(mut self) -> io::Result<()> {
-        self.server
-            .shutdown_gracefully()
-            .await
-            .map_err(io::Error::other)
+        self.shutdown.cancel();
+        self.wait().await
     }
 
-    /// Runs until the shutdown token is cancelled (or a socket fails).
+    /// Runs until the shutdown token is cancelled. A socket task that ends early (its
+    /// socket failed; logged) leaves the others serving.
     pub async fn wait(&mut self) -> io::Result<()> {
-        self.server
-            .block_until_done()
-            .await
-            .map_err(io::Error::other)
+        while let Some(ended) = self.tasks.join_next().await {
+            if let Err(e) = ended {
+                if e.is_panic() {
+                    return Err(io::Error::other(format!("a DNS socket task panicked: {e}")));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.server.shutdown_token().cancel();
+        self.shutdown.cancel();
     }
 }
 
@@ -267,8 +281,8 @@ pub struct ServeOptions {
     /// How often the inputs are checked for changes (zero: only on SIGHUP).
     pub reload_poll: Duration,
     pub listen: Vec<SocketAddr>,
-    /// UDP sockets per listen address (SO_REUSEPORT); see [`listen::default_udp_sockets`].
-    pub udp_sockets: usize,
+    /// UDP sockets, TCP limits, rate limiting.
+    pub dns: DnsOptions,
     /// The HTTP API (observations for peers, state); `None` to run without.
     pub api: Option<SocketAddr>,
     /// Bearer token for the API's mutations; `None` refuses them.
@@ -306,11 +320,11 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         peers.clone(),
         opts.state.clone(),
     );
-    let dns = start_with(
+    let dns = start_with_options(
         controller.snapshot(),
         &opts.listen,
-        opts.udp_sockets,
         metrics.clone(),
+        &opts.dns,
     )
     .await?;
     let (command_tx, command_rx) = tokio::sync::mpsc::channel(16);

@@ -9,10 +9,12 @@ use clap::{Args, Parser, Subcommand};
 use hickory_proto::rr::{LowerName, Name};
 use tracing::{info, warn};
 
-use crate::app::{self, Inputs, Loaded, ServeOptions};
+use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
 use crate::config::Match;
 use crate::control::controller::StateFile;
 use crate::dns::geo::Place;
+use crate::dns::rrl::RrlConfig;
+use crate::dns::tcp::TcpLimits;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
@@ -35,10 +37,8 @@ pub enum Command {
         /// Address to answer on, UDP and TCP; repeat for several (IPv6: [::1]:5353).
         #[arg(long = "listen", value_name = "ADDR", default_value = "127.0.0.1:5353")]
         listen: Vec<SocketAddr>,
-        /// UDP sockets per --listen address, sharing its port with SO_REUSEPORT (the
-        /// kernel spreads queries over them); default: the number of CPUs available.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
-        udp_sockets: Option<u16>,
+        #[command(flatten)]
+        dns: DnsArgs,
         /// HTTP API: observations for peers, state (`off` to disable).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9153")]
         api: ApiAddr,
@@ -147,6 +147,69 @@ fn host_name() -> String {
         .unwrap_or_else(|| "local".into())
 }
 
+/// How the DNS listeners treat their clients.
+#[derive(Args, Debug)]
+pub struct DnsArgs {
+    /// UDP sockets per --listen address, sharing its port with SO_REUSEPORT (the
+    /// kernel spreads queries over them); default: the number of CPUs available.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    udp_sockets: Option<u16>,
+    /// Open DNS-over-TCP connections at most; more are closed when accepted.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    tcp_max_connections: usize,
+    /// A TCP connection idle this long, or this slow to send one message, is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    tcp_idle_timeout: f64,
+    /// Answers per TCP connection before it is closed (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    tcp_max_queries: u32,
+    /// Response rate limit: UDP responses per second per client prefix (0: off).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    rrl_rate: u32,
+    /// Every Nth rate-limited query is answered truncated (TC) so that real clients
+    /// retry over TCP; the others are dropped (0: drop all).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    rrl_slip: u32,
+    /// The client prefix an IPv4 rate applies to.
+    #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=32))]
+    rrl_ipv4_prefix: u8,
+    /// The client prefix an IPv6 rate applies to.
+    #[arg(long, value_name = "BITS", default_value_t = 56, value_parser = clap::value_parser!(u8).range(16..=128))]
+    rrl_ipv6_prefix: u8,
+    /// Sources never rate limited; repeat for several. Giving it replaces the default
+    /// (loopback), e.g. `--rrl-exempt 127.0.0.0/8 --rrl-exempt 192.0.2.53/32`.
+    #[arg(long, value_name = "CIDR", default_values = ["127.0.0.0/8", "::1/128"])]
+    rrl_exempt: Vec<ipnet::IpNet>,
+}
+
+impl DnsArgs {
+    fn options(self) -> Result<DnsOptions, String> {
+        if !(self.tcp_idle_timeout.is_finite() && self.tcp_idle_timeout > 0.0) {
+            return Err("--tcp-idle-timeout must be a positive number of seconds".into());
+        }
+        if self.tcp_max_connections == 0 {
+            return Err("--tcp-max-connections must be at least 1".into());
+        }
+        Ok(DnsOptions {
+            udp_sockets: self
+                .udp_sockets
+                .map_or_else(crate::dns::listen::default_udp_sockets, usize::from),
+            tcp: TcpLimits {
+                max_connections: self.tcp_max_connections,
+                idle_timeout: Duration::from_secs_f64(self.tcp_idle_timeout),
+                max_queries: self.tcp_max_queries,
+            },
+            rrl: RrlConfig {
+                rate: self.rrl_rate,
+                slip: self.rrl_slip,
+                ipv4_prefix: self.rrl_ipv4_prefix,
+                ipv6_prefix: self.rrl_ipv6_prefix,
+                exempt: self.rrl_exempt,
+            },
+        })
+    }
+}
+
 impl From<InputArgs> for Inputs {
     fn from(a: InputArgs) -> Inputs {
         Inputs {
@@ -164,7 +227,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Serve {
             inputs,
             listen,
-            udp_sockets,
+            dns,
             api,
             state_dir,
             state_max_age_seconds,
@@ -180,13 +243,19 @@ pub async fn run(cli: Cli) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            let dns = match dns.options() {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("steerdns: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let opts = ServeOptions {
                 inputs: inputs.clone(),
                 reload_poll: Duration::from_millis(reload_poll_ms),
                 api_token,
                 listen,
-                udp_sockets: udp_sockets
-                    .map_or_else(crate::dns::listen::default_udp_sockets, usize::from),
+                dns,
                 api: api.0,
                 state: Some(StateFile {
                     dir: state_dir,
@@ -258,7 +327,7 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
         }
     };
     for addr in service.dns.addrs() {
-        info!(%addr, udp_sockets = opts.udp_sockets, "listening (udp, tcp)");
+        info!(%addr, udp_sockets = opts.dns.udp_sockets, "listening (udp, tcp)");
     }
     if let Some(addr) = service.api {
         info!(%addr, "api listening (http)");

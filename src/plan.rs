@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use hickory_proto::rr::{LowerName, Name};
+use hickory_proto::rr::Name;
 use hickory_server::zone_handler::Catalog;
 use ipnet::IpNet;
 use rand::{Rng, RngExt};
@@ -33,7 +33,9 @@ pub type Live = ArcSwap<Snapshot>;
 /// Every steered name, and how to answer it right now.
 #[derive(Debug, Default)]
 pub struct Plan {
-    names: HashMap<LowerName, Steered>,
+    /// By the name's lowercase wire form (labels with their lengths, the root's 0), so
+    /// that the UDP fast path looks a query up by the bytes it received.
+    names: HashMap<Box<[u8]>, Steered>,
 }
 
 /// One steered name.
@@ -95,6 +97,8 @@ pub struct Target {
     pub cdn: Arc<str>,
     /// The CNAME target (absolute).
     pub cname: Name,
+    /// `cname` in uncompressed wire form, as the UDP fast path copies it into answers.
+    pub cname_wire: Box<[u8]>,
     /// `queries_total{name, region, cdn, rcode="NOERROR"}`, resolved by the control
     /// plane so that counting an answer is one atomic add (`None` when no metrics are
     /// kept, as in tests that run the DNS server alone).
@@ -132,20 +136,27 @@ const NONE: u16 = u16::MAX;
 
 impl Plan {
     pub fn new(names: Vec<Steered>) -> Plan {
+        let mut buf = [0u8; 255];
         Plan {
             names: names
                 .into_iter()
-                .map(|s| (LowerName::new(&s.name), s))
+                .filter_map(|s| Some((Box::from(wire_name(&s.name, &mut buf)?), s)))
                 .collect(),
         }
     }
 
-    /// The steered name, if `name` is one.
+    /// The steered name, if `name` is one (in any case).
     ///
     /// # Hot path
-    /// A hash lookup on the already lowercased query name; no allocation.
-    pub fn get(&self, name: &LowerName) -> Option<&Steered> {
-        self.names.get(name)
+    /// The name's wire form on the stack, then a hash lookup; no allocation.
+    pub fn get(&self, name: &Name) -> Option<&Steered> {
+        let mut buf = [0u8; 255];
+        self.get_wire(wire_name(name, &mut buf)?)
+    }
+
+    /// The steered name whose lowercase wire form is `wire`, if any.
+    pub fn get_wire(&self, wire: &[u8]) -> Option<&Steered> {
+        self.names.get(wire)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &Steered> {
@@ -164,6 +175,40 @@ impl Plan {
                     target.answered = Some(counter(&name, &choice.region, &target.cdn));
                 }
             }
+        }
+    }
+}
+
+/// Writes `name` in lowercase, uncompressed wire form into `buf`, as an absolute name;
+/// `None` if it does not fit (names are at most 255 bytes).
+pub fn wire_name<'b>(name: &Name, buf: &'b mut [u8; 255]) -> Option<&'b [u8]> {
+    let mut len = 0;
+    for label in name.iter() {
+        let end = len + 1 + label.len();
+        if end >= buf.len() {
+            return None;
+        }
+        buf[len] = u8::try_from(label.len()).ok()?;
+        buf[len + 1..end].copy_from_slice(label);
+        buf[len + 1..end].make_ascii_lowercase();
+        len = end;
+    }
+    buf[len] = 0;
+    Some(&buf[..=len])
+}
+
+// === impl Target ===
+
+impl Target {
+    pub fn new(cdn: Arc<str>, cname: Name) -> Target {
+        let mut buf = [0u8; 255];
+        // Configured names are checked to fit when the policy is loaded.
+        let cname_wire = wire_name(&cname, &mut buf).map_or_else(|| Box::from([0u8]), Box::from);
+        Target {
+            cdn,
+            cname,
+            cname_wire,
+            answered: None,
         }
     }
 }
@@ -473,10 +518,11 @@ mod tests {
 
     #[test]
     fn pick_follows_weights() {
-        let t = |n: &str| Target {
-            answered: None,
-            cdn: n.into(),
-            cname: Name::from_ascii(format!("{n}.example.net.")).unwrap(),
+        let t = |n: &str| {
+            Target::new(
+                n.into(),
+                Name::from_ascii(format!("{n}.example.net.")).unwrap(),
+            )
         };
         let c = Choice::new(
             "r".into(),

@@ -1,28 +1,23 @@
-//! Raw bytes through the request path the server uses: hickory's decode
-//! (`Request::from_bytes` is `MessageRequest::read` after `Header::read`, as in hickory's
-//! `ServerContext::handle_request`), its QR=1 drop, then our `Handler` with the demo
-//! policy, the test zone and the test geo database. The response is encoded as hickory's
-//! `ResponseHandle` does (UDP capped at the response OPT's size, else 512) and checked:
-//! it decodes, answers the same id with QR=1, and fits the UDP limit.
+//! Raw bytes through both request paths the server has, with the multi-name test
+//! policy (every region pinned to one CDN), the test zone and the test geo database:
+//! - the full path, `Handler::respond` (hickory decode, our handler, encode as hickory's
+//!   `ResponseHandle` does): its response must decode, answer the same id with QR=1, and
+//!   fit the UDP limit;
+//! - the UDP fast path, `wire::answer`: whenever it answers, the full path must give the
+//!   same message.
 //!
 //! The first input byte chooses the transport and the client's source address; the
 //! rest is the DNS message.
 #![no_main]
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use hickory_proto::op::{Message, MessageType};
-use hickory_proto::rr::Record;
-use hickory_proto::serialize::binary::BinEncoder;
-use hickory_server::net::runtime::TokioTime;
 use hickory_server::net::xfer::Protocol;
-use hickory_server::net::NetError;
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::MessageResponse;
 use libfuzzer_sys::fuzz_target;
 use steerdns::app::{self, Inputs};
-use steerdns::dns::Handler;
+use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 
 struct Fixture {
@@ -35,7 +30,7 @@ fn fixture() -> &'static Fixture {
     F.get_or_init(|| {
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let inputs = Inputs {
-            config: repo.join("steering.yaml"),
+            config: repo.join("tests/fixtures/steering-multi.yaml"),
             zones: repo.join("tests/fixtures/zones"),
             geo: repo.join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
@@ -54,38 +49,6 @@ fn fixture() -> &'static Fixture {
 
 fn arc_swap_new(s: steerdns::plan::Snapshot) -> steerdns::plan::Live {
     steerdns::plan::Live::from_pointee(s)
-}
-
-/// Encodes the response into a shared buffer, as hickory's `ResponseHandle` would send it.
-#[derive(Clone)]
-struct Capture {
-    protocol: Protocol,
-    out: Arc<Mutex<Vec<Vec<u8>>>>,
-}
-
-#[async_trait::async_trait]
-impl ResponseHandler for Capture {
-    async fn send_response<'a>(
-        &mut self,
-        response: MessageResponse<
-            '_,
-            'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-        >,
-    ) -> Result<ResponseInfo, NetError> {
-        let mut bytes = Vec::with_capacity(512);
-        let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(match self.protocol {
-            Protocol::Udp => response.edns().map_or(512, |e| e.max_payload()),
-            _ => u16::MAX,
-        });
-        let info = response.destructive_emit(&mut encoder)?;
-        self.out.lock().unwrap().push(bytes);
-        Ok(info)
-    }
 }
 
 const SOURCES: [&str; 4] = [
@@ -107,40 +70,38 @@ fuzz_target!(|data: &[u8]| {
     let src: SocketAddr = SOURCES[usize::from(sel >> 1) % SOURCES.len()]
         .parse()
         .unwrap();
-    // hickory drops what does not decode (after a FORMERR of its own) and what has QR=1.
-    let Ok(request) = Request::from_bytes(msg.to_vec(), src, protocol) else {
-        return;
-    };
-    if request.metadata.message_type == MessageType::Response {
-        return;
-    }
     let f = fixture();
-    let capture = Capture {
-        protocol,
-        out: Arc::default(),
-    };
-    f.rt.block_on(
-        f.handler
-            .handle_request::<_, TokioTime>(&request, capture.clone()),
-    );
-    let out = capture.out.lock().unwrap();
-    assert!(out.len() <= 1, "{} responses to one request", out.len());
-    let Some(bytes) = out.first() else {
+    let full = f.rt.block_on(f.handler.respond(msg, src, protocol));
+
+    // The UDP fast path, on the same bytes: when it answers, the full path must give
+    // the same message (the policy pins every region to one CDN).
+    let mut fast = Vec::new();
+    let snap = f.handler.live().load_full();
+    let mut rng = rand::rng();
+    if wire::answer(&snap, msg, src.ip(), &mut fast, &mut rng).is_some() {
+        let full = full.as_ref().expect("the full path answers what the fast path does");
+        let a = Message::from_vec(&fast).expect("the fast path's answer decodes");
+        let b = Message::from_vec(full).expect("the full path's answer decodes");
+        assert_eq!(a, b, "fast and full paths differ");
+    }
+
+    let Some(bytes) = full else {
         return;
     };
+    let query = Message::from_vec(msg).ok();
     if protocol == Protocol::Udp {
-        let limit = request
-            .edns
+        let limit = query
             .as_ref()
+            .and_then(|q| q.edns.as_ref())
             .map_or(512, |e| e.max_payload().clamp(512, 1232));
-        assert!(
-            bytes.len() <= usize::from(limit),
-            "{} > {limit}",
-            bytes.len()
-        );
+        assert!(bytes.len() <= usize::from(limit), "{} > {limit}", bytes.len());
     }
-    let answer = Message::from_vec(bytes).expect("our response decodes");
-    assert_eq!(answer.metadata.id, request.metadata.id);
+    let answer = Message::from_vec(&bytes).expect("our response decodes");
+    assert_eq!(answer.metadata.id, u16::from_be_bytes([msg[0], msg[1]]));
     assert_eq!(answer.metadata.message_type, MessageType::Response);
-    assert_eq!(answer.edns.is_some(), request.edns.is_some(), "OPT iff OPT");
+    if let Some(q) = query {
+        if answer.metadata.response_code != hickory_proto::op::ResponseCode::FormErr {
+            assert_eq!(answer.edns.is_some(), q.edns.is_some(), "OPT iff OPT");
+        }
+    }
 });

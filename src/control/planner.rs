@@ -166,11 +166,7 @@ fn steered(
                     } else {
                         100 - u64::from(cut(c))
                     };
-                    let target = Target {
-                        answered: None,
-                        cdn: cdn_names[c].clone(),
-                        cname: host.cdns[c].cname.clone(),
-                    };
+                    let target = Target::new(cdn_names[c].clone(), host.cdns[c].cname.clone());
                     (target, u64::from(region.weights[c]) * keep)
                 })
                 .collect();

@@ -1,30 +1,40 @@
 //! Data plane: one DNS query in, one response out.
 //!
 //! ```text
-//! UDP/TCP packet ─▶ hickory-server ─▶ Handler::handle_request
+//! UDP socket ─▶ udp.rs: batches of datagrams (recvmmsg/sendmmsg), rate limit (rrl.rs)
+//!    ├─ steered name, plain form ─▶ wire.rs: answered from the bytes (the fast path)
+//!    └─ anything else ─┐
+//! TCP listener ─▶ tcp.rs ─┴▶ Handler::respond: hickory decode ─▶ Handler::handle_request
 //!    EDNS/ECS checks ─▶ steered name? ──no──▶ zones (hickory Catalog), ECS scope 0
 //!                            │yes
 //!    client location (ECS | source) ─▶ geo lookup ─▶ region ─▶ weighted pick ─▶ CNAME + ECS scope
 //! ```
 //!
-//! No I/O, no locks, no awaits except the send; everything expensive was done by the
-//! planner. This is the only module that names hickory's request and response types.
+//! No locks and no I/O besides the sockets; everything expensive was done by the
+//! planner. Only this module and `wire.rs` know the DNS message format.
 
 pub mod countries;
 pub mod edns;
 pub mod geo;
 pub mod listen;
+pub mod rrl;
+pub mod tcp;
+pub mod udp;
+pub mod wire;
 
 use std::iter;
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::CNAME;
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use hickory_proto::serialize::binary::BinDecoder;
-use hickory_server::net::runtime::Time;
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
+use hickory_server::net::runtime::{Time, TokioTime};
+use hickory_server::net::xfer::Protocol;
+use hickory_server::net::NetError;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::{MessageResponseBuilder, Queries};
+use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Queries};
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
@@ -42,6 +52,108 @@ pub struct Handler {
 impl Handler {
     pub fn new(live: Arc<Live>, metrics: Metrics) -> Handler {
         Handler { live, metrics }
+    }
+
+    pub fn live(&self) -> &Arc<Live> {
+        &self.live
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Counts a steered answer: one atomic add when the control plane resolved the
+    /// counter ahead, a label lookup otherwise.
+    pub fn count_steered(&self, s: &Steer<'_>) {
+        match s.counter {
+            Some(c) => c.inc(),
+            None => self.metrics.steered(s.name, s.region, s.cdn),
+        }
+    }
+
+    /// The full path: one DNS message in, the response's bytes out (`None`: no answer).
+    /// Decodes with hickory as its server does: fewer than 12 bytes and responses
+    /// (QR=1) get nothing; a header followed by an undecodable body gets `FORMERR`.
+    /// Over UDP the response fits the client's payload size (else 512), truncated with
+    /// TC as hickory does.
+    pub async fn respond(
+        &self,
+        packet: &[u8],
+        src: SocketAddr,
+        protocol: Protocol,
+    ) -> Option<Vec<u8>> {
+        if packet.len() < 12 || packet[2] & 0x80 != 0 {
+            return None;
+        }
+        let capture = Capture {
+            protocol,
+            out: Arc::default(),
+        };
+        match Request::from_bytes(packet.to_vec(), src, protocol) {
+            Ok(request) => {
+                self.handle_request::<_, TokioTime>(&request, capture.clone())
+                    .await;
+            }
+            Err(_) => {
+                let header = Header::read(&mut BinDecoder::new(packet)).ok()?;
+                let none = Queries::read(&mut BinDecoder::new(&[]), 0).ok()?;
+                let message = MessageResponseBuilder::new(&none, None)
+                    .error_msg(&header.metadata, ResponseCode::FormErr);
+                let _ = message_send(capture.clone(), message).await;
+                self.metrics.answered(ResponseCode::FormErr.into());
+            }
+        }
+        let mut out = capture.out.lock().unwrap_or_else(|p| p.into_inner());
+        out.take()
+    }
+}
+
+/// Keeps the response's bytes, encoded as hickory's `ResponseHandle` does.
+#[derive(Clone)]
+struct Capture {
+    protocol: Protocol,
+    out: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+#[async_trait::async_trait]
+impl ResponseHandler for Capture {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let id = response.metadata().id;
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(match self.protocol {
+            // RFC 1035 §4.2.1: 512 bytes without EDNS.
+            Protocol::Udp => response.edns().map_or(512, |e| e.max_payload()),
+            _ => u16::MAX,
+        });
+        let info = match response.destructive_emit(&mut encoder) {
+            Ok(info) => info,
+            Err(e) => {
+                // What hickory does when a response cannot be encoded: a bare SERVFAIL.
+                tracing::error!(error = %e, "cannot encode a response; SERVFAIL instead");
+                bytes.clear();
+                let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
+                metadata.response_code = ResponseCode::ServFail;
+                let header = Header {
+                    metadata,
+                    counts: HeaderCounts::default(),
+                };
+                header.emit(&mut BinEncoder::new(&mut bytes))?;
+                ResponseInfo::from(header)
+            }
+        };
+        *self.out.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
+        Ok(info)
     }
 }
 
@@ -63,10 +175,7 @@ impl RequestHandler for Handler {
         let (info, steered) = answer::<R, T>(&snap, request, response).await;
         match steered {
             // A steered answer that could not be sent counts as what hickory was told.
-            Some(s) if info.response_code == ResponseCode::NoError => match s.counter {
-                Some(c) => c.inc(),
-                None => self.metrics.steered(s.name, s.region, s.cdn),
-            },
+            Some(s) if info.response_code == ResponseCode::NoError => self.count_steered(&s),
             _ => self.metrics.answered(info.response_code.into()),
         }
         self.metrics.observe(started.elapsed());
@@ -75,13 +184,13 @@ impl RequestHandler for Handler {
 }
 
 /// Which steered answer was given, for the metrics.
-struct Steer<'s> {
+pub struct Steer<'s> {
     /// The steered name as configured.
-    name: &'s Name,
-    region: &'s str,
-    cdn: &'s str,
+    pub name: &'s Name,
+    pub region: &'s str,
+    pub cdn: &'s str,
     /// Pre-resolved by the control plane, when it keeps metrics.
-    counter: Option<&'s prometheus::IntCounter>,
+    pub counter: Option<&'s prometheus::IntCounter>,
 }
 
 /// The query pipeline.

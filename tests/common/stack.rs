@@ -105,7 +105,10 @@ impl Stack {
             inputs: inputs.clone(),
             reload_poll: Duration::from_millis(50),
             listen: vec!["127.0.0.1:0".parse().unwrap()],
-            udp_sockets: 2,
+            dns: app::DnsOptions {
+                udp_sockets: 2,
+                ..app::DnsOptions::default()
+            },
             api: Some("127.0.0.1:0".parse().unwrap()),
             api_token: Some(TOKEN.into()),
             state: Some(StateFile {

@@ -1,0 +1,247 @@
+//! Data plane: response rate limiting over UDP, as in NSD, Knot and BIND. A flood with
+//! a spoofed source turns steerdns into an amplifier aimed at the owner of that source;
+//! RRL bounds what any one client prefix receives.
+//!
+//! Each client prefix (IPv4 /24 and IPv6 /56 by default) may receive `rate` responses
+//! per second. Past that, every `slip`-th limited query gets a truncated answer (TC=1,
+//! no records: a real client retries over TCP, which cannot be spoofed) and the others
+//! are dropped. TCP is never limited. Exempt sources (by default loopback, which the
+//! kernel never accepts from the network) are never limited.
+//!
+//! The table is a fixed array of atomic counters indexed by a keyed hash of the prefix:
+//! constant memory whatever the flood, no locks, and two prefixes that share a slot
+//! share a budget (a hash key picked at start keeps an attacker from aiming at one).
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use ipnet::IpNet;
+
+/// Slots in the table (512 KiB).
+const SLOTS: usize = 1 << 16;
+
+/// How response rate limiting is set up (`--rrl-*` flags).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RrlConfig {
+    /// Responses per second per prefix; 0 turns rate limiting off. At most 65,535.
+    pub rate: u32,
+    /// Every `slip`-th limited query gets a truncated answer; 0: none do.
+    pub slip: u32,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    /// Sources never limited.
+    pub exempt: Vec<IpNet>,
+}
+
+impl Default for RrlConfig {
+    /// 1,000 responses per second per /24 or /56, slip 2: far above what one resolver's
+    /// address block asks of one authoritative server (answers are cached for their
+    /// TTL), far below what makes a useful reflection.
+    fn default() -> Self {
+        RrlConfig {
+            rate: 1000,
+            slip: 2,
+            ipv4_prefix: 24,
+            ipv6_prefix: 56,
+            exempt: default_exempt(),
+        }
+    }
+}
+
+/// Loopback: a datagram from the network claiming it never reaches a socket.
+pub fn default_exempt() -> Vec<IpNet> {
+    ["127.0.0.0/8", "::1/128"]
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// What to do with one query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Answer,
+    /// Answer with TC=1 and nothing else.
+    Slip,
+    Drop,
+}
+
+pub struct Rrl {
+    cfg: RrlConfig,
+    /// Per slot: hash tag (32 bits) | second (16 bits) | responses in it (16 bits).
+    table: Box<[AtomicU64]>,
+    key: u64,
+    epoch: Instant,
+    limited: AtomicU32,
+}
+
+impl Rrl {
+    /// `None` when `cfg.rate` is 0 (off).
+    pub fn new(cfg: RrlConfig) -> Option<Rrl> {
+        if cfg.rate == 0 {
+            return None;
+        }
+        Some(Rrl {
+            cfg: RrlConfig {
+                rate: cfg.rate.min(u32::from(u16::MAX)),
+                ipv4_prefix: cfg.ipv4_prefix.min(32),
+                ipv6_prefix: cfg.ipv6_prefix.min(128),
+                ..cfg
+            },
+            table: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            key: rand::random::<u64>() | 1,
+            epoch: Instant::now(),
+            limited: AtomicU32::new(0),
+        })
+    }
+
+    /// Counts one response to `ip` and says whether it may go.
+    ///
+    /// # Hot path
+    /// A hash and one compare-and-swap on one slot.
+    pub fn check(&self, ip: IpAddr) -> Verdict {
+        if self.cfg.exempt.iter().any(|n| n.contains(&ip)) {
+            return Verdict::Answer;
+        }
+        let prefix = self.prefix(ip);
+        let h = self.hash(prefix);
+        let slot = &self.table[(h as usize) & (SLOTS - 1)];
+        let tag = h >> 32;
+        let second = self.epoch.elapsed().as_secs() & 0xffff;
+        let mut cur = slot.load(Ordering::Relaxed);
+        loop {
+            let count = if cur >> 32 == tag && (cur >> 16) & 0xffff == second {
+                cur & 0xffff
+            } else {
+                0
+            };
+            if count >= u64::from(self.cfg.rate) {
+                break;
+            }
+            let new = tag << 32 | second << 16 | (count + 1);
+            match slot.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Verdict::Answer,
+                Err(now) => cur = now,
+            }
+        }
+        let n = self.limited.fetch_add(1, Ordering::Relaxed);
+        if self.cfg.slip > 0 && n.is_multiple_of(self.cfg.slip) {
+            Verdict::Slip
+        } else {
+            Verdict::Drop
+        }
+    }
+
+    /// The client's prefix as one number, the family in the top bit.
+    fn prefix(&self, ip: IpAddr) -> u128 {
+        match ip {
+            IpAddr::V4(a) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.cfg.ipv4_prefix))
+                    .unwrap_or(0);
+                u128::from(u32::from(a) & mask)
+            }
+            IpAddr::V6(a) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.cfg.ipv6_prefix))
+                    .unwrap_or(0);
+                (u128::from(a) & mask) >> 1 | 1 << 127
+            }
+        }
+    }
+
+    /// Keyed multiply-xorshift over the prefix's two halves.
+    fn hash(&self, p: u128) -> u64 {
+        let mut h = self.key;
+        for half in [p as u64, (p >> 64) as u64] {
+            h = (h ^ half).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h ^= h >> 29;
+        }
+        h.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (h >> 32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rrl(rate: u32, slip: u32) -> Rrl {
+        Rrl::new(RrlConfig {
+            rate,
+            slip,
+            exempt: vec![],
+            ..RrlConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn off_at_rate_zero() {
+        assert!(Rrl::new(RrlConfig {
+            rate: 0,
+            ..RrlConfig::default()
+        })
+        .is_none());
+    }
+
+    #[test]
+    fn limits_per_prefix_and_slips() {
+        let r = rrl(10, 2);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let same_24: IpAddr = "192.0.2.200".parse().unwrap();
+        let other: IpAddr = "198.51.100.1".parse().unwrap();
+        let verdicts: Vec<Verdict> = (0..40)
+            .map(|i| r.check(if i % 2 == 0 { a } else { same_24 }))
+            .collect();
+        // The window may roll over once during the loop: at most two budgets.
+        let answered = verdicts.iter().filter(|v| **v == Verdict::Answer).count();
+        assert!((10..=20).contains(&answered), "{answered}");
+        let slipped = verdicts.iter().filter(|v| **v == Verdict::Slip).count();
+        let dropped = verdicts.iter().filter(|v| **v == Verdict::Drop).count();
+        assert!(slipped.abs_diff(dropped) <= 1, "{slipped} vs {dropped}");
+        // Another prefix has its own budget.
+        assert_eq!(r.check(other), Verdict::Answer);
+    }
+
+    #[test]
+    fn exempt_sources_are_never_limited() {
+        let r = rrl(1, 0);
+        let defaults = Rrl::new(RrlConfig {
+            rate: 1,
+            ..RrlConfig::default()
+        })
+        .unwrap();
+        let custom = Rrl::new(RrlConfig {
+            rate: 1,
+            exempt: vec!["203.0.113.0/24".parse().unwrap()],
+            ..RrlConfig::default()
+        })
+        .unwrap();
+        let always = |r: &Rrl, ip: &str| {
+            let ip: IpAddr = ip.parse().unwrap();
+            (0..100).all(|_| r.check(ip) == Verdict::Answer)
+        };
+        assert!(always(&defaults, "127.0.0.1") && always(&defaults, "::1"));
+        assert!(always(&custom, "203.0.113.9"));
+        assert!(
+            !always(&custom, "127.0.0.1"),
+            "the list replaces the default"
+        );
+        assert!(!always(&r, "127.0.0.1"));
+    }
+
+    #[test]
+    fn ipv6_prefixes() {
+        let r = rrl(1, 0);
+        let a: IpAddr = "2001:db8:0:1::1".parse().unwrap();
+        let same_56: IpAddr = "2001:db8:0:ff::2".parse().unwrap();
+        let other_56: IpAddr = "2001:db8:0:100::1".parse().unwrap();
+        assert_eq!(r.check(a), Verdict::Answer);
+        // The same /56: over budget (one more if the second rolls over meanwhile).
+        let answered = (0..5)
+            .filter(|_| r.check(same_56) == Verdict::Answer)
+            .count();
+        assert!(answered <= 1, "{answered}");
+        assert_eq!(r.check(other_56), Verdict::Answer);
+    }
+}

@@ -1,0 +1,351 @@
+//! Data plane: the fast path. Answers the query steerdns exists for (one question for a
+//! steered name, class IN, at most an OPT record with at most one well-formed ECS option)
+//! straight from the received bytes into a response buffer: no decode into hickory's
+//! types, no allocation, no task.
+//!
+//! Everything else (zone data, every error, every unusual form) returns `None` and goes
+//! the full way through [`super::Handler`], which also answers these same queries when
+//! they come over TCP. The answers of both paths are the same message: `tests/fast_path.rs`
+//! sends every form to both and compares, and so does the `request` fuzz target.
+//!
+//! ```text
+//! query:    header | question (copied as received) | [OPT: payload, DO, ECS]
+//! response: header (QR AA, RD and CD copied) | question | CNAME, owner = pointer to the
+//!           question | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope]
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use rand::Rng;
+
+use super::edns::MAX_UDP_PAYLOAD;
+use super::Steer;
+use crate::plan::Snapshot;
+
+const HEADER: usize = 12;
+const TYPE_OPT: u16 = 41;
+const TYPE_CNAME: u16 = 5;
+const CLASS_IN: u16 = 1;
+const OPTION_ECS: u16 = 8;
+
+/// A query the fast path can answer, as found in the received bytes.
+struct Query<'q> {
+    packet: &'q [u8],
+    /// End of the question section (header + name + type + class).
+    question_end: usize,
+    /// The OPT record's fields, when there is one.
+    opt: Option<Opt<'q>>,
+}
+
+struct Opt<'q> {
+    payload: u16,
+    dnssec_ok: bool,
+    /// The ECS option's data (family, source, scope, address), as received.
+    ecs: Option<Ecs<'q>>,
+}
+
+struct Ecs<'q> {
+    family: u16,
+    source: u8,
+    address: &'q [u8],
+}
+
+/// Answers `packet` from `src` into `out` if it is a query for a steered name in its
+/// plain form; returns the answer given, for counting. `None`: `out` holds nothing
+/// useful and the query goes to the full handler.
+///
+/// # Hot path
+/// Bounds-checked byte reads, one hash lookup, the steering decision, one draw, and
+/// copies into `out` (whose capacity is reused). No allocation once `out` has grown.
+pub fn answer<'s, R: Rng + ?Sized>(
+    snap: &'s Snapshot,
+    packet: &[u8],
+    src: IpAddr,
+    out: &mut Vec<u8>,
+    rng: &mut R,
+) -> Option<Steer<'s>> {
+    let mut lower = [0u8; 255];
+    let (query, name_len) = parse(packet, &mut lower)?;
+    let steered = snap.plan.get_wire(&lower[..name_len])?;
+
+    let ecs = query.opt.as_ref().and_then(|o| o.ecs.as_ref());
+    let tailored = ecs.is_some_and(|e| e.source > 0);
+    let client = match ecs {
+        Some(e) if e.source > 0 => e.ip(),
+        _ => src,
+    };
+    let place = snap.geo.locate(client);
+    let decision = steered.decide(client, &place);
+    let choice = steered.choose(&decision);
+    let target = choice.pick(rng);
+    let scope = if tailored { decision.scope } else { 0 };
+
+    let h = query.packet;
+    out.clear();
+    // Header: id; QR, opcode 0, AA, RD copied; RA 0, AD 0, CD copied, NOERROR.
+    out.extend_from_slice(&h[0..2]);
+    out.push(0x80 | 0x04 | (h[2] & 0x01));
+    out.push(h[3] & 0x10);
+    out.extend_from_slice(&[0, 1, 0, 1, 0, 0, 0, u8::from(query.opt.is_some())]);
+    out.extend_from_slice(&h[HEADER..query.question_end]);
+    // The answer: owner = a pointer to the question's name (offset 12), so its case
+    // is the client's (RFC 4343).
+    out.extend_from_slice(&[0xc0, HEADER as u8]);
+    out.extend_from_slice(&TYPE_CNAME.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    out.extend_from_slice(&choice.ttl.to_be_bytes());
+    out.extend_from_slice(&(target.cname_wire.len() as u16).to_be_bytes());
+    out.extend_from_slice(&target.cname_wire);
+    let limit = match &query.opt {
+        None => 512,
+        Some(opt) => {
+            let payload = opt.payload.clamp(512, MAX_UDP_PAYLOAD);
+            out.push(0); // root owner
+            out.extend_from_slice(&TYPE_OPT.to_be_bytes());
+            out.extend_from_slice(&payload.to_be_bytes());
+            // Extended rcode 0, version 0, flags: DO copied, nothing else.
+            out.extend_from_slice(&[0, 0, if opt.dnssec_ok { 0x80 } else { 0 }, 0]);
+            match &opt.ecs {
+                None => out.extend_from_slice(&[0, 0]),
+                Some(e) => {
+                    let len = 4 + e.address.len() as u16;
+                    out.extend_from_slice(&(4 + len).to_be_bytes());
+                    out.extend_from_slice(&OPTION_ECS.to_be_bytes());
+                    out.extend_from_slice(&len.to_be_bytes());
+                    out.extend_from_slice(&e.family.to_be_bytes());
+                    out.push(e.source);
+                    out.push(if e.source == 0 { 0 } else { scope });
+                    out.extend_from_slice(e.address);
+                }
+            }
+            usize::from(payload)
+        }
+    };
+    // Long names near the limit: the full path truncates as hickory does.
+    (out.len() <= limit).then_some(Steer {
+        name: &steered.name,
+        region: &choice.region,
+        cdn: &target.cdn,
+        counter: target.answered.as_ref(),
+    })
+}
+
+/// A truncated answer to `packet` for the rate limiter's slip: header (QR, TC; RD and
+/// CD copied), the question if it is one plain name, no records. `false`: not a query
+/// worth answering (too short, QR=1).
+pub fn truncated(packet: &[u8], out: &mut Vec<u8>) -> bool {
+    let Some(h) = packet.get(..HEADER) else {
+        return false;
+    };
+    if h[2] & 0x80 != 0 {
+        return false;
+    }
+    let question = (h[4..6] == [0, 1]).then(|| question_end(packet)).flatten();
+    out.clear();
+    out.extend_from_slice(&h[0..2]);
+    out.push(0x80 | (h[2] & 0x79) | 0x02);
+    out.push(h[3] & 0x10);
+    out.extend_from_slice(&[0, u8::from(question.is_some()), 0, 0, 0, 0, 0, 0]);
+    if let Some(end) = question {
+        out.extend_from_slice(&packet[HEADER..end]);
+    }
+    true
+}
+
+/// The end of a question of one uncompressed name at offset 12.
+fn question_end(packet: &[u8]) -> Option<usize> {
+    let mut i = HEADER;
+    loop {
+        let len = usize::from(*packet.get(i)?);
+        if len == 0 {
+            break;
+        }
+        if len > 63 || i + len + 1 - HEADER >= 255 {
+            return None;
+        }
+        i += 1 + len;
+    }
+    (packet.len() >= i + 5).then_some(i + 5)
+}
+
+/// Reads the plain form of a query; writes the lowercased question name to `lower` and
+/// returns its length. Anything else: `None`.
+fn parse<'q>(packet: &'q [u8], lower: &mut [u8; 255]) -> Option<(Query<'q>, usize)> {
+    let h = packet.get(..HEADER)?;
+    // QR 0, opcode QUERY, TC 0 (AA and RD are allowed); rcode 0.
+    if h[2] & 0xfa != 0 || h[3] & 0x0f != 0 {
+        return None;
+    }
+    // QDCOUNT 1, ANCOUNT 0, NSCOUNT 0, ARCOUNT 0 or 1.
+    if h[4..11] != [0, 1, 0, 0, 0, 0, 0] || h[11] > 1 {
+        return None;
+    }
+    // The name: uncompressed labels of 1 to 63 bytes, at most 255 bytes in all.
+    let question_end = question_end(packet)?;
+    let i = question_end - 5;
+    let name_len = i + 1 - HEADER;
+    lower[..name_len].copy_from_slice(packet.get(HEADER..=i)?);
+    // Length bytes are below 64, so lowercasing ASCII leaves them alone.
+    lower[..name_len].make_ascii_lowercase();
+    let qtype = u16_at(packet, i + 1)?;
+    let qclass = u16_at(packet, i + 3)?;
+    // Zone transfers, OPT and the other meta types: the full path.
+    if qclass != CLASS_IN || qtype == TYPE_OPT || qtype >= 128 {
+        return None;
+    }
+    let opt = if h[11] == 1 {
+        Some(parse_opt(packet, question_end)?)
+    } else if packet.len() == question_end {
+        None
+    } else {
+        return None;
+    };
+    let query = Query {
+        packet,
+        question_end,
+        opt,
+    };
+    Some((query, name_len))
+}
+
+/// The OPT record at `at`, which must end the packet: root owner, EDNS version 0,
+/// well-formed options, at most one ECS option and that one valid (RFC 7871 §6).
+fn parse_opt(packet: &[u8], at: usize) -> Option<Opt<'_>> {
+    let rr = packet.get(at..at + 11)?;
+    if rr[0] != 0 || u16::from_be_bytes([rr[1], rr[2]]) != TYPE_OPT {
+        return None;
+    }
+    // Extended rcode and version 0 (BADVERS is the full path's).
+    if rr[5] != 0 || rr[6] != 0 {
+        return None;
+    }
+    let rdlen = usize::from(u16::from_be_bytes([rr[9], rr[10]]));
+    if packet.len() != at + 11 + rdlen {
+        return None;
+    }
+    let mut opt = Opt {
+        payload: u16::from_be_bytes([rr[3], rr[4]]),
+        dnssec_ok: rr[7] & 0x80 != 0,
+        ecs: None,
+    };
+    let mut i = at + 11;
+    while i < packet.len() {
+        let code = u16_at(packet, i)?;
+        let len = usize::from(u16_at(packet, i + 2)?);
+        let data = packet.get(i + 4..i + 4 + len)?;
+        if code == OPTION_ECS {
+            if opt.ecs.is_some() {
+                return None;
+            }
+            opt.ecs = Some(parse_ecs(data)?);
+        }
+        i += 4 + len;
+    }
+    Some(opt)
+}
+
+/// An ECS option with a known family, a source prefix that fits it, scope 0, exactly
+/// the address bytes the prefix needs, and no bits set past the prefix.
+fn parse_ecs(data: &[u8]) -> Option<Ecs<'_>> {
+    let family = u16_at(data, 0)?;
+    let source = *data.get(2)?;
+    let scope = *data.get(3)?;
+    let max = match family {
+        1 => 32,
+        2 => 128,
+        _ => return None,
+    };
+    if scope != 0 || source > max {
+        return None;
+    }
+    let address = &data[4..];
+    if address.len() != usize::from(source).div_ceil(8) {
+        return None;
+    }
+    let spare = (8 - source % 8) % 8;
+    if let Some(&last) = address.last() {
+        if last & ((1u8 << spare) - 1) != 0 {
+            return None;
+        }
+    }
+    Some(Ecs {
+        family,
+        source,
+        address,
+    })
+}
+
+impl Ecs<'_> {
+    fn ip(&self) -> IpAddr {
+        if self.family == 1 {
+            let mut octets = [0u8; 4];
+            octets[..self.address.len()].copy_from_slice(self.address);
+            IpAddr::V4(Ipv4Addr::from(octets))
+        } else {
+            let mut octets = [0u8; 16];
+            octets[..self.address.len()].copy_from_slice(self.address);
+            IpAddr::V6(Ipv6Addr::from(octets))
+        }
+    }
+}
+
+fn u16_at(b: &[u8], i: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ecs_forms() {
+        // 81.2.69.0/24
+        let ok = parse_ecs(&[0, 1, 24, 0, 81, 2, 69]).unwrap();
+        assert_eq!(ok.ip(), "81.2.69.0".parse::<IpAddr>().unwrap());
+        // /0 with no address bytes: an opt-out.
+        assert!(parse_ecs(&[0, 1, 0, 0]).is_some());
+        // Host bits past /22.
+        assert!(parse_ecs(&[0, 1, 22, 0, 81, 2, 77]).is_none());
+        // Scope set in a query, unknown family, source past the family, extra byte.
+        assert!(parse_ecs(&[0, 1, 24, 8, 81, 2, 69]).is_none());
+        assert!(parse_ecs(&[0, 3, 24, 0, 81, 2, 69]).is_none());
+        assert!(parse_ecs(&[0, 1, 33, 0, 81, 2, 69, 0, 0]).is_none());
+        assert!(parse_ecs(&[0, 1, 24, 0, 81, 2, 69, 0]).is_none());
+        assert!(parse_ecs(&[0, 1]).is_none());
+        // IPv6 /48.
+        let v6 = parse_ecs(&[0, 2, 48, 0, 0x20, 0x01, 0x02, 0x18, 0, 0]).unwrap();
+        assert_eq!(v6.ip(), "2001:218::".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn only_the_plain_form_is_taken() {
+        let mut lower = [0u8; 255];
+        // www.example.com A IN, no OPT.
+        let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend_from_slice(b"\x03WWW\x07example\x03com\x00\x00\x01\x00\x01");
+        let (query, n) = parse(&q, &mut lower).unwrap();
+        assert_eq!(&lower[..n], b"\x03www\x07example\x03com\x00");
+        assert!(query.opt.is_none());
+        // Trailing garbage, a compression pointer, QR=1, class CH, AXFR: not taken.
+        let mut trailing = q.clone();
+        trailing.push(0);
+        assert!(parse(&trailing, &mut lower).is_none());
+        let mut pointer = q[..12].to_vec();
+        pointer.extend_from_slice(b"\xc0\x0c\x00\x01\x00\x01");
+        assert!(parse(&pointer, &mut lower).is_none());
+        let mut response = q.clone();
+        response[2] |= 0x80;
+        assert!(parse(&response, &mut lower).is_none());
+        let mut chaos = q.clone();
+        let n = chaos.len();
+        chaos[n - 1] = 3;
+        assert!(parse(&chaos, &mut lower).is_none());
+        let mut axfr = q.clone();
+        axfr[n - 3] = 252;
+        assert!(parse(&axfr, &mut lower).is_none());
+        // Truncated anywhere: not taken (and no panic).
+        for cut in 0..q.len() {
+            assert!(parse(&q[..cut], &mut lower).is_none(), "cut at {cut}");
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The UDP fast path (`dns::wire`) against the full path (hickory decode, `Handler`):
+//! every plain form of a steered query is sent over UDP, where the fast path answers it,
+//! and over TCP, where the full path does, and the two answers must be the same message.
+//! That each form really takes the fast path is checked in-process on the same bytes.
+//!
+//! The multi-name policy pins each region to one CDN, so the answers are deterministic.
+
+mod common;
+
+use common::*;
+use hickory_proto::op::Message;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use steerdns::dns::wire;
+
+/// A query for `name` (wire labels as given, so case is kept), type `qtype`, with the
+/// header flags byte `flags` (RD = 0x01, AA = 0x04), CD from `cd`, and `opt` as the
+/// additional section (`None`: no OPT).
+fn packet(id: u16, flags: u8, cd: bool, name: &str, qtype: u16, opt: Option<Vec<u8>>) -> Vec<u8> {
+    let mut p = id.to_be_bytes().to_vec();
+    p.push(flags);
+    p.push(if cd { 0x10 } else { 0 });
+    p.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, u8::from(opt.is_some())]);
+    for label in name.trim_end_matches('.').split('.') {
+        p.push(label.len() as u8);
+        p.extend_from_slice(label.as_bytes());
+    }
+    p.push(0);
+    p.extend_from_slice(&qtype.to_be_bytes());
+    p.extend_from_slice(&1u16.to_be_bytes());
+    if let Some(opt) = opt {
+        p.extend_from_slice(&opt);
+    }
+    p
+}
+
+/// An OPT record: payload size, DO bit, and raw options `(code, data)`.
+fn opt(payload: u16, dnssec_ok: bool, options: &[(u16, Vec<u8>)]) -> Vec<u8> {
+    let mut rdata = Vec::new();
+    for (code, data) in options {
+        rdata.extend_from_slice(&code.to_be_bytes());
+        rdata.extend_from_slice(&(data.len() as u16).to_be_bytes());
+        rdata.extend_from_slice(data);
+    }
+    let mut o = vec![0, 0, 41];
+    o.extend_from_slice(&payload.to_be_bytes());
+    o.extend_from_slice(&[0, 0, if dnssec_ok { 0x80 } else { 0 }, 0]);
+    o.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+    o.extend_from_slice(&rdata);
+    o
+}
+
+/// ECS option data: family, source prefix, scope 0, the address bytes.
+fn ecs(family: u16, source: u8, address: &[u8]) -> (u16, Vec<u8>) {
+    let mut d = family.to_be_bytes().to_vec();
+    d.push(source);
+    d.push(0);
+    d.extend_from_slice(address);
+    (8, d)
+}
+
+fn forms() -> Vec<(&'static str, Vec<u8>)> {
+    const A: u16 = 1;
+    let gb = || ecs(1, 24, &[81, 2, 69]);
+    vec![
+        (
+            "no EDNS",
+            packet(1, 0x01, false, "pinned.example.com", A, None),
+        ),
+        (
+            "no EDNS, RD clear, CD set",
+            packet(2, 0, true, "pinned.example.com", A, None),
+        ),
+        (
+            "AA set in the query",
+            packet(3, 0x05, false, "pinned.example.com", A, None),
+        ),
+        (
+            "mixed case",
+            packet(4, 0x01, false, "PiNNed.Example.COM", A, None),
+        ),
+        (
+            "AAAA",
+            packet(5, 0x01, false, "pinned.example.com", 28, None),
+        ),
+        ("TXT", packet(6, 0x01, false, "flat.example.com", 16, None)),
+        ("CNAME", packet(7, 0x01, false, "flat.example.com", 5, None)),
+        (
+            "EDNS, no options",
+            packet(
+                8,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[])),
+            ),
+        ),
+        (
+            "EDNS payload 4096",
+            packet(
+                9,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(4096, false, &[])),
+            ),
+        ),
+        (
+            "EDNS payload 100",
+            packet(
+                10,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(100, false, &[])),
+            ),
+        ),
+        (
+            "DO bit",
+            packet(
+                11,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, true, &[])),
+            ),
+        ),
+        (
+            "ECS GB /24",
+            packet(
+                12,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[gb()])),
+            ),
+        ),
+        (
+            "ECS office /25",
+            packet(
+                13,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[ecs(1, 25, &[81, 2, 69, 128])])),
+            ),
+        ),
+        (
+            "ECS lab /26 inside /24",
+            packet(
+                14,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[ecs(1, 24, &[175, 16, 199])])),
+            ),
+        ),
+        (
+            "ECS /0 opt-out",
+            packet(
+                15,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[ecs(1, 0, &[])])),
+            ),
+        ),
+        (
+            "ECS IPv6 JP /48",
+            packet(
+                16,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(
+                    1232,
+                    false,
+                    &[ecs(2, 48, &[0x20, 0x01, 0x02, 0x18, 0, 0])],
+                )),
+            ),
+        ),
+        (
+            "ECS IPv6 /0",
+            packet(
+                17,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[ecs(2, 0, &[])])),
+            ),
+        ),
+        (
+            "ECS /32",
+            packet(
+                18,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[ecs(1, 32, &[216, 160, 83, 56])])),
+            ),
+        ),
+        (
+            "ECS /20, odd bits clear",
+            packet(
+                19,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(1232, false, &[ecs(1, 20, &[81, 2, 64])])),
+            ),
+        ),
+        (
+            "ECS and unknown options",
+            packet(
+                20,
+                0x01,
+                false,
+                "pinned.example.com",
+                A,
+                Some(opt(
+                    1232,
+                    true,
+                    &[(65001, vec![1, 2, 3]), gb(), (10, vec![7; 8])],
+                )),
+            ),
+        ),
+        (
+            "ECS and DO, flat name",
+            packet(
+                21,
+                0x01,
+                false,
+                "flat.example.com",
+                A,
+                Some(opt(1232, true, &[gb()])),
+            ),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn fast_and_full_paths_give_the_same_answer() {
+    let srv = TestServer::multi().await;
+    let loaded = load_fixture(MULTI_POLICY, TEST_ZONES, TEST_GEO);
+    let snap = loaded.snapshot();
+    let mut rng = SmallRng::seed_from_u64(1);
+    for (what, q) in forms() {
+        // In-process: these bytes take the fast path.
+        let mut out = Vec::new();
+        let src = "127.0.0.1".parse().unwrap();
+        assert!(
+            wire::answer(&snap, &q, src, &mut out, &mut rng).is_some(),
+            "{what}: not on the fast path"
+        );
+        let udp = raw(srv.addr, Proto::Udp, &q).await.expect("UDP answer");
+        let tcp = raw(srv.addr, Proto::Tcp, &q).await.expect("TCP answer");
+        let udp = Message::from_vec(&udp).unwrap_or_else(|e| panic!("{what}: UDP: {e}"));
+        let tcp = Message::from_vec(&tcp).unwrap_or_else(|e| panic!("{what}: TCP: {e}"));
+        assert_eq!(
+            udp, tcp,
+            "{what}: fast path (UDP) and full path (TCP) differ"
+        );
+        assert_eq!(udp.answers.len(), 1, "{what}: {udp:?}");
+    }
+}
+
+#[tokio::test]
+async fn other_forms_take_the_full_path_and_are_still_answered() {
+    let srv = TestServer::multi().await;
+    let loaded = load_fixture(MULTI_POLICY, TEST_ZONES, TEST_GEO);
+    let snap = loaded.snapshot();
+    let mut rng = SmallRng::seed_from_u64(1);
+    let gb = ecs(1, 24, &[81, 2, 69]);
+    let cases: Vec<(&str, Vec<u8>, u8)> = vec![
+        // (what, packet, expected rcode)
+        ("zone data", packet(1, 1, false, "example.com", 6, None), 0),
+        (
+            "NXDOMAIN",
+            packet(2, 1, false, "nope.example.com", 1, None),
+            3,
+        ),
+        (
+            "EDNS version 1",
+            {
+                let mut p = packet(
+                    3,
+                    1,
+                    false,
+                    "pinned.example.com",
+                    1,
+                    Some(opt(1232, false, &[])),
+                );
+                let n = p.len();
+                p[n - 5] = 1; // version byte of the OPT's TTL
+                p
+            },
+            0,
+        ),
+        (
+            "two ECS options",
+            packet(
+                4,
+                1,
+                false,
+                "pinned.example.com",
+                1,
+                Some(opt(1232, false, &[gb.clone(), gb.clone()])),
+            ),
+            1,
+        ),
+        (
+            "ECS host bits set",
+            packet(
+                5,
+                1,
+                false,
+                "pinned.example.com",
+                1,
+                Some(opt(1232, false, &[ecs(1, 22, &[81, 2, 77])])),
+            ),
+            1,
+        ),
+        (
+            "class CH",
+            {
+                let mut p = packet(6, 1, false, "pinned.example.com", 1, None);
+                let n = p.len();
+                p[n - 1] = 3;
+                p
+            },
+            5,
+        ),
+        (
+            "AXFR over UDP",
+            packet(7, 1, false, "pinned.example.com", 252, None),
+            5,
+        ),
+    ];
+    for (what, q, rcode) in cases {
+        let mut out = Vec::new();
+        let src = "127.0.0.1".parse().unwrap();
+        assert!(
+            wire::answer(&snap, &q, src, &mut out, &mut rng).is_none(),
+            "{what}: took the fast path"
+        );
+        let a = raw(srv.addr, Proto::Udp, &q).await.expect("an answer");
+        let got = if what == "EDNS version 1" {
+            // BADVERS is 16: 0 in the header, 1 in the OPT's extended rcode.
+            let m = Message::from_vec(&a).unwrap();
+            u16::from(m.metadata.response_code) as u8
+        } else {
+            raw_rcode(&a)
+        };
+        let want = if what == "EDNS version 1" { 16 } else { rcode };
+        assert_eq!(got, want, "{what}");
+    }
+}

@@ -1,0 +1,266 @@
+//! Abuse limits over real sockets: response rate limiting against a spoofed-source flood
+//! (clients on loopback aliases: all of 127.0.0.0/8 is local on Linux), and the TCP
+//! limits (connections, queries per connection, pipelining), none of which may starve
+//! anyone else.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use hickory_proto::op::Message;
+use hickory_proto::rr::RecordType;
+use steerdns::app::{self, DnsOptions};
+use steerdns::dns::rrl::RrlConfig;
+use steerdns::dns::tcp::TcpLimits;
+use steerdns::metrics::Metrics;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UdpSocket};
+
+async fn server(opts: DnsOptions, metrics: Metrics) -> TestServer {
+    let loaded = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO);
+    let running = app::start_with_options(
+        loaded.snapshot(),
+        &["127.0.0.1:0".parse().unwrap()],
+        metrics,
+        &opts,
+    )
+    .await
+    .expect("bind loopback");
+    TestServer {
+        addr: running.addrs()[0],
+        running,
+    }
+}
+
+fn www(id: u16) -> Vec<u8> {
+    let mut m = query("www.example.com.", RecordType::A);
+    m.metadata.id = id;
+    m.to_vec().unwrap()
+}
+
+/// What a UDP client bound to `from` got back for `count` queries sent back to back.
+#[derive(Debug, Default)]
+struct Tally {
+    answered: usize,
+    slipped: usize,
+    silent: usize,
+}
+
+async fn flood(server: SocketAddr, from: &str, count: u16) -> Tally {
+    let sock = UdpSocket::bind(format!("{from}:0"))
+        .await
+        .expect("bind alias");
+    for id in 0..count {
+        sock.send_to(&www(id), server).await.unwrap();
+    }
+    let mut t = Tally::default();
+    let mut buf = vec![0u8; 4096];
+    // Replies come within milliseconds; stop after a quiet spell.
+    while let Ok(Ok((n, _))) =
+        tokio::time::timeout(Duration::from_millis(500), sock.recv_from(&mut buf)).await
+    {
+        let m = Message::from_vec(&buf[..n]).expect("decodable reply");
+        if m.metadata.truncation {
+            assert!(m.answers.is_empty(), "a slip carries no records");
+            t.slipped += 1;
+        } else {
+            assert_eq!(m.answers.len(), 1, "{m:?}");
+            t.answered += 1;
+        }
+    }
+    t.silent = usize::from(count) - t.answered - t.slipped;
+    t
+}
+
+fn no_exemptions(rate: u32, slip: u32) -> DnsOptions {
+    DnsOptions {
+        rrl: RrlConfig {
+            rate,
+            slip,
+            exempt: vec![],
+            ..RrlConfig::default()
+        },
+        ..DnsOptions::default()
+    }
+}
+
+fn metric(metrics: &Metrics, series: &str) -> f64 {
+    let text = String::from_utf8(metrics.encode().unwrap()).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_spoofed_flood_is_rate_limited_and_others_are_not() {
+    let metrics = Metrics::new();
+    let srv = server(no_exemptions(20, 2), metrics.clone()).await;
+
+    // The "victim" prefix 127.0.1.0/24 receives a flood of 300 answers' worth.
+    let victim = flood(srv.addr, "127.0.1.1", 300).await;
+    // At most two one-second budgets (the window may roll over during the flood).
+    assert!(
+        (1..=40).contains(&victim.answered),
+        "answers past the limit: {victim:?}"
+    );
+    // Slip 2: every second limited query is answered truncated, the others dropped.
+    let limited = 300 - victim.answered;
+    assert!(
+        victim.slipped.abs_diff(limited / 2) <= 2,
+        "slip 2 should truncate about half of {limited}: {victim:?}"
+    );
+    assert!(victim.silent >= limited / 2 - 2, "{victim:?}");
+
+    // Another address of the same /24 shares the budget...
+    let neighbour = flood(srv.addr, "127.0.1.200", 100).await;
+    assert!(neighbour.answered <= 40, "{neighbour:?}");
+    // ...another /24 has its own, and a slipped client gets its answer over TCP.
+    let other = flood(srv.addr, "127.0.2.1", 10).await;
+    assert_eq!(other.answered, 10, "{other:?}");
+    let over_tcp = ask(
+        srv.addr,
+        Proto::Tcp,
+        &query("www.example.com.", RecordType::A),
+    )
+    .await;
+    assert_eq!(over_tcp.answers.len(), 1);
+
+    let dropped = metric(&metrics, "steerdns_rate_limited_total{action=\"dropped\"}");
+    let slipped = metric(&metrics, "steerdns_rate_limited_total{action=\"slipped\"}");
+    assert!(
+        dropped >= (victim.silent) as f64,
+        "dropped {dropped}, {victim:?}"
+    );
+    assert!(
+        slipped >= (victim.slipped) as f64,
+        "slipped {slipped}, {victim:?}"
+    );
+}
+
+#[tokio::test]
+async fn exempt_sources_and_rate_zero_are_never_limited() {
+    // The default exempts loopback.
+    let srv = server(DnsOptions::default(), Metrics::new()).await;
+    let t = flood(srv.addr, "127.0.3.1", 200).await;
+    assert_eq!(t.answered, 200, "{t:?}");
+    // Rate 0 turns it off.
+    let srv = server(no_exemptions(0, 2), Metrics::new()).await;
+    let t = flood(srv.addr, "127.0.4.1", 200).await;
+    assert_eq!(t.answered, 200, "{t:?}");
+}
+
+fn tcp_limits(max_connections: usize, max_queries: u32) -> DnsOptions {
+    DnsOptions {
+        tcp: TcpLimits {
+            max_connections,
+            max_queries,
+            ..TcpLimits::default()
+        },
+        ..DnsOptions::default()
+    }
+}
+
+fn framed(msg: &[u8]) -> Vec<u8> {
+    let mut f = (msg.len() as u16).to_be_bytes().to_vec();
+    f.extend_from_slice(msg);
+    f
+}
+
+#[tokio::test]
+async fn tcp_connections_over_the_limit_are_closed_and_udp_keeps_answering() {
+    let metrics = Metrics::new();
+    let srv = server(tcp_limits(4, 0), metrics.clone()).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(srv.addr).await.unwrap());
+    }
+    // Let the server accept all four before the fifth arrives.
+    wait_until("4 open connections", || {
+        metric(&metrics, "steerdns_tcp_connections") == 4.0
+    })
+    .await;
+    let mut fifth = TcpStream::connect(srv.addr).await.unwrap();
+    fifth.write_all(&framed(&www(5))).await.ok();
+    let got = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut fifth))
+        .await
+        .expect("the fifth connection is closed, not left hanging");
+    assert!(got.is_none(), "the fifth connection got an answer");
+    assert_eq!(
+        metric(
+            &metrics,
+            "steerdns_tcp_closed_total{reason=\"over-connection-limit\"}"
+        ),
+        1.0
+    );
+    // The held connections still answer, and so does UDP.
+    held[0].write_all(&framed(&www(6))).await.unwrap();
+    let a = read_frame(&mut held[0])
+        .await
+        .expect("an answer on a held connection");
+    assert_eq!(Message::from_vec(&a).unwrap().metadata.id, 6);
+    let udp = ask(
+        srv.addr,
+        Proto::Udp,
+        &query("www.example.com.", RecordType::A),
+    )
+    .await;
+    assert_eq!(udp.answers.len(), 1);
+    // Closing one frees a slot.
+    drop(held.pop());
+    wait_until("3 open connections", || {
+        metric(&metrics, "steerdns_tcp_connections") == 3.0
+    })
+    .await;
+    let again = ask(
+        srv.addr,
+        Proto::Tcp,
+        &query("www.example.com.", RecordType::A),
+    )
+    .await;
+    assert_eq!(again.answers.len(), 1);
+}
+
+#[tokio::test]
+async fn pipelined_queries_are_all_answered_in_order_up_to_the_query_limit() {
+    let metrics = Metrics::new();
+    let srv = server(tcp_limits(16, 5), metrics.clone()).await;
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    // Eight queries in one write: five answers, then the server closes.
+    let batch: Vec<u8> = (100..108).flat_map(|id| framed(&www(id))).collect();
+    s.write_all(&batch).await.unwrap();
+    let mut ids = Vec::new();
+    while let Ok(Some(a)) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s)).await {
+        ids.push(Message::from_vec(&a).unwrap().metadata.id);
+    }
+    assert_eq!(ids, vec![100, 101, 102, 103, 104]);
+    wait_until("the close counted", || {
+        metric(
+            &metrics,
+            "steerdns_tcp_closed_total{reason=\"query-limit\"}",
+        ) == 1.0
+    })
+    .await;
+
+    // Without a query limit, a hundred pipelined queries all come back, in order.
+    let srv = server(tcp_limits(16, 0), Metrics::new()).await;
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    let batch: Vec<u8> = (0..100).flat_map(|id| framed(&www(id))).collect();
+    s.write_all(&batch).await.unwrap();
+    for id in 0..100 {
+        let a = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s))
+            .await
+            .unwrap()
+            .expect("an answer");
+        assert_eq!(Message::from_vec(&a).unwrap().metadata.id, id);
+    }
+}
+
+async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
