@@ -165,6 +165,9 @@ impl Controller {
         self.live = Some(live);
         let (tx, mut rounds) = mpsc::channel(256);
         let mut probing = self.start_probing(&tx, &stop);
+        // Without the API (`--api off`) every command sender is gone: stop polling the
+        // closed channel, which would otherwise be ready at once, forever.
+        let mut api_open = true;
         loop {
             let now = Instant::now();
             let next = self
@@ -195,11 +198,10 @@ impl Controller {
                     }
                     None => return,
                 },
-                command = commands.recv() => {
-                    if let Some(c) = command {
-                        self.on_command(c);
-                    }
-                }
+                command = commands.recv(), if api_open => match command {
+                    Some(c) => self.on_command(c),
+                    None => api_open = false,
+                },
                 _ = due => {
                     let now = Instant::now();
                     let mut changed = self.frozen.is_none() && self.tick_steps(now);
