@@ -145,6 +145,8 @@ impl Loaded {
 /// stops it.
 pub struct Running {
     tasks: JoinSet<()>,
+    /// One per UDP thread, fired when it ends.
+    udp_threads: Vec<tokio::sync::oneshot::Receiver<()>>,
     shutdown: CancellationToken,
     addrs: Vec<SocketAddr>,
     live: Arc<Live>,
@@ -203,17 +205,19 @@ pub async fn start_with_options(
     let rrl = Rrl::new(opts.rrl.clone()).map(Arc::new);
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
+    let mut udp_threads = Vec::new();
     let mut addrs = Vec::new();
     for &addr in listen {
         let bound = listen::bind(addr, opts.udp_sockets)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         for udp in bound.udp {
-            tasks.spawn(udp::serve(
+            udp_threads.push(udp::spawn(
                 udp,
                 handler.clone(),
                 rrl.clone(),
                 shutdown.clone(),
-            ));
+                tokio::runtime::Handle::current(),
+            )?);
         }
         tasks.spawn(tcp::serve(
             bound.tcp,
@@ -225,6 +229,7 @@ pub async fn start_with_options(
     }
     Ok(Running {
         tasks,
+        udp_threads,
         shutdown,
         addrs,
         live,
@@ -253,14 +258,20 @@ impl Running {
         self.wait().await
     }
 
-    /// Runs until the shutdown token is cancelled. A socket task that ends early (its
-    /// socket failed; logged) leaves the others serving.
+    /// Runs until the shutdown token is cancelled and every socket task and thread has
+    /// ended (a UDP thread notices within `udp::SHUTDOWN_POLL`).
     pub async fn wait(&mut self) -> io::Result<()> {
         while let Some(ended) = self.tasks.join_next().await {
             if let Err(e) = ended {
                 if e.is_panic() {
                     return Err(io::Error::other(format!("a DNS socket task panicked: {e}")));
                 }
+            }
+        }
+        for thread in self.udp_threads.drain(..) {
+            // An error means the thread ended without saying so: it panicked.
+            if thread.await.is_err() {
+                return Err(io::Error::other("a UDP thread panicked"));
             }
         }
         Ok(())

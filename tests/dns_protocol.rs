@@ -320,6 +320,9 @@ async fn a_stopped_server_no_longer_answers() {
     srv.running.stop().await.unwrap();
     let bytes = query("www.example.com.", RecordType::A).to_vec().unwrap();
     assert!(raw(addr, Proto::Tcp, &bytes).await.is_none());
+    // The UDP threads have ended and closed their sockets.
+    let wait = std::time::Duration::from_millis(300);
+    assert!(raw_within(addr, Proto::Udp, &bytes, wait).await.is_none());
 }
 
 #[tokio::test]

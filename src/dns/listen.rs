@@ -13,7 +13,9 @@ use std::io;
 use std::net::SocketAddr;
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::{TcpListener, UdpSocket};
+use std::net::UdpSocket;
+
+use tokio::net::TcpListener;
 
 /// Sockets bound for one address.
 pub struct Bound {
@@ -28,8 +30,8 @@ pub fn default_udp_sockets() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Binds `udp_sockets` (at least 1) UDP sockets and a TCP listener on `addr`. Must be
-/// called inside the tokio runtime.
+/// Binds `udp_sockets` (at least 1) UDP sockets (blocking, for `dns::udp`'s threads) and
+/// a TCP listener on `addr`. Must be called inside the tokio runtime.
 pub fn bind(addr: SocketAddr, udp_sockets: usize) -> io::Result<Bound> {
     let udp_sockets = udp_sockets.max(1);
     // With port 0 the UDP port is picked first; it may be taken for TCP, so retry.
@@ -49,9 +51,9 @@ pub fn bind(addr: SocketAddr, udp_sockets: usize) -> io::Result<Bound> {
             Err(e) => return Err(e),
         };
         let mut udp = Vec::with_capacity(udp_sockets);
-        udp.push(UdpSocket::from_std(first.into())?);
+        udp.push(first.into());
         for _ in 1..udp_sockets {
-            udp.push(UdpSocket::from_std(udp_socket(bound)?.into())?);
+            udp.push(udp_socket(bound)?.into());
         }
         return Ok(Bound {
             addr: bound,
@@ -68,10 +70,15 @@ fn udp_socket(addr: SocketAddr) -> io::Result<Socket> {
         sock.set_only_v6(true)?;
     }
     sock.set_reuse_port(true)?;
-    sock.set_nonblocking(true)?;
+    // Room for a burst while the thread is busy or descheduled; the kernel caps it at
+    // net.core.rmem_max (raise that for production, as for any DNS server).
+    let _ = sock.set_recv_buffer_size(UDP_RECV_BUFFER);
     sock.bind(&addr.into())?;
     Ok(sock)
 }
+
+/// The receive buffer asked for each UDP socket.
+const UDP_RECV_BUFFER: usize = 4 << 20;
 
 fn tcp_listener(addr: SocketAddr) -> io::Result<Socket> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;

@@ -1,22 +1,23 @@
-//! Data plane: one task per UDP socket. It takes datagrams in batches (`recvmmsg`, up to
-//! [`BATCH`] per system call), answers each one (the fast path in `wire.rs`, else the
-//! full handler), and sends the answers back in one `sendmmsg`.
+//! Data plane: one thread per UDP socket, as gdnsd, NSD and Knot do. It waits in a
+//! blocking `recvmmsg` (woken by the first datagram, it takes up to [`BATCH`] that are
+//! queued), answers each one (the fast path in `wire.rs`, else the full handler), and
+//! sends the answers back in one `sendmmsg`. No event loop sits between the socket and
+//! the answer: at low rates that is one wakeup per query, at high rates one pair of
+//! system calls per batch.
 //!
-//! Per datagram the task drops what must not be answered (sources with port 0, an
+//! Per datagram the thread drops what must not be answered (sources with port 0, an
 //! unspecified or broadcast address; datagrams larger than [`RECV_BUF`]), then asks the
 //! rate limiter, then answers. Nothing here allocates once the buffers have grown, unless
-//! the query takes the full path.
+//! the query takes the full path, which runs on the tokio runtime's handle.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tokio::io::Interest;
-use tokio::net::UdpSocket;
-use tokio::time::Instant;
+use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use super::rrl::{Rrl, Verdict};
@@ -27,117 +28,128 @@ use hickory_server::net::xfer::Protocol;
 pub const BATCH: usize = 64;
 /// The largest query read; longer datagrams are dropped (no DNS query is near it).
 pub const RECV_BUF: usize = 4096;
+/// How often a waiting thread looks at the shutdown token (the socket's receive timeout).
+pub const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
+/// How long a full send buffer may hold a batch of answers before they are dropped.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Serves `socket` until `shutdown` is cancelled.
-pub async fn serve(
+/// Starts the thread serving `socket` until `shutdown` is cancelled; `done` fires when
+/// it has ended. `runtime` runs the full path.
+pub fn spawn(
     socket: UdpSocket,
     handler: Handler,
     rrl: Option<Arc<Rrl>>,
     shutdown: CancellationToken,
+    runtime: Handle,
+) -> io::Result<tokio::sync::oneshot::Receiver<()>> {
+    socket.set_nonblocking(false)?;
+    socket.set_read_timeout(Some(SHUTDOWN_POLL))?;
+    socket.set_write_timeout(Some(SEND_TIMEOUT))?;
+    let (done, ended) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("steerdns-udp".into())
+        .spawn(move || {
+            serve(&socket, &handler, rrl.as_deref(), &shutdown, &runtime);
+            let _ = done.send(());
+        })?;
+    Ok(ended)
+}
+
+fn serve(
+    socket: &UdpSocket,
+    handler: &Handler,
+    rrl: Option<&Rrl>,
+    shutdown: &CancellationToken,
+    runtime: &Handle,
 ) {
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     let mut batch = mmsg::Batch::new();
     let mut out: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
     let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            ready = socket.readable() => {
-                if let Err(e) = ready {
-                    tracing::error!(error = %e, "UDP socket failed; this socket stops answering");
-                    return;
-                }
+    while !shutdown.is_cancelled() {
+        let n = match batch.recv(socket) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
             }
-        }
-        // Drain the socket, batch by batch, until it would block.
-        loop {
-            let n = match socket.try_io(Interest::READABLE, || batch.recv(&socket)) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    tracing::debug!(error = %e, "UDP receive error");
-                    break;
-                }
+            Err(e) => {
+                tracing::warn!(error = %e, "UDP receive error");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let started = Instant::now();
+        let snap = handler.live().load();
+        replies.clear();
+        // The full path times its own queries; the fast path's share is the rest.
+        let (mut fast, mut full_time) = (0, Duration::ZERO);
+        for (i, reply) in out.iter_mut().enumerate().take(n) {
+            let Some((packet, src)) = batch.get(i) else {
+                handler.metrics().dropped("oversized");
+                continue;
             };
-            let started = Instant::now();
-            let snap = handler.live().load_full();
-            replies.clear();
-            // The full path times its own queries; the fast path's share is the rest.
-            let (mut fast, mut full_time) = (0, Duration::ZERO);
-            for (i, reply) in out.iter_mut().enumerate().take(n) {
-                let (packet, src) = match batch.get(i) {
-                    Some(p) => p,
-                    None => {
-                        handler.metrics().dropped("oversized");
+            if !answerable(src) {
+                handler.metrics().dropped("bad-source");
+                continue;
+            }
+            if let Some(rrl) = rrl {
+                match rrl.check(src.ip()) {
+                    Verdict::Answer => {}
+                    Verdict::Drop => {
+                        handler.metrics().rate_limited(false);
                         continue;
                     }
-                };
-                if !answerable(src) {
-                    handler.metrics().dropped("bad-source");
-                    continue;
-                }
-                if let Some(rrl) = &rrl {
-                    match rrl.check(src.ip()) {
-                        Verdict::Answer => {}
-                        Verdict::Drop => {
-                            handler.metrics().rate_limited(false);
-                            continue;
+                    Verdict::Slip => {
+                        handler.metrics().rate_limited(true);
+                        if wire::truncated(packet, reply) {
+                            replies.push(i);
                         }
-                        Verdict::Slip => {
-                            handler.metrics().rate_limited(true);
-                            if wire::truncated(packet, reply) {
-                                replies.push(i);
-                            }
-                            continue;
-                        }
+                        continue;
                     }
                 }
-                if let Some(steer) = wire::answer(&snap, packet, src.ip(), reply, &mut rng) {
-                    handler.count_steered(&steer);
-                    replies.push(i);
-                    fast += 1;
-                    continue;
-                }
-                let full_started = Instant::now();
-                if let Some(bytes) = handler.respond(packet, src, Protocol::Udp).await {
-                    *reply = bytes;
-                    replies.push(i);
-                }
-                full_time += full_started.elapsed();
             }
-            drop(snap);
-            let fast_time = started.elapsed().saturating_sub(full_time);
-            handler.metrics().observe_batch(fast_time, fast);
-            send_all(&socket, &mut batch, &out, &replies, &handler, &shutdown).await;
-            // Let the other tasks of this worker run under a sustained flood.
-            tokio::task::consume_budget().await;
+            if let Some(steer) = wire::answer(&snap, packet, src.ip(), reply, &mut rng) {
+                handler.count_steered(&steer);
+                replies.push(i);
+                fast += 1;
+                continue;
+            }
+            let full_started = Instant::now();
+            if let Some(bytes) = runtime.block_on(handler.respond(packet, src, Protocol::Udp)) {
+                *reply = bytes;
+                replies.push(i);
+            }
+            full_time += full_started.elapsed();
         }
+        drop(snap);
+        let fast_time = started.elapsed().saturating_sub(full_time);
+        handler.metrics().observe_batch(fast_time, fast);
+        send_all(socket, &mut batch, &out, &replies, handler);
     }
 }
 
-/// Sends every reply; waits while the socket's send buffer is full.
-async fn send_all(
+/// Sends every reply; a reply that cannot go (an unroutable source, a send buffer full
+/// for [`SEND_TIMEOUT`]) is dropped and counted.
+fn send_all(
     socket: &UdpSocket,
     batch: &mut mmsg::Batch,
     out: &[Vec<u8>],
     replies: &[usize],
     handler: &Handler,
-    shutdown: &CancellationToken,
 ) {
     let mut done = 0;
     while done < replies.len() {
-        match socket.try_io(Interest::WRITABLE, || {
-            batch.send(socket, out, &replies[done..])
-        }) {
-            Ok(sent) => done += sent,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = socket.writable() => if r.is_err() { return },
-                }
-            }
+        match batch.send(socket, out, &replies[done..]) {
+            Ok(sent) => done += sent.max(1),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                // This one reply cannot go (an unroutable source, say): skip it.
                 tracing::debug!(error = %e, "UDP send error");
                 handler.metrics().dropped("send-error");
                 done += 1;
@@ -164,7 +176,7 @@ mod mmsg {
     use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
     use std::os::fd::AsRawFd;
 
-    use tokio::net::UdpSocket;
+    use std::net::UdpSocket;
 
     use super::{BATCH, RECV_BUF};
 
@@ -194,7 +206,8 @@ mod mmsg {
             Some((&self.bufs[i][..len?], src))
         }
 
-        /// One `recvmmsg` without blocking: the number of datagrams received.
+        /// One `recvmmsg`: waits for the first datagram (up to the socket's receive
+        /// timeout), then takes the others already queued; the number received.
         pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
             // SAFETY: all-zero iovec and mmsghdr are valid (null pointers, zero lengths).
             let mut iovs: [libc::iovec; BATCH] = unsafe { mem::zeroed() };
@@ -215,7 +228,7 @@ mod mmsg {
                     socket.as_raw_fd(),
                     msgs.as_mut_ptr(),
                     BATCH as libc::c_uint,
-                    libc::MSG_DONTWAIT,
+                    libc::MSG_WAITFORONE,
                     std::ptr::null_mut(),
                 )
             };
@@ -235,7 +248,7 @@ mod mmsg {
             Ok(n)
         }
 
-        /// One `sendmmsg` without blocking of `out[slot]` to the source of datagram
+        /// One `sendmmsg` of `out[slot]` to the source of datagram
         /// `slot`, for each `(slot, buf)`: the number sent (at least 1), or the error
         /// of the first.
         pub fn send(
@@ -259,12 +272,7 @@ mod mmsg {
             }
             // SAFETY: the kernel only reads through these pointers, which outlive the call.
             let sent = unsafe {
-                libc::sendmmsg(
-                    socket.as_raw_fd(),
-                    msgs.as_mut_ptr(),
-                    n as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
+                libc::sendmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), n as libc::c_uint, 0)
             };
             if sent < 0 {
                 return Err(io::Error::last_os_error());
@@ -305,9 +313,7 @@ mod mmsg {
     //! One datagram per system call, where `recvmmsg` is not available.
 
     use std::io;
-    use std::net::SocketAddr;
-
-    use tokio::net::UdpSocket;
+    use std::net::{SocketAddr, UdpSocket};
 
     use super::RECV_BUF;
 
@@ -329,7 +335,7 @@ mod mmsg {
         }
 
         pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
-            self.got = socket.try_recv_from(&mut self.buf[..])?;
+            self.got = socket.recv_from(&mut self.buf[..])?;
             Ok(1)
         }
 
