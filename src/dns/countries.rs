@@ -54,6 +54,11 @@ impl Continent {
     pub fn index(self) -> usize {
         self as usize
     }
+
+    /// The inverse of [`Continent::index`].
+    pub fn from_index(i: usize) -> Option<Continent> {
+        Continent::ALL.get(i).copied()
+    }
 }
 
 /// A country code packed in two uppercase ASCII bytes.
@@ -86,6 +91,11 @@ impl Country {
     /// A dense index (0..676) for lookup tables.
     pub fn index(self) -> usize {
         (self.0[0] - b'A') as usize * 26 + (self.0[1] - b'A') as usize
+    }
+
+    /// The inverse of [`Country::index`] (any two letters; no check that it is known).
+    pub fn from_index(i: usize) -> Option<Country> {
+        (i < 676).then(|| Country([b'A' + (i / 26) as u8, b'A' + (i % 26) as u8]))
     }
 
     pub fn as_str(&self) -> &str {
