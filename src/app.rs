@@ -145,8 +145,7 @@ impl Loaded {
 /// stops it.
 pub struct Running {
     tasks: JoinSet<()>,
-    /// One per UDP thread, fired when it ends.
-    udp_threads: Vec<tokio::sync::oneshot::Receiver<()>>,
+    udp_threads: Vec<udp::UdpThread>,
     shutdown: CancellationToken,
     addrs: Vec<SocketAddr>,
     live: Arc<Live>,
@@ -259,7 +258,7 @@ impl Running {
     }
 
     /// Runs until the shutdown token is cancelled and every socket task and thread has
-    /// ended (a UDP thread notices within `udp::SHUTDOWN_POLL`).
+    /// ended.
     pub async fn wait(&mut self) -> io::Result<()> {
         while let Some(ended) = self.tasks.join_next().await {
             if let Err(e) = ended {
@@ -268,11 +267,12 @@ impl Running {
                 }
             }
         }
+        self.shutdown.cancelled().await;
+        for thread in &self.udp_threads {
+            thread.wake();
+        }
         for thread in self.udp_threads.drain(..) {
-            // An error means the thread ended without saying so: it panicked.
-            if thread.await.is_err() {
-                return Err(io::Error::other("a UDP thread panicked"));
-            }
+            thread.ended().await?;
         }
         Ok(())
     }
@@ -281,6 +281,9 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        for thread in &self.udp_threads {
+            thread.wake();
+        }
     }
 }
 

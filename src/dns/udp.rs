@@ -28,32 +28,55 @@ use hickory_server::net::xfer::Protocol;
 pub const BATCH: usize = 64;
 /// The largest query read; longer datagrams are dropped (no DNS query is near it).
 pub const RECV_BUF: usize = 4096;
-/// How often a waiting thread looks at the shutdown token (the socket's receive timeout).
-pub const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
 /// How long a full send buffer may hold a batch of answers before they are dropped.
 const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Starts the thread serving `socket` until `shutdown` is cancelled; `done` fires when
-/// it has ended. `runtime` runs the full path.
+/// A running UDP thread.
+pub struct UdpThread {
+    socket: Arc<UdpSocket>,
+    ended: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// Starts the thread serving `socket` until `shutdown` is cancelled and
+/// [`UdpThread::wake`] called. `runtime` runs the full path.
 pub fn spawn(
     socket: UdpSocket,
     handler: Handler,
     rrl: Option<Arc<Rrl>>,
     shutdown: CancellationToken,
     runtime: Handle,
-) -> io::Result<tokio::sync::oneshot::Receiver<()>> {
+) -> io::Result<UdpThread> {
     socket.set_nonblocking(false)?;
     mmsg::dont_fragment(&socket)?;
-    socket.set_read_timeout(Some(SHUTDOWN_POLL))?;
+    // No receive timeout: a sleep with a timer arms it each time (a VM exit on KVM
+    // guests); the thread is woken for shutdown by `wake` instead.
     socket.set_write_timeout(Some(SEND_TIMEOUT))?;
+    let socket = Arc::new(socket);
     let (done, ended) = tokio::sync::oneshot::channel();
+    let theirs = socket.clone();
     std::thread::Builder::new()
         .name("steerdns-udp".into())
         .spawn(move || {
-            serve(&socket, &handler, rrl.as_deref(), &shutdown, &runtime);
+            serve(&theirs, &handler, rrl.as_deref(), &shutdown, &runtime);
             let _ = done.send(());
         })?;
-    Ok(ended)
+    Ok(UdpThread { socket, ended })
+}
+
+impl UdpThread {
+    /// Wakes the thread from its receive so that it sees the cancelled token: shutting
+    /// down the socket's read side makes a waiting `recvmmsg` return (the call reports
+    /// ENOTCONN for an unconnected socket, and wakes the waiter all the same).
+    pub fn wake(&self) {
+        let _ = socket2::SockRef::from(&*self.socket).shutdown(std::net::Shutdown::Read);
+    }
+
+    /// Returns when the thread has ended; an error if it panicked.
+    pub async fn ended(self) -> io::Result<()> {
+        self.ended
+            .await
+            .map_err(|_| io::Error::other("a UDP thread panicked"))
+    }
 }
 
 fn serve(
@@ -69,6 +92,8 @@ fn serve(
     let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
     while !shutdown.is_cancelled() {
         let n = match batch.recv(socket) {
+            // Woken by `UdpThread::wake`.
+            Ok(0) => continue,
             Ok(n) => n,
             Err(e)
                 if matches!(
