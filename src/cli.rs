@@ -188,10 +188,10 @@ pub async fn run(cli: Cli) -> ExitCode {
                 udp_sockets: udp_sockets
                     .map_or_else(crate::dns::listen::default_udp_sockets, usize::from),
                 api: api.0,
-                state: Some(StateFile {
-                    dir: state_dir,
-                    max_age: Duration::from_secs(state_max_age_seconds),
-                }),
+                state: Some(StateFile::new(
+                    state_dir,
+                    Duration::from_secs(state_max_age_seconds),
+                )),
                 vantage: vantage.unwrap_or_else(host_name),
             };
             serve(inputs, opts).await
