@@ -761,7 +761,7 @@ async fn a_config_written_in_two_halves_is_refused_then_applied() {
         .append(true)
         .open(&path)
         .unwrap();
-    std::io::Write::write_all(&mut f, new[cut..].as_bytes()).unwrap();
+    std::io::Write::write_all(&mut f, &new.as_bytes()[cut..]).unwrap();
     drop(f);
     let s = stack
         .wait_for("the whole file applied", |s| last_reload(s) == "applied")
