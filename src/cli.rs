@@ -122,6 +122,21 @@ impl std::str::FromStr for ApiAddr {
     }
 }
 
+/// What an operator should know about an API listening on `addr`: `None` on loopback.
+/// A non-loopback API is allowed (peers must read `/v1/observations` from other
+/// machines), but it is plain HTTP: the read-only endpoints are open to whoever can
+/// reach the port, and a bearer token would cross the network in clear.
+pub fn api_exposure(addr: SocketAddr, token: bool) -> Option<String> {
+    if addr.ip().is_loopback() {
+        return None;
+    }
+    Some(if token {
+        "api on a non-loopback address over plain HTTP: the bearer token crosses the network in clear, and /v1/state, /v1/explain, /metrics and /v1/observations are open to whoever reaches the port; restrict it with a firewall, or keep --api on loopback behind a TLS proxy".into()
+    } else {
+        "api on a non-loopback address: mutations are refused (no token), but /v1/state, /v1/explain, /metrics and /v1/observations are open to whoever reaches the port; restrict it with a firewall".into()
+    })
+}
+
 /// The API token: from the file, else from STEERDNS_API_TOKEN; never empty.
 fn api_token(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
     let token = match file {
@@ -257,10 +272,10 @@ pub async fn run(cli: Cli) -> ExitCode {
                 listen,
                 dns,
                 api: api.0,
-                state: Some(StateFile {
-                    dir: state_dir,
-                    max_age: Duration::from_secs(state_max_age_seconds),
-                }),
+                state: Some(StateFile::new(
+                    state_dir,
+                    Duration::from_secs(state_max_age_seconds),
+                )),
                 vantage: vantage.unwrap_or_else(host_name),
             };
             serve(inputs, opts).await
@@ -331,6 +346,9 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
     }
     if let Some(addr) = service.api {
         info!(%addr, "api listening (http)");
+        if let Some(why) = api_exposure(addr, opts.api_token.is_some()) {
+            warn!(%addr, "{why}");
+        }
     }
 
     let token = service.shutdown_token();
@@ -608,5 +626,44 @@ fn describe(place: &Place) -> String {
         (Some(c), None) => format!("country {c}, continent unknown"),
         (None, Some(k)) => format!("continent {}, country unknown", k.code()),
         _ => "not in the geo database".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Command {
+        Cli::try_parse_from(args).unwrap().command
+    }
+
+    #[test]
+    fn the_api_listens_on_loopback_unless_told_otherwise() {
+        let Command::Serve { api, .. } = parse(&["steerdns", "serve"]) else {
+            panic!("not serve")
+        };
+        let addr = api.0.expect("on by default");
+        assert!(addr.ip().is_loopback(), "{addr}");
+        assert_eq!(api_exposure(addr, false), None);
+        let Command::Agent { api, .. } = parse(&["steerdns", "agent"]) else {
+            panic!("not agent")
+        };
+        assert!(api.ip().is_loopback(), "{api}");
+        let Command::Serve { api, .. } = parse(&["steerdns", "serve", "--api", "off"]) else {
+            panic!("not serve")
+        };
+        assert!(api.0.is_none());
+    }
+
+    #[test]
+    fn a_non_loopback_api_is_warned_about() {
+        for addr in ["0.0.0.0:9153", "[::]:9153", "192.0.2.1:9153"] {
+            let addr: SocketAddr = addr.parse().unwrap();
+            let open = api_exposure(addr, false).expect("warned");
+            assert!(open.contains("mutations are refused"), "{open}");
+            let token = api_exposure(addr, true).expect("warned");
+            assert!(token.contains("in clear"), "{token}");
+        }
+        assert_eq!(api_exposure("[::1]:9153".parse().unwrap(), true), None);
     }
 }

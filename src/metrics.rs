@@ -18,13 +18,18 @@
 //! | `config_reloads_total` | result | `applied` or `refused` |
 //! | `config_info` | version | 1 for the configuration being served |
 //! | `drains_active` | name, cdn | 1 while a drain applies |
+//! | `peer_errors_total` | peer, reason | peer readings refused: `timeout`, `connect`, `status`, `http`, `too_large`, `invalid` |
+//! | `state_save_errors_total` | | failed saves of the state file (each retried) |
+//! | `state_save_failing` | | 1 while the latest save of the state file failed |
+//! | `state_load_errors_total` | reason | saved state not restored at startup: `corrupt`, `unreadable` |
 //!
 //! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
 //! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
 //! runs, and is neither counted nor timed.
 //!
 //! Every label set is bounded by the configuration (names × regions × CDNs, vantage
-//! points, a fixed set of rcodes and reason classes); a client address is never a label.
+//! points, a fixed set of rcodes and reason classes); a client address is never a label,
+//! and a peer is labelled by its configured URL, never by what it answers.
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
@@ -80,6 +85,10 @@ struct Inner {
     tcp_connections: IntGauge,
     /// `tcp_closed_total{reason}` for each of `TCP_CLOSE_REASONS`.
     tcp_closed: [IntCounter; TCP_CLOSE_REASONS.len()],
+    peer_errors: IntCounterVec,
+    state_save_errors: IntCounter,
+    state_save_failing: prometheus::IntGauge,
+    state_load_errors: IntCounterVec,
 }
 
 /// Why a UDP datagram got no answer (besides rate limiting).
@@ -133,6 +142,22 @@ impl Metrics {
         .expect("static histogram definition");
         registry
             .register(Box::new(duration.clone()))
+            .expect("registered once");
+        let state_save_failing = prometheus::IntGauge::new(
+            "state_save_failing",
+            "1 while the latest save of the state file failed (it is retried; the state is kept in memory).",
+        )
+        .expect("static gauge");
+        registry
+            .register(Box::new(state_save_failing.clone()))
+            .expect("registered once");
+        let state_save_errors = IntCounter::new(
+            "state_save_errors_total",
+            "Failed saves of the state file (unwritable, disk full, ...); each is retried.",
+        )
+        .expect("static counter");
+        registry
+            .register(Box::new(state_save_errors.clone()))
             .expect("registered once");
         let reloads = reg.counters(
             "config_reloads_total",
@@ -233,6 +258,20 @@ impl Metrics {
                     );
                     TCP_CLOSE_REASONS.map(|r| v.with_label_values(&[r]))
                 },
+                peer_errors: reg.counters(
+                    "peer_errors_total",
+                    "Readings of a peer vantage point refused (timeout, connect, status, http, \
+                     too_large, invalid): the peer is unhappy and its observations do not count.",
+                    &["peer", "reason"],
+                ),
+                state_save_errors,
+                state_save_failing,
+                state_load_errors: reg.counters(
+                    "state_load_errors_total",
+                    "Saved states not restored at startup (corrupt: set aside; unreadable): \
+                     the server started from the configured weights.",
+                    &["reason"],
+                ),
                 registry,
             }),
         }
@@ -435,6 +474,32 @@ impl Metrics {
             .set(i64::from(on));
     }
 
+    /// Counts a refused reading of the peer at `peer` (its configured URL) by `reason`
+    /// (`timeout`, `connect`, `status`, `http`, `too_large`, `invalid`).
+    pub fn peer_error(&self, peer: &str, reason: &str) {
+        self.inner
+            .peer_errors
+            .with_label_values(&[peer, reason])
+            .inc();
+    }
+
+    /// The outcome of a save of the state file: a failure is counted, and
+    /// `state_save_failing` follows the latest outcome.
+    pub fn state_saved(&self, ok: bool) {
+        if !ok {
+            self.inner.state_save_errors.inc();
+        }
+        self.inner.state_save_failing.set(i64::from(!ok));
+    }
+
+    /// Counts a saved state that could not be restored at startup (`corrupt`, `unreadable`).
+    pub fn state_load_error(&self, reason: &str) {
+        self.inner
+            .state_load_errors
+            .with_label_values(&[reason])
+            .inc();
+    }
+
     /// Every family in the Prometheus text format.
     pub fn encode(&self) -> Result<Vec<u8>, String> {
         let mut buf = Vec::with_capacity(8 * 1024);
@@ -596,6 +661,9 @@ mod tests {
         m.reload(false);
         m.config_version("abc123");
         m.drain_active("www.example.com.", "fastly", true);
+        m.peer_error("http://ns2:9153/", "timeout");
+        m.state_saved(false);
+        m.state_load_error("corrupt");
         let t = text(&m);
         for family in [
             "steerdns_queries_total",
@@ -611,6 +679,10 @@ mod tests {
             "steerdns_config_reloads_total",
             "steerdns_config_info",
             "steerdns_drains_active",
+            "steerdns_peer_errors_total",
+            "steerdns_state_save_errors_total",
+            "steerdns_state_save_failing",
+            "steerdns_state_load_errors_total",
         ] {
             assert!(
                 t.contains(&format!("# TYPE {family} ")),
@@ -637,6 +709,10 @@ mod tests {
             r#"steerdns_config_reloads_total{result="refused"} 1"#,
             r#"steerdns_config_info{version="abc123"} 1"#,
             r#"steerdns_drains_active{cdn="fastly",name="www.example.com."} 1"#,
+            r#"steerdns_peer_errors_total{peer="http://ns2:9153/",reason="timeout"} 1"#,
+            r#"steerdns_state_save_errors_total 1"#,
+            r#"steerdns_state_save_failing 1"#,
+            r#"steerdns_state_load_errors_total{reason="corrupt"} 1"#,
         ] {
             assert!(
                 t.lines().any(|l| l == line),

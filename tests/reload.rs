@@ -89,9 +89,9 @@ async fn an_edit_applies_within_a_second_while_queries_keep_flowing() {
     let (ok, bad) = flowing.await.unwrap();
     assert!(ok > 50, "only {ok} answers");
     assert_eq!(bad, 0, "{bad} failed answers during the reload");
-    // The state document follows the swap of the answers.
+    // `/v1/state` follows once the state is saved, a moment after the swap.
     let s = stack
-        .wait_for("the reload reported", |s| last_reload(s).0 == "applied")
+        .wait_for("the reload in /v1/state", |s| last_reload(s).0 == "applied")
         .await;
     assert_ne!(s["config_version"], version);
 }

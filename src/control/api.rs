@@ -4,7 +4,13 @@
 //! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
-//! Without a configured token every mutation is refused. Bodies are limited to 64 KiB.
+//! Without a configured token every mutation is refused.
+//!
+//! Limits ([`ApiLimits`]), so that no client can hold the server's resources: the request
+//! line and headers at most 64 KiB (`431` beyond) and complete within 10 s, bodies at
+//! most 64 KiB (`413`) and complete within 10 s, a connection idle between requests is
+//! closed after the same 10 s, and at most 256 connections at once (further ones are
+//! closed at once). A slow-loris client sending a header a byte a second is cut off.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -16,7 +22,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{header, Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -30,6 +36,31 @@ use crate::control::prober::Local;
 use crate::metrics::{self, Metrics};
 
 const MAX_BODY: usize = 64 * 1024;
+
+/// What one client may take of the API server.
+#[derive(Clone, Debug)]
+pub struct ApiLimits {
+    /// Time to send a request's line and headers, and the time a connection may stay
+    /// idle waiting for the next request.
+    pub header_timeout: std::time::Duration,
+    /// Time to send a request body (mutations only).
+    pub body_timeout: std::time::Duration,
+    /// Bytes of request line and headers.
+    pub max_header_bytes: usize,
+    /// Connections served at once; more are closed as soon as accepted.
+    pub max_connections: usize,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            max_connections: 256,
+        }
+    }
+}
 
 /// What the API serves, shared with the tasks that produce it.
 #[derive(Clone)]
@@ -46,14 +77,26 @@ pub struct ApiState {
     pub metrics: Metrics,
 }
 
-/// Binds `addr` and serves until `stop`; returns the bound address.
+/// Binds `addr` and serves until `stop` with the default [`ApiLimits`]; returns the
+/// bound address.
 pub async fn spawn(
     addr: SocketAddr,
     state: ApiState,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
+    spawn_with(addr, state, ApiLimits::default(), stop).await
+}
+
+/// As [`spawn`], with other limits (tests shorten the timeouts).
+pub async fn spawn_with(
+    addr: SocketAddr,
+    state: ApiState,
+    limits: ApiLimits,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     tokio::spawn(async move {
         loop {
             let stream = tokio::select! {
@@ -62,14 +105,28 @@ pub async fn spawn(
                     Ok((s, _)) => s,
                     Err(e) => {
                         tracing::debug!(error = %e, "api accept failed");
+                        // Out of file descriptors, say: do not spin.
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                         continue;
                     }
                 },
             };
-            let (state, stop) = (state.clone(), stop.clone());
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!("api: too many connections, closing a new one");
+                drop(stream);
+                continue;
+            };
+            let (state, stop, limits) = (state.clone(), stop.clone(), limits.clone());
             tokio::spawn(async move {
-                let service = service_fn(move |req| route(req, state.clone()));
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                let _slot = slot;
+                let body_timeout = limits.body_timeout;
+                let service = service_fn(move |req| route(req, state.clone(), body_timeout));
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout)
+                    .max_buf_size(limits.max_header_bytes.max(8192))
+                    .max_header_size(limits.max_header_bytes)
+                    .serve_connection(TokioIo::new(stream), service);
                 tokio::select! {
                     _ = stop.cancelled() => {}
                     r = conn => if let Err(e) = r { tracing::debug!(error = %e, "api connection error") },
@@ -82,7 +139,11 @@ pub async fn spawn(
 
 type Reply = Response<Full<Bytes>>;
 
-async fn route(req: Request<Incoming>, state: ApiState) -> Result<Reply, Infallible> {
+async fn route(
+    req: Request<Incoming>,
+    state: ApiState,
+    body_timeout: std::time::Duration,
+) -> Result<Reply, Infallible> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     Ok(match (req.method().clone(), path.as_str()) {
@@ -111,7 +172,7 @@ async fn route(req: Request<Incoming>, state: ApiState) -> Result<Reply, Infalli
             if let Some(refusal) = refuse(&req, &state) {
                 return Ok(refusal);
             }
-            mutate(req, &state, &path).await
+            mutate(req, &state, &path, body_timeout).await
         }
         (_, "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n")
@@ -164,16 +225,23 @@ struct ReasonRequest {
     reason: String,
 }
 
-async fn mutate(req: Request<Incoming>, state: &ApiState, path: &str) -> Reply {
+async fn mutate(
+    req: Request<Incoming>,
+    state: &ApiState,
+    path: &str,
+    body_timeout: std::time::Duration,
+) -> Reply {
     let method = req.method().clone();
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
+    let collect = Limited::new(req.into_body(), MAX_BODY).collect();
+    let body = match tokio::time::timeout(body_timeout, collect).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body over 64 KiB or unreadable",
             )
         }
+        Err(_) => return error(StatusCode::REQUEST_TIMEOUT, "body not sent in time"),
     };
     let Some(commands) = &state.commands else {
         return error(StatusCode::NOT_FOUND, "not available in this mode");

@@ -39,7 +39,25 @@ use crate::plan::{Live, Snapshot};
 pub struct StateFile {
     pub dir: PathBuf,
     pub max_age: Duration,
+    /// A simulated full disk, for the fault tests (see [`persist::DiskFull`]); off by
+    /// default.
+    pub disk: persist::DiskFull,
 }
+
+impl StateFile {
+    /// State saved in `dir`, restored when younger than `max_age`.
+    pub fn new(dir: PathBuf, max_age: Duration) -> StateFile {
+        StateFile {
+            dir,
+            max_age,
+            disk: persist::DiskFull::default(),
+        }
+    }
+}
+
+/// How long after a failed save of the state it is tried again (it is also tried at
+/// every change and every probe round).
+const SAVE_RETRY: Duration = Duration::from_secs(1);
 
 pub struct Controller {
     loaded: Arc<Loaded>,
@@ -64,6 +82,11 @@ pub struct Controller {
     /// (name, CDN) pairs whose `drains_active` gauge is set.
     drain_gauges: BTreeSet<(String, String)>,
     state_file: Option<StateFile>,
+    /// Why the latest save of the state failed, and how many saves in a row did; the
+    /// state is kept in memory and saved again at the next change or retry.
+    save_failing: Option<(String, u64)>,
+    /// When to try a failed save again (nothing else may change for a while).
+    save_retry_at: Option<Instant>,
     /// The document `/v1/state` serves.
     doc: Arc<Mutex<serde_json::Value>>,
 }
@@ -94,6 +117,8 @@ impl Controller {
             frozen: None,
             drain_gauges: BTreeSet::new(),
             state_file,
+            save_failing: None,
+            save_retry_at: None,
             doc: Arc::new(Mutex::new(serde_json::Value::Null)),
         };
         c.restore();
@@ -103,9 +128,19 @@ impl Controller {
 
     fn restore(&mut self) {
         let Some(sf) = &self.state_file else { return };
-        match persist::load(&sf.dir, sf.max_age) {
+        match persist::restore(&sf.dir, sf.max_age) {
             Ok(None) => {}
-            Err(e) => warn!(error = %e, "saved state unreadable: starting from configured weights"),
+            Err((fault, kept)) => {
+                if let Some(m) = self.local.metrics() {
+                    m.state_load_error(fault.reason());
+                }
+                error!(
+                    reason = fault.reason(),
+                    error = %fault,
+                    set_aside = %kept.as_ref().map_or("no".into(), |p| p.display().to_string()),
+                    "saved state not restored: starting from the configured weights"
+                );
+            }
             Ok(Some(saved)) => {
                 let now = Instant::now();
                 self.health = saved.health.clone();
@@ -176,6 +211,7 @@ impl Controller {
                 .filter_map(|s| s.next_at)
                 .filter(|_| self.frozen.is_none())
                 .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
+                .chain(self.save_retry_at)
                 .min();
             let due = async {
                 match next {
@@ -369,6 +405,7 @@ impl Controller {
             self.loaded.probes.vantages.clone(),
             peer_interval(&self.loaded.probes),
             token.clone(),
+            self.local.metrics().cloned(),
         );
         prober::spawn(
             self.loaded.probes.specs.clone(),
@@ -664,15 +701,36 @@ impl Controller {
         self.fail_open = now;
     }
 
-    fn save(&self) {
+    /// Saves the state. A failure is counted and logged (once per distinct error, and
+    /// again when it clears), and the save is tried again at the next change, probe
+    /// round or [`SAVE_RETRY`], so that nothing is lost when the fault clears: the
+    /// state stays in memory meanwhile and serving goes on.
+    fn save(&mut self) {
         let Some(sf) = &self.state_file else { return };
         let now = Instant::now();
         let mut saved = persist::capture(&self.health, &self.steps, now);
         saved.overrides = self.drains.overrides.clone();
         saved.drains = self.drains.saved(now);
         saved.frozen = self.frozen.clone();
-        if let Err(e) = persist::save(&sf.dir, &saved) {
-            warn!(dir = %sf.dir.display(), error = %e, "cannot save state");
+        let result = persist::save_to(&sf.dir, &saved, &sf.disk);
+        if let Some(m) = self.local.metrics() {
+            m.state_saved(result.is_ok());
+        }
+        match (result, self.save_failing.take()) {
+            (Ok(()), None) => self.save_retry_at = None,
+            (Ok(()), Some((_, failures))) => {
+                info!(dir = %sf.dir.display(), failed_saves = failures, "state saved again: nothing was lost");
+                self.save_retry_at = None;
+            }
+            (Err(e), before) => {
+                let error = e.to_string();
+                let failures = before.as_ref().map_or(0, |(_, n)| *n) + 1;
+                if before.as_ref().map(|(e, _)| e) != Some(&error) {
+                    warn!(dir = %sf.dir.display(), error = %error, retry_in_ms = SAVE_RETRY.as_millis() as u64, "cannot save state: serving goes on from memory, the save is retried");
+                }
+                self.save_failing = Some((error, failures));
+                self.save_retry_at = Some(now + SAVE_RETRY);
+            }
         }
     }
 
@@ -685,6 +743,13 @@ impl Controller {
             "last_reload": self.last_reload,
             "vantage": self.vantage,
             "vantage_unhappy": self.own_unhappy,
+            "state_save": match (&self.state_file, &self.save_failing) {
+                (None, _) => json!(null),
+                (Some(sf), None) => json!({ "dir": sf.dir.display().to_string(), "ok": true }),
+                (Some(sf), Some((e, n))) => json!({
+                    "dir": sf.dir.display().to_string(), "ok": false, "error": e, "failed_saves": n,
+                }),
+            },
             "health": self.health.iter().map(|(cdn, t)| (cdn.clone(), json!({
                 "state": t.state.to_string(),
                 "consecutive_down_rounds": t.bad,

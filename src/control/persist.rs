@@ -2,10 +2,19 @@
 //! in the middle of a failover resumes the timeline instead of snapping back to the
 //! configured weights. The file is replaced atomically (write, fsync, rename); a state
 //! older than the configured maximum age is ignored.
+//!
+//! Faults: a save that fails (unwritable directory, a directory where the file should
+//! be, a full disk) leaves the previous file as it was and no temporary file behind;
+//! the caller counts it and retries. A file that cannot be parsed at startup is set
+//! aside (`steerdns-state.json.corrupt-<unix ms>`) for a person to look at, and the
+//! server starts from the configured weights rather than refusing to serve.
+//! Only names built here are written: nothing read from the network becomes a path.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -83,34 +92,131 @@ pub fn capture(
     }
 }
 
+/// A full disk, simulated: while on, every save writes the first half of the document
+/// and then fails with `StorageFull` (ENOSPC), as a write to a full disk does. The code
+/// after the failed write (cleanup, counting, retry) is the real one. A disk cannot be
+/// filled in CI, and a tiny tmpfs needs privileges CI may not have; this switch is the
+/// seam the fault tests use. Off unless a test turns it on; nothing else does.
+#[derive(Clone, Debug, Default)]
+pub struct DiskFull(Arc<AtomicBool>);
+
+impl DiskFull {
+    /// Turns the simulated full disk on or off.
+    pub fn set(&self, full: bool) {
+        self.0.store(full, Ordering::Relaxed);
+    }
+
+    fn is_full(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Writes the state atomically.
 pub fn save(dir: &Path, saved: &Saved) -> std::io::Result<()> {
+    save_to(dir, saved, &DiskFull::default())
+}
+
+/// Writes the state atomically, through `disk` (see [`DiskFull`]). On an error the
+/// previous file is untouched and the temporary file is removed.
+pub fn save_to(dir: &Path, saved: &Saved, disk: &DiskFull) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
+    let bytes = serde_json::to_vec_pretty(saved).map_err(std::io::Error::other)?;
     // A name of its own per write: two writers (a restart overlapping the old process)
     // must never interleave in one temporary file.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!("{FILE}.{}.{n}.tmp", std::process::id()));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(saved).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path(dir))
+    // `create_new`: never follow a link or reuse a file someone left at that name.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)?;
+    let written = (|| {
+        if disk.is_full() {
+            f.write_all(&bytes[..bytes.len() / 2])?;
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "No space left on device (simulated full disk)",
+            ));
+        }
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path(dir))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Reads the state back; `Ok(None)` when there is none or it is older than `max_age`.
+/// Never changes anything on disk (for `explain`; `serve` uses [`restore`]).
 pub fn load(dir: &Path, max_age: Duration) -> Result<Option<Saved>, String> {
-    let text = match std::fs::read(path(dir)) {
+    match read(dir, max_age) {
+        Ok(s) => Ok(s),
+        Err(LoadFault::Unreadable(e)) => Err(e),
+        Err(LoadFault::Corrupt(e)) => Err(e),
+    }
+}
+
+/// Why a saved state was not restored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoadFault {
+    /// The file exists but cannot be read (a directory, permissions, I/O error).
+    Unreadable(String),
+    /// The file was read but is not a saved state (half written, edited, garbage).
+    Corrupt(String),
+}
+
+impl LoadFault {
+    /// `unreadable` or `corrupt`, for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LoadFault::Unreadable(_) => "unreadable",
+            LoadFault::Corrupt(_) => "corrupt",
+        }
+    }
+}
+
+impl std::fmt::Display for LoadFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadFault::Unreadable(e) | LoadFault::Corrupt(e) => f.write_str(e),
+        }
+    }
+}
+
+fn read(dir: &Path, max_age: Duration) -> Result<Option<Saved>, LoadFault> {
+    let file = path(dir);
+    let text = match std::fs::read(&file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path(dir).display())),
+        Err(e) => return Err(LoadFault::Unreadable(format!("{}: {e}", file.display()))),
     };
-    let saved: Saved =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path(dir).display()))?;
+    let saved: Saved = serde_json::from_slice(&text)
+        .map_err(|e| LoadFault::Corrupt(format!("{}: {e}", file.display())))?;
     let age = unix_ms().saturating_sub(saved.saved_unix_ms);
     if age > max_age.as_millis() as u64 {
         return Ok(None);
     }
     Ok(Some(saved))
+}
+
+/// Reads the state back for `serve`. A corrupt file is renamed aside (the returned path,
+/// when the rename worked) so that the next save does not destroy the evidence.
+pub fn restore(
+    dir: &Path,
+    max_age: Duration,
+) -> Result<Option<Saved>, (LoadFault, Option<PathBuf>)> {
+    match read(dir, max_age) {
+        Ok(s) => Ok(s),
+        Err(e @ LoadFault::Unreadable(_)) => Err((e, None)),
+        Err(e @ LoadFault::Corrupt(_)) => {
+            let aside = dir.join(format!("{FILE}.corrupt-{}", unix_ms()));
+            let kept = std::fs::rename(path(dir), &aside).ok().map(|()| aside);
+            Err((e, kept))
+        }
+    }
 }
 
 impl Saved {
@@ -181,5 +287,85 @@ mod tests {
 
         std::fs::write(path(&dir), b"{ half a fi").unwrap();
         assert!(load(&dir, Duration::from_secs(60)).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("steerdns-persist-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn state(ms: u64) -> Saved {
+        Saved {
+            saved_unix_ms: unix_ms() - ms,
+            frozen: Some(format!("saved {ms} ms ago")),
+            ..Saved::default()
+        }
+    }
+
+    #[test]
+    fn a_full_disk_keeps_the_previous_file_and_leaves_no_temporary_file() {
+        let dir = scratch("full");
+        save(&dir, &state(1)).unwrap();
+        let before = std::fs::read(path(&dir)).unwrap();
+        let disk = DiskFull::default();
+        disk.set(true);
+        let e = save_to(&dir, &state(2), &disk).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::StorageFull);
+        assert_eq!(std::fs::read(path(&dir)).unwrap(), before);
+        assert_eq!(files(&dir), [FILE]);
+        disk.set(false);
+        save_to(&dir, &state(3), &disk).unwrap();
+        let back = load(&dir, Duration::from_secs(60)).unwrap().unwrap();
+        assert_eq!(back.frozen.as_deref(), Some("saved 3 ms ago"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_state_dir_that_is_a_file_or_a_file_that_is_a_directory_fails_cleanly() {
+        let dir = scratch("notdir");
+        let file = dir.join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(save(&file, &state(1)).is_err());
+        assert!(matches!(
+            restore(&file, Duration::from_secs(60)),
+            Err((LoadFault::Unreadable(_), None))
+        ));
+        assert_eq!(std::fs::read(&file).unwrap(), b"x");
+
+        let sdir = dir.join("state");
+        std::fs::create_dir_all(path(&sdir).join("in-the-way")).unwrap();
+        assert!(save(&sdir, &state(1)).is_err());
+        assert_eq!(files(&sdir), [FILE], "no temporary file left behind");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_corrupt_state_is_set_aside_not_overwritten() {
+        let dir = scratch("corrupt");
+        std::fs::write(path(&dir), b"{\"saved_unix_ms\": \"yesterday\"}").unwrap();
+        let (fault, kept) = restore(&dir, Duration::from_secs(60)).unwrap_err();
+        assert_eq!(fault.reason(), "corrupt");
+        let kept = kept.expect("set aside");
+        assert_eq!(
+            std::fs::read(&kept).unwrap(),
+            b"{\"saved_unix_ms\": \"yesterday\"}"
+        );
+        assert!(!path(&dir).exists());
+        // Nothing left to restore: a fresh start.
+        assert_eq!(restore(&dir, Duration::from_secs(60)), Ok(None));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

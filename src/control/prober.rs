@@ -42,6 +42,11 @@ pub struct Local {
 struct Recorded {
     obs: Observation,
     at: Instant,
+    /// When the probe of this observation began. A probe that began before a
+    /// failure of this vantage point's network may still succeed after it: only
+    /// probes begun since a failure began say anything about it.
+    started: Instant,
+    /// When the first failed probe of the current streak began.
     failing_since: Option<Instant>,
 }
 
@@ -60,7 +65,13 @@ impl Local {
         self.metrics.as_ref()
     }
 
-    fn record(&self, vantage: &str, cdn: &str, mut obs: Observation) -> Observation {
+    fn record(
+        &self,
+        vantage: &str,
+        cdn: &str,
+        mut obs: Observation,
+        started: Instant,
+    ) -> Observation {
         if let Some(m) = &self.metrics {
             m.probe(cdn, vantage, (!obs.ok).then_some(obs.reason.as_str()));
         }
@@ -71,21 +82,23 @@ impl Local {
         let failing_since = if obs.ok {
             None
         } else {
-            Some(prev.and_then(|r| r.failing_since).unwrap_or(now))
+            Some(prev.and_then(|r| r.failing_since).unwrap_or(started))
         };
         map.insert(
             cdn.to_string(),
             Recorded {
                 obs: obs.clone(),
                 at: now,
+                started,
                 failing_since,
             },
         );
         obs
     }
 
-    /// Whether every other CDN has been probed since `cdn` began failing: until then,
-    /// "this CDN fails" cannot be told from "this vantage point's network fails".
+    /// Whether every other CDN has been probed since `cdn` began failing (by probes
+    /// *begun* since then): until then, "this CDN fails" cannot be told from "this
+    /// vantage point's network fails".
     pub fn others_probed_since_failure(&self, cdn: &str) -> bool {
         let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Some(since) = map.get(cdn).and_then(|r| r.failing_since) else {
@@ -93,7 +106,7 @@ impl Local {
         };
         map.iter()
             .filter(|(c, _)| c.as_str() != cdn)
-            .all(|(_, r)| r.at >= since)
+            .all(|(_, r)| r.started >= since)
     }
 
     /// The latest observations with their age now.
@@ -149,13 +162,14 @@ pub fn spawn(
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
                 }
-                let result = {
+                let (result, started) = {
                     let Ok(_permit) = limit.acquire().await else {
                         return;
                     };
+                    let started = Instant::now();
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        r = probe_once(&spec, &ua) => r,
+                        r = probe_once(&spec, &ua) => (r, started),
                     }
                 };
                 let observation = local.record(
@@ -167,6 +181,7 @@ pub fn spawn(
                         reason: result.err().unwrap_or_else(|| "ok".into()),
                         age_ms: 0,
                     },
+                    started,
                 );
                 if rounds
                     .send(Round {
@@ -306,4 +321,38 @@ fn describe(e: &reqwest::Error) -> String {
 /// A short pause, for loops that retry.
 pub fn jittered(base: Duration) -> Duration {
     base.mul_f64(rand::rng().random_range(0.9..1.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(ok: bool) -> Observation {
+        Observation {
+            round: 0,
+            ok,
+            reason: if ok { "ok" } else { "connect: refused" }.into(),
+            age_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_probe_begun_before_a_failure_says_nothing_about_it() {
+        let local = Local::default();
+        let t0 = Instant::now();
+        local.record("v", "a", obs(true), t0);
+        local.record("v", "b", obs(true), t0);
+        // The network breaks. a's next probe begins after and fails at once; b's probe
+        // in flight (begun before) succeeds afterwards.
+        let t1 = t0 + Duration::from_millis(10);
+        local.record("v", "a", obs(false), t1);
+        local.record("v", "b", obs(true), t0);
+        assert!(
+            !local.others_probed_since_failure("a"),
+            "b's success began before a's failure: a must wait"
+        );
+        // b's next probe, begun after, fails too: now a's failure can be judged.
+        local.record("v", "b", obs(false), t1 + Duration::from_millis(5));
+        assert!(local.others_probed_since_failure("a"));
+    }
 }

@@ -11,6 +11,7 @@ use hickory_proto::rr::RecordType;
 use serde_json::Value;
 use steerdns::app::{self, Inputs, ServeOptions, Service};
 use steerdns::control::controller::StateFile;
+pub use steerdns::control::persist::DiskFull;
 use tokio::time::Instant;
 
 use super::mock_cdn::{MockCdn, Mode};
@@ -94,6 +95,12 @@ pub fn vantages(dir: &Path, urls: &[String]) {
 
 impl Stack {
     pub async fn start(dir: &Path) -> Stack {
+        Stack::start_with_disk(dir, DiskFull::default()).await
+    }
+
+    /// As [`Stack::start`], saving the state through `disk_full` (a simulated full
+    /// disk the test can switch on and off).
+    pub async fn start_with_disk(dir: &Path, disk_full: DiskFull) -> Stack {
         let inputs = Inputs {
             config: dir.join("steering.yaml"),
             zones: dir.join("zones"),
@@ -114,6 +121,7 @@ impl Stack {
             state: Some(StateFile {
                 dir: dir.join("state"),
                 max_age: Duration::from_secs(60),
+                disk: disk_full.clone(),
             }),
             vantage: "test".into(),
         };

@@ -1,0 +1,457 @@
+//! Security of the control plane (issue 6, item 8), over real loopback sockets: every
+//! mutation needs the token; request headers and bodies are bounded in size and time
+//! (slow-loris and idle clients are cut off, connections are capped); nothing a client
+//! sends can make the server write outside its state directory. (Peer observations
+//! are validated before they count: tests/faults.rs and `control::peers`. The API's
+//! loopback default and the warning for another address: unit tests in `cli.rs`.)
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::stack::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+use steerdns::control::api::{self, ApiLimits, ApiState};
+use steerdns::control::controller::Command;
+use steerdns::control::prober::Local;
+use steerdns::metrics::Metrics;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// An API server alone (no controller behind it: commands go to `rx`), with `limits`.
+struct Api {
+    addr: SocketAddr,
+    rx: mpsc::Receiver<Command>,
+    stop: CancellationToken,
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn api(token: Option<&str>, limits: ApiLimits) -> Api {
+    let (tx, rx) = mpsc::channel(16);
+    let state = ApiState {
+        vantage: "test".into(),
+        local: Local::default(),
+        state: Arc::new(Mutex::new(json!({}))),
+        commands: Some(tx),
+        token: token.map(Into::into),
+        metrics: Metrics::new(),
+    };
+    let stop = CancellationToken::new();
+    let addr = api::spawn_with("127.0.0.1:0".parse().unwrap(), state, limits, stop.clone())
+        .await
+        .unwrap();
+    Api { addr, rx, stop }
+}
+
+fn short(timeout_ms: u64) -> ApiLimits {
+    ApiLimits {
+        header_timeout: Duration::from_millis(timeout_ms),
+        body_timeout: Duration::from_millis(timeout_ms),
+        ..ApiLimits::default()
+    }
+}
+
+/// Sends `bytes`, then reads until the server closes (or 5 s pass: `None`).
+async fn exchange(addr: SocketAddr, bytes: &[u8]) -> Option<String> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(bytes).await;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+async fn healthz(addr: SocketAddr) -> bool {
+    exchange(
+        addr,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+}
+
+/// Waits until the server closes `s` (read returns EOF or an error); how long it took.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(started + limit, s.read(&mut buf)).await {
+            Err(_) => panic!("still open after {limit:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+// === the token ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mutation_needs_the_right_token() {
+    let dir = scratch("sec-token");
+    policy(&dir, "[100]", 0.2);
+    let stack = Stack::start(&dir).await;
+    let (status, rule) = stack
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "a", "reason": "kept", "immediate": true}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let id = rule["id"].as_str().unwrap().to_string();
+
+    let near_miss = &TOKEN[..TOKEN.len() - 1];
+    let longer = format!("{TOKEN}x");
+    let mutations = [
+        (
+            Method::POST,
+            "/v1/drains".to_string(),
+            Some(json!({"name": "www.example.com", "cdn": "b", "reason": "x", "immediate": true})),
+        ),
+        (Method::DELETE, format!("/v1/drains/{id}"), None),
+        (
+            Method::POST,
+            "/v1/failover/freeze".into(),
+            Some(json!({"reason": "x"})),
+        ),
+        (
+            Method::POST,
+            "/v1/failover/resume".into(),
+            Some(json!({"reason": "x"})),
+        ),
+    ];
+    for (method, path, body) in &mutations {
+        for token in [
+            None,
+            Some("wrong-token-0123456789"),
+            Some(near_miss),
+            Some(longer.as_str()),
+            Some(""),
+        ] {
+            let (status, reply) = stack.call(method.clone(), path, body.clone(), token).await;
+            assert_eq!(status, 401, "{method} {path} with {token:?}: {reply}");
+        }
+    }
+    // The scheme must be Bearer.
+    let r = exchange(
+        stack.api,
+        format!("POST /v1/failover/freeze HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {TOKEN}\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{{\"reason\":\"x\"}}").as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert!(r.starts_with("HTTP/1.1 401"), "{r}");
+
+    // Nothing changed: the drain is there, failover not frozen, only b answers.
+    let s = stack.state().await;
+    assert!(s["failover_frozen"].is_null(), "{s:#}");
+    let drains = s["drains"].to_string();
+    assert!(
+        drains.contains(&id) && !drains.contains("\"cdn\":\"b\""),
+        "{s:#}"
+    );
+    let (counts, _) = stack.answers(30).await;
+    assert_eq!(counts.get("b"), Some(&30), "{counts:?}");
+    // With the token, the same requests work.
+    let (status, _) = stack
+        .call(
+            Method::DELETE,
+            &format!("/v1/drains/{id}"),
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_configured_token_mutations_are_forbidden() {
+    let mut api = api(None, ApiLimits::default()).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (method, path) in [
+        (Method::POST, "/v1/drains"),
+        (Method::DELETE, "/v1/drains/api-1-1"),
+        (Method::POST, "/v1/failover/freeze"),
+        (Method::POST, "/v1/failover/resume"),
+    ] {
+        for token in [None, Some(TOKEN)] {
+            let mut req = http
+                .request(method.clone(), format!("http://{}{path}", api.addr))
+                .body(r#"{"reason":"x"}"#);
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let status = req.send().await.unwrap().status().as_u16();
+            assert_eq!(status, 403, "{method} {path} with {token:?}");
+        }
+    }
+    assert!(
+        api.rx.try_recv().is_err(),
+        "a command reached the controller"
+    );
+}
+
+// === sizes and times ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_headers_and_bodies_are_limited() {
+    let mut api = api(Some(TOKEN), ApiLimits::default()).await;
+    // 70 KiB of headers: 431, and the connection is closed.
+    let big = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70 * 1024)
+    );
+    let r = exchange(api.addr, big.as_bytes()).await.expect("closed");
+    assert!(r.starts_with("HTTP/1.1 431"), "{r:.100}");
+    // Many small headers adding up to more than 64 KiB: refused too.
+    let many: String = (0..2000)
+        .map(|i| format!("X-H{i}: {}\r\n", "b".repeat(30)))
+        .collect();
+    let r = exchange(
+        api.addr,
+        format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many}\r\n").as_bytes(),
+    )
+    .await
+    .expect("closed");
+    assert!(!r.starts_with("HTTP/1.1 200"), "{r:.100}");
+
+    // A body over 64 KiB, with the token: 413, nothing reaches the controller.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = http
+        .post(format!("http://{}/v1/drains", api.addr))
+        .bearer_auth(TOKEN)
+        .body(format!(r#"{{"reason": "{}"}}"#, "r".repeat(70 * 1024)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+    assert!(api.rx.try_recv().is_err());
+    assert!(healthz(api.addr).await, "still serving");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_loris_and_idle_clients_are_cut_off() {
+    let mut api = api(Some(TOKEN), short(300)).await;
+
+    // Headers one byte every 50 ms, never finished.
+    let mut loris = TcpStream::connect(api.addr).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        let head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: "
+            .iter()
+            .chain(std::iter::repeat(&b'a'));
+        for b in head {
+            if loris.write_all(&[*b]).await.is_err() {
+                return true;
+            }
+            let mut buf = [0u8; 64];
+            if let Ok(Ok(0) | Err(_)) =
+                tokio::time::timeout(Duration::from_millis(50), loris.read(&mut buf)).await
+            {
+                return true;
+            }
+        }
+        false
+    });
+    // Meanwhile, others are served.
+    assert!(healthz(api.addr).await);
+    let cut = tokio::time::timeout(Duration::from_secs(5), trickle)
+        .await
+        .expect("the trickling client still connected after 5 s")
+        .unwrap();
+    assert!(cut);
+
+    // A client that connects and sends nothing.
+    let mut idle = TcpStream::connect(api.addr).await.unwrap();
+    closed_within(&mut idle, Duration::from_secs(5)).await;
+
+    // A keep-alive connection left idle after a request.
+    let mut kept = TcpStream::connect(api.addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = kept.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    closed_within(&mut kept, Duration::from_secs(5)).await;
+
+    // A body trickled after good headers, with the token: 408.
+    let mut slow_body = TcpStream::connect(api.addr).await.unwrap();
+    slow_body
+        .write_all(
+            format!("POST /v1/failover/freeze HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n{{").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match slow_body.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    out.extend_from_slice(&buf[..n]);
+                    if out.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+            let _ = slow_body.write_all(b" ").await;
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the slow body was never answered");
+    assert!(
+        out.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(api.rx.try_recv().is_err());
+    assert!(healthz(api.addr).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_closed_at_once() {
+    let limits = ApiLimits {
+        max_connections: 4,
+        ..ApiLimits::default()
+    };
+    let api = api(Some(TOKEN), limits).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(api.addr).await.unwrap());
+    }
+    // Let the server accept them (their slots are taken on accept).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut extra = loop {
+        let mut s = TcpStream::connect(api.addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break s,
+            _ => assert!(Instant::now() < deadline, "a fifth connection is held open"),
+        }
+    };
+    let _ = extra.shutdown().await;
+    drop(held);
+    // The slots free up: served again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !healthz(api.addr).await {
+        assert!(Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// === the state directory ===
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_from_the_network_writes_outside_the_state_directory() {
+    let dir = scratch("sec-paths");
+    policy(&dir, "[100]", 0.2);
+    let stack = Stack::start(&dir).await;
+    let escape = format!("steerdns-escape-{}", std::process::id());
+    let hostile = format!("../../{escape}");
+    let outside = [
+        dir.join(&escape),
+        dir.parent().unwrap().join(&escape),
+        Path::new("/").join(&escape),
+        dir.join("state").join(&hostile),
+    ];
+
+    for body in [
+        json!({"name": hostile, "cdn": "a", "reason": "x"}),
+        json!({"name": "www.example.com", "cdn": hostile, "reason": "x"}),
+        json!({"name": "www.example.com", "cdn": "a", "where": [hostile], "reason": "x"}),
+        json!({"name": format!("{hostile}/www.example.com"), "cdn": "a", "reason": "x"}),
+    ] {
+        let (status, reply) = stack.post("/v1/drains", body.clone()).await;
+        assert_eq!(status, 409, "{body}: {reply}");
+    }
+    // A hostile reason is free text: accepted as data, with an id of the server's own.
+    let (status, rule) = stack
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "a", "reason": format!("{hostile}\n/etc/passwd")}),
+        )
+        .await;
+    assert_eq!(status, 201, "{rule}");
+    let id = rule["id"].as_str().unwrap();
+    assert!(
+        id.starts_with("api-") && id[4..].bytes().all(|b| b.is_ascii_digit() || b == b'-'),
+        "{id}"
+    );
+    let (status, _) = stack
+        .post("/v1/failover/freeze", json!({"reason": hostile}))
+        .await;
+    assert_eq!(status, 200);
+    for path in [
+        format!("/v1/drains/..%2F..%2F{escape}"),
+        format!("/v1/drains/%2e%2e/%2e%2e/{escape}"),
+    ] {
+        let (status, _) = stack.call(Method::DELETE, &path, None, Some(TOKEN)).await;
+        assert_eq!(status, 404, "{path}");
+    }
+    // Unnormalised dots, as a raw request line.
+    let r = exchange(
+        stack.api,
+        format!("DELETE /v1/drains/../../{escape} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    let (status, _) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/explain?name={hostile}&client=192.0.2.1"),
+            None,
+            None,
+        )
+        .await;
+    assert!(status == 400 || status == 404, "{status}");
+
+    // The state is saved, in its one file, with the hostile text inside it as data.
+    let saved = std::fs::read_to_string(dir.join("state/steerdns-state.json")).unwrap();
+    assert!(saved.contains(&escape), "{saved}");
+    let expected: Vec<PathBuf> = [
+        "geo.mmdb",
+        "state/steerdns-state.json",
+        "steering.yaml",
+        "zones/example.com.zone",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    assert_eq!(files_under(&dir), expected);
+    for p in &outside {
+        assert!(!p.exists(), "{} was written", p.display());
+    }
+    let s: Value = stack.state().await;
+    assert_eq!(s["failover_frozen"], hostile.as_str());
+}
