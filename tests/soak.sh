@@ -73,6 +73,7 @@ if [[ -z ${STEERDNS_BIN:-} ]]; then
     STEERDNS_BIN=$REPO/target/release/steerdns
 fi
 [[ -x $STEERDNS_BIN ]] || die "no $STEERDNS_BIN"
+VERSION=$(git describe --always --dirty 2>/dev/null || echo '?')
 
 # --- scratch dir, cleanup ------------------------------------------------------------
 TMP=$(mktemp -d /tmp/steerdns-soak.XXXXXX)
@@ -217,7 +218,13 @@ DRAINS=(
 
 # --- go ------------------------------------------------------------------------------
 log "dnsperf -Q $QPS for $WARMUP s of warm-up + $DURATION s, $QUERIES queries (varied ECS, 20 % non-steered)"
-dnsperf -s 127.0.0.1 -p "$DNS_PORT" -B -d "$TMP/mix.bin" -c 4 -q 200 -Q "$QPS" -l "$TOTAL" \
+# -q 50: at most 50 queries in flight (dnsperf's default is 100). With -q 200, runs on a
+# machine busy with other builds lost a few queries per minute, every one of them
+# dropped by the kernel on a full receive queue of the server's sockets (the UDP drops
+# below) while the server was off the CPU: not a query steerdns saw and failed to
+# answer. Fewer in flight keeps the queue short; 50 at about 0.5 ms each still carries
+# 20,000 QPS.
+dnsperf -s 127.0.0.1 -p "$DNS_PORT" -B -d "$TMP/mix.bin" -c 4 -q 50 -Q "$QPS" -l "$TOTAL" \
     >"$TMP/dnsperf.txt" 2>&1 &
 DNSPERF_PID=$!
 PIDS+=("$DNSPERF_PID")
@@ -270,6 +277,14 @@ for ((t = 1; t <= TOTAL; t++)); do
     fi
 done
 rss_end=$rss
+# Datagrams the kernel dropped on a full receive queue (the drops column of
+# /proc/net/udp, read while dnsperf still runs): on the server's sockets (local port
+# DNS_PORT), and on dnsperf's (remote port DNS_PORT). Says where lost queries went.
+udp_drops() { # local|remote
+    awk -v port="$(printf '%04X' "$DNS_PORT")" -v col="$([[ $1 == local ]] && echo 2 || echo 3)" \
+        'NR > 1 { split($col, a, ":"); if (a[2] == port) d += $NF } END { print d + 0 }' /proc/net/udp
+}
+drops_server=$(udp_drops local) drops_client=$(udp_drops remote)
 applied=$(metric 'steerdns_config_reloads_total{result="applied"}')
 refused=$(metric 'steerdns_config_reloads_total{result="refused"}')
 transitions=$(health_transitions)
@@ -289,7 +304,7 @@ qps=$(num "Queries per second")
 growth=$(awk -v a="$rss_start" -v b="$rss_end" 'BEGIN { printf "%.1f", (b - a) * 100 / a }')
 
 echo
-echo "soak: $(date -u +%Y-%m-%dT%H:%MZ), $TOTAL s of dnsperf -Q $QPS ($WARMUP s warm-up), $(git describe --always --dirty 2>/dev/null || echo '?'), malloc ${SOAK_MALLOC:-mmap threshold 1 MiB}"
+echo "soak: $(date -u +%Y-%m-%dT%H:%MZ), $TOTAL s of dnsperf -Q $QPS ($WARMUP s warm-up), $VERSION, malloc ${SOAK_MALLOC:-mmap threshold 1 MiB}"
 printf '  %-28s %s\n' \
     "queries sent" "${sent:-0}" \
     "queries completed" "${completed:-0}" \
@@ -304,7 +319,8 @@ printf '  %-28s %s\n' \
     "reloads applied" "$applied" \
     "reloads refused" "$refused" \
     "health transitions" "$transitions" \
-    "drain API calls ok / failed" "$drain_ok / $drain_failed"
+    "drain API calls ok / failed" "$drain_ok / $drain_failed" \
+    "UDP drops server / dnsperf" "$drops_server / $drops_client (kernel, full receive queue)"
 grep -E 'Response codes' "$TMP/dnsperf.txt" | sed 's/^ */  dnsperf: /'
 
 fail=()
