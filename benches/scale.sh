@@ -152,3 +152,15 @@ lost = sum(int(r[3]) for r in rows)
 print(f"| {label} | {us:.2f} µs | {lost} | {int(rss0) / 1024:.1f} MiB | {int(rss1) / 1024:.1f} MiB |")
 PY
 done
+# On a shared machine the load drifts between runs: the ratio within each demo, scale
+# pair (run back to back) is steadier than the ratio of the medians.
+python3 - "$RESULTS" <<'PY'
+import statistics, sys
+rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+demo = [float(r[1]) for r in rows if r[0] == "demo"]
+scale = [float(r[1]) for r in rows if r[0] == "scale"]
+ratios = [b / a for a, b in zip(demo, scale)]
+print()
+print("scale / demo CPU per query, per pair: " + ", ".join(f"{r:.2f}" for r in ratios)
+      + f"; median {statistics.median(ratios):.2f}")
+PY
