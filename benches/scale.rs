@@ -1,0 +1,240 @@
+//! Scale benchmarks (issue 5, item 4): the demo policy against one with 1,000 steered
+//! names × 20 regions (`benches/scale_policy.py`), both with the full-Internet geo
+//! database `geo/country.mmdb`.
+//!
+//!   cargo bench --bench scale
+//!
+//! - `plan_build/*`: building a plan snapshot as the control plane does on every change
+//!   (`planner::plan`; `Loaded::snapshot_with`, which wraps it with the geo database and
+//!   zones; and that plus the pre-resolved answer counters the controller attaches).
+//! - `decision/*`: name lookup, geo lookup, region match and weighted pick.
+//! - `query/*`: the whole handler on pre-built requests (decode excluded, encode
+//!   included) with the answer counters attached, as `serve` runs it. The demo asks for
+//!   `www.example.com`; the scale policy for a random one of its 1,000 names. Both use the
+//!   same 4,096 random client subnets as ECS.
+//!
+//! Resident memory of a server for each policy: `benches/scale.sh`.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::pin::pin;
+use std::process::Command;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use arc_swap::ArcSwap;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_proto::rr::{LowerName, Name, Record, RecordType};
+use hickory_proto::serialize::binary::BinEncoder;
+use hickory_server::net::runtime::TokioTime;
+use hickory_server::net::NetError;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponse;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use steerdns::app::{self, Inputs, Loaded};
+use steerdns::control::planner::{self, Removed};
+use steerdns::dns::Handler;
+use steerdns::metrics::Metrics;
+use steerdns::plan::Snapshot;
+
+const REQUESTS: usize = 4096;
+
+fn repo(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+fn load(config: &Path, zones: &Path) -> Loaded {
+    let inputs = Inputs {
+        config: config.to_path_buf(),
+        zones: zones.to_path_buf(),
+        geo: repo("geo/country.mmdb"),
+        probes: repo("tests/fixtures/no-probes"),
+    };
+    app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn demo() -> Loaded {
+    load(&repo("steering.yaml"), &repo("zones"))
+}
+
+/// Writes the 1,000 × 20 policy with `benches/scale_policy.py` and loads it.
+fn scale() -> (Loaded, Vec<Name>) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("scale-policy");
+    let status = Command::new("python3")
+        .arg(repo("benches/scale_policy.py"))
+        .arg(&dir)
+        .status()
+        .expect("python3 runs benches/scale_policy.py");
+    assert!(status.success(), "benches/scale_policy.py failed");
+    let loaded = load(&dir.join("steering.yaml"), &dir.join("zones"));
+    let names = loaded.policy.hosts.iter().map(|h| h.name.clone()).collect();
+    (loaded, names)
+}
+
+/// The snapshot `serve` publishes: the plan with every answer counter attached.
+fn served(loaded: &Loaded, metrics: &Metrics) -> Snapshot {
+    let mut snap = loaded.snapshot();
+    snap.plan
+        .attach_counters(|n, r, c| metrics.steered_counter(n, r, c));
+    snap
+}
+
+fn plan_build(c: &mut Criterion) {
+    let (scale, _) = scale();
+    let demo = demo();
+    let mut g = c.benchmark_group("plan_build");
+    g.sample_size(20);
+    for (label, loaded) in [("demo", &demo), ("1000x20", &scale)] {
+        g.bench_function(format!("{label}/plan"), |b| {
+            b.iter(|| planner::plan(black_box(&loaded.policy), &Removed::new(), &[]))
+        });
+        g.bench_function(format!("{label}/snapshot"), |b| {
+            b.iter(|| loaded.snapshot_with(&Removed::new(), &[]))
+        });
+        let metrics = Metrics::new();
+        g.bench_function(format!("{label}/snapshot_counters"), |b| {
+            b.iter(|| served(loaded, &metrics))
+        });
+    }
+    g.finish();
+}
+
+fn random_subnets(rng: &mut SmallRng) -> Vec<IpAddr> {
+    (0..REQUESTS)
+        .map(|_| {
+            let o = Ipv4Addr::from(rng.random::<u32>()).octets();
+            IpAddr::V4(Ipv4Addr::new(o[0], o[1], o[2], 0))
+        })
+        .collect()
+}
+
+fn decision(c: &mut Criterion) {
+    let (scale, names) = scale();
+    let demo = demo();
+    let mut rng = SmallRng::seed_from_u64(5);
+    let ips = random_subnets(&mut rng);
+    let www = vec![LowerName::from(Name::from_ascii("www.example.com.").unwrap()); REQUESTS];
+    let many: Vec<LowerName> = (0..REQUESTS)
+        .map(|_| LowerName::from(names[rng.random_range(0..names.len())].clone()))
+        .collect();
+    // One name of the 1,000 only: the policy's shape (20 regions, CIDR entries) without
+    // the spread over many names.
+    let one = vec![LowerName::from(names[0].clone()); REQUESTS];
+    let mut g = c.benchmark_group("decision");
+    g.throughput(Throughput::Elements(1));
+    for (label, loaded, qnames) in [
+        ("demo", &demo, &www),
+        ("1000x20", &scale, &many),
+        ("1000x20_one_name", &scale, &one),
+    ] {
+        let snap = loaded.snapshot();
+        let mut i = 0usize;
+        g.bench_function(label, |b| {
+            b.iter(|| {
+                i = (i + 1) % REQUESTS;
+                let steered = snap.plan.get(black_box(&qnames[i])).expect("steered");
+                let ip = black_box(ips[i]);
+                let place = snap.geo.locate(ip);
+                let d = steered.decide(ip, &place);
+                black_box(steered.choose(&d).pick(&mut rng).cname.num_labels())
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Encodes the response into a fresh buffer, as hickory's own UDP handle does, and
+/// drops it.
+#[derive(Clone)]
+struct Encode;
+
+#[async_trait::async_trait]
+impl ResponseHandler for Encode {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(1232);
+        let info = response.destructive_emit(&mut encoder)?;
+        black_box(&bytes);
+        Ok(info)
+    }
+}
+
+/// Polls a future that never waits (the handler with `Encode`) to completion.
+fn run<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..16 {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+    panic!("the handler waited");
+}
+
+fn request(name: &Name, ecs: IpAddr) -> Request {
+    let mut m = Message::new(4242, MessageType::Query, OpCode::Query);
+    m.add_query(Query::query(name.clone(), RecordType::A));
+    let mut edns = Edns::new();
+    edns.set_max_payload(1232);
+    edns.options_mut()
+        .insert(EdnsOption::Subnet(ClientSubnet::new(ecs, 24, 0)));
+    m.set_edns(edns);
+    let src: SocketAddr = "192.0.2.1:53000".parse().unwrap();
+    Request::from_bytes(
+        m.to_vec().unwrap(),
+        src,
+        hickory_server::net::xfer::Protocol::Udp,
+    )
+    .unwrap()
+}
+
+fn query(c: &mut Criterion) {
+    let (scale, names) = scale();
+    let demo = demo();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let ips = random_subnets(&mut rng);
+    let www = Name::from_ascii("www.example.com.").unwrap();
+    let demo_requests: Vec<Request> = ips.iter().map(|&ip| request(&www, ip)).collect();
+    let scale_requests: Vec<Request> = ips
+        .iter()
+        .map(|&ip| request(&names[rng.random_range(0..names.len())], ip))
+        .collect();
+
+    let mut g = c.benchmark_group("query");
+    g.throughput(Throughput::Elements(1));
+    for (label, loaded, requests) in [
+        ("demo", &demo, &demo_requests),
+        ("1000x20", &scale, &scale_requests),
+    ] {
+        let metrics = Metrics::new();
+        let live = Arc::new(ArcSwap::from_pointee(served(loaded, &metrics)));
+        let handler = Handler::new(live, metrics);
+        let mut i = 0usize;
+        g.bench_function(label, |b| {
+            b.iter(|| {
+                i = (i + 1) % REQUESTS;
+                run(handler.handle_request::<_, TokioTime>(&requests[i], Encode))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, plan_build, decision, query);
+criterion_main!(benches);
