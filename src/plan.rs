@@ -593,10 +593,9 @@ mod tests {
 
     #[test]
     fn weight_tables_inline_and_on_the_heap_pick_alike() {
-        let t = |n: String| Target {
-            answered: None,
-            cname: Name::from_ascii(format!("{n}.example.net.")).unwrap(),
-            cdn: n.into(),
+        let t = |n: String| {
+            let cname = Name::from_ascii(format!("{n}.example.net.")).unwrap();
+            Target::new(n.into(), cname)
         };
         for n in 1..=INLINE_TARGETS + 3 {
             // Weights 1, 2, ..., n: the last target is picked with probability n / total.
