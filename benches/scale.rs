@@ -8,37 +8,29 @@
 //!   (`planner::plan`; `Loaded::snapshot_with`, which wraps it with the geo database and
 //!   zones; and that plus the pre-resolved answer counters the controller attaches).
 //! - `decision/*`: name lookup, geo lookup, region match and weighted pick.
-//! - `query/*`: the whole handler on pre-built requests (decode excluded, encode
-//!   included) with the answer counters attached, as `serve` runs it. The demo asks for
+//! - `query/*`: a whole UDP query on the fast path (`dns::wire::answer`, from the query's
+//!   bytes to the answer's) with the answer counted, as `serve` runs it. The demo asks for
 //!   `www.example.com`; the scale policy for a random one of its 1,000 names. Both use the
 //!   same 4,096 random client subnets as ECS.
 //!
 //! Resident memory of a server for each policy: `benches/scale.sh`.
 
-use std::future::Future;
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::pin::pin;
 use std::process::Command;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use arc_swap::ArcSwap;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
-use hickory_proto::rr::{LowerName, Name, Record, RecordType};
-use hickory_proto::serialize::binary::BinEncoder;
-use hickory_server::net::runtime::TokioTime;
-use hickory_server::net::NetError;
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::MessageResponse;
+use hickory_proto::rr::{LowerName, Name, RecordType};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::{self, Inputs, Loaded};
 use steerdns::control::planner::{self, Removed};
-use steerdns::dns::Handler;
+use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 use steerdns::plan::Snapshot;
 
@@ -148,46 +140,8 @@ fn decision(c: &mut Criterion) {
     g.finish();
 }
 
-/// Encodes the response into a fresh buffer, as hickory's own UDP handle does, and
-/// drops it.
-#[derive(Clone)]
-struct Encode;
-
-#[async_trait::async_trait]
-impl ResponseHandler for Encode {
-    async fn send_response<'a>(
-        &mut self,
-        response: MessageResponse<
-            '_,
-            'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-        >,
-    ) -> Result<ResponseInfo, NetError> {
-        let mut bytes = Vec::with_capacity(512);
-        let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(1232);
-        let info = response.destructive_emit(&mut encoder)?;
-        black_box(&bytes);
-        Ok(info)
-    }
-}
-
-/// Polls a future that never waits (the handler with `Encode`) to completion.
-fn run<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    for _ in 0..16 {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-    panic!("the handler waited");
-}
-
-fn request(name: &Name, ecs: IpAddr) -> Request {
+/// The bytes of an `A` query for `name` with an ECS option for `ecs`.
+fn request(name: &Name, ecs: IpAddr) -> Vec<u8> {
     let mut m = Message::new(4242, MessageType::Query, OpCode::Query);
     m.add_query(Query::query(name.clone(), RecordType::A));
     let mut edns = Edns::new();
@@ -195,26 +149,22 @@ fn request(name: &Name, ecs: IpAddr) -> Request {
     edns.options_mut()
         .insert(EdnsOption::Subnet(ClientSubnet::new(ecs, 24, 0)));
     m.set_edns(edns);
-    let src: SocketAddr = "192.0.2.1:53000".parse().unwrap();
-    Request::from_bytes(
-        m.to_vec().unwrap(),
-        src,
-        hickory_server::net::xfer::Protocol::Udp,
-    )
-    .unwrap()
+    m.to_vec().unwrap()
 }
 
+/// A whole UDP query on the fast path, from its bytes to the answer's, counted.
 fn query(c: &mut Criterion) {
     let (scale, names) = scale();
     let demo = demo();
     let mut rng = SmallRng::seed_from_u64(7);
     let ips = random_subnets(&mut rng);
     let www = Name::from_ascii("www.example.com.").unwrap();
-    let demo_requests: Vec<Request> = ips.iter().map(|&ip| request(&www, ip)).collect();
-    let scale_requests: Vec<Request> = ips
+    let demo_requests: Vec<Vec<u8>> = ips.iter().map(|&ip| request(&www, ip)).collect();
+    let scale_requests: Vec<Vec<u8>> = ips
         .iter()
         .map(|&ip| request(&names[rng.random_range(0..names.len())], ip))
         .collect();
+    let src: IpAddr = "192.0.2.1".parse().unwrap();
 
     let mut g = c.benchmark_group("query");
     g.throughput(Throughput::Elements(1));
@@ -223,13 +173,21 @@ fn query(c: &mut Criterion) {
         ("1000x20", &scale, &scale_requests),
     ] {
         let metrics = Metrics::new();
-        let live = Arc::new(ArcSwap::from_pointee(served(loaded, &metrics)));
-        let handler = Handler::new(live, metrics);
+        let snap = served(loaded, &metrics);
+        let handler = Handler::new(
+            Arc::new(ArcSwap::from_pointee(served(loaded, &metrics))),
+            metrics,
+        );
+        let mut out = Vec::with_capacity(512);
         let mut i = 0usize;
         g.bench_function(label, |b| {
             b.iter(|| {
                 i = (i + 1) % REQUESTS;
-                run(handler.handle_request::<_, TokioTime>(&requests[i], Encode))
+                let steer = wire::answer(&snap, &requests[i], src, &mut out, &mut rng);
+                if let Some(s) = steer {
+                    handler.count_steered(&s);
+                }
+                black_box(out.len())
             })
         });
     }
