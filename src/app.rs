@@ -3,7 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +65,33 @@ pub struct Loaded {
 /// Loads and validates the policy, the zones and the geo database; reports the problems
 /// of all three at once.
 pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
+    load_cached(inputs, &mut GeoCache::default())
+}
+
+/// The geo database last loaded, reused while its file keeps its path, size and
+/// modification time: a policy edit then does not re-read and re-walk megabytes of
+/// database (nor churn that much memory) on every reload.
+#[derive(Default)]
+pub struct GeoCache(Option<(PathBuf, u64, std::time::SystemTime, Arc<GeoDb>)>);
+
+impl GeoCache {
+    fn open(&mut self, path: &Path) -> Result<Arc<GeoDb>, crate::dns::geo::GeoError> {
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .and_then(|m| Some((m.len(), m.modified().ok()?)));
+        if let (Some((len, mtime)), Some((p, l, t, geo))) = (stamp, &self.0) {
+            if p == path && *l == len && *t == mtime {
+                return Ok(geo.clone());
+            }
+        }
+        let geo = Arc::new(GeoDb::open(path)?);
+        self.0 = stamp.map(|(len, mtime)| (path.to_path_buf(), len, mtime, geo.clone()));
+        Ok(geo)
+    }
+}
+
+/// As [`load`], reusing the geo database of `cache` when its file is unchanged.
+pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issues> {
     let mut issues = Issues::default();
     let policy = config::load(&inputs.config)
         .map_err(|e| issues.extend(e))
@@ -72,7 +99,8 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
     let zones = Zones::load(&inputs.zones)
         .map_err(|e| issues.extend(e))
         .ok();
-    let geo = GeoDb::open(&inputs.geo)
+    let geo = cache
+        .open(&inputs.geo)
         .map_err(|e| issues.push(ConfigIssue::error(&e.path, None, "", e.reason)))
         .ok();
     let (Some((policy, warnings)), Some((zones, zone_warnings)), Some(geo)) = (policy, zones, geo)
@@ -112,7 +140,7 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
     Ok(Loaded {
         policy,
         zones,
-        geo: Arc::new(geo),
+        geo,
         probes,
         version: crate::control::reload::version(inputs),
         warnings: issues,
@@ -431,5 +459,34 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_geo_cache_reuses_an_unchanged_file_and_rereads_a_changed_one() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = std::env::temp_dir().join(format!("steerdns-geocache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("geo.mmdb");
+        let country = root.join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb");
+        let city = root.join("tests/fixtures/geo/GeoIP2-City-Test.mmdb");
+        std::fs::copy(&country, &path).unwrap();
+        let mut cache = GeoCache::default();
+        let first = cache.open(&path).unwrap();
+        assert!(Arc::ptr_eq(&first, &cache.open(&path).unwrap()), "re-read");
+        std::fs::copy(&city, &path).unwrap();
+        let second = cache.open(&path).unwrap();
+        assert!(
+            !Arc::ptr_eq(&first, &second),
+            "a changed file was not re-read"
+        );
+        assert_eq!(second.database_type(), "GeoIP2-City");
+        std::fs::write(&path, b"garbage").unwrap();
+        assert!(cache.open(&path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -19,8 +19,6 @@
 #   QUERIES=20000   messages in the binary query file (varied ECS, 20 % non-steered)
 #   FLIP_EVERY=2    seconds between flips of the mock CDN
 #   MAX_RSS_GROWTH=10   percent
-#   SOAK_MALLOC=default glibc's default malloc thresholds for the server (see below:
-#                   RSS then includes up to two freed copies of the geo database)
 #   STEERDNS_BIN=target/release/steerdns (built with cargo build --release unless set)
 #   KEEP=1          keep the scratch directory (server log, dnsperf output, policies)
 #
@@ -155,20 +153,14 @@ policy() {
 policy 0
 
 # --- the server: its whole command line is here --------------------------------------
-# Assumes no response rate limiting applies to dnsperf's QPS queries/s from 127.0.0.1
-# (issue 6 item 4, being written): once RRL exists, turn it off here for the soak.
+# dnsperf sends from 127.0.0.1, which response rate limiting exempts by default
+# (--rrl-exempt), so the soak measures the server, not the limiter.
 SERVER_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$REPO/geo/country.mmdb"
     --probes "$S/probes" --state-dir "$S/state" --listen "127.0.0.1:$DNS_PORT"
     --api "127.0.0.1:$API_PORT" --api-token-file "$S/api-token" --reload-poll-ms 250)
-# Every reload (valid or not) reads the 8 MB geo database into a fresh buffer and frees
-# the old one. glibc raises its mmap threshold to the size of the largest block freed, so
-# after the first reload these buffers come from the heap and up to two freed copies stay
-# mapped as allocator slack: RSS then swings between about 27 and 50 MB from one second to
-# the next with no growth in live memory, and a 10 % check would measure luck. A fixed
-# threshold hands them back to the kernel at once, so VmRSS follows live memory.
-# SOAK_MALLOC=default runs with glibc's defaults instead.
+# glibc's default allocator settings, as operators run it (the geo database is reused
+# across reloads while its file is unchanged, so reloads do not churn megabytes).
 SERVER_ENV=(NO_COLOR=1)
-[[ ${SOAK_MALLOC:-} == default ]] || SERVER_ENV+=(MALLOC_MMAP_THRESHOLD_=1048576)
 env "${SERVER_ENV[@]}" "$STEERDNS_BIN" "${SERVER_ARGS[@]}" >"$TMP/server.log" 2>&1 &
 SERVER_PID=$!
 PIDS+=("$SERVER_PID")
@@ -304,7 +296,7 @@ qps=$(num "Queries per second")
 growth=$(awk -v a="$rss_start" -v b="$rss_end" 'BEGIN { printf "%.1f", (b - a) * 100 / a }')
 
 echo
-echo "soak: $(date -u +%Y-%m-%dT%H:%MZ), $TOTAL s of dnsperf -Q $QPS ($WARMUP s warm-up), $VERSION, malloc ${SOAK_MALLOC:-mmap threshold 1 MiB}"
+echo "soak: $(date -u +%Y-%m-%dT%H:%MZ), $TOTAL s of dnsperf -Q $QPS ($WARMUP s warm-up), $VERSION"
 printf '  %-28s %s\n' \
     "queries sent" "${sent:-0}" \
     "queries completed" "${completed:-0}" \

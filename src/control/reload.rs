@@ -5,6 +5,7 @@
 //! and is logged with its file, line and field, and the last good input keeps serving.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
@@ -67,6 +68,7 @@ pub fn spawn(inputs: Inputs, poll: Duration, out: mpsc::Sender<Reloaded>, stop: 
         #[cfg(unix)]
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let mut seen = fingerprint(&inputs);
+        let cache = Arc::new(std::sync::Mutex::new(app::GeoCache::default()));
         loop {
             let tick = async {
                 if poll.is_zero() {
@@ -99,9 +101,13 @@ pub fn spawn(inputs: Inputs, poll: Duration, out: mpsc::Sender<Reloaded>, stop: 
                     Trigger::Sighup
                 }
             };
-            let inputs2 = inputs.clone();
+            let (inputs2, cache2) = (inputs.clone(), cache.clone());
             // Walking a geo database takes tens of milliseconds: not on a runtime worker.
-            let result = match tokio::task::spawn_blocking(move || app::load(&inputs2)).await {
+            let load = move || {
+                let mut cache = cache2.lock().unwrap_or_else(|p| p.into_inner());
+                app::load_cached(&inputs2, &mut cache)
+            };
+            let result = match tokio::task::spawn_blocking(load).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(error = %e, "reload task failed");
