@@ -9,9 +9,11 @@ mod common;
 
 use common::*;
 use hickory_proto::op::Message;
+use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use steerdns::dns::wire;
+use steerdns::metrics::Metrics;
 
 /// A query for `name` (wire labels as given, so case is kept), type `qtype`, with the
 /// header flags byte `flags` (RD = 0x01, AA = 0x04), CD from `cd`, and `opt` as the
@@ -365,5 +367,140 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         };
         let want = if what == "EDNS version 1" { 16 } else { rcode };
         assert_eq!(got, want, "{what}");
+    }
+}
+
+/// Queries for names that are not steered, in the plain form the answer cache takes.
+fn zone_forms() -> Vec<(&'static str, Vec<u8>)> {
+    let gb = || ecs(1, 24, &[81, 2, 69]);
+    let edns = |options: &[(u16, Vec<u8>)]| Some(opt(1232, false, options));
+    vec![
+        ("SOA", packet(1, 0x01, false, "example.com", 6, None)),
+        (
+            "SOA, ECS",
+            packet(2, 0x01, false, "example.com", 6, edns(&[gb()])),
+        ),
+        (
+            "NS and glue",
+            packet(3, 0x01, false, "example.com", 2, edns(&[gb()])),
+        ),
+        (
+            "A, mixed case",
+            packet(4, 0x01, false, "NS1.Example.com", 1, None),
+        ),
+        (
+            "AAAA, DO",
+            packet(
+                5,
+                0x01,
+                true,
+                "ns1.example.com",
+                28,
+                Some(opt(1232, true, &[])),
+            ),
+        ),
+        (
+            "in-zone CNAME",
+            packet(6, 0x01, false, "api.example.com", 1, edns(&[gb()])),
+        ),
+        ("MX", packet(7, 0x01, false, "multi.example.com", 15, None)),
+        (
+            "big TXT, no EDNS: TC",
+            packet(8, 0x01, false, "big.example.com", 16, None),
+        ),
+        (
+            "big TXT, ECS",
+            packet(9, 0x01, false, "big.example.com", 16, edns(&[gb()])),
+        ),
+        (
+            "huge TXT: TC",
+            packet(10, 0x01, false, "huge.example.com", 16, edns(&[gb()])),
+        ),
+        (
+            "NXDOMAIN, IPv6 ECS",
+            packet(
+                11,
+                0x01,
+                false,
+                "nope.example.com",
+                1,
+                edns(&[ecs(2, 48, &[0x20, 0x01, 0x02, 0x18, 0, 0])]),
+            ),
+        ),
+        (
+            "NODATA",
+            packet(
+                12,
+                0x01,
+                false,
+                "mail.example.com",
+                28,
+                edns(&[ecs(1, 0, &[])]),
+            ),
+        ),
+        (
+            "referral",
+            packet(13, 0x01, false, "www.sub.example.com", 1, None),
+        ),
+        (
+            "out of zone: REFUSED",
+            packet(14, 0x01, false, "example.org", 1, edns(&[gb()])),
+        ),
+        (
+            "payload 512",
+            packet(
+                15,
+                0x01,
+                false,
+                "big.example.com",
+                16,
+                Some(opt(512, false, &[gb()])),
+            ),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn cached_answers_are_the_full_paths() {
+    let srv = TestServer::demo().await;
+    let full = steerdns::dns::Handler::new(srv.running.live().clone(), Metrics::new());
+    let src = "127.0.0.1:5353".parse().unwrap();
+    for (what, mut q) in zone_forms() {
+        // Three rounds from fresh client ports: with one thread per UDP socket, at least
+        // two land on the same thread, so at least one is a cache hit. Each has its id.
+        for round in 0..3u16 {
+            q[0..2].copy_from_slice(&(1000 + round).to_be_bytes());
+            let want = full
+                .respond(&q, src, Protocol::Udp)
+                .await
+                .expect("full path answer");
+            let want = Message::from_vec(&want).unwrap();
+            let got = raw(srv.addr, Proto::Udp, &q).await.expect("UDP answer");
+            let got = Message::from_vec(&got).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                got, want,
+                "{what}, round {round}: cached and full answers differ"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_new_snapshot_empties_the_cache() {
+    let srv = TestServer::demo().await;
+    // Not steered by the demo policy: answered from the zone (and cached).
+    let q = packet(1, 0x01, false, "flat.example.com", 1, None);
+    for _ in 0..3 {
+        let m = Message::from_vec(&raw(srv.addr, Proto::Udp, &q).await.unwrap()).unwrap();
+        assert!(m.answers.is_empty(), "{m:?}");
+    }
+    // The multi-name policy steers it.
+    let multi = load_fixture(MULTI_POLICY, TEST_ZONES, TEST_GEO);
+    srv.running
+        .live()
+        .store(std::sync::Arc::new(multi.snapshot()));
+    for _ in 0..3 {
+        let m = Message::from_vec(&raw(srv.addr, Proto::Udp, &q).await.unwrap()).unwrap();
+        assert_eq!(cname_of(&m), "only.example.net.");
     }
 }

@@ -3,7 +3,8 @@
 //! ```text
 //! UDP socket ─▶ udp.rs: batches of datagrams (recvmmsg/sendmmsg), rate limit (rrl.rs)
 //!    ├─ steered name, plain form ─▶ wire.rs: answered from the bytes (the fast path)
-//!    └─ anything else ─┐
+//!    ├─ other name, plain form ─▶ cache.rs: the full path's answer, replayed
+//!    └─ anything else (and cache misses) ─┐
 //! TCP listener ─▶ tcp.rs ─┴▶ Handler::respond: hickory decode ─▶ Handler::handle_request
 //!    EDNS/ECS checks ─▶ steered name? ──no──▶ zones (hickory Catalog), ECS scope 0
 //!                            │yes
@@ -13,6 +14,7 @@
 //! No locks and no I/O besides the sockets; everything expensive was done by the
 //! planner. Only this module and `wire.rs` know the DNS message format.
 
+pub mod cache;
 pub mod countries;
 pub mod edns;
 pub mod geo;

@@ -1,6 +1,7 @@
 //! Data plane: one thread per UDP socket, as gdnsd, NSD and Knot do. It waits in a
 //! blocking `recvmmsg` (woken by the first datagram, it takes up to [`BATCH`] that are
-//! queued), answers each one (the fast path in `wire.rs`, else the full handler), and
+//! queued), answers each one (the fast path in `wire.rs`, else the answer cache of
+//! `cache.rs`, else the full handler), and
 //! sends the answers back in one `sendmmsg`. No event loop sits between the socket and
 //! the answer: at low rates that is one wakeup per query, at high rates one pair of
 //! system calls per batch.
@@ -20,6 +21,7 @@ use rand::{RngExt, SeedableRng};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
+use super::cache::{AnswerCache, Lookup};
 use super::rrl::{Rrl, Verdict};
 use super::{wire, Handler};
 use hickory_server::net::xfer::Protocol;
@@ -90,6 +92,8 @@ fn serve(
     let mut batch = mmsg::Batch::new();
     let mut out: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
     let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
+    let mut cache = AnswerCache::default();
+    let mut stripped = Vec::with_capacity(512);
     while !shutdown.is_cancelled() {
         let n = match batch.recv(socket) {
             // Woken by `UdpThread::wake`.
@@ -148,7 +152,25 @@ fn serve(
                 continue;
             }
             let full_started = Instant::now();
-            if let Some(bytes) = runtime.block_on(handler.respond(packet, src, Protocol::Udp)) {
+            let cached = match cache.lookup(&snap, packet, reply, &mut stripped) {
+                Lookup::Hit(rcode) => {
+                    handler.metrics().answered(rcode.into());
+                    replies.push(i);
+                    fast += 1;
+                    continue;
+                }
+                Lookup::Miss(miss) => runtime
+                    .block_on(handler.respond(&stripped, src, Protocol::Udp))
+                    .is_some_and(|answer| cache.store(miss, &answer, reply)),
+                Lookup::Bypass => false,
+            };
+            // Not cacheable (or, rarely, an answer of another shape, then counted twice):
+            // the full path answers the query as received.
+            if cached {
+                replies.push(i);
+            } else if let Some(bytes) =
+                runtime.block_on(handler.respond(packet, src, Protocol::Udp))
+            {
                 *reply = bytes;
                 replies.push(i);
             }

@@ -28,26 +28,26 @@ const TYPE_CNAME: u16 = 5;
 const CLASS_IN: u16 = 1;
 const OPTION_ECS: u16 = 8;
 
-/// A query the fast path can answer, as found in the received bytes.
-struct Query<'q> {
-    packet: &'q [u8],
+/// A query in the plain form, as found in the received bytes.
+pub(crate) struct Query<'q> {
+    pub packet: &'q [u8],
     /// End of the question section (header + name + type + class).
-    question_end: usize,
+    pub question_end: usize,
     /// The OPT record's fields, when there is one.
-    opt: Option<Opt<'q>>,
+    pub opt: Option<Opt<'q>>,
 }
 
-struct Opt<'q> {
-    payload: u16,
-    dnssec_ok: bool,
+pub(crate) struct Opt<'q> {
+    pub payload: u16,
+    pub dnssec_ok: bool,
     /// The ECS option's data (family, source, scope, address), as received.
-    ecs: Option<Ecs<'q>>,
+    pub ecs: Option<Ecs<'q>>,
 }
 
-struct Ecs<'q> {
-    family: u16,
-    source: u8,
-    address: &'q [u8],
+pub(crate) struct Ecs<'q> {
+    pub family: u16,
+    pub source: u8,
+    pub address: &'q [u8],
 }
 
 /// Answers `packet` from `src` into `out` if it is a query for a steered name in its
@@ -108,14 +108,8 @@ pub fn answer<'s, R: Rng + ?Sized>(
             match &opt.ecs {
                 None => out.extend_from_slice(&[0, 0]),
                 Some(e) => {
-                    let len = 4 + e.address.len() as u16;
-                    out.extend_from_slice(&(4 + len).to_be_bytes());
-                    out.extend_from_slice(&OPTION_ECS.to_be_bytes());
-                    out.extend_from_slice(&len.to_be_bytes());
-                    out.extend_from_slice(&e.family.to_be_bytes());
-                    out.push(e.source);
-                    out.push(if e.source == 0 { 0 } else { scope });
-                    out.extend_from_slice(e.address);
+                    out.extend_from_slice(&e.echo_len().to_be_bytes());
+                    e.echo(scope, out);
                 }
             }
             usize::from(payload)
@@ -170,7 +164,7 @@ fn question_end(packet: &[u8]) -> Option<usize> {
 
 /// Reads the plain form of a query; writes the lowercased question name to `lower` and
 /// returns its length. Anything else: `None`.
-fn parse<'q>(packet: &'q [u8], lower: &mut [u8; 255]) -> Option<(Query<'q>, usize)> {
+pub(crate) fn parse<'q>(packet: &'q [u8], lower: &mut [u8; 255]) -> Option<(Query<'q>, usize)> {
     let h = packet.get(..HEADER)?;
     // QR 0, opcode QUERY, TC 0 (AA and RD are allowed); rcode 0.
     if h[2] & 0xfa != 0 || h[3] & 0x0f != 0 {
@@ -276,6 +270,22 @@ fn parse_ecs(data: &[u8]) -> Option<Ecs<'_>> {
 }
 
 impl Ecs<'_> {
+    /// Bytes of the echoed option (code, length, data).
+    pub fn echo_len(&self) -> u16 {
+        8 + self.address.len() as u16
+    }
+
+    /// Appends the option as echoed (RFC 7871 §7.2.1): family, source and address as
+    /// received, `scope` (0 when the client opted out with source 0).
+    pub fn echo(&self, scope: u8, out: &mut Vec<u8>) {
+        out.extend_from_slice(&OPTION_ECS.to_be_bytes());
+        out.extend_from_slice(&(4 + self.address.len() as u16).to_be_bytes());
+        out.extend_from_slice(&self.family.to_be_bytes());
+        out.push(self.source);
+        out.push(if self.source == 0 { 0 } else { scope });
+        out.extend_from_slice(self.address);
+    }
+
     fn ip(&self) -> IpAddr {
         if self.family == 1 {
             let mut octets = [0u8; 4];

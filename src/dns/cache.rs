@@ -1,0 +1,158 @@
+//! Data plane: the UDP answer cache of the full path. Zone data, NXDOMAIN and the other
+//! answers for names that are not steered depend only on the question and the snapshot,
+//! never on the client: each UDP thread keeps the full path's answers to the plain form
+//! of such queries and replays them, as PowerDNS's packet cache does.
+//!
+//! - Key: the header's flag bytes, the question as received (so the client's case comes
+//!   back), whether there is an OPT, the payload size as the answer uses it, and DO.
+//! - Value: the full path's answer to the query rebuilt without its EDNS options; the
+//!   client's ECS option, whose echo in these answers always has scope 0, is appended on
+//!   the way out (what the full path does for the original query).
+//! - Dropped whole when the snapshot changes (any reload, health change or drain), and
+//!   when it reaches [`MAX_ENTRIES`].
+//!
+//! Steered names never enter it (their answers are drawn per query). `tests/fast_path.rs`
+//! compares cached answers with the full path's over TCP.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::edns::MAX_UDP_PAYLOAD;
+use super::wire::{self, Query};
+use crate::plan::Snapshot;
+
+/// Entries per thread before the cache starts over (a flood of unique names cannot
+/// grow it further).
+pub const MAX_ENTRIES: usize = 16_384;
+
+#[derive(Default)]
+pub struct AnswerCache {
+    /// The snapshot the entries were answered from, held so that its address cannot be
+    /// reused by a newer one while the entries live.
+    snapshot: Option<Arc<Snapshot>>,
+    entries: HashMap<Box<[u8]>, Box<[u8]>>,
+    key: Vec<u8>,
+}
+
+/// What to do with a query the fast path did not take.
+pub enum Lookup<'q> {
+    /// Not cacheable: the full path answers the query itself.
+    Bypass,
+    /// Answered from the cache into `out`; the rcode, for counting.
+    Hit(u8),
+    /// Cacheable, not cached: answer `stripped` (the query without EDNS options) with
+    /// the full path, then give the answer to [`AnswerCache::store`].
+    Miss(Miss<'q>),
+}
+
+pub struct Miss<'q> {
+    query: Query<'q>,
+}
+
+impl AnswerCache {
+    /// Looks `packet` up; on a hit the answer is in `out`, on a miss the query to ask the
+    /// full path is in `stripped`.
+    ///
+    /// # Hot path
+    /// A key built in a reused buffer, one hash lookup, a copy; no allocation on a hit.
+    pub fn lookup<'q>(
+        &mut self,
+        snap: &Arc<Snapshot>,
+        packet: &'q [u8],
+        out: &mut Vec<u8>,
+        stripped: &mut Vec<u8>,
+    ) -> Lookup<'q> {
+        if !self.snapshot.as_ref().is_some_and(|s| Arc::ptr_eq(s, snap)) {
+            self.entries.clear();
+            self.snapshot = Some(snap.clone());
+        }
+        let mut lower = [0u8; 255];
+        let Some((query, name_len)) = wire::parse(packet, &mut lower) else {
+            return Lookup::Bypass;
+        };
+        if snap.plan.get_wire(&lower[..name_len]).is_some() {
+            return Lookup::Bypass;
+        }
+        self.key.clear();
+        self.key.extend_from_slice(&packet[2..4]);
+        self.key.extend_from_slice(&packet[12..query.question_end]);
+        if let Some(opt) = &query.opt {
+            let payload = opt.payload.clamp(512, MAX_UDP_PAYLOAD);
+            self.key.push(1 + u8::from(opt.dnssec_ok));
+            self.key.extend_from_slice(&payload.to_be_bytes());
+        }
+        if let Some(cached) = self.entries.get(self.key.as_slice()) {
+            return match finish(&query, cached, out) {
+                true => Lookup::Hit(cached[3] & 0x0f),
+                false => Lookup::Bypass,
+            };
+        }
+        strip(&query, stripped);
+        Lookup::Miss(Miss { query })
+    }
+
+    /// Keeps the full path's `answer` to a miss's stripped query and writes the answer
+    /// to the original query into `out`; `false` if that answer cannot be built from it
+    /// (the full path then answers the original query itself).
+    pub fn store(&mut self, miss: Miss<'_>, answer: &[u8], out: &mut Vec<u8>) -> bool {
+        if !replayable(&miss.query, answer) {
+            return false;
+        }
+        if self.entries.len() >= MAX_ENTRIES {
+            self.entries.clear();
+        }
+        self.entries
+            .insert(Box::from(self.key.as_slice()), Box::from(answer));
+        finish(&miss.query, answer, out)
+    }
+}
+
+/// The query with its OPT reduced to payload size and DO (the full path ignores every
+/// other option and flag, and ECS does not change an answer that is not steered).
+fn strip(query: &Query<'_>, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&query.packet[..query.question_end]);
+    if let Some(opt) = &query.opt {
+        out.extend_from_slice(&[0, 0, 41]);
+        out.extend_from_slice(&opt.payload.to_be_bytes());
+        out.extend_from_slice(&[0, 0, if opt.dnssec_ok { 0x80 } else { 0 }, 0, 0, 0]);
+    }
+}
+
+/// Whether `answer` (to the stripped query) has the shape `finish` relies on: the same
+/// question echoed, and with an OPT in the query, an empty OPT as its last record.
+fn replayable(query: &Query<'_>, answer: &[u8]) -> bool {
+    let q = &query.packet[12..query.question_end];
+    if answer.len() < query.question_end || answer.get(4..6) != Some(&[0, 1]) {
+        return false;
+    }
+    if &answer[12..query.question_end] != q {
+        return false;
+    }
+    match &query.opt {
+        None => true,
+        Some(_) => {
+            let Some(tail) = answer.len().checked_sub(11).and_then(|i| answer.get(i..)) else {
+                return false;
+            };
+            tail[..3] == [0, 0, 41] && tail[9..] == [0, 0] && answer[10..12] != [0, 0]
+        }
+    }
+}
+
+/// The answer to `query` from a cached one: the query's id, and its ECS option echoed
+/// with scope 0 in the OPT. `false` if that does not fit the client's UDP size.
+fn finish(query: &Query<'_>, cached: &[u8], out: &mut Vec<u8>) -> bool {
+    out.clear();
+    out.extend_from_slice(cached);
+    out[0..2].copy_from_slice(&query.packet[0..2]);
+    let Some(opt) = &query.opt else {
+        return out.len() <= 512;
+    };
+    if let Some(ecs) = &opt.ecs {
+        let n = out.len();
+        out[n - 2..].copy_from_slice(&ecs.echo_len().to_be_bytes());
+        ecs.echo(0, out);
+    }
+    out.len() <= usize::from(opt.payload.clamp(512, MAX_UDP_PAYLOAD))
+}
