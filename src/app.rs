@@ -169,7 +169,7 @@ impl Loaded {
     }
 }
 
-/// A running DNS server: one task per UDP socket, one per TCP listener. Dropping it
+/// A running DNS server: one thread per UDP socket, one task per TCP listener. Dropping it
 /// stops it.
 pub struct Running {
     tasks: JoinSet<()>,
