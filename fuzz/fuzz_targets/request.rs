@@ -4,7 +4,9 @@
 //!   `ResponseHandle` does): its response must decode, answer the same id with QR=1, and
 //!   fit the UDP limit;
 //! - the UDP fast path, `wire::answer`: whenever it answers, the full path must give the
-//!   same message.
+//!   same message;
+//! - the UDP answer cache, `cache::AnswerCache`: its answers (on the miss and on the hit)
+//!   must be the full path's.
 //!
 //! The first input byte chooses the transport and the client's source address; the
 //! rest is the DNS message.
@@ -17,6 +19,7 @@ use hickory_proto::op::{Message, MessageType};
 use hickory_server::net::xfer::Protocol;
 use libfuzzer_sys::fuzz_target;
 use steerdns::app::{self, Inputs};
+use steerdns::dns::cache::{AnswerCache, Lookup};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 
@@ -79,10 +82,39 @@ fuzz_target!(|data: &[u8]| {
     let snap = f.handler.live().load_full();
     let mut rng = rand::rng();
     if wire::answer(&snap, msg, src.ip(), &mut fast, &mut rng).is_some() {
-        let full = full.as_ref().expect("the full path answers what the fast path does");
+        let full = full
+            .as_ref()
+            .expect("the full path answers what the fast path does");
         let a = Message::from_vec(&fast).expect("the fast path's answer decodes");
         let b = Message::from_vec(full).expect("the full path's answer decodes");
         assert_eq!(a, b, "fast and full paths differ");
+    }
+
+    // The UDP answer cache, on the same bytes: a miss answered through it, then a hit,
+    // must both give the full path's answer.
+    if protocol == Protocol::Udp {
+        let mut cache = AnswerCache::default();
+        for round in ["miss", "hit"] {
+            let (mut out, mut stripped) = (Vec::new(), Vec::new());
+            let replayed = match cache.lookup(&snap, msg, &mut out, &mut stripped) {
+                Lookup::Bypass => break,
+                Lookup::Hit(_) => true,
+                Lookup::Miss(miss) => {
+                    match f.rt.block_on(f.handler.respond(&stripped, src, protocol)) {
+                        Some(answer) => cache.store(miss, &answer, &mut out),
+                        None => false,
+                    }
+                }
+            };
+            if replayed {
+                let full = full
+                    .as_ref()
+                    .expect("the full path answers what the cache does");
+                let a = Message::from_vec(&out).expect("the cached answer decodes");
+                let b = Message::from_vec(full).expect("the full path's answer decodes");
+                assert_eq!(a, b, "cached ({round}) and full answers differ");
+            }
+        }
     }
 
     let Some(bytes) = full else {
@@ -94,7 +126,11 @@ fuzz_target!(|data: &[u8]| {
             .as_ref()
             .and_then(|q| q.edns.as_ref())
             .map_or(512, |e| e.max_payload().clamp(512, 1232));
-        assert!(bytes.len() <= usize::from(limit), "{} > {limit}", bytes.len());
+        assert!(
+            bytes.len() <= usize::from(limit),
+            "{} > {limit}",
+            bytes.len()
+        );
     }
     let answer = Message::from_vec(&bytes).expect("our response decodes");
     assert_eq!(answer.metadata.id, u16::from_be_bytes([msg[0], msg[1]]));
