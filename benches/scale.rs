@@ -173,11 +173,11 @@ fn query(c: &mut Criterion) {
         ("1000x20", &scale, &scale_requests),
     ] {
         let metrics = Metrics::new();
-        let snap = served(loaded, &metrics);
         let handler = Handler::new(
             Arc::new(ArcSwap::from_pointee(served(loaded, &metrics))),
             metrics,
         );
+        let snap = handler.live().load_full();
         let mut out = Vec::with_capacity(512);
         let mut i = 0usize;
         g.bench_function(label, |b| {

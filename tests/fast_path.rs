@@ -38,18 +38,8 @@ fn packet(id: u16, flags: u8, cd: bool, name: &str, qtype: u16, opt: Option<Vec<
 
 /// An OPT record: payload size, DO bit, and raw options `(code, data)`.
 fn opt(payload: u16, dnssec_ok: bool, options: &[(u16, Vec<u8>)]) -> Vec<u8> {
-    let mut rdata = Vec::new();
-    for (code, data) in options {
-        rdata.extend_from_slice(&code.to_be_bytes());
-        rdata.extend_from_slice(&(data.len() as u16).to_be_bytes());
-        rdata.extend_from_slice(data);
-    }
-    let mut o = vec![0, 0, 41];
-    o.extend_from_slice(&payload.to_be_bytes());
-    o.extend_from_slice(&[0, 0, if dnssec_ok { 0x80 } else { 0 }, 0]);
-    o.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
-    o.extend_from_slice(&rdata);
-    o
+    let options: Vec<(u16, &[u8])> = options.iter().map(|(c, d)| (*c, d.as_slice())).collect();
+    opt_record(payload, dnssec_ok, &options)
 }
 
 /// ECS option data: family, source prefix, scope 0, the address bytes.

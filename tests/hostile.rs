@@ -67,18 +67,7 @@ fn question(n: &str, qtype: u16, qclass: u16) -> Vec<u8> {
 
 /// An OPT record (root owner) with UDP size 1232 and the given options.
 fn opt(options: &[(u16, &[u8])]) -> Vec<u8> {
-    let mut rdata = Vec::new();
-    for (code, data) in options {
-        rdata.extend_from_slice(&code.to_be_bytes());
-        rdata.extend_from_slice(&(data.len() as u16).to_be_bytes());
-        rdata.extend_from_slice(data);
-    }
-    let mut p = vec![0, 0, 41];
-    p.extend_from_slice(&1232u16.to_be_bytes());
-    p.extend_from_slice(&[0, 0, 0, 0]);
-    p.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
-    p.extend_from_slice(&rdata);
-    p
+    opt_record(1232, false, options)
 }
 
 /// `www.example.com A IN` with the given flags and counts, then `rest`.

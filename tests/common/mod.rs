@@ -255,16 +255,25 @@ pub fn raw_query_with_option(id: u16, code: u16, data: &[u8]) -> Vec<u8> {
     }
     p.push(0);
     p.extend_from_slice(&[0, 1, 0, 1]); // A IN
-    p.push(0); // OPT owner: root
-    p.extend_from_slice(&[0, 41]); // type OPT
-    p.extend_from_slice(&1232u16.to_be_bytes()); // UDP size
-    p.extend_from_slice(&[0, 0, 0, 0]); // ext rcode, version, flags
-    let rdlen = 4 + data.len() as u16;
-    p.extend_from_slice(&rdlen.to_be_bytes());
-    p.extend_from_slice(&code.to_be_bytes());
-    p.extend_from_slice(&(data.len() as u16).to_be_bytes());
-    p.extend_from_slice(data);
+    p.extend_from_slice(&opt_record(1232, false, &[(code, data)]));
     p
+}
+
+/// An OPT record (root owner, EDNS version 0) with UDP size `payload`, the DO bit, and
+/// the options `(code, data)` written raw, so that malformed ones can be sent too.
+pub fn opt_record(payload: u16, dnssec_ok: bool, options: &[(u16, &[u8])]) -> Vec<u8> {
+    let mut rdata = Vec::new();
+    for (code, data) in options {
+        rdata.extend_from_slice(&code.to_be_bytes());
+        rdata.extend_from_slice(&(data.len() as u16).to_be_bytes());
+        rdata.extend_from_slice(data);
+    }
+    let mut o = vec![0, 0, 41];
+    o.extend_from_slice(&payload.to_be_bytes());
+    o.extend_from_slice(&[0, 0, if dnssec_ok { 0x80 } else { 0 }, 0]);
+    o.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+    o.extend_from_slice(&rdata);
+    o
 }
 
 /// RCODE (low four bits) of a raw answer.
