@@ -77,7 +77,7 @@ fn steering(c: &mut Criterion) {
     });
     let choice = steered.choice(0);
     g.bench_function("weighted_pick", |b| {
-        b.iter(|| black_box(black_box(choice).pick(&mut rng).cname.num_labels()))
+        b.iter(|| black_box(steered.pick(black_box(choice), &mut rng).cname_wire.len()))
     });
     g.bench_function("decision", |b| {
         b.iter(|| {
@@ -85,7 +85,7 @@ fn steering(c: &mut Criterion) {
             let ip = black_box(ips[i]);
             let place = snap.geo.locate(ip);
             let d = steered.decide(ip, &place);
-            black_box(steered.choose(&d).pick(&mut rng).cname.num_labels())
+            black_box(steered.pick(steered.choose(&d), &mut rng).cname_wire.len())
         })
     });
     g.finish();

@@ -6,7 +6,8 @@
 //!
 //! - `plan_build/*`: building a plan snapshot as the control plane does on every change
 //!   (`planner::plan`; `Loaded::snapshot_with`, which wraps it with the geo database and
-//!   zones; and that plus the pre-resolved answer counters the controller attaches).
+//!   zones; and that adopted by the metrics, as the controller publishes it: adopting
+//!   also folds the answer counts of the plan replaced before into the totals).
 //! - `decision/*`: name lookup, geo lookup, region match and weighted pick.
 //! - `query/*`: a whole UDP query on the fast path (`dns::wire::answer`, from the query's
 //!   bytes to the answer's) with the answer counted, as `serve` runs it. The demo asks for
@@ -68,11 +69,10 @@ fn scale() -> (Loaded, Vec<Name>) {
     (loaded, names)
 }
 
-/// The snapshot `serve` publishes: the plan with every answer counter attached.
-fn served(loaded: &Loaded, metrics: &Metrics) -> Snapshot {
-    let mut snap = loaded.snapshot();
-    snap.plan
-        .attach_counters(|n, r, c| metrics.steered_counter(n, r, c));
+/// The snapshot `serve` publishes: adopted by the metrics, which read its answer counts.
+fn served(loaded: &Loaded, metrics: &Metrics) -> Arc<Snapshot> {
+    let snap = Arc::new(loaded.snapshot());
+    metrics.adopt(&snap);
     snap
 }
 
@@ -89,7 +89,7 @@ fn plan_build(c: &mut Criterion) {
             b.iter(|| loaded.snapshot_with(&Removed::new(), &[]))
         });
         let metrics = Metrics::new();
-        g.bench_function(format!("{label}/snapshot_counters"), |b| {
+        g.bench_function(format!("{label}/snapshot_adopted"), |b| {
             b.iter(|| served(loaded, &metrics))
         });
     }
@@ -133,7 +133,7 @@ fn decision(c: &mut Criterion) {
                 let ip = black_box(ips[i]);
                 let place = snap.geo.locate(ip);
                 let d = steered.decide(ip, &place);
-                black_box(steered.choose(&d).pick(&mut rng).cname.num_labels())
+                black_box(steered.pick(steered.choose(&d), &mut rng).cname_wire.len())
             })
         });
     }
@@ -173,10 +173,7 @@ fn query(c: &mut Criterion) {
         ("1000x20", &scale, &scale_requests),
     ] {
         let metrics = Metrics::new();
-        let handler = Handler::new(
-            Arc::new(ArcSwap::from_pointee(served(loaded, &metrics))),
-            metrics,
-        );
+        let handler = Handler::new(Arc::new(ArcSwap::new(served(loaded, &metrics))), metrics);
         let snap = handler.live().load_full();
         let mut out = Vec::with_capacity(512);
         let mut i = 0usize;

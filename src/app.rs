@@ -227,7 +227,9 @@ pub async fn start_with_options(
     metrics: Metrics,
     opts: &DnsOptions,
 ) -> io::Result<Running> {
-    let live = Arc::new(ArcSwap::from_pointee(snapshot));
+    let snapshot = Arc::new(snapshot);
+    metrics.adopt(&snapshot);
+    let live = Arc::new(ArcSwap::new(snapshot));
     let handler = Handler::new(live.clone(), metrics);
     let rrl = Rrl::new(opts.rrl.clone()).map(Arc::new);
     let shutdown = CancellationToken::new();

@@ -513,7 +513,7 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
         .map(|m| format!("first region matching `{m}`"))
         .unwrap_or_else(|| "default".into());
 
-    println!("name:    {}", steered.name);
+    println!("name:    {}", steered.name());
     println!(
         "client:  {client}: {} (network /{} in {})",
         describe(&place),
@@ -527,9 +527,10 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
     let choice = steered.choose(&decision);
     println!(
         "answer:  CNAME, TTL {}, ECS scope /{} (when the query carries ECS)",
-        choice.ttl, decision.scope
+        steered.ttl(),
+        decision.scope
     );
-    let total: u64 = choice.weights().map(|(_, w)| w).sum();
+    let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
     match &saved {
         Some(s) => println!(
             "state:   saved by `serve` {} s ago in {}",
@@ -552,8 +553,8 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
         }
     );
     for (i, cdn) in host.cdns.iter().enumerate() {
-        let effective = choice
-            .weights()
+        let effective = steered
+            .weights(choice)
             .find(|(t, _)| *t.cdn == cdn.name)
             .map_or(0, |(_, w)| w);
         let health = saved

@@ -31,14 +31,17 @@
 //! points, a fixed set of rcodes and reason classes); a client address is never a label,
 //! and a peer is labelled by its configured URL, never by what it answers.
 
-use std::fmt::{self, Write as _};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::{
     exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::plan::{Plan, Snapshot};
 
 /// The content type of [`Metrics::encode`]'s output (`text/plain; version=0.0.4`).
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
@@ -63,6 +66,8 @@ struct Inner {
     /// process each have theirs.
     registry: Registry,
     queries: IntCounterVec,
+    /// The steered part of `queries_total`, added at scrape time.
+    tally: Mutex<Tally>,
     /// `queries_total{name="",region="",cdn="",rcode=R}` for each of `COMMON_RCODES`.
     unsteered: [IntCounter; COMMON_RCODES.len()],
     duration: Histogram,
@@ -168,6 +173,7 @@ impl Metrics {
         Metrics {
             inner: Arc::new(Inner {
                 queries,
+                tally: Mutex::default(),
                 unsteered,
                 duration,
                 probes: reg.counters(
@@ -279,33 +285,13 @@ impl Metrics {
 
     // --- data plane ---
 
-    /// Counts a steered answer (rcode NOERROR). `name` is formatted on the stack.
-    ///
-    /// # Hot path
-    /// No allocation (for names up to 320 bytes of text); one hash lookup under a read
-    /// lock, then one atomic add.
-    /// The counter of steered answers for (name, region, cdn), for the control plane to
-    /// store in the plan's targets.
-    pub fn steered_counter(&self, name: &str, region: &str, cdn: &str) -> IntCounter {
-        self.inner
-            .queries
-            .with_label_values(&[name, region, cdn, "NOERROR"])
-    }
-
-    pub fn steered<N: fmt::Display + ?Sized>(&self, name: &N, region: &str, cdn: &str) {
-        // The fallback for plans built without metrics: the controller attaches
-        // pre-resolved counters to every target (see `steered_counter`).
-        let mut buf = [0u8; 320];
-        let count = |name: &str| {
-            self.inner
-                .queries
-                .with_label_values(&[name, region, cdn, "NOERROR"])
-                .inc()
-        };
-        match on_stack(name, &mut buf) {
-            Some(name) => count(name),
-            None => count(&name.to_string()),
-        }
+    /// Counts the steered answers of a snapshot the data plane is about to serve.
+    /// The data plane counts them in the plan itself (`plan::Pick::count`, one atomic
+    /// add); `/metrics` reads them there.
+    pub fn adopt(&self, snapshot: &Arc<Snapshot>) {
+        let mut tally = self.inner.tally.lock().unwrap_or_else(|e| e.into_inner());
+        tally.fold_retired();
+        tally.held.push(snapshot.clone());
     }
 
     /// Counts an answer that was not steered (zone data, or an error) by its rcode.
@@ -502,11 +488,95 @@ impl Metrics {
 
     /// Every family in the Prometheus text format.
     pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let mut families = self.inner.registry.gather();
+        let steered = self
+            .inner
+            .tally
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .counts();
+        if let Some(f) = families
+            .iter_mut()
+            .find(|f| f.name() == "steerdns_queries_total")
+        {
+            let mut series: Vec<_> = steered.into_iter().collect();
+            series.sort_unstable();
+            for ((name, region, cdn), n) in series {
+                let label = |k: &str, v: &str| {
+                    let mut l = prometheus::proto::LabelPair::default();
+                    l.set_name(k.into());
+                    l.set_value(v.into());
+                    l
+                };
+                let mut m = prometheus::proto::Metric::from_label(vec![
+                    label("cdn", &cdn),
+                    label("name", &name),
+                    label("rcode", "NOERROR"),
+                    label("region", &region),
+                ]);
+                let mut c = prometheus::proto::Counter::default();
+                c.set_value(n as f64);
+                m.set_counter(c);
+                f.mut_metric().push(m);
+            }
+        }
         let mut buf = Vec::with_capacity(8 * 1024);
         TextEncoder::new()
-            .encode(&self.inner.registry.gather(), &mut buf)
+            .encode(&families, &mut buf)
             .map_err(|e| format!("cannot encode metrics: {e}"))?;
         Ok(buf)
+    }
+}
+
+/// (name, region, CDN) of a steered answer.
+type SteeredKey = (Arc<str>, Arc<str>, Arc<str>);
+
+/// The steered answer counts of every snapshot served.
+///
+/// The live counts sit in the plans (each choice counts its own answers), so a new
+/// plan starts from zero. The tally holds every adopted snapshot until it is the only
+/// holder: then no query can reach that plan any more (the data plane's references to
+/// a replaced snapshot are real counts once `ArcSwap::store` returns), and its counts
+/// are final and move into `totals`. A scrape adds the snapshots still held to the
+/// totals: each answer is in exactly one of the two, so the counters never go back.
+#[derive(Default)]
+struct Tally {
+    totals: HashMap<SteeredKey, u64>,
+    held: Vec<Arc<Snapshot>>,
+}
+
+impl Tally {
+    fn fold_retired(&mut self) {
+        let (retired, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|s| Arc::strong_count(s) == 1);
+        self.held = held;
+        for s in retired {
+            add(&mut self.totals, &s.plan, false);
+        }
+    }
+
+    /// Every series: the totals, and the plans still held (their zeros too, so that
+    /// every (name, region, CDN) served has a series from the start).
+    fn counts(&mut self) -> HashMap<SteeredKey, u64> {
+        self.fold_retired();
+        let mut counts = self.totals.clone();
+        for s in &self.held {
+            add(&mut counts, &s.plan, true);
+        }
+        counts
+    }
+}
+
+fn add(into: &mut HashMap<SteeredKey, u64>, plan: &Plan, zeros: bool) {
+    for steered in plan.names() {
+        for (region, cdn, n) in steered.answered() {
+            if n > 0 || zeros {
+                *into
+                    .entry((steered.text().clone(), region.clone(), cdn.clone()))
+                    .or_default() += n;
+            }
+        }
     }
 }
 
@@ -547,29 +617,6 @@ pub fn rcode_name(rcode: u16) -> &'static str {
         23 => "BADCOOKIE",
         _ => "UNKNOWN",
     }
-}
-
-/// Formats `value` into `buf`; `None` if it does not fit.
-fn on_stack<'b, D: fmt::Display + ?Sized>(value: &D, buf: &'b mut [u8]) -> Option<&'b str> {
-    struct Cursor<'a> {
-        buf: &'a mut [u8],
-        len: usize,
-    }
-    impl fmt::Write for Cursor<'_> {
-        fn write_str(&mut self, s: &str) -> fmt::Result {
-            let end = self.len + s.len();
-            let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
-            dst.copy_from_slice(s.as_bytes());
-            self.len = end;
-            Ok(())
-        }
-    }
-    let mut cursor = Cursor { buf, len: 0 };
-    write!(cursor, "{value}").ok()?;
-    let Cursor { buf, len } = cursor;
-    let buf: &'b [u8] = buf;
-    // Whole `str`s were copied, so this is valid UTF-8.
-    std::str::from_utf8(&buf[..len]).ok()
 }
 
 /// Registers families in one registry; every definition is static, so a failure is a
@@ -648,7 +695,6 @@ mod tests {
     #[test]
     fn encode_contains_every_family() {
         let m = Metrics::new();
-        m.steered("www.example.com.", "eu", "fastly");
         m.answered(3);
         m.observe(Duration::from_micros(30));
         m.probe("fastly", "ns1", Some("status 503 (expected 200)"));
@@ -690,7 +736,6 @@ mod tests {
             );
         }
         for line in [
-            r#"steerdns_queries_total{cdn="fastly",name="www.example.com.",rcode="NOERROR",region="eu"} 1"#,
             r#"steerdns_queries_total{cdn="",name="",rcode="NXDOMAIN",region=""} 1"#,
             r#"steerdns_queries_total{cdn="",name="",rcode="REFUSED",region=""} 0"#,
             r#"steerdns_query_duration_seconds_count 1"#,
@@ -732,20 +777,76 @@ mod tests {
         assert!(t.contains(r#"steerdns_queries_total{cdn="",name="",rcode="UNKNOWN",region=""} 1"#));
     }
 
-    #[test]
-    fn steered_names_format_on_the_stack_and_long_ones_still_count() {
-        let mut buf = [0u8; 8];
-        assert_eq!(on_stack("www.a.", &mut buf), Some("www.a."));
-        assert_eq!(on_stack("www.abc.", &mut buf), Some("www.abc."));
-        assert_eq!(on_stack("www.abcd.", &mut buf), None);
+    /// The demo policy's snapshot (the tests read its names and regions from the plan).
+    fn demo() -> Snapshot {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let inputs = crate::app::Inputs {
+            config: repo.join("steering.yaml"),
+            zones: repo.join("zones"),
+            geo: repo.join("geo/country.mmdb"),
+            probes: repo.join("tests/fixtures/no-probes"),
+        };
+        crate::app::load(&inputs).unwrap().snapshot()
+    }
 
+    /// Answers `n` times from region 0 of the snapshot's first name.
+    fn answer(s: &Snapshot, n: usize) {
+        let steered = s.plan.names().next().unwrap();
+        let mut rng = rand::rng();
+        for _ in 0..n {
+            steered.pick(steered.choice(0), &mut rng).count();
+        }
+    }
+
+    /// The sum of the steered series of region 0 of the demo's first name.
+    fn steered_total(m: &Metrics, s: &Snapshot) -> u64 {
+        let steered = s.plan.names().next().unwrap();
+        let prefix = format!(
+            r#"name="{}",rcode="NOERROR",region="{}"}} "#,
+            steered.name(),
+            steered.region_name(0)
+        );
+        text(m)
+            .lines()
+            .filter(|l| l.starts_with("steerdns_queries_total{") && l.contains(&prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
+    #[test]
+    fn steered_counts_survive_new_plans_and_never_go_back() {
         let m = Metrics::new();
-        let long = format!("{}.example.", "a".repeat(400));
-        m.steered(&long, "r", "c");
-        m.steered(&long, "r", "c");
-        assert!(text(&m).contains(&format!(
-            r#"steerdns_queries_total{{cdn="c",name="{long}",rcode="NOERROR",region="r"}} 2"#
-        )));
+        let first = Arc::new(demo());
+        m.adopt(&first);
+        let t = text(&m);
+        // Every (name, region, CDN) served has a series from the start.
+        let steered = first.plan.names().next().unwrap();
+        for (region, cdn, _) in steered.answered() {
+            let series = format!(
+                r#"steerdns_queries_total{{cdn="{cdn}",name="{}",rcode="NOERROR",region="{region}"}} 0"#,
+                steered.name()
+            );
+            assert!(t.contains(&series), "{series} missing from\n{t}");
+        }
+        answer(&first, 10);
+        assert_eq!(steered_total(&m, &first), 10);
+
+        // A new plan while a query still holds the old one: both count.
+        let second = Arc::new(demo());
+        m.adopt(&second);
+        answer(&first, 5);
+        answer(&second, 3);
+        assert_eq!(steered_total(&m, &first), 18);
+        // The old plan's last reader goes: its counts move into the totals.
+        drop(first);
+        assert_eq!(steered_total(&m, &second), 18);
+        assert_eq!(m.inner.tally.lock().unwrap().held.len(), 1);
+        let third = Arc::new(demo());
+        m.adopt(&third);
+        drop(second);
+        answer(&third, 2);
+        assert_eq!(steered_total(&m, &third), 20);
+        assert_eq!(m.inner.tally.lock().unwrap().held.len(), 1);
     }
 
     #[test]

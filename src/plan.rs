@@ -5,9 +5,18 @@
 //! A query does one atomic load of the snapshot, one geo lookup, one region lookup in
 //! precomputed tables, and one random draw plus a binary search over a cumulative weight
 //! table. Nothing here decides policy: the planner (`control::planner`) did that.
+//!
+//! # Layout
+//! With many steered names the plan does not stay in the CPU's caches, and each
+//! pointer a query follows can be a cache miss. So the data a query reads is packed:
+//! the names sit in one array found through a small open-addressing table; a name's
+//! wire form and its CNAME targets' wire forms share one allocation; a choice is one
+//! cache line holding its weight table, where its CNAMEs are, and its answer counts.
+//! What only `explain`, the API and the metrics read (the name as text, region and CDN
+//! names) sits apart, in `Labels`.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -33,16 +42,25 @@ pub type Live = ArcSwap<Snapshot>;
 /// Every steered name, and how to answer it right now.
 #[derive(Debug, Default)]
 pub struct Plan {
-    /// By the name's lowercase wire form (labels with their lengths, the root's 0), so
-    /// that the UDP fast path looks a query up by the bytes it received.
-    names: HashMap<Box<[u8]>, Steered>,
+    /// In policy order.
+    names: Box<[Steered]>,
+    /// Open addressing over the names' lowercase wire forms (labels with their lengths,
+    /// the root's 0), so that the UDP fast path looks a query up by the bytes it
+    /// received: `EMPTY`, or `hash tag << 32 | index into names`. At most half full.
+    slots: Box<[u64]>,
 }
+
+const EMPTY: u64 = u64::MAX;
 
 /// One steered name.
 #[derive(Debug)]
 pub struct Steered {
-    /// The name as configured (lowercase, absolute).
-    pub name: Name,
+    /// The name's lowercase wire form, then for each target its CNAME's length in wire
+    /// form (one byte) and the CNAME in wire form.
+    wire: Box<[u8]>,
+    key_len: u8,
+    /// TTL of the CNAME answer (the incident TTL while any CDN is off its weight).
+    ttl: u32,
     regions: RegionIndex,
     /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
     /// set when it matches `drain_scopes[i]`. Usually empty.
@@ -50,36 +68,65 @@ pub struct Steered {
     /// `2^drain_scopes.len()` choices per region, in policy order: index
     /// `region << drain_scopes.len() | mask`.
     choices: Box<[Choice]>,
+    /// The weight tables of `WIDE` choices.
+    wide: Box<[Box<[WideEntry]>]>,
+    labels: Box<Labels>,
 }
 
-/// What a region answers: the CDNs that may serve it now and their weights.
+/// What only explain, the API and the metrics read.
 #[derive(Debug)]
-pub struct Choice {
-    /// Region name, for explain and (later) metrics labels.
-    pub region: Arc<str>,
-    /// Running sums of the weights of `targets`; the last is the total (> 0).
-    cumulative: Cumulative,
+struct Labels {
+    /// The name as configured (lowercase, absolute).
+    name: Name,
+    /// `name` as text, for metric labels.
+    text: Arc<str>,
+    /// Region names, in policy order.
+    regions: Box<[Arc<str>]>,
     targets: Box<[Target]>,
-    /// TTL of the CNAME answer.
-    pub ttl: u32,
+}
+
+/// What a region answers: the CDNs that may serve it now, their weights, and how many
+/// answers each has given.
+///
+/// One cache line, which a pick reads and counts in without following a pointer, for
+/// up to [`INLINE`] CDNs whose weights sum within `u32`: always, for validated
+/// policies of up to four CDNs (weights are at most 10^6, scaled by at most 100).
+/// Other choices are `WIDE`: their table is in `Steered::wide`.
+#[derive(Debug)]
+#[repr(align(64))]
+pub struct Choice {
+    /// Answers given with each CDN; the metrics read them at scrape time.
+    answered: [AtomicU64; INLINE],
+    /// Running sums of the weights; the last is the total (> 0). For a `WIDE` choice,
+    /// `sums[0]` is its index in `Steered::wide`.
+    sums: [u32; INLINE],
+    /// Where each CDN's CNAME is in `Steered::wire` (its length byte).
+    start: [u16; INLINE],
+    /// Each CDN's index in the name's targets.
+    target: [u8; INLINE],
+    /// How many CDNs are inline, or `WIDE`.
+    n: u8,
     /// Why the weights are what they are.
     pub reason: Reason,
 }
 
-/// Running sums of a choice's weights. Up to [`INLINE_TARGETS`] of them are stored in
-/// the `Choice` itself: with many steered names the plan does not stay in the CPU's
-/// caches, and a table behind a pointer of its own costs a pick one more cache miss.
-#[derive(Debug)]
-enum Cumulative {
-    Inline {
-        len: u8,
-        sums: [u64; INLINE_TARGETS],
-    },
-    Heap(Box<[u64]>),
-}
+/// CDNs a choice holds inline (policies have 2 to 4).
+const INLINE: usize = 4;
+const _: () = assert!(
+    std::mem::size_of::<Choice>() == 64,
+    "a choice is one cache line"
+);
+const WIDE: u8 = u8::MAX;
 
-/// Targets of a choice whose weight table is stored inline (policies have 2 to 4 CDNs).
-const INLINE_TARGETS: usize = 4;
+/// One CDN of a `WIDE` choice.
+#[derive(Debug)]
+struct WideEntry {
+    /// Running sum of the weights up to and including this one.
+    sum: u64,
+    answered: AtomicU64,
+    target: usize,
+    start: usize,
+}
 
 /// Why a region answers with the weights it has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,12 +159,16 @@ pub struct Target {
     pub cdn: Arc<str>,
     /// The CNAME target (absolute).
     pub cname: Name,
-    /// `cname` in uncompressed wire form, as the UDP fast path copies it into answers.
-    pub cname_wire: Box<[u8]>,
-    /// `queries_total{name, region, cdn, rcode="NOERROR"}`, resolved by the control
-    /// plane so that counting an answer is one atomic add (`None` when no metrics are
-    /// kept, as in tests that run the DNS server alone).
-    pub answered: Option<prometheus::IntCounter>,
+}
+
+/// The answer a pick gave.
+pub struct Pick<'p> {
+    pub choice: &'p Choice,
+    /// Index into the name's targets ([`Steered::target`]).
+    pub target: usize,
+    /// The CNAME in uncompressed wire form, as the UDP fast path copies it.
+    pub cname_wire: &'p [u8],
+    answered: &'p AtomicU64,
 }
 
 /// Which region a client falls in, and how far that finding extends (the ECS scope).
@@ -150,48 +201,78 @@ const NONE: u16 = u16::MAX;
 // === impl Plan ===
 
 impl Plan {
+    /// A name whose wire form does not fit 255 bytes is left out (validation refuses
+    /// such names before).
     pub fn new(names: Vec<Steered>) -> Plan {
-        let mut buf = [0u8; 255];
-        Plan {
-            names: names
-                .into_iter()
-                .filter_map(|s| Some((Box::from(wire_name(&s.name, &mut buf)?), s)))
-                .collect(),
+        let names: Box<[Steered]> = names.into_iter().filter(|s| s.key_len > 0).collect();
+        let size = (names.len() * 2).next_power_of_two().max(8);
+        let mut slots = vec![EMPTY; size].into_boxed_slice();
+        for (i, s) in names.iter().enumerate() {
+            let h = hash(s.key());
+            let mut at = h as usize & (size - 1);
+            while slots[at] != EMPTY {
+                at = (at + 1) & (size - 1);
+            }
+            slots[at] = (h >> 32) << 32 | i as u64;
         }
+        Plan { names, slots }
     }
 
     /// The steered name, if `name` is one (in any case).
     ///
     /// # Hot path
-    /// The name's wire form on the stack, then a hash lookup; no allocation.
+    /// The name's wire form on the stack, then a table lookup; no allocation.
     pub fn get(&self, name: &Name) -> Option<&Steered> {
         let mut buf = [0u8; 255];
         self.get_wire(wire_name(name, &mut buf)?)
     }
 
     /// The steered name whose lowercase wire form is `wire`, if any.
+    ///
+    /// # Hot path
+    /// A hash of the bytes, then linear probing over a table at most half full whose
+    /// slots carry a 32-bit tag, so that a name is compared only on a tag match. The
+    /// hash is not keyed: the table holds only configured names, so a client choosing
+    /// its query name chooses where a probe starts, never how long the runs are.
     pub fn get_wire(&self, wire: &[u8]) -> Option<&Steered> {
-        self.names.get(wire)
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &Steered> {
-        self.names.values()
-    }
-
-    /// Resolves every target's answer counter with `counter(name, region, cdn)`.
-    pub fn attach_counters(
-        &mut self,
-        counter: impl Fn(&str, &str, &str) -> prometheus::IntCounter,
-    ) {
-        for steered in self.names.values_mut() {
-            let name = steered.name.to_string();
-            for choice in steered.choices.iter_mut() {
-                for target in choice.targets.iter_mut() {
-                    target.answered = Some(counter(&name, &choice.region, &target.cdn));
+        let h = hash(wire);
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut at = h as usize & mask;
+        loop {
+            let slot = self.slots[at];
+            if slot == EMPTY {
+                return None;
+            }
+            if slot >> 32 == h >> 32 {
+                let s = &self.names[slot as u32 as usize];
+                if s.key() == wire {
+                    return Some(s);
                 }
             }
+            at = (at + 1) & mask;
         }
     }
+
+    /// In policy order.
+    pub fn names(&self) -> impl Iterator<Item = &Steered> {
+        self.names.iter()
+    }
+}
+
+/// FxHash-style: 8 bytes at a time, one multiply each.
+fn hash(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut h = bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let word = u64::from_le_bytes(c.try_into().unwrap_or_default());
+        h = (h.rotate_left(5) ^ word).wrapping_mul(K);
+    }
+    let mut tail = [0u8; 8];
+    tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = (h.rotate_left(5) ^ u64::from_le_bytes(tail)).wrapping_mul(K);
+    // The multiply leaves the low bits weakest; the slot index uses them.
+    h ^ (h >> 29)
 }
 
 /// Writes `name` in lowercase, uncompressed wire form into `buf`, as an absolute name;
@@ -212,38 +293,71 @@ pub fn wire_name<'b>(name: &Name, buf: &'b mut [u8; 255]) -> Option<&'b [u8]> {
     Some(&buf[..=len])
 }
 
-// === impl Target ===
-
-impl Target {
-    pub fn new(cdn: Arc<str>, cname: Name) -> Target {
-        let mut buf = [0u8; 255];
-        // Configured names are checked to fit when the policy is loaded.
-        let cname_wire = wire_name(&cname, &mut buf).map_or_else(|| Box::from([0u8]), Box::from);
-        Target {
-            cdn,
-            cname,
-            cname_wire,
-            answered: None,
-        }
-    }
-}
-
 // === impl Steered ===
 
 impl Steered {
-    /// `choices` holds `2^drain_scopes.len()` entries per region (see the field docs).
+    /// `regions` names the regions in policy order; `choices` holds
+    /// `2^drain_scopes.len()` entries per region (see the field docs), each built from
+    /// indexes into `targets`.
     pub fn new(
         name: Name,
-        regions: RegionIndex,
+        ttl: u32,
+        index: RegionIndex,
+        regions: Vec<Arc<str>>,
+        targets: Vec<Target>,
         drain_scopes: Vec<Box<[Match]>>,
-        choices: Vec<Choice>,
+        choices: Vec<ChoiceSpec>,
     ) -> Steered {
-        Steered {
-            name,
-            regions,
-            drain_scopes: drain_scopes.into_boxed_slice(),
-            choices: choices.into_boxed_slice(),
+        let mut buf = [0u8; 255];
+        let mut wire = Vec::new();
+        if let Some(key) = wire_name(&name, &mut buf) {
+            wire.extend_from_slice(key);
         }
+        let key_len = wire.len() as u8;
+        let mut starts = Vec::with_capacity(targets.len());
+        for t in &targets {
+            starts.push(wire.len());
+            // Configured names are checked to fit when the policy is loaded; the root
+            // stands in for one that does not.
+            let cname = wire_name(&t.cname, &mut buf).unwrap_or(&[0]);
+            wire.push(cname.len() as u8);
+            wire.extend_from_slice(cname);
+        }
+        let mut wide = Vec::new();
+        let choices = choices
+            .iter()
+            .map(|c| Choice::lay_out(c, &starts, &mut wide))
+            .collect();
+        Steered {
+            wire: wire.into_boxed_slice(),
+            key_len,
+            ttl,
+            regions: index,
+            drain_scopes: drain_scopes.into_boxed_slice(),
+            choices,
+            wide: wide.into_boxed_slice(),
+            labels: Box::new(Labels {
+                text: Arc::from(name.to_string()),
+                name,
+                regions: regions.into_boxed_slice(),
+                targets: targets.into_boxed_slice(),
+            }),
+        }
+    }
+
+    /// The name as configured (lowercase, absolute).
+    pub fn name(&self) -> &Name {
+        &self.labels.name
+    }
+
+    /// TTL of the CNAME answer.
+    pub fn ttl(&self) -> u32 {
+        self.ttl
+    }
+
+    /// The name's lowercase wire form.
+    fn key(&self) -> &[u8] {
+        &self.wire[..usize::from(self.key_len)]
     }
 
     /// Finds the client's region, the drains it falls in, and the ECS scope of that
@@ -291,88 +405,176 @@ impl Steered {
         &self.choices[region << self.drain_scopes.len()]
     }
 
+    /// One weighted-random CDN of `choice` (one of this name's).
+    ///
+    /// # Hot path
+    /// One random draw and a binary search in the choice's own cache line; no
+    /// allocation.
+    pub fn pick<'p, R: Rng + ?Sized>(&'p self, choice: &'p Choice, rng: &mut R) -> Pick<'p> {
+        let (target, start, answered) = if choice.n != WIDE {
+            let sums = &choice.sums[..usize::from(choice.n)];
+            let x = rng.random_range(0..sums[sums.len() - 1]);
+            let i = sums.partition_point(|&s| s <= x);
+            let start = usize::from(choice.start[i]);
+            (usize::from(choice.target[i]), start, &choice.answered[i])
+        } else {
+            let entries = &self.wide[choice.sums[0] as usize];
+            let x = rng.random_range(0..entries[entries.len() - 1].sum);
+            let e = &entries[entries.partition_point(|e| e.sum <= x)];
+            (e.target, e.start, &e.answered)
+        };
+        let len = usize::from(self.wire[start]);
+        Pick {
+            choice,
+            target,
+            cname_wire: &self.wire[start + 1..start + 1 + len],
+            answered,
+        }
+    }
+
+    /// (target index, running sum, answers) of each CDN of a choice.
+    fn entries<'p>(&'p self, choice: &'p Choice) -> Vec<(usize, u64, &'p AtomicU64)> {
+        if choice.n == WIDE {
+            return self.wide[choice.sums[0] as usize]
+                .iter()
+                .map(|e| (e.target, e.sum, &e.answered))
+                .collect();
+        }
+        (0..usize::from(choice.n))
+            .map(|i| {
+                let target = usize::from(choice.target[i]);
+                (target, u64::from(choice.sums[i]), &choice.answered[i])
+            })
+            .collect()
+    }
+
+    /// (target, weight) pairs of a choice, for explain and tests; zero weights are
+    /// left out.
+    pub fn weights<'p>(&'p self, choice: &'p Choice) -> impl Iterator<Item = (&'p Target, u64)> {
+        let mut prev = 0;
+        self.entries(choice).into_iter().map(move |(t, sum, _)| {
+            let w = sum - prev;
+            prev = sum;
+            (&self.labels.targets[t], w)
+        })
+    }
+
+    /// (region name, CDN name, answers) for every CDN of every choice, for the
+    /// metrics. A region with location-scoped drains lists each CDN once per choice.
+    pub fn answered(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<str>, u64)> {
+        let shift = self.drain_scopes.len();
+        self.choices.iter().enumerate().flat_map(move |(i, c)| {
+            let region = &self.labels.regions[i >> shift];
+            self.entries(c).into_iter().map(move |(t, _, n)| {
+                let cdn = &self.labels.targets[t].cdn;
+                (region, cdn, n.load(Ordering::Relaxed))
+            })
+        })
+    }
+
+    /// The name as text, for metric labels.
+    pub fn text(&self) -> &Arc<str> {
+        &self.labels.text
+    }
+
+    /// The name of region `i`.
+    pub fn region_name(&self, i: usize) -> &str {
+        self.labels.regions.get(i).map_or("", |r| r)
+    }
+
+    /// Target `i` (as in [`Pick::target`]).
+    pub fn target(&self, i: usize) -> &Target {
+        &self.labels.targets[i]
+    }
+
     /// Location scopes of active drains.
     pub fn drain_scopes(&self) -> &[Box<[Match]>] {
         &self.drain_scopes
     }
 }
 
-// === impl Choice ===
+/// A choice as the planner builds it: `Steered::new` lays it out.
+pub struct ChoiceSpec {
+    reason: Reason,
+    /// (index into the targets, running sum of the weights); zero weights left out.
+    weighted: Vec<(usize, u64)>,
+}
 
-impl Choice {
-    /// `weighted` lists (target, weight); zero weights are left out. `None` if every
-    /// weight is zero (the planner never builds such a choice).
+impl ChoiceSpec {
+    /// `weighted` lists (index into the name's targets, weight). `None` if every
+    /// weight is zero or they overflow (the planner never builds such a choice).
     pub fn new(
-        region: Arc<str>,
-        ttl: u32,
         reason: Reason,
-        weighted: Vec<(Target, u64)>,
-    ) -> Option<Choice> {
+        weighted: impl IntoIterator<Item = (usize, u64)>,
+    ) -> Option<ChoiceSpec> {
         let mut total = 0u64;
-        let mut cumulative = Vec::new();
-        let mut targets = Vec::new();
+        let mut sums = Vec::new();
         for (target, w) in weighted.into_iter().filter(|(_, w)| *w > 0) {
             total = total.checked_add(w)?;
-            cumulative.push(total);
-            targets.push(target);
+            sums.push((target, total));
         }
-        (total > 0).then(|| Choice {
-            region,
-            cumulative: Cumulative::new(cumulative),
-            targets: targets.into_boxed_slice(),
-            ttl,
+        (total > 0).then_some(ChoiceSpec {
             reason,
+            weighted: sums,
         })
-    }
-
-    /// One weighted-random target.
-    ///
-    /// # Hot path
-    /// One random draw and a binary search; no allocation.
-    pub fn pick<R: Rng + ?Sized>(&self, rng: &mut R) -> &Target {
-        let cumulative = self.cumulative.as_slice();
-        let total = cumulative[cumulative.len() - 1];
-        let x = rng.random_range(0..total);
-        let i = cumulative.partition_point(|&c| c <= x);
-        &self.targets[i]
-    }
-
-    /// (target, weight) pairs, for explain and tests.
-    pub fn weights(&self) -> impl Iterator<Item = (&Target, u64)> {
-        let mut prev = 0;
-        self.targets
-            .iter()
-            .zip(self.cumulative.as_slice().iter())
-            .map(move |(t, &c)| {
-                let w = c - prev;
-                prev = c;
-                (t, w)
-            })
     }
 }
 
-// === impl Cumulative ===
+// === impl Choice ===
 
-impl Cumulative {
-    fn new(sums: Vec<u64>) -> Cumulative {
-        if sums.len() > INLINE_TARGETS {
-            return Cumulative::Heap(sums.into_boxed_slice());
+impl Choice {
+    /// Inline when it fits, else `WIDE` with its table pushed onto `wide`. `starts`:
+    /// where each target's CNAME is in the name's wire bytes.
+    fn lay_out(spec: &ChoiceSpec, starts: &[usize], wide: &mut Vec<Box<[WideEntry]>>) -> Choice {
+        let mut c = Choice {
+            answered: Default::default(),
+            sums: [0; INLINE],
+            start: [0; INLINE],
+            target: [0; INLINE],
+            n: WIDE,
+            reason: spec.reason,
+        };
+        let inline = spec.weighted.len() <= INLINE
+            && spec.weighted.iter().all(|&(t, sum)| {
+                u8::try_from(t).is_ok()
+                    && u32::try_from(sum).is_ok()
+                    && u16::try_from(starts[t]).is_ok()
+            });
+        if inline {
+            for (i, &(t, sum)) in spec.weighted.iter().enumerate() {
+                c.sums[i] = sum as u32;
+                c.start[i] = starts[t] as u16;
+                c.target[i] = t as u8;
+            }
+            c.n = spec.weighted.len() as u8;
+        } else {
+            c.sums[0] = wide.len() as u32;
+            let entries = spec.weighted.iter().map(|&(t, sum)| WideEntry {
+                sum,
+                answered: AtomicU64::new(0),
+                target: t,
+                start: starts[t],
+            });
+            wide.push(entries.collect());
         }
-        let mut inline = [0; INLINE_TARGETS];
-        inline[..sums.len()].copy_from_slice(&sums);
-        Cumulative::Inline {
-            len: sums.len() as u8,
-            sums: inline,
-        }
+        c
     }
+}
 
-    /// # Hot path
-    /// A branch; no allocation.
-    fn as_slice(&self) -> &[u64] {
-        match self {
-            Cumulative::Inline { len, sums } => &sums[..usize::from(*len)],
-            Cumulative::Heap(sums) => sums,
-        }
+// === impl Pick ===
+
+impl Pick<'_> {
+    /// Counts this answer as given: one relaxed atomic add on the choice's cache line.
+    pub fn count(&self) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// === impl Target ===
+
+impl Target {
+    pub fn new(cdn: Arc<str>, cname: Name) -> Target {
+        Target { cdn, cname }
     }
 }
 
@@ -557,63 +759,97 @@ mod tests {
         );
     }
 
-    #[test]
-    fn pick_follows_weights() {
-        let t = |n: &str| {
-            Target::new(
-                n.into(),
-                Name::from_ascii(format!("{n}.example.net.")).unwrap(),
-            )
-        };
-        let c = Choice::new(
-            "r".into(),
+    /// A name with CDNs `cdns` (CNAME `<cdn>.example.net.`) and one region per entry of
+    /// `regions`, each listing (CDN index, weight).
+    fn steered(name: &str, cdns: &[&str], regions: &[Vec<(usize, u64)>]) -> Steered {
+        let targets = cdns
+            .iter()
+            .map(|c| {
+                Target::new(
+                    (*c).into(),
+                    Name::from_ascii(format!("{c}.example.net.")).unwrap(),
+                )
+            })
+            .collect();
+        let specs = regions
+            .iter()
+            .map(|w| ChoiceSpec::new(Reason::Normal, w.clone()).unwrap())
+            .collect();
+        Steered::new(
+            Name::from_ascii(name).unwrap(),
             30,
-            Reason::Normal,
-            vec![(t("a"), 70), (t("b"), 0), (t("c"), 30)],
+            idx(&[vec![m("*")]]),
+            (0..regions.len()).map(|r| format!("r{r}").into()).collect(),
+            targets,
+            Vec::new(),
+            specs,
         )
-        .unwrap();
+    }
+
+    #[test]
+    fn pick_follows_weights_and_counts_where_it_picked() {
+        let s = steered(
+            "www.example.com.",
+            &["a", "b", "c"],
+            &[vec![(0, 70), (1, 0), (2, 30)]],
+        );
+        let c = s.choice(0);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
         let mut a = 0;
         for _ in 0..10_000 {
-            match &*c.pick(&mut rng).cdn {
+            let p = s.pick(c, &mut rng);
+            let t = s.target(p.target);
+            let mut buf = [0u8; 255];
+            assert_eq!(p.cname_wire, wire_name(&t.cname, &mut buf).unwrap());
+            match &*t.cdn {
                 "a" => a += 1,
                 "c" => {}
                 other => panic!("zero-weight target {other} picked"),
             }
+            p.count();
         }
         assert!((6_800..7_200).contains(&a), "{a}");
         assert_eq!(
-            c.weights()
+            s.weights(c)
                 .map(|(t, w)| (t.cdn.to_string(), w))
                 .collect::<Vec<_>>(),
             vec![("a".into(), 70), ("c".into(), 30)]
         );
-        assert!(Choice::new("r".into(), 30, Reason::Normal, vec![(t("a"), 0)]).is_none());
+        let answered: Vec<(String, String, u64)> = s
+            .answered()
+            .map(|(r, c, n)| (r.to_string(), c.to_string(), n))
+            .collect();
+        assert_eq!(
+            answered,
+            vec![
+                ("r0".into(), "a".into(), a),
+                ("r0".into(), "c".into(), 10_000 - a)
+            ]
+        );
+        assert!(ChoiceSpec::new(Reason::Normal, [(0, 0)]).is_none());
     }
 
     #[test]
     fn weight_tables_inline_and_on_the_heap_pick_alike() {
-        let t = |n: String| {
-            let cname = Name::from_ascii(format!("{n}.example.net.")).unwrap();
-            Target::new(n.into(), cname)
-        };
-        for n in 1..=INLINE_TARGETS + 3 {
+        for n in 1..=INLINE + 3 {
+            let cdns: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
+            let cdns: Vec<&str> = cdns.iter().map(|c| c.as_str()).collect();
             // Weights 1, 2, ..., n: the last target is picked with probability n / total.
-            let weighted = (0..n).map(|i| (t(format!("c{i}")), i as u64 + 1)).collect();
-            let c = Choice::new("r".into(), 30, Reason::Normal, weighted).unwrap();
-            assert_eq!(
-                matches!(c.cumulative, Cumulative::Inline { .. }),
-                n <= INLINE_TARGETS
+            let s = steered(
+                "n.example.",
+                &cdns,
+                &[(0..n).map(|i| (i, i as u64 + 1)).collect()],
             );
+            let c = s.choice(0);
+            assert_eq!(c.n != WIDE, n <= INLINE);
             assert_eq!(
-                c.weights().map(|(_, w)| w).collect::<Vec<_>>(),
+                s.weights(c).map(|(_, w)| w).collect::<Vec<_>>(),
                 (1..=n as u64).collect::<Vec<_>>()
             );
             let mut rng = rand::rngs::SmallRng::seed_from_u64(n as u64);
-            let last = format!("c{}", n - 1);
             let draws = 20_000;
             let hits = (0..draws)
-                .filter(|_| *c.pick(&mut rng).cdn == *last)
+                .filter(|_| s.pick(c, &mut rng).target == n - 1)
                 .count();
             let want = draws * 2 / (n + 1);
             assert!(
@@ -621,5 +857,64 @@ mod tests {
                 "n={n}: {hits}, want {want}"
             );
         }
+    }
+
+    #[test]
+    fn weights_beyond_u32_are_kept_wide_and_pick_alike() {
+        let big = u64::from(u32::MAX);
+        let s = steered(
+            "n.example.",
+            &["a", "b"],
+            &[vec![(0, big), (1, big)], vec![(0, 1), (1, 1)]],
+        );
+        assert_eq!(s.choice(0).n, WIDE);
+        assert_eq!(s.choice(1).n, 2);
+        for region in 0..2 {
+            let c = s.choice(region);
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+            let a = (0..10_000)
+                .filter(|_| {
+                    let p = s.pick(c, &mut rng);
+                    p.count();
+                    p.target == 0
+                })
+                .count();
+            assert!((4_700..5_300).contains(&a), "region {region}: {a}");
+            assert_eq!(
+                s.weights(c).map(|(_, w)| w).sum::<u64>(),
+                s.weights(c).next().unwrap().1 * 2
+            );
+        }
+        let answered: u64 = s.answered().map(|(_, _, n)| n).sum();
+        assert_eq!(answered, 20_000);
+    }
+
+    #[test]
+    fn names_are_found_by_wire_form_in_any_case_and_others_are_not() {
+        let names: Vec<String> = (0..300).map(|i| format!("h{i}.example.com.")).collect();
+        let plan = Plan::new(
+            names
+                .iter()
+                .map(|n| steered(n, &["a"], &[vec![(0, 1)]]))
+                .collect(),
+        );
+        assert_eq!(plan.names().count(), 300);
+        for (i, n) in names.iter().enumerate() {
+            let upper = Name::from_ascii(n.to_uppercase()).unwrap();
+            let s = plan.get(&upper).unwrap_or_else(|| panic!("{n} not found"));
+            assert_eq!(s.name().to_string(), *n);
+            assert_eq!(
+                plan.names().nth(i).unwrap().name().to_string(),
+                *n,
+                "policy order"
+            );
+        }
+        for miss in ["h300.example.com.", "h1.example.co.", "example.com.", "."] {
+            assert!(
+                plan.get(&Name::from_ascii(miss).unwrap()).is_none(),
+                "{miss}"
+            );
+        }
+        assert!(Plan::default().get_wire(&[0]).is_none());
     }
 }

@@ -12,6 +12,7 @@ use common::stack::*;
 use common::*;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
+use serde_json::json;
 use steerdns::metrics::Metrics;
 use tokio::time::Instant;
 
@@ -398,4 +399,66 @@ async fn an_agent_counts_its_probe_rounds_by_reason_class() {
     // An agent answers no DNS.
     assert_eq!(sum(&s, "steerdns_queries_total", &[]), 0.0);
     assert_eq!(parse(&text_of(&agent.metrics)).len(), s.len());
+}
+
+/// Steered answers are counted in the plan that gave them. A drain publishes a new plan,
+/// and so does its removal; the counters carry on where they were: every answer once,
+/// never going back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steered_counts_carry_over_into_new_plans() {
+    let (stack, _a, _b, _c) = healthy_stack("metrics-plans", "[50, 100]", 60.0).await;
+    let series = |cdn: &str| {
+        format!(
+            r#"steerdns_queries_total{{cdn="{cdn}",name="www.example.com.",rcode="NOERROR",region="default"}}"#
+        )
+    };
+    // The handler counts after sending: wait for the counts to reach what was answered.
+    let counted = |want: (usize, usize)| {
+        let stack = &stack;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let a = stack.metric(&series("a")).await.unwrap_or(-1.0);
+                let b = stack.metric(&series("b")).await.unwrap_or(-1.0);
+                if (a, b) == (want.0 as f64, want.1 as f64) {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "counted {a}, {b}; answered {want:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    // Both series exist before any answer.
+    counted((0, 0)).await;
+    let (first, _) = stack.answers(40).await;
+    let (a, b) = (
+        first.get("a").copied().unwrap_or(0),
+        first.get("b").copied().unwrap_or(0),
+    );
+    assert_eq!(a + b, 40);
+    counted((a, b)).await;
+
+    let drain = json!({ "name": "www.example.com", "cdn": "a", "reason": "INC-2", "immediate": true, "ttl_seconds": 600 });
+    let (status, rule) = stack.post("/v1/drains", drain).await;
+    assert_eq!(status, 201, "{rule}");
+    let (second, _) = stack.answers(30).await;
+    assert_eq!(second.get("b"), Some(&30), "a is drained: {second:?}");
+    counted((a, b + 30)).await;
+
+    let id = rule["id"].as_str().unwrap();
+    let (status, _) = stack
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/v1/drains/{id}"),
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (third, _) = stack.answers(20).await;
+    let a3 = third.get("a").copied().unwrap_or(0);
+    counted((a + a3, b + 30 + third.get("b").copied().unwrap_or(0))).await;
 }

@@ -172,12 +172,7 @@ impl Controller {
 
     fn plan(&mut self) -> Snapshot {
         let cuts = self.drains.cuts(&self.loaded.policy);
-        let (mut snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
-        if let Some(m) = self.local.metrics() {
-            snapshot
-                .plan
-                .attach_counters(|name, region, cdn| m.steered_counter(name, region, cdn));
-        }
+        let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
         self.note_fail_open(fail_open);
         snapshot
     }
@@ -320,14 +315,14 @@ impl Controller {
         let d = steered.decide(ip, &place);
         let choice = steered.choose(&d);
         let region = &host.regions[d.region];
-        let total: u64 = choice.weights().map(|(_, w)| w).sum();
+        let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
         let removed = self.removed();
         let cdns: Vec<serde_json::Value> = host
             .cdns
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let share = choice.weights().find(|(t, _)| *t.cdn == c.name).map_or(0, |(_, w)| w);
+                let share = steered.weights(choice).find(|(t, _)| *t.cdn == c.name).map_or(0, |(_, w)| w);
                 json!({
                     "cdn": c.name,
                     "cname": c.cname.to_string(),
@@ -351,7 +346,7 @@ impl Controller {
             "continent": place.continent.map(|c| c.code()),
             "network_prefix": place.prefix_len,
             "region": { "index": d.region, "name": region.name },
-            "ttl": choice.ttl,
+            "ttl": steered.ttl(),
             "ecs_scope": d.scope,
             "reason": choice.reason.to_string(),
             "cdns": cdns,
@@ -588,7 +583,11 @@ impl Controller {
         let snapshot = self.plan();
         self.export(&snapshot);
         if let Some(live) = &self.live {
-            live.store(Arc::new(snapshot));
+            let snapshot = Arc::new(snapshot);
+            if let Some(m) = self.local.metrics() {
+                m.adopt(&snapshot);
+            }
+            live.store(snapshot);
         }
         self.save();
         self.update_doc();
@@ -625,10 +624,10 @@ impl Controller {
             };
             for r in 0..host.regions.len() {
                 let choice = steered.choice(r);
-                let total: u64 = choice.weights().map(|(_, w)| w).sum();
+                let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
                 for cdn in &host.cdns {
-                    let w = choice
-                        .weights()
+                    let w = steered
+                        .weights(choice)
                         .find(|(t, _)| *t.cdn == cdn.name)
                         .map_or(0, |(_, w)| w);
                     m.effective_weight(

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
-use crate::plan::{Choice, Plan, Reason, RegionIndex, Steered, Target};
+use crate::plan::{ChoiceSpec, Plan, Reason, RegionIndex, Steered, Target};
 
 /// Percent of weight removed by failover, by (steered name, CDN name); absent = 0.
 pub type Removed = BTreeMap<(String, String), u8>;
@@ -126,10 +126,10 @@ fn steered(
         host.ttl
     };
 
-    let cdn_names: Vec<Arc<str>> = host
+    let targets: Vec<Target> = host
         .cdns
         .iter()
-        .map(|c| Arc::from(c.name.as_str()))
+        .map(|c| Target::new(Arc::from(c.name.as_str()), c.cname.clone()))
         .collect();
     let regions = RegionIndex::new(host.regions.iter().map(|r| r.matches.as_slice()));
     let masks = 1usize << groups.len();
@@ -159,22 +159,18 @@ fn steered(
             } else {
                 Reason::Normal
             };
-            let weighted = (0..n_cdn)
-                .map(|c| {
-                    let keep = if reason == Reason::FailOpen {
-                        100
-                    } else {
-                        100 - u64::from(cut(c))
-                    };
-                    let target = Target::new(cdn_names[c].clone(), host.cdns[c].cname.clone());
-                    (target, u64::from(region.weights[c]) * keep)
-                })
-                .collect();
+            let weighted = (0..n_cdn).map(|c| {
+                let keep = if reason == Reason::FailOpen {
+                    100
+                } else {
+                    100 - u64::from(cut(c))
+                };
+                (c, u64::from(region.weights[c]) * keep)
+            });
             // Validation refused regions whose weights are all zero, and fail-open
             // restores the configured ones, so some weight is always positive.
             choices.push(
-                Choice::new(Arc::from(region.name.as_str()), ttl, reason, weighted)
-                    .expect("validated region has a positive weight"),
+                ChoiceSpec::new(reason, weighted).expect("validated region has a positive weight"),
             );
         }
         if failed_open {
@@ -185,7 +181,20 @@ fn steered(
         .into_iter()
         .map(|(m, _)| m.into_boxed_slice())
         .collect();
-    Steered::new(host.name.clone(), regions, scopes, choices)
+    let region_names = host
+        .regions
+        .iter()
+        .map(|r| Arc::from(r.name.as_str()))
+        .collect();
+    Steered::new(
+        host.name.clone(),
+        ttl,
+        regions,
+        region_names,
+        targets,
+        scopes,
+        choices,
+    )
 }
 
 #[cfg(test)]
@@ -223,9 +232,9 @@ regions:
         let s = p.plan.names().next().unwrap();
         let c = s.choice(region);
         (
-            c.weights().map(|(t, w)| (t.cdn.to_string(), w)).collect(),
+            s.weights(c).map(|(t, w)| (t.cdn.to_string(), w)).collect(),
             c.reason,
-            c.ttl,
+            s.ttl(),
         )
     }
 
@@ -283,37 +292,6 @@ regions:
         assert_eq!(
             weights(&plan(&policy(), &cut(50), &[]), 1).1,
             Reason::Failover
-        );
-    }
-}
-
-#[cfg(test)]
-mod counter_tests {
-    use super::*;
-    use std::path::Path;
-
-    #[test]
-    fn every_target_gets_its_answer_counter() {
-        let text = "hostname: www.example.com\ncdns:\n  a: { cname: a.example.net. }\n  b: { cname: b.example.net. }\nregions:\n  - match: [GB]\n    weights: { a: 1, b: 1 }\n  - match: [\"*\"]\n    weights: { a: 1, b: 1 }\n";
-        let policy = crate::config::parse(Path::new("t.yaml"), text.to_string())
-            .unwrap()
-            .0;
-        let mut planned = plan(&policy, &Removed::new(), &[]);
-        let metrics = crate::metrics::Metrics::new();
-        planned
-            .plan
-            .attach_counters(|n, r, c| metrics.steered_counter(n, r, c));
-        let steered = planned.plan.names().next().unwrap();
-        for region in 0..2 {
-            for (t, _) in steered.choice(region).weights() {
-                let c = t.answered.as_ref().expect("counter attached");
-                c.inc();
-            }
-        }
-        let text = String::from_utf8(metrics.encode().unwrap()).unwrap();
-        assert!(
-            text.contains(r#"steerdns_queries_total{cdn="a",name="www.example.com.",rcode="NOERROR",region="GB"} 1"#),
-            "{text}"
         );
     }
 }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::CNAME;
-use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
 use hickory_server::net::runtime::{Time, TokioTime};
 use hickory_server::net::xfer::Protocol;
@@ -40,7 +40,7 @@ use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Quer
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::plan::{Live, Snapshot};
+use crate::plan::{Live, Pick, Snapshot};
 
 /// The request handler registered with hickory's `Server`. It holds the live snapshot,
 /// which the control plane replaces; each query reads one snapshot from start to end.
@@ -64,13 +64,9 @@ impl Handler {
         &self.metrics
     }
 
-    /// Counts a steered answer: one atomic add when the control plane resolved the
-    /// counter ahead, a label lookup otherwise.
+    /// Counts a steered answer: one atomic add in the plan (the metrics read it there).
     pub fn count_steered(&self, s: &Steer<'_>) {
-        match s.counter {
-            Some(c) => c.inc(),
-            None => self.metrics.steered(s.name, s.region, s.cdn),
-        }
+        s.pick.count();
     }
 
     /// The full path: one DNS message in, the response's bytes out (`None`: no answer).
@@ -187,12 +183,7 @@ impl RequestHandler for Handler {
 
 /// Which steered answer was given, for the metrics.
 pub struct Steer<'s> {
-    /// The steered name as configured.
-    pub name: &'s Name,
-    pub region: &'s str,
-    pub cdn: &'s str,
-    /// Pre-resolved by the control plane, when it keeps metrics.
-    pub counter: Option<&'s prometheus::IntCounter>,
+    pub pick: Pick<'s>,
 }
 
 /// The query pipeline.
@@ -271,7 +262,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     let place = snap.geo.locate(client.ip);
     let decision = steered.decide(client.ip, &place);
     let choice = steered.choose(&decision);
-    let target = choice.pick(&mut rand::rng());
+    let pick = steered.pick(choice, &mut rand::rng());
 
     let scope = if client.wants_tailoring() {
         decision.scope
@@ -285,8 +276,8 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     // The owner is the query name as asked, so its case is preserved (RFC 4343).
     let record = Record::from_rdata(
         query.original().name().clone(),
-        choice.ttl,
-        RData::CNAME(CNAME(target.cname.clone())),
+        steered.ttl(),
+        RData::CNAME(CNAME(steered.target(pick.target).cname.clone())),
     );
     let mut metadata = Metadata::response_from_request(&request.metadata);
     metadata.authoritative = true;
@@ -298,13 +289,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         iter::empty(),
     );
     let info = send(request, message_send(response, message).await);
-    let steer = Steer {
-        name: &steered.name,
-        region: &choice.region,
-        cdn: &target.cdn,
-        counter: target.answered.as_ref(),
-    };
-    (info, Some(steer))
+    (info, Some(Steer { pick }))
 }
 
 async fn error<R: ResponseHandler>(

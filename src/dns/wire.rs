@@ -77,7 +77,7 @@ pub fn answer<'s, R: Rng + ?Sized>(
     let place = snap.geo.locate(client);
     let decision = steered.decide(client, &place);
     let choice = steered.choose(&decision);
-    let target = choice.pick(rng);
+    let pick = steered.pick(choice, rng);
     let scope = if tailored { decision.scope } else { 0 };
 
     let h = query.packet;
@@ -93,9 +93,9 @@ pub fn answer<'s, R: Rng + ?Sized>(
     out.extend_from_slice(&[0xc0, HEADER as u8]);
     out.extend_from_slice(&TYPE_CNAME.to_be_bytes());
     out.extend_from_slice(&CLASS_IN.to_be_bytes());
-    out.extend_from_slice(&choice.ttl.to_be_bytes());
-    out.extend_from_slice(&(target.cname_wire.len() as u16).to_be_bytes());
-    out.extend_from_slice(&target.cname_wire);
+    out.extend_from_slice(&steered.ttl().to_be_bytes());
+    out.extend_from_slice(&(pick.cname_wire.len() as u16).to_be_bytes());
+    out.extend_from_slice(pick.cname_wire);
     let limit = match &query.opt {
         None => 512,
         Some(opt) => {
@@ -116,12 +116,7 @@ pub fn answer<'s, R: Rng + ?Sized>(
         }
     };
     // Long names near the limit: the full path truncates as hickory does.
-    (out.len() <= limit).then_some(Steer {
-        name: &steered.name,
-        region: &choice.region,
-        cdn: &target.cdn,
-        counter: target.answered.as_ref(),
-    })
+    (out.len() <= limit).then_some(Steer { pick })
 }
 
 /// A truncated answer to `packet` for the rate limiter's slip: header (QR, TC; RD and
