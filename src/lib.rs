@@ -30,6 +30,7 @@ pub mod config;
 pub mod control;
 pub mod dns;
 pub mod error;
+pub mod huge;
 pub mod metrics;
 pub mod plan;
 pub mod zones;

@@ -7,13 +7,14 @@
 //! table. Nothing here decides policy: the planner (`control::planner`) did that.
 //!
 //! # Layout
-//! With many steered names the plan does not stay in the CPU's caches, and each
-//! pointer a query follows can be a cache miss. So the data a query reads is packed:
-//! the names sit in one array found through a small open-addressing table; a name's
-//! wire form and its CNAME targets' wire forms share one allocation; a choice is one
-//! cache line holding its weight table, where its CNAMEs are, and its answer counts.
-//! What only `explain`, the API and the metrics read (the name as text, region and CDN
-//! names) sits apart, in `Labels`.
+//! With many steered names the plan does not stay in the CPU's caches or its TLB, and
+//! each pointer a query follows can be a miss. So what a query reads is packed into a
+//! few flat tables shared by every name: a small open-addressing table of the names,
+//! one header per name, every name's wire bytes (its own name, then its CNAMEs), every
+//! name's country table, and every choice, each one cache line holding its weight
+//! table, where its CNAMEs are, and its answer counts. The large tables sit on huge
+//! pages ([`crate::huge`]). What only `explain`, the API and the metrics read (the name
+//! as text, region and CDN names) sits apart, in `Labels`.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +28,7 @@ use rand::{Rng, RngExt};
 
 use crate::config::Match;
 use crate::dns::geo::{GeoDb, Place};
+use crate::huge::Table;
 
 /// Everything a query needs, swapped as one piece so that no query ever sees a plan
 /// from one configuration and zones from another.
@@ -42,38 +44,53 @@ pub type Live = ArcSwap<Snapshot>;
 /// Every steered name, and how to answer it right now.
 #[derive(Debug, Default)]
 pub struct Plan {
-    /// In policy order.
-    names: Box<[Steered]>,
+    /// One header per name, in policy order.
+    names: Table<Header>,
     /// Open addressing over the names' lowercase wire forms (labels with their lengths,
     /// the root's 0), so that the UDP fast path looks a query up by the bytes it
     /// received: `EMPTY`, or `hash tag << 32 | index into names`. At most half full.
     slots: Box<[u64]>,
+    /// Per name: its lowercase wire form, then for each target its CNAME's length in
+    /// wire form (one byte) and the CNAME in wire form.
+    wire: Table<u8>,
+    /// Per name: the first region listing each country (`COUNTRIES` entries).
+    countries: Table<u16>,
+    /// Per name: its CIDR entries with the first region listing each, shortest prefix
+    /// first.
+    nets: Table<(IpNet, u16)>,
+    /// Per name: `2^drain_scopes` choices per region, in policy order: index
+    /// `region << drain_scopes | mask`.
+    choices: Table<Choice>,
+    /// The weight tables of `WIDE` choices.
+    wide: Box<[Box<[WideEntry]>]>,
+    /// Per name, for explain, the API and the metrics.
+    labels: Box<[Labels]>,
 }
 
 const EMPTY: u64 = u64::MAX;
 
-/// One steered name.
+/// Entries of a country table: one per two-letter code.
+const COUNTRIES: usize = 676;
+
+/// What a query reads of a name, besides the flat tables.
 #[derive(Debug)]
-pub struct Steered {
-    /// The name's lowercase wire form, then for each target its CNAME's length in wire
-    /// form (one byte) and the CNAME in wire form.
-    wire: Box<[u8]>,
+struct Header {
+    /// Where the name's bytes start in `Plan::wire`.
+    wire: u32,
     key_len: u8,
+    /// How many location scopes of drains (`Labels::drain_scopes`); each doubles the
+    /// choices.
+    scopes: u8,
     /// TTL of the CNAME answer (the incident TTL while any CDN is off its weight).
     ttl: u32,
-    regions: RegionIndex,
-    /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
-    /// set when it matches `drain_scopes[i]`. Usually empty.
-    drain_scopes: Box<[Box<[Match]>]>,
-    /// `2^drain_scopes.len()` choices per region, in policy order: index
-    /// `region << drain_scopes.len() | mask`.
-    choices: Box<[Choice]>,
-    /// The weight tables of `WIDE` choices.
-    wide: Box<[Box<[WideEntry]>]>,
-    labels: Box<Labels>,
+    /// Where the name's country table starts in `Plan::countries`.
+    countries: u32,
+    /// Where the name's choices start in `Plan::choices`.
+    choices: u32,
+    regions: Regions,
 }
 
-/// What only explain, the API and the metrics read.
+/// What only explain, the API, the metrics and the rare drain scopes read.
 #[derive(Debug)]
 struct Labels {
     /// The name as configured (lowercase, absolute).
@@ -83,6 +100,28 @@ struct Labels {
     /// Region names, in policy order.
     regions: Box<[Arc<str>]>,
     targets: Box<[Target]>,
+    /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
+    /// set when it matches `drain_scopes[i]`. Usually empty.
+    drain_scopes: Box<[Box<[Match]>]>,
+}
+
+/// One steered name of a plan: what the data plane looks up and answers from.
+#[derive(Clone, Copy, Debug)]
+pub struct Steered<'p> {
+    plan: &'p Plan,
+    header: &'p Header,
+    labels: &'p Labels,
+}
+
+/// A steered name as the planner describes it; [`Plan::new`] lays it out.
+pub struct NameSpec {
+    name: Name,
+    ttl: u32,
+    index: RegionIndex,
+    regions: Vec<Arc<str>>,
+    targets: Vec<Target>,
+    drain_scopes: Vec<Box<[Match]>>,
+    choices: Vec<ChoiceSpec>,
 }
 
 /// What a region answers: the CDNs that may serve it now, their weights, and how many
@@ -91,16 +130,17 @@ struct Labels {
 /// One cache line, which a pick reads and counts in without following a pointer, for
 /// up to [`INLINE`] CDNs whose weights sum within `u32`: always, for validated
 /// policies of up to four CDNs (weights are at most 10^6, scaled by at most 100).
-/// Other choices are `WIDE`: their table is in `Steered::wide`.
+/// Other choices are `WIDE`: their table is in `Plan::wide`.
 #[derive(Debug)]
 #[repr(align(64))]
 pub struct Choice {
     /// Answers given with each CDN; the metrics read them at scrape time.
     answered: [AtomicU64; INLINE],
     /// Running sums of the weights; the last is the total (> 0). For a `WIDE` choice,
-    /// `sums[0]` is its index in `Steered::wide`.
+    /// `sums[0]` is its index in `Plan::wide`.
     sums: [u32; INLINE],
-    /// Where each CDN's CNAME is in `Steered::wire` (its length byte).
+    /// Where each CDN's CNAME is among the name's bytes in `Plan::wire` (its length
+    /// byte).
     start: [u16; INLINE],
     /// Each CDN's index in the name's targets.
     target: [u8; INLINE],
@@ -126,6 +166,13 @@ struct WideEntry {
     answered: AtomicU64,
     target: usize,
     start: usize,
+}
+
+/// A choice as the planner describes it.
+pub struct ChoiceSpec {
+    reason: Reason,
+    /// (index into the targets, running sum of the weights); zero weights left out.
+    weighted: Vec<(usize, u64)>,
 }
 
 /// Why a region answers with the weights it has.
@@ -178,7 +225,7 @@ pub struct Decision {
     /// Prefix length over which every address gets this same region; 0 when the answer
     /// does not depend on the client at all.
     pub scope: u8,
-    /// Which location-scoped drains the client falls in (bit per `drain_scopes` entry).
+    /// Which location-scoped drains the client falls in (bit per drain scope).
     pub mask: usize,
 }
 
@@ -186,10 +233,20 @@ pub struct Decision {
 /// The first matching region overall is the smallest index among the keys that match.
 #[derive(Debug)]
 pub struct RegionIndex {
-    by_country: Box<[u16; 676]>,
-    by_continent: [u16; 7],
+    by_country: Box<[u16; COUNTRIES]>,
     /// CIDR entries with the first region listing each, shortest prefix first.
-    nets: Box<[(IpNet, u16)]>,
+    nets: Vec<(IpNet, u16)>,
+    rest: Regions,
+}
+
+/// A region index but for its country table and CIDR entries, which the plan keeps in
+/// flat tables.
+#[derive(Debug)]
+struct Regions {
+    by_continent: [u16; 7],
+    /// Where the CIDR entries start in `Plan::nets`, and how many there are.
+    nets: u32,
+    nets_len: u32,
     /// The region with `"*"`.
     default: u16,
     /// False when every client gets the same region (ECS scope 0).
@@ -201,28 +258,113 @@ const NONE: u16 = u16::MAX;
 // === impl Plan ===
 
 impl Plan {
-    /// A name whose wire form does not fit 255 bytes is left out (validation refuses
-    /// such names before).
-    pub fn new(names: Vec<Steered>) -> Plan {
-        let names: Box<[Steered]> = names.into_iter().filter(|s| s.key_len > 0).collect();
-        let size = (names.len() * 2).next_power_of_two().max(8);
+    /// Lays the names out. A name whose wire form does not fit 255 bytes is left out
+    /// (validation refuses such names before).
+    pub fn new(specs: Vec<NameSpec>) -> Plan {
+        let mut buf = [0u8; 255];
+        let specs: Vec<NameSpec> = specs
+            .into_iter()
+            .filter(|s| wire_name(&s.name, &mut buf).is_some())
+            .collect();
+        let mut wire_len = 0;
+        for s in &specs {
+            let cnames = s.targets.iter().map(|t| &t.cname);
+            for name in std::iter::once(&s.name).chain(cnames) {
+                wire_len += 1 + wire_name(name, &mut buf).map_or(1, <[u8]>::len);
+            }
+        }
+        let choices_len: usize = specs.iter().map(|s| s.choices.len()).sum();
+        let nets_len = specs.iter().map(|s| s.index.nets.len()).sum();
+        let mut plan = Plan {
+            names: Table::with_capacity(specs.len()),
+            nets: Table::with_capacity(nets_len),
+            slots: Box::default(),
+            wire: Table::with_capacity(wire_len),
+            countries: Table::with_capacity(specs.len() * COUNTRIES),
+            choices: Table::with_capacity(choices_len),
+            wide: Box::default(),
+            labels: Box::default(),
+        };
+        let mut labels = Vec::with_capacity(specs.len());
+        let mut wide = Vec::new();
+        for spec in specs {
+            let (header, label) = plan.lay_out(spec, &mut wide);
+            plan.names.push(header);
+            labels.push(label);
+        }
+        plan.labels = labels.into_boxed_slice();
+        plan.wide = wide.into_boxed_slice();
+        let size = (plan.names.len() * 2).next_power_of_two().max(8);
         let mut slots = vec![EMPTY; size].into_boxed_slice();
-        for (i, s) in names.iter().enumerate() {
-            let h = hash(s.key());
+        for i in 0..plan.names.len() {
+            let h = hash(plan.steered(i).key());
             let mut at = h as usize & (size - 1);
             while slots[at] != EMPTY {
                 at = (at + 1) & (size - 1);
             }
             slots[at] = (h >> 32) << 32 | i as u64;
         }
-        Plan { names, slots }
+        plan.slots = slots;
+        plan
+    }
+
+    /// Appends one name's bytes, country table and choices to the flat tables.
+    fn lay_out(&mut self, spec: NameSpec, wide: &mut Vec<Box<[WideEntry]>>) -> (Header, Labels) {
+        let at = self.wire.len();
+        let mut buf = [0u8; 255];
+        let key = wire_name(&spec.name, &mut buf).unwrap_or(&[0]);
+        let key_len = key.len() as u8;
+        self.wire.extend_from_slice(key);
+        let mut starts = Vec::with_capacity(spec.targets.len());
+        for t in &spec.targets {
+            starts.push(self.wire.len() - at);
+            // Configured names are checked to fit when the policy is loaded; the root
+            // stands in for one that does not.
+            let cname = wire_name(&t.cname, &mut buf).unwrap_or(&[0]);
+            self.wire.push(cname.len() as u8);
+            self.wire.extend_from_slice(cname);
+        }
+        let header = Header {
+            wire: at as u32,
+            key_len,
+            scopes: spec.drain_scopes.len() as u8,
+            ttl: spec.ttl,
+            countries: self.countries.len() as u32,
+            choices: self.choices.len() as u32,
+            regions: Regions {
+                nets: self.nets.len() as u32,
+                nets_len: spec.index.nets.len() as u32,
+                ..spec.index.rest
+            },
+        };
+        self.countries.extend_from_slice(&spec.index.by_country[..]);
+        self.nets.extend_from_slice(&spec.index.nets);
+        for c in &spec.choices {
+            self.choices.push(Choice::lay_out(c, &starts, wide));
+        }
+        let labels = Labels {
+            text: Arc::from(spec.name.to_string()),
+            name: spec.name,
+            regions: spec.regions.into_boxed_slice(),
+            targets: spec.targets.into_boxed_slice(),
+            drain_scopes: spec.drain_scopes.into_boxed_slice(),
+        };
+        (header, labels)
+    }
+
+    fn steered(&self, i: usize) -> Steered<'_> {
+        Steered {
+            plan: self,
+            header: &self.names[i],
+            labels: &self.labels[i],
+        }
     }
 
     /// The steered name, if `name` is one (in any case).
     ///
     /// # Hot path
     /// The name's wire form on the stack, then a table lookup; no allocation.
-    pub fn get(&self, name: &Name) -> Option<&Steered> {
+    pub fn get(&self, name: &Name) -> Option<Steered<'_>> {
         let mut buf = [0u8; 255];
         self.get_wire(wire_name(name, &mut buf)?)
     }
@@ -234,7 +376,7 @@ impl Plan {
     /// slots carry a 32-bit tag, so that a name is compared only on a tag match. The
     /// hash is not keyed: the table holds only configured names, so a client choosing
     /// its query name chooses where a probe starts, never how long the runs are.
-    pub fn get_wire(&self, wire: &[u8]) -> Option<&Steered> {
+    pub fn get_wire(&self, wire: &[u8]) -> Option<Steered<'_>> {
         let h = hash(wire);
         let mask = self.slots.len().checked_sub(1)?;
         let mut at = h as usize & mask;
@@ -244,7 +386,7 @@ impl Plan {
                 return None;
             }
             if slot >> 32 == h >> 32 {
-                let s = &self.names[slot as u32 as usize];
+                let s = self.steered(slot as u32 as usize);
                 if s.key() == wire {
                     return Some(s);
                 }
@@ -254,8 +396,8 @@ impl Plan {
     }
 
     /// In policy order.
-    pub fn names(&self) -> impl Iterator<Item = &Steered> {
-        self.names.iter()
+    pub fn names(&self) -> impl Iterator<Item = Steered<'_>> {
+        (0..self.names.len()).map(|i| self.steered(i))
     }
 }
 
@@ -293,12 +435,12 @@ pub fn wire_name<'b>(name: &Name, buf: &'b mut [u8; 255]) -> Option<&'b [u8]> {
     Some(&buf[..=len])
 }
 
-// === impl Steered ===
+// === impl NameSpec ===
 
-impl Steered {
+impl NameSpec {
     /// `regions` names the regions in policy order; `choices` holds
-    /// `2^drain_scopes.len()` entries per region (see the field docs), each built from
-    /// indexes into `targets`.
+    /// `2^drain_scopes.len()` entries per region (index `region << drain_scopes.len()
+    /// | mask`), each built from indexes into `targets`.
     pub fn new(
         name: Name,
         ttl: u32,
@@ -307,57 +449,36 @@ impl Steered {
         targets: Vec<Target>,
         drain_scopes: Vec<Box<[Match]>>,
         choices: Vec<ChoiceSpec>,
-    ) -> Steered {
-        let mut buf = [0u8; 255];
-        let mut wire = Vec::new();
-        if let Some(key) = wire_name(&name, &mut buf) {
-            wire.extend_from_slice(key);
-        }
-        let key_len = wire.len() as u8;
-        let mut starts = Vec::with_capacity(targets.len());
-        for t in &targets {
-            starts.push(wire.len());
-            // Configured names are checked to fit when the policy is loaded; the root
-            // stands in for one that does not.
-            let cname = wire_name(&t.cname, &mut buf).unwrap_or(&[0]);
-            wire.push(cname.len() as u8);
-            wire.extend_from_slice(cname);
-        }
-        let mut wide = Vec::new();
-        let choices = choices
-            .iter()
-            .map(|c| Choice::lay_out(c, &starts, &mut wide))
-            .collect();
-        Steered {
-            wire: wire.into_boxed_slice(),
-            key_len,
+    ) -> NameSpec {
+        NameSpec {
+            name,
             ttl,
-            regions: index,
-            drain_scopes: drain_scopes.into_boxed_slice(),
+            index,
+            regions,
+            targets,
+            drain_scopes,
             choices,
-            wide: wide.into_boxed_slice(),
-            labels: Box::new(Labels {
-                text: Arc::from(name.to_string()),
-                name,
-                regions: regions.into_boxed_slice(),
-                targets: targets.into_boxed_slice(),
-            }),
         }
     }
+}
 
+// === impl Steered ===
+
+impl<'p> Steered<'p> {
     /// The name as configured (lowercase, absolute).
-    pub fn name(&self) -> &Name {
+    pub fn name(self) -> &'p Name {
         &self.labels.name
     }
 
     /// TTL of the CNAME answer.
-    pub fn ttl(&self) -> u32 {
-        self.ttl
+    pub fn ttl(self) -> u32 {
+        self.header.ttl
     }
 
     /// The name's lowercase wire form.
-    fn key(&self) -> &[u8] {
-        &self.wire[..usize::from(self.key_len)]
+    fn key(self) -> &'p [u8] {
+        let at = self.header.wire as usize;
+        &self.plan.wire[at..at + usize::from(self.header.key_len)]
     }
 
     /// Finds the client's region, the drains it falls in, and the ECS scope of that
@@ -366,15 +487,20 @@ impl Steered {
     /// # Hot path
     /// Table lookups and, only for policies with CIDR entries or location-scoped
     /// drains, a short scan.
-    pub fn decide(&self, ip: IpAddr, place: &Place) -> Decision {
-        let mut d = self.regions.decide(ip, place);
-        if self.drain_scopes.is_empty() {
+    pub fn decide(self, ip: IpAddr, place: &Place) -> Decision {
+        let at = self.header.countries as usize;
+        let by_country = &self.plan.countries[at..at + COUNTRIES];
+        let regions = &self.header.regions;
+        let at = regions.nets as usize;
+        let nets = &self.plan.nets[at..at + regions.nets_len as usize];
+        let mut d = regions.decide(by_country, nets, ip, place);
+        if self.header.scopes == 0 {
             return d;
         }
         if d.scope == 0 {
             d.scope = place.prefix_len.min(if ip.is_ipv4() { 32 } else { 128 });
         }
-        for (i, scope) in self.drain_scopes.iter().enumerate() {
+        for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
             for m in scope.iter() {
                 let hit = match *m {
                     Match::Any => true,
@@ -396,13 +522,15 @@ impl Steered {
     }
 
     /// The choice for a decision.
-    pub fn choose(&self, d: &Decision) -> &Choice {
-        &self.choices[(d.region << self.drain_scopes.len()) | d.mask]
+    pub fn choose(self, d: &Decision) -> &'p Choice {
+        let i = (d.region << self.header.scopes) | d.mask;
+        &self.plan.choices[self.header.choices as usize + i]
     }
 
     /// The choice of a region for clients outside every location-scoped drain.
-    pub fn choice(&self, region: usize) -> &Choice {
-        &self.choices[region << self.drain_scopes.len()]
+    pub fn choice(self, region: usize) -> &'p Choice {
+        let i = region << self.header.scopes;
+        &self.plan.choices[self.header.choices as usize + i]
     }
 
     /// One weighted-random CDN of `choice` (one of this name's).
@@ -410,7 +538,7 @@ impl Steered {
     /// # Hot path
     /// One random draw and a binary search in the choice's own cache line; no
     /// allocation.
-    pub fn pick<'p, R: Rng + ?Sized>(&'p self, choice: &'p Choice, rng: &mut R) -> Pick<'p> {
+    pub fn pick<R: Rng + ?Sized>(self, choice: &'p Choice, rng: &mut R) -> Pick<'p> {
         let (target, start, answered) = if choice.n != WIDE {
             let sums = &choice.sums[..usize::from(choice.n)];
             let x = rng.random_range(0..sums[sums.len() - 1]);
@@ -418,24 +546,25 @@ impl Steered {
             let start = usize::from(choice.start[i]);
             (usize::from(choice.target[i]), start, &choice.answered[i])
         } else {
-            let entries = &self.wide[choice.sums[0] as usize];
+            let entries = &self.plan.wide[choice.sums[0] as usize];
             let x = rng.random_range(0..entries[entries.len() - 1].sum);
             let e = &entries[entries.partition_point(|e| e.sum <= x)];
             (e.target, e.start, &e.answered)
         };
-        let len = usize::from(self.wire[start]);
+        let at = self.header.wire as usize + start;
+        let len = usize::from(self.plan.wire[at]);
         Pick {
             choice,
             target,
-            cname_wire: &self.wire[start + 1..start + 1 + len],
+            cname_wire: &self.plan.wire[at + 1..at + 1 + len],
             answered,
         }
     }
 
     /// (target index, running sum, answers) of each CDN of a choice.
-    fn entries<'p>(&'p self, choice: &'p Choice) -> Vec<(usize, u64, &'p AtomicU64)> {
+    fn entries(self, choice: &'p Choice) -> Vec<(usize, u64, &'p AtomicU64)> {
         if choice.n == WIDE {
-            return self.wide[choice.sums[0] as usize]
+            return self.plan.wide[choice.sums[0] as usize]
                 .iter()
                 .map(|e| (e.target, e.sum, &e.answered))
                 .collect();
@@ -450,7 +579,7 @@ impl Steered {
 
     /// (target, weight) pairs of a choice, for explain and tests; zero weights are
     /// left out.
-    pub fn weights<'p>(&'p self, choice: &'p Choice) -> impl Iterator<Item = (&'p Target, u64)> {
+    pub fn weights(self, choice: &'p Choice) -> impl Iterator<Item = (&'p Target, u64)> {
         let mut prev = 0;
         self.entries(choice).into_iter().map(move |(t, sum, _)| {
             let w = sum - prev;
@@ -461,9 +590,12 @@ impl Steered {
 
     /// (region name, CDN name, answers) for every CDN of every choice, for the
     /// metrics. A region with location-scoped drains lists each CDN once per choice.
-    pub fn answered(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<str>, u64)> {
-        let shift = self.drain_scopes.len();
-        self.choices.iter().enumerate().flat_map(move |(i, c)| {
+    pub fn answered(self) -> impl Iterator<Item = (&'p Arc<str>, &'p Arc<str>, u64)> {
+        let shift = self.header.scopes;
+        let regions = self.labels.regions.len() << shift;
+        let at = self.header.choices as usize;
+        let choices = &self.plan.choices[at..at + regions];
+        choices.iter().enumerate().flat_map(move |(i, c)| {
             let region = &self.labels.regions[i >> shift];
             self.entries(c).into_iter().map(move |(t, _, n)| {
                 let cdn = &self.labels.targets[t].cdn;
@@ -473,32 +605,27 @@ impl Steered {
     }
 
     /// The name as text, for metric labels.
-    pub fn text(&self) -> &Arc<str> {
+    pub fn text(self) -> &'p Arc<str> {
         &self.labels.text
     }
 
     /// The name of region `i`.
-    pub fn region_name(&self, i: usize) -> &str {
+    pub fn region_name(self, i: usize) -> &'p str {
         self.labels.regions.get(i).map_or("", |r| r)
     }
 
     /// Target `i` (as in [`Pick::target`]).
-    pub fn target(&self, i: usize) -> &Target {
+    pub fn target(self, i: usize) -> &'p Target {
         &self.labels.targets[i]
     }
 
     /// Location scopes of active drains.
-    pub fn drain_scopes(&self) -> &[Box<[Match]>] {
-        &self.drain_scopes
+    pub fn drain_scopes(self) -> &'p [Box<[Match]>] {
+        &self.labels.drain_scopes
     }
 }
 
-/// A choice as the planner builds it: `Steered::new` lays it out.
-pub struct ChoiceSpec {
-    reason: Reason,
-    /// (index into the targets, running sum of the weights); zero weights left out.
-    weighted: Vec<(usize, u64)>,
-}
+// === impl ChoiceSpec ===
 
 impl ChoiceSpec {
     /// `weighted` lists (index into the name's targets, weight). `None` if every
@@ -524,7 +651,7 @@ impl ChoiceSpec {
 
 impl Choice {
     /// Inline when it fits, else `WIDE` with its table pushed onto `wide`. `starts`:
-    /// where each target's CNAME is in the name's wire bytes.
+    /// where each target's CNAME is among the name's bytes.
     fn lay_out(spec: &ChoiceSpec, starts: &[usize], wide: &mut Vec<Box<[WideEntry]>>) -> Choice {
         let mut c = Choice {
             answered: Default::default(),
@@ -583,10 +710,11 @@ impl Target {
 impl RegionIndex {
     /// Builds the tables from each region's entries, in policy order.
     pub fn new<'a>(regions: impl IntoIterator<Item = &'a [Match]>) -> RegionIndex {
-        let mut idx = RegionIndex {
-            by_country: Box::new([NONE; 676]),
+        let mut by_country = Box::new([NONE; COUNTRIES]);
+        let mut rest = Regions {
             by_continent: [NONE; 7],
-            nets: Box::new([]),
+            nets: 0,
+            nets_len: 0,
             default: NONE,
             location_dependent: false,
         };
@@ -597,9 +725,9 @@ impl RegionIndex {
             let i = i as u16;
             for m in matches {
                 match *m {
-                    Match::Any => first(&mut idx.default, i),
-                    Match::Country(c) => first(&mut idx.by_country[c.index()], i),
-                    Match::Continent(c) => first(&mut idx.by_continent[c.index()], i),
+                    Match::Any => first(&mut rest.default, i),
+                    Match::Country(c) => first(&mut by_country[c.index()], i),
+                    Match::Continent(c) => first(&mut rest.by_continent[c.index()], i),
                     Match::Net(n) => {
                         if !nets.iter().any(|(o, _)| *o == n) {
                             nets.push((n, i));
@@ -609,16 +737,35 @@ impl RegionIndex {
             }
         }
         nets.sort_by_key(|(n, _)| n.prefix_len());
-        idx.nets = nets.into_boxed_slice();
-        if idx.default == NONE {
+        if rest.default == NONE {
             // Validation requires a default; stay total anyway.
-            idx.default = count.saturating_sub(1) as u16;
+            rest.default = count.saturating_sub(1) as u16;
         }
-        idx.location_dependent = count > 1 && idx.default != 0;
-        idx
+        rest.location_dependent = count > 1 && rest.default != 0;
+        RegionIndex {
+            by_country,
+            nets,
+            rest,
+        }
     }
 
+    #[cfg(test)]
     fn decide(&self, ip: IpAddr, place: &Place) -> Decision {
+        self.rest
+            .decide(&self.by_country[..], &self.nets, ip, place)
+    }
+}
+
+// === impl Regions ===
+
+impl Regions {
+    fn decide(
+        &self,
+        by_country: &[u16],
+        nets: &[(IpNet, u16)],
+        ip: IpAddr,
+        place: &Place,
+    ) -> Decision {
         if !self.location_dependent {
             return Decision {
                 region: self.default as usize,
@@ -628,14 +775,14 @@ impl RegionIndex {
         }
         let mut region = self.default;
         if let Some(c) = place.country {
-            region = region.min(self.by_country[c.index()]);
+            region = region.min(by_country[c.index()]);
         }
         if let Some(c) = place.continent {
             region = region.min(self.by_continent[c.index()]);
         }
         let max = if ip.is_ipv4() { 32 } else { 128 };
         let mut scope = place.prefix_len.min(max);
-        for &(net, r) in self.nets.iter() {
+        for &(net, r) in nets {
             if net.contains(&ip) {
                 region = region.min(r);
             }
@@ -761,7 +908,7 @@ mod tests {
 
     /// A name with CDNs `cdns` (CNAME `<cdn>.example.net.`) and one region per entry of
     /// `regions`, each listing (CDN index, weight).
-    fn steered(name: &str, cdns: &[&str], regions: &[Vec<(usize, u64)>]) -> Steered {
+    fn spec(name: &str, cdns: &[&str], regions: &[Vec<(usize, u64)>]) -> NameSpec {
         let targets = cdns
             .iter()
             .map(|c| {
@@ -775,7 +922,7 @@ mod tests {
             .iter()
             .map(|w| ChoiceSpec::new(Reason::Normal, w.clone()).unwrap())
             .collect();
-        Steered::new(
+        NameSpec::new(
             Name::from_ascii(name).unwrap(),
             30,
             idx(&[vec![m("*")]]),
@@ -786,13 +933,19 @@ mod tests {
         )
     }
 
+    /// A plan of that one name.
+    fn one(name: &str, cdns: &[&str], regions: &[Vec<(usize, u64)>]) -> Plan {
+        Plan::new(vec![spec(name, cdns, regions)])
+    }
+
     #[test]
     fn pick_follows_weights_and_counts_where_it_picked() {
-        let s = steered(
+        let plan = one(
             "www.example.com.",
             &["a", "b", "c"],
             &[vec![(0, 70), (1, 0), (2, 30)]],
         );
+        let s = plan.names().next().unwrap();
         let c = s.choice(0);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
         let mut a = 0;
@@ -835,11 +988,12 @@ mod tests {
             let cdns: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
             let cdns: Vec<&str> = cdns.iter().map(|c| c.as_str()).collect();
             // Weights 1, 2, ..., n: the last target is picked with probability n / total.
-            let s = steered(
+            let plan = one(
                 "n.example.",
                 &cdns,
                 &[(0..n).map(|i| (i, i as u64 + 1)).collect()],
             );
+            let s = plan.names().next().unwrap();
             let c = s.choice(0);
             assert_eq!(c.n != WIDE, n <= INLINE);
             assert_eq!(
@@ -862,11 +1016,12 @@ mod tests {
     #[test]
     fn weights_beyond_u32_are_kept_wide_and_pick_alike() {
         let big = u64::from(u32::MAX);
-        let s = steered(
+        let plan = one(
             "n.example.",
             &["a", "b"],
             &[vec![(0, big), (1, big)], vec![(0, 1), (1, 1)]],
         );
+        let s = plan.names().next().unwrap();
         assert_eq!(s.choice(0).n, WIDE);
         assert_eq!(s.choice(1).n, 2);
         for region in 0..2 {
@@ -895,10 +1050,13 @@ mod tests {
         let plan = Plan::new(
             names
                 .iter()
-                .map(|n| steered(n, &["a"], &[vec![(0, 1)]]))
+                .map(|n| spec(n, &["a"], &[vec![(0, 1)]]))
                 .collect(),
         );
         assert_eq!(plan.names().count(), 300);
+        // 300 country tables are large enough for huge pages; 300 choices are not.
+        assert!(plan.countries.is_huge());
+        assert!(!plan.choices.is_huge());
         for (i, n) in names.iter().enumerate() {
             let upper = Name::from_ascii(n.to_uppercase()).unwrap();
             let s = plan.get(&upper).unwrap_or_else(|| panic!("{n} not found"));

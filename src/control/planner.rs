@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
-use crate::plan::{ChoiceSpec, Plan, Reason, RegionIndex, Steered, Target};
+use crate::plan::{ChoiceSpec, NameSpec, Plan, Reason, RegionIndex, Target};
 
 /// Percent of weight removed by failover, by (steered name, CDN name); absent = 0.
 pub type Removed = BTreeMap<(String, String), u8>;
@@ -65,7 +65,7 @@ fn steered(
     removed: &Removed,
     drains: &[DrainCut],
     fail_open: &mut Vec<(String, String)>,
-) -> Steered {
+) -> NameSpec {
     let n_cdn = host.cdns.len();
     let name = host.name.to_string();
     let idx = |cdn: &str| host.cdns.iter().position(|c| c.name == cdn);
@@ -186,7 +186,7 @@ fn steered(
         .iter()
         .map(|r| Arc::from(r.name.as_str()))
         .collect();
-    Steered::new(
+    NameSpec::new(
         host.name.clone(),
         ttl,
         regions,
