@@ -11,7 +11,7 @@
 //! | `cdn_up` | cdn | 1 up, 0 down (quorum + hysteresis) |
 //! | `health_transitions_total` | cdn, to | `to="down"`: quorum reached, CDN demoted |
 //! | `failover_removed_percent` | name, cdn | share removed by failover steps |
-//! | `effective_weight` | name, region, cdn | percent of the region's answers, 0..100 |
+//! | `effective_weight` | name, region, cdn | percent of the region's answers, 0..100 (²) |
 //! | `fail_open` | name, region | 1 while the region fails open |
 //! | `fail_open_events_total` | name, region | times the region started failing open |
 //! | `vantage_unhappy` | vantage | 1 while a vantage point is unhappy (not a demotion) |
@@ -27,6 +27,10 @@
 //! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
 //! runs, and is neither counted nor timed.
 //!
+//! (²) Read from the plan being served when `/metrics` is scraped, as are the steered
+//! `queries_total` series: the data plane keeps no prometheus child per (name, region,
+//! CDN), which at 1,000 names × 20 regions × 3 CDNs would be 120,000 of them.
+//!
 //! Every label set is bounded by the configuration (names × regions × CDNs, vantage
 //! points, a fixed set of rcodes and reason classes); a client address is never a label,
 //! and a peer is labelled by its configured URL, never by what it answers.
@@ -37,8 +41,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::plan::{Plan, Snapshot};
@@ -75,7 +79,6 @@ struct Inner {
     cdn_up: IntGaugeVec,
     transitions: IntCounterVec,
     removed: IntGaugeVec,
-    effective_weight: GaugeVec,
     fail_open: IntGaugeVec,
     fail_open_events: IntCounterVec,
     vantage_unhappy: IntGaugeVec,
@@ -195,11 +198,6 @@ impl Metrics {
                     "failover_removed_percent",
                     "Percent of the CDN's configured weight removed by failover steps.",
                     &["name", "cdn"],
-                ),
-                effective_weight: reg.float_gauges(
-                    "effective_weight",
-                    "Share of the region's answers going to the CDN now, in percent (0..100).",
-                    &["name", "region", "cdn"],
                 ),
                 fail_open: reg.gauges(
                     "fail_open",
@@ -402,20 +400,6 @@ impl Metrics {
             .set(i64::from(percent));
     }
 
-    /// The share of the region's answers that `cdn` gets in the published plan.
-    pub fn effective_weight(&self, name: &str, region: &str, cdn: &str, percent: f64) {
-        self.inner
-            .effective_weight
-            .with_label_values(&[name, region, cdn])
-            .set(percent);
-    }
-
-    /// Forgets every effective weight (before publishing those of a new plan, so that
-    /// names, regions and CDNs removed by a reload do not linger).
-    pub fn clear_effective_weights(&self) {
-        self.inner.effective_weight.reset();
-    }
-
     /// Whether the region fails open. Idempotent: a change from off (or never set) to
     /// on counts one event, however often the same state is reported.
     pub fn fail_open(&self, name: &str, region: &str, on: bool) {
@@ -489,12 +473,14 @@ impl Metrics {
     /// Every family in the Prometheus text format.
     pub fn encode(&self) -> Result<Vec<u8>, String> {
         let mut families = self.inner.registry.gather();
-        let steered = self
-            .inner
-            .tally
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .counts();
+        let (steered, serving) = {
+            let mut tally = self.inner.tally.lock().unwrap_or_else(|e| e.into_inner());
+            (tally.counts(), tally.held.last().cloned())
+        };
+        if let Some(snapshot) = serving {
+            families.push(effective_weights(&snapshot.plan));
+            families.sort_by(|a, b| a.name().cmp(b.name()));
+        }
         if let Some(f) = families
             .iter_mut()
             .find(|f| f.name() == "steerdns_queries_total")
@@ -502,12 +488,6 @@ impl Metrics {
             let mut series: Vec<_> = steered.into_iter().collect();
             series.sort_unstable();
             for ((name, region, cdn), n) in series {
-                let label = |k: &str, v: &str| {
-                    let mut l = prometheus::proto::LabelPair::default();
-                    l.set_name(k.into());
-                    l.set_value(v.into());
-                    l
-                };
                 let mut m = prometheus::proto::Metric::from_label(vec![
                     label("cdn", &cdn),
                     label("name", &name),
@@ -526,6 +506,46 @@ impl Metrics {
             .map_err(|e| format!("cannot encode metrics: {e}"))?;
         Ok(buf)
     }
+}
+
+/// `effective_weight{name, region, cdn}`: each CDN's share of a region's answers in
+/// `plan`, for clients outside location-scoped drains.
+fn effective_weights(plan: &Plan) -> prometheus::proto::MetricFamily {
+    let mut family = prometheus::proto::MetricFamily::default();
+    family.set_name("steerdns_effective_weight".into());
+    family.set_help(
+        "Share of the region's answers going to the CDN now, in percent (0..100).".into(),
+    );
+    family.set_field_type(prometheus::proto::MetricType::GAUGE);
+    for steered in plan.names() {
+        for r in 0..steered.regions() {
+            let choice = steered.choice(r);
+            let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
+            for target in steered.targets() {
+                let w = steered
+                    .weights(choice)
+                    .find(|(t, _)| t.cdn == target.cdn)
+                    .map_or(0, |(_, w)| w);
+                let mut g = prometheus::proto::Gauge::default();
+                g.set_value(w as f64 * 100.0 / total.max(1) as f64);
+                let mut m = prometheus::proto::Metric::from_label(vec![
+                    label("cdn", &target.cdn),
+                    label("name", steered.text()),
+                    label("region", steered.region_name(r)),
+                ]);
+                m.set_gauge(g);
+                family.mut_metric().push(m);
+            }
+        }
+    }
+    family
+}
+
+fn label(name: &str, value: &str) -> prometheus::proto::LabelPair {
+    let mut l = prometheus::proto::LabelPair::default();
+    l.set_name(name.into());
+    l.set_value(value.into());
+    l
 }
 
 /// (name, region, CDN) of a steered answer.
@@ -639,14 +659,6 @@ impl Reg<'_> {
             .expect("registered once");
         v
     }
-
-    fn float_gauges(&self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-        let v = GaugeVec::new(Opts::new(name, help), labels).expect("static gauge");
-        self.0
-            .register(Box::new(v.clone()))
-            .expect("registered once");
-        v
-    }
 }
 
 #[cfg(test)]
@@ -701,7 +713,8 @@ mod tests {
         m.cdn_probed("fastly");
         m.transition("fastly", true);
         m.removed("www.example.com.", "fastly", 50);
-        m.effective_weight("www.example.com.", "eu", "cloudflare", 100.0);
+        let snapshot = Arc::new(demo());
+        m.adopt(&snapshot);
         m.fail_open("www.example.com.", "eu", true);
         m.vantage_unhappy("ns2", true);
         m.reload(false);
@@ -746,7 +759,6 @@ mod tests {
             r#"steerdns_health_transitions_total{cdn="fastly",to="down"} 1"#,
             r#"steerdns_health_transitions_total{cdn="fastly",to="up"} 0"#,
             r#"steerdns_failover_removed_percent{cdn="fastly",name="www.example.com."} 50"#,
-            r#"steerdns_effective_weight{cdn="cloudflare",name="www.example.com.",region="eu"} 100"#,
             r#"steerdns_fail_open{name="www.example.com.",region="eu"} 1"#,
             r#"steerdns_fail_open_events_total{name="www.example.com.",region="eu"} 1"#,
             r#"steerdns_vantage_unhappy{vantage="ns2"} 1"#,
@@ -879,15 +891,57 @@ mod tests {
         assert_eq!(m.inner.fail_open.with_label_values(&["n.", "eu"]).get(), 1);
     }
 
+    /// (region, CDN, percent) of every `effective_weight` series of www.example.com.
+    fn shares(m: &Metrics) -> Vec<(String, String, f64)> {
+        let prefix = "steerdns_effective_weight{cdn=\"";
+        text(m)
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(|l| {
+                let (cdn, rest) = l.split_once('"').unwrap();
+                let (_, rest) = rest.split_once("region=\"").unwrap();
+                let (region, value) = rest.split_once("\"} ").unwrap();
+                (region.to_string(), cdn.to_string(), value.parse().unwrap())
+            })
+            .collect()
+    }
+
     #[test]
-    fn clear_effective_weights_forgets_old_series() {
+    fn effective_weights_are_those_of_the_plan_being_served() {
         let m = Metrics::new();
-        m.effective_weight("n.", "gone", "a", 40.0);
-        m.clear_effective_weights();
-        m.effective_weight("n.", "eu", "a", 60.0);
-        let t = text(&m);
-        assert!(!t.contains(r#"region="gone""#), "{t}");
-        assert!(t.contains(r#"steerdns_effective_weight{cdn="a",name="n.",region="eu"} 60"#));
+        assert!(shares(&m).is_empty(), "no plan served yet");
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let loaded = crate::app::load(&crate::app::Inputs {
+            config: repo.join("steering.yaml"),
+            zones: repo.join("zones"),
+            geo: repo.join("geo/country.mmdb"),
+            probes: repo.join("tests/fixtures/no-probes"),
+        })
+        .unwrap();
+        let normal = Arc::new(loaded.snapshot());
+        m.adopt(&normal);
+        let before = shares(&m);
+        let regions = normal.plan.names().next().unwrap().regions();
+        // Every region, every CDN (two in the demo), adding up to 100 per region.
+        assert_eq!(before.len(), regions * 2, "{before:?}");
+        for (region, _, _) in &before {
+            let total: f64 = before.iter().filter(|s| s.0 == *region).map(|s| s.2).sum();
+            assert!((total - 100.0).abs() < 1e-9, "{region}: {total}");
+        }
+        assert!(
+            before.iter().any(|s| s.1 == "fastly" && s.2 == 90.0),
+            "{before:?}"
+        );
+
+        // fastly removed by failover: the newest plan is what the gauges show.
+        let removed = [(("www.example.com.".into(), "fastly".into()), 100)].into();
+        let failed = Arc::new(loaded.snapshot_with(&removed, &[]).0);
+        m.adopt(&failed);
+        for (region, cdn, share) in shares(&m) {
+            let want = if cdn == "fastly" { 0.0 } else { 100.0 };
+            assert_eq!(share, want, "{region} / {cdn}");
+        }
+        drop((normal, failed));
     }
 
     #[test]

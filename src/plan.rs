@@ -614,6 +614,16 @@ impl<'p> Steered<'p> {
         self.labels.regions.get(i).map_or("", |r| r)
     }
 
+    /// How many regions the name has.
+    pub fn regions(self) -> usize {
+        self.labels.regions.len()
+    }
+
+    /// Every CDN the name can be answered with, in policy order.
+    pub fn targets(self) -> &'p [Target] {
+        &self.labels.targets
+    }
+
     /// Target `i` (as in [`Pick::target`]).
     pub fn target(self, i: usize) -> &'p Target {
         &self.labels.targets[i]

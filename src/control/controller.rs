@@ -190,8 +190,7 @@ impl Controller {
         mut commands: mpsc::Receiver<Command>,
         stop: CancellationToken,
     ) {
-        let first = live.load_full();
-        self.export(&first);
+        self.export();
         self.live = Some(live);
         let (tx, mut rounds) = mpsc::channel(256);
         let mut probing = self.start_probing(&tx, &stop);
@@ -581,7 +580,7 @@ impl Controller {
     /// an operator (or a test) sees there has been persisted.
     fn publish(&mut self) {
         let snapshot = self.plan();
-        self.export(&snapshot);
+        self.export();
         if let Some(live) = &self.live {
             let snapshot = Arc::new(snapshot);
             if let Some(m) = self.local.metrics() {
@@ -593,9 +592,9 @@ impl Controller {
         self.update_doc();
     }
 
-    /// Sets the gauges that describe the plan: health, removed percentages, effective
-    /// shares, drains.
-    fn export(&mut self, snapshot: &Snapshot) {
+    /// Sets the gauges that describe the plan: health, removed percentages, drains.
+    /// (`/metrics` reads the effective shares from the plan being served.)
+    fn export(&mut self) {
         let Some(m) = self.local.metrics() else {
             return;
         };
@@ -603,7 +602,6 @@ impl Controller {
         for (cdn, t) in &self.health {
             m.health(cdn, t.state == State::Up);
         }
-        m.clear_effective_weights();
         for host in &self.loaded.policy.hosts {
             let name = host.name.to_string();
             for cdn in &host.cdns {
@@ -615,28 +613,6 @@ impl Controller {
                         .copied()
                         .unwrap_or(0),
                 );
-            }
-            let Some(steered) = snapshot
-                .plan
-                .get(&hickory_proto::rr::LowerName::new(&host.name))
-            else {
-                continue;
-            };
-            for r in 0..host.regions.len() {
-                let choice = steered.choice(r);
-                let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
-                for cdn in &host.cdns {
-                    let w = steered
-                        .weights(choice)
-                        .find(|(t, _)| *t.cdn == cdn.name)
-                        .map_or(0, |(_, w)| w);
-                    m.effective_weight(
-                        &name,
-                        &host.regions[r].name,
-                        &cdn.name,
-                        w as f64 * 100.0 / total.max(1) as f64,
-                    );
-                }
             }
         }
         let active: BTreeSet<(String, String)> = self
