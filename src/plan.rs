@@ -115,13 +115,17 @@ pub struct Steered<'p> {
 
 /// A steered name as the planner describes it; [`Plan::new`] lays it out.
 pub struct NameSpec {
-    name: Name,
-    ttl: u32,
-    index: RegionIndex,
-    regions: Vec<Arc<str>>,
-    targets: Vec<Target>,
-    drain_scopes: Vec<Box<[Match]>>,
-    choices: Vec<ChoiceSpec>,
+    pub name: Name,
+    pub ttl: u32,
+    pub index: RegionIndex,
+    /// Region names, in policy order.
+    pub regions: Vec<Arc<str>>,
+    pub targets: Vec<Target>,
+    /// Location scopes of active drains (see `Labels::drain_scopes`).
+    pub drain_scopes: Vec<Box<[Match]>>,
+    /// `2^drain_scopes.len()` choices per region (index `region << drain_scopes.len()
+    /// | mask`), each built from indexes into `targets`.
+    pub choices: Vec<ChoiceSpec>,
 }
 
 /// What a region answers: the CDNs that may serve it now, their weights, and how many
@@ -433,33 +437,6 @@ pub fn wire_name<'b>(name: &Name, buf: &'b mut [u8; 255]) -> Option<&'b [u8]> {
     }
     buf[len] = 0;
     Some(&buf[..=len])
-}
-
-// === impl NameSpec ===
-
-impl NameSpec {
-    /// `regions` names the regions in policy order; `choices` holds
-    /// `2^drain_scopes.len()` entries per region (index `region << drain_scopes.len()
-    /// | mask`), each built from indexes into `targets`.
-    pub fn new(
-        name: Name,
-        ttl: u32,
-        index: RegionIndex,
-        regions: Vec<Arc<str>>,
-        targets: Vec<Target>,
-        drain_scopes: Vec<Box<[Match]>>,
-        choices: Vec<ChoiceSpec>,
-    ) -> NameSpec {
-        NameSpec {
-            name,
-            ttl,
-            index,
-            regions,
-            targets,
-            drain_scopes,
-            choices,
-        }
-    }
 }
 
 // === impl Steered ===
@@ -932,15 +909,15 @@ mod tests {
             .iter()
             .map(|w| ChoiceSpec::new(Reason::Normal, w.clone()).unwrap())
             .collect();
-        NameSpec::new(
-            Name::from_ascii(name).unwrap(),
-            30,
-            idx(&[vec![m("*")]]),
-            (0..regions.len()).map(|r| format!("r{r}").into()).collect(),
+        NameSpec {
+            name: Name::from_ascii(name).unwrap(),
+            ttl: 30,
+            index: idx(&[vec![m("*")]]),
+            regions: (0..regions.len()).map(|r| format!("r{r}").into()).collect(),
             targets,
-            Vec::new(),
-            specs,
-        )
+            drain_scopes: Vec::new(),
+            choices: specs,
+        }
     }
 
     /// A plan of that one name.

@@ -186,15 +186,15 @@ fn steered(
         .iter()
         .map(|r| Arc::from(r.name.as_str()))
         .collect();
-    NameSpec::new(
-        host.name.clone(),
+    NameSpec {
+        name: host.name.clone(),
         ttl,
-        regions,
-        region_names,
+        index: regions,
+        regions: region_names,
         targets,
-        scopes,
+        drain_scopes: scopes,
         choices,
-    )
+    }
 }
 
 #[cfg(test)]
