@@ -109,12 +109,15 @@ pub fn unhappy(view: &VantageView) -> Option<Unhappy> {
     if let Some(e) = &view.error {
         return Some(Unhappy::Unreachable(e.clone()));
     }
-    if view.warming_up {
-        return Some(Unhappy::WarmingUp);
-    }
     // With a single probed CDN, "everything fails" cannot be told from "that CDN fails".
+    // Checked before warming up: a vantage point that sees everything fail says so,
+    // rather than turning "happy" each time a round counts as warming up (which the
+    // controller does not report).
     if view.latest.len() >= 2 && view.latest.values().all(|o| !o.ok) {
         return Some(Unhappy::AllFailing);
+    }
+    if view.warming_up {
+        return Some(Unhappy::WarmingUp);
     }
     None
 }
@@ -250,6 +253,18 @@ mod tests {
             error: None,
             warming_up: false,
         }
+    }
+
+    #[test]
+    fn seeing_everything_fail_is_reported_as_such_even_while_warming_up() {
+        let mut v = view("v0", &[("a", false), ("b", false)]);
+        v.warming_up = true;
+        assert_eq!(unhappy(&v), Some(Unhappy::AllFailing));
+        let mut v = view("v0", &[("a", false), ("b", true)]);
+        v.warming_up = true;
+        assert_eq!(unhappy(&v), Some(Unhappy::WarmingUp));
+        v.warming_up = false;
+        assert_eq!(unhappy(&v), None);
     }
 
     #[test]
