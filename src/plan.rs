@@ -605,11 +605,6 @@ impl<'p> Steered<'p> {
     pub fn target(self, i: usize) -> &'p Target {
         &self.labels.targets[i]
     }
-
-    /// Location scopes of active drains.
-    pub fn drain_scopes(self) -> &'p [Box<[Match]>] {
-        &self.labels.drain_scopes
-    }
 }
 
 // === impl ChoiceSpec ===

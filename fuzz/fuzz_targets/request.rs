@@ -82,12 +82,7 @@ fuzz_target!(|data: &[u8]| {
     let snap = f.handler.live().load_full();
     let mut rng = rand::rng();
     if wire::answer(&snap, msg, src.ip(), &mut fast, &mut rng).is_some() {
-        let full = full
-            .as_ref()
-            .expect("the full path answers what the fast path does");
-        let a = Message::from_vec(&fast).expect("the fast path's answer decodes");
-        let b = Message::from_vec(full).expect("the full path's answer decodes");
-        assert_eq!(a, b, "fast and full paths differ");
+        same_as_full(&fast, full.as_deref(), "the fast path");
     }
 
     // The UDP answer cache, on the same bytes: a miss answered through it, then a hit,
@@ -107,12 +102,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             };
             if replayed {
-                let full = full
-                    .as_ref()
-                    .expect("the full path answers what the cache does");
-                let a = Message::from_vec(&out).expect("the cached answer decodes");
-                let b = Message::from_vec(full).expect("the full path's answer decodes");
-                assert_eq!(a, b, "cached ({round}) and full answers differ");
+                same_as_full(&out, full.as_deref(), &format!("the cache ({round})"));
             }
         }
     }
@@ -141,3 +131,11 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// Asserts that `answer`, given by `path`, is the full path's answer as a message.
+fn same_as_full(answer: &[u8], full: Option<&[u8]>, path: &str) {
+    let full = full.unwrap_or_else(|| panic!("the full path answers what {path} does"));
+    let a = Message::from_vec(answer).unwrap_or_else(|e| panic!("{path}'s answer: {e}"));
+    let b = Message::from_vec(full).expect("the full path's answer decodes");
+    assert_eq!(a, b, "{path} and the full path differ");
+}
