@@ -2,7 +2,9 @@
 //!
 //! A resolver asks for `www.example.com`; steerdns locates the client (EDNS Client
 //! Subnet, else the resolver's address), finds the client's region in `steering.yaml`
-//! and answers a weighted-random `CNAME` to one CDN, with a short TTL. Every other name
+//! and answers a weighted `CNAME` to one CDN, with a short TTL: a pick that every
+//! nameserver of the set makes alike for the same resolver and network
+//! ([`selection`]). Every other name
 //! in the served zones is answered from the zone files.
 //!
 //! The code is split along two planes that meet in one type, the [`plan::Plan`]:
@@ -18,6 +20,7 @@
 //!
 //! - [`dns`]: the query path: [`dns::Handler`], [`dns::edns`], [`dns::geo`], sockets.
 //! - [`plan`]: the immutable snapshot behind an `ArcSwap`; one atomic load per query.
+//! - [`selection`]: the weighted pick (rendezvous hashing) and its consistent key.
 //! - [`control`]: builds plans ([`control::planner`]).
 //! - [`config`], [`zones`]: inputs, validated with file, line and field.
 //! - [`metrics`]: Prometheus families both planes update, served on `/metrics`.
@@ -33,4 +36,5 @@ pub mod error;
 pub mod huge;
 pub mod metrics;
 pub mod plan;
+pub mod selection;
 pub mod zones;

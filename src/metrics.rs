@@ -664,6 +664,7 @@ impl Reg<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::RngExt;
 
     fn text(m: &Metrics) -> String {
         String::from_utf8(m.encode().unwrap()).unwrap()
@@ -806,7 +807,7 @@ mod tests {
         let steered = s.plan.names().next().unwrap();
         let mut rng = rand::rng();
         for _ in 0..n {
-            steered.pick(steered.choice(0), &mut rng).count();
+            steered.pick(steered.choice(0), rng.random()).count();
         }
     }
 

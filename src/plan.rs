@@ -3,8 +3,8 @@
 //! one `Snapshot` behind an `ArcSwap`.
 //!
 //! A query does one atomic load of the snapshot, one geo lookup, one region lookup in
-//! precomputed tables, and one random draw plus a binary search over a cumulative weight
-//! table. Nothing here decides policy: the planner (`control::planner`) did that.
+//! precomputed tables, and one weighted pick over at most a few CDNs (rendezvous
+//! hashing of a key, [`crate::selection`]). Nothing here decides policy: the planner (`control::planner`) did that.
 //!
 //! # Layout
 //! With many steered names the plan does not stay in the CPU's caches or its TLB, and
@@ -25,6 +25,9 @@ use hickory_proto::rr::Name;
 use hickory_server::zone_handler::Catalog;
 use ipnet::IpNet;
 use rand::{Rng, RngExt};
+
+use crate::config::Selection;
+use crate::selection;
 
 use crate::config::Match;
 use crate::dns::geo::{GeoDb, Place};
@@ -63,6 +66,8 @@ pub struct Plan {
     choices: Table<Choice>,
     /// The weight tables of `WIDE` choices.
     wide: Box<[Box<[WideEntry]>]>,
+    /// Per name: each target's rendezvous salt ([`selection::salt`] of its CDN name).
+    salts: Table<u64>,
     /// Per name, for explain, the API and the metrics.
     labels: Box<[Labels]>,
 }
@@ -83,6 +88,10 @@ struct Header {
     scopes: u8,
     /// TTL of the CNAME answer (the incident TTL while any CDN is off its weight).
     ttl: u32,
+    /// `selection: random`: a random key per query instead of a consistent one.
+    random: bool,
+    /// Where the name's salts start in `Plan::salts`.
+    salts: u32,
     /// Where the name's country table starts in `Plan::countries`.
     countries: u32,
     /// Where the name's choices start in `Plan::choices`.
@@ -117,6 +126,7 @@ pub struct Steered<'p> {
 pub struct NameSpec {
     pub name: Name,
     pub ttl: u32,
+    pub selection: Selection,
     pub index: RegionIndex,
     /// Region names, in policy order.
     pub regions: Vec<Arc<str>>,
@@ -287,6 +297,7 @@ impl Plan {
             countries: Table::with_capacity(specs.len() * COUNTRIES),
             choices: Table::with_capacity(choices_len),
             wide: Box::default(),
+            salts: Table::with_capacity(specs.iter().map(|s| s.targets.len()).sum()),
             labels: Box::default(),
         };
         let mut labels = Vec::with_capacity(specs.len());
@@ -333,6 +344,8 @@ impl Plan {
             key_len,
             scopes: spec.drain_scopes.len() as u8,
             ttl: spec.ttl,
+            random: spec.selection == Selection::Random,
+            salts: self.salts.len() as u32,
             countries: self.countries.len() as u32,
             choices: self.choices.len() as u32,
             regions: Regions {
@@ -341,6 +354,9 @@ impl Plan {
                 ..spec.index.rest
             },
         };
+        for t in &spec.targets {
+            self.salts.push(selection::salt(&t.cdn));
+        }
         self.countries.extend_from_slice(&spec.index.by_country[..]);
         self.nets.extend_from_slice(&spec.index.nets);
         for c in &spec.choices {
@@ -510,22 +526,68 @@ impl<'p> Steered<'p> {
         &self.plan.choices[self.header.choices as usize + i]
     }
 
-    /// One weighted-random CDN of `choice` (one of this name's).
+    /// The key of a pick for a query from `resolver` about a client in `client /
+    /// prefix` (the ECS address cut to the scope echoed; prefix 0 without ECS) at `now`
+    /// (Unix seconds): consistent ([`selection::key`]), or drawn from `rng` for
+    /// `selection: random`.
     ///
     /// # Hot path
-    /// One random draw and a binary search in the choice's own cache line; no
-    /// allocation.
-    pub fn pick<R: Rng + ?Sized>(self, choice: &'p Choice, rng: &mut R) -> Pick<'p> {
+    /// A few multiplies, or one draw; no allocation.
+    pub fn pick_key<R: Rng + ?Sized>(
+        self,
+        resolver: IpAddr,
+        client: IpAddr,
+        prefix: u8,
+        now: u64,
+        rng: &mut R,
+    ) -> u64 {
+        if self.header.random {
+            rng.random()
+        } else {
+            selection::key(resolver, client, prefix, now)
+        }
+    }
+
+    /// Whether picks are random draws (`selection: random`).
+    pub fn is_random(self) -> bool {
+        self.header.random
+    }
+
+    /// The CDN of `choice` (one of this name's) with the highest rendezvous score for
+    /// `key` ([`selection::score`]).
+    ///
+    /// # Hot path
+    /// One score per CDN in the choice's own cache line (a hash, a logarithm, a
+    /// division); no allocation.
+    pub fn pick(self, choice: &'p Choice, key: u64) -> Pick<'p> {
+        let at = self.header.salts as usize;
+        let score = |target: usize, w: u64| selection::score(key, self.plan.salts[at + target], w);
         let (target, start, answered) = if choice.n != WIDE {
-            let sums = &choice.sums[..usize::from(choice.n)];
-            let x = rng.random_range(0..sums[sums.len() - 1]);
-            let i = sums.partition_point(|&s| s <= x);
+            let mut best = (f64::NEG_INFINITY, 0);
+            let mut prev = 0;
+            for i in 0..usize::from(choice.n) {
+                let w = choice.sums[i] - prev;
+                prev = choice.sums[i];
+                let s = score(usize::from(choice.target[i]), u64::from(w));
+                if s > best.0 {
+                    best = (s, i);
+                }
+            }
+            let i = best.1;
             let start = usize::from(choice.start[i]);
             (usize::from(choice.target[i]), start, &choice.answered[i])
         } else {
             let entries = &self.plan.wide[choice.sums[0] as usize];
-            let x = rng.random_range(0..entries[entries.len() - 1].sum);
-            let e = &entries[entries.partition_point(|e| e.sum <= x)];
+            let mut best = (f64::NEG_INFINITY, 0);
+            let mut prev = 0;
+            for (i, e) in entries.iter().enumerate() {
+                let s = score(e.target, e.sum - prev);
+                prev = e.sum;
+                if s > best.0 {
+                    best = (s, i);
+                }
+            }
+            let e = &entries[best.1];
             (e.target, e.start, &e.answered)
         };
         let at = self.header.wire as usize + start;
@@ -808,7 +870,7 @@ mod tests {
     use super::*;
     use crate::config::Match;
     use crate::dns::countries::Country;
-    use rand::SeedableRng;
+    use rand::{RngExt, SeedableRng};
 
     fn idx(regions: &[Vec<Match>]) -> RegionIndex {
         RegionIndex::new(regions.iter().map(|r| r.as_slice()))
@@ -907,6 +969,7 @@ mod tests {
         NameSpec {
             name: Name::from_ascii(name).unwrap(),
             ttl: 30,
+            selection: Selection::Random,
             index: idx(&[vec![m("*")]]),
             regions: (0..regions.len()).map(|r| format!("r{r}").into()).collect(),
             targets,
@@ -932,7 +995,7 @@ mod tests {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
         let mut a = 0;
         for _ in 0..10_000 {
-            let p = s.pick(c, &mut rng);
+            let p = s.pick(c, rng.random());
             let t = s.target(p.target);
             let mut buf = [0u8; 255];
             assert_eq!(p.cname_wire, wire_name(&t.cname, &mut buf).unwrap());
@@ -985,7 +1048,7 @@ mod tests {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(n as u64);
             let draws = 20_000;
             let hits = (0..draws)
-                .filter(|_| s.pick(c, &mut rng).target == n - 1)
+                .filter(|_| s.pick(c, rng.random()).target == n - 1)
                 .count();
             let want = draws * 2 / (n + 1);
             assert!(
@@ -1011,7 +1074,7 @@ mod tests {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
             let a = (0..10_000)
                 .filter(|_| {
-                    let p = s.pick(c, &mut rng);
+                    let p = s.pick(c, rng.random());
                     p.count();
                     p.target == 0
                 })

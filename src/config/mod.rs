@@ -9,6 +9,7 @@
 //! hostname: www.example.com          # or `hostnames:` mapping each name to the keys below
 //! ttl: 30
 //! incident_ttl: 10
+//! selection: consistent              # or random
 //! cdns:
 //!   fastly:     { cname: example.map.fastly.net. }
 //! regions:
@@ -64,12 +65,28 @@ pub struct HostPolicy {
     pub ttl: u32,
     /// TTL while a CDN of this name is off its normal weight (used by failover).
     pub incident_ttl: Option<u32>,
+    /// How a CDN is picked among the region's weights.
+    pub selection: Selection,
     /// In file order; regions refer to them by index.
     pub cdns: Vec<Cdn>,
     /// In file order: the first that matches a client wins; the last is the default.
     pub regions: Vec<Region>,
     pub failover: Failover,
     pub drains: Vec<Drain>,
+}
+
+/// How the weighted pick is made (`selection:`, beside `ttl`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Selection {
+    /// A pure function of the resolver, the client network within the ECS scope and
+    /// a staggered time window (weighted rendezvous hashing): every nameserver of the
+    /// set gives the same resolver the same answer, and a step moves only the clients
+    /// of the CDN it demotes.
+    #[default]
+    Consistent,
+    /// One random draw per query.
+    Random,
 }
 
 #[derive(Clone, Debug)]
@@ -214,6 +231,7 @@ struct RawFile {
     hostnames: Option<OrderedMap<RawHost>>,
     ttl: Option<i64>,
     incident_ttl: Option<i64>,
+    selection: Option<Selection>,
     cdns: Option<OrderedMap<RawCdn>>,
     regions: Option<Vec<RawRegion>>,
     failover: Option<RawFailover>,
@@ -225,6 +243,7 @@ struct RawFile {
 struct RawHost {
     ttl: Option<i64>,
     incident_ttl: Option<i64>,
+    selection: Option<Selection>,
     cdns: Option<OrderedMap<RawCdn>>,
     regions: Option<Vec<RawRegion>>,
     failover: Option<RawFailover>,

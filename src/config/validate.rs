@@ -71,6 +71,7 @@ pub(super) fn validate(
 
     let single_keys = raw.ttl.is_some()
         || raw.incident_ttl.is_some()
+        || raw.selection.is_some()
         || raw.cdns.is_some()
         || raw.regions.is_some()
         || raw.failover.is_some()
@@ -85,6 +86,7 @@ pub(super) fn validate(
             let host = RawHost {
                 ttl: raw.ttl,
                 incident_ttl: raw.incident_ttl,
+                selection: raw.selection,
                 cdns: raw.cdns,
                 regions: raw.regions,
                 failover: raw.failover,
@@ -98,7 +100,7 @@ pub(super) fn validate(
             if single_keys {
                 cx.error(
                     &[key("hostnames")],
-                    "with `hostnames:`, put ttl, cdns, regions, failover and drain under each name",
+                    "with `hostnames:`, put ttl, selection, cdns, regions, failover and drain under each name",
                 );
             }
             if map.0.is_empty() {
@@ -176,6 +178,7 @@ fn host_policy(
         path: base.to_vec(),
         ttl,
         incident_ttl,
+        selection: raw.selection.unwrap_or_default(),
         cdns,
         regions,
         failover,
@@ -630,6 +633,7 @@ fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], dr
         path: Vec::new(),
         ttl: 0,
         incident_ttl: None,
+        selection: Default::default(),
         cdns: cdns.to_vec(),
         regions: regions.to_vec(),
         failover: Failover::default(),

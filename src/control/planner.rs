@@ -2,9 +2,14 @@
 //!
 //! It resolves everything a query would otherwise compute: per steered name the region
 //! lookup tables, and per region the cumulative weight table of the CDNs that may serve
-//! it *now*, with their CNAME targets, the TTL and the reason. A CDN with `r` percent of
-//! its weight removed keeps `w × (100 − r)`; the others keep their proportions. A region
-//! whose every CDN would be removed fails open to its configured weights.
+//! it *now*, with their CNAME targets, the TTL and the reason.
+//!
+//! A failover or drain step of `r` % on a CDN moves `r` % of its share to the other CDNs
+//! of the region, in proportion to what they keep; the region's total does not change
+//! ([`effective`]). GB fastly 90 / cloudflare 10 with steps [50, 100]: fastly 45 %, then
+//! 0 %. A share with nowhere to go (no other CDN of the region keeps any weight) stays
+//! where it is and the region is said to fail open: answering something beats answering
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -149,7 +154,9 @@ fn steered(
                 .collect();
             let serving: Vec<usize> = (0..n_cdn).filter(|&c| region.weights[c] > 0).collect();
             let cut = |c: usize| health[c].max(drain[c]).min(100);
-            let reason = if serving.iter().all(|&c| cut(c) >= 100) {
+            let configured: Vec<u64> = region.weights.iter().map(|&w| u64::from(w)).collect();
+            let (weights, stuck) = effective(&configured, cut);
+            let reason = if stuck {
                 failed_open = true;
                 Reason::FailOpen
             } else if serving.iter().any(|&c| drain[c] > 0) {
@@ -159,18 +166,11 @@ fn steered(
             } else {
                 Reason::Normal
             };
-            let weighted = (0..n_cdn).map(|c| {
-                let keep = if reason == Reason::FailOpen {
-                    100
-                } else {
-                    100 - u64::from(cut(c))
-                };
-                (c, u64::from(region.weights[c]) * keep)
-            });
-            // Validation refused regions whose weights are all zero, and fail-open
-            // restores the configured ones, so some weight is always positive.
+            // Validation refused regions whose weights are all zero, and a share is
+            // never lost (only moved), so some weight is always positive.
             choices.push(
-                ChoiceSpec::new(reason, weighted).expect("validated region has a positive weight"),
+                ChoiceSpec::new(reason, weights.into_iter().enumerate())
+                    .expect("validated region has a positive weight"),
             );
         }
         if failed_open {
@@ -189,12 +189,57 @@ fn steered(
     NameSpec {
         name: host.name.clone(),
         ttl,
+        selection: host.selection,
         index: regions,
         regions: region_names,
         targets,
         drain_scopes: scopes,
         choices,
     }
+}
+
+/// The effective weights of one region, in hundredths of the configured ones, and
+/// whether some removed share had nowhere to go.
+///
+/// Each CDN `c` keeps `w_c × (100 − cut_c)`. What it gives up, `w_c × cut_c`, goes to
+/// the other CDNs in proportion to what they keep, so the total stays `100 × Σ w`:
+/// 60/30/10 with 50 % cut on the first gives 30/52.5/17.5. When no other CDN keeps any
+/// weight (a region of one CDN, or every other one out), the share stays with `c`:
+/// with every CDN out, that is exactly the configured weights (fail-open).
+pub fn effective(configured: &[u64], cut: impl Fn(usize) -> u8) -> (Vec<u64>, bool) {
+    let n = configured.len();
+    let keep: Vec<u64> = (0..n)
+        .map(|c| configured[c] * (100 - u64::from(cut(c).min(100))))
+        .collect();
+    let mut out = keep.clone();
+    let mut stuck = false;
+    for from in 0..n {
+        let gone = configured[from] * 100 - keep[from];
+        if gone == 0 {
+            continue;
+        }
+        let others = (0..n).filter(|&c| c != from);
+        let kept: u64 = others.clone().map(|c| keep[c]).sum();
+        let Some(largest) = others
+            .clone()
+            .filter(|&c| keep[c] > 0)
+            .max_by_key(|&c| keep[c])
+        else {
+            out[from] += gone;
+            stuck = true;
+            continue;
+        };
+        let mut given = 0;
+        for to in others {
+            // u128: weights are at most 10^6 × 100, their products fit.
+            let part = (u128::from(gone) * u128::from(keep[to]) / u128::from(kept)) as u64;
+            out[to] += part;
+            given += part;
+        }
+        // What rounding down left over goes to the largest recipient.
+        out[largest] += gone - given;
+    }
+    (out, stuck)
 }
 
 #[cfg(test)]
@@ -260,11 +305,12 @@ regions:
 
     #[test]
     fn a_removed_share_moves_to_the_others_and_shortens_the_ttl() {
+        // GB 90/10, steps [50, 100]: fastly 45 %, then 0 %; the total stays 100 %.
         let p = plan(&policy(), &cut(50), &[]);
         assert_eq!(
             weights(&p, 0),
             (
-                vec![("a".into(), 4500), ("b".into(), 1000)],
+                vec![("a".into(), 4500), ("b".into(), 5500)],
                 Reason::Failover,
                 10
             )
@@ -272,9 +318,36 @@ regions:
         let p = plan(&policy(), &cut(100), &[]);
         assert_eq!(
             weights(&p, 0),
-            (vec![("b".into(), 1000)], Reason::Failover, 10)
+            (vec![("b".into(), 10000)], Reason::Failover, 10)
         );
-        assert_eq!(weights(&p, 2).0, vec![("b".into(), 5000)]);
+        assert_eq!(weights(&p, 2).0, vec![("b".into(), 10000)]);
+    }
+
+    #[test]
+    fn three_cdns_share_what_one_gives_up_in_proportion() {
+        let three = |w: [u64; 3], cuts: [u8; 3]| effective(&w, |c| cuts[c]);
+        // The example: 60/30/10, 50 % on the first: 30 / 52.5 / 17.5.
+        assert_eq!(
+            three([60, 30, 10], [50, 0, 0]),
+            (vec![3000, 5250, 1750], false)
+        );
+        assert_eq!(
+            three([60, 30, 10], [100, 0, 0]),
+            (vec![0, 7500, 2500], false)
+        );
+        // Two cut: each gives to the others by what they keep; the total holds.
+        let (w, stuck) = three([60, 30, 10], [50, 100, 0]);
+        assert!(!stuck);
+        assert_eq!(w.iter().sum::<u64>(), 10000);
+        assert_eq!(w[1], 0, "a CDN fully out gets nothing back");
+        // Rounding never loses or invents weight.
+        let (w, _) = three([1, 1, 1], [33, 0, 0]);
+        assert_eq!((w.iter().sum::<u64>(), w[0]), (300, 67));
+        // Nobody left to take it: every share stays (fail-open).
+        assert_eq!(
+            three([60, 30, 10], [100, 100, 100]),
+            (vec![6000, 3000, 1000], true)
+        );
     }
 
     #[test]
@@ -288,10 +361,11 @@ regions:
             p.fail_open,
             vec![("www.example.com.".to_string(), "JP".to_string())]
         );
-        // Half removed still serves from a: no fail-open.
-        assert_eq!(
-            weights(&plan(&policy(), &cut(50), &[]), 1).1,
-            Reason::Failover
-        );
+        // Half removed in a region of one CDN: the half has nowhere to go, so a keeps
+        // serving everything, and the plan says so.
+        let p = plan(&policy(), &cut(50), &[]);
+        assert_eq!(weights(&p, 1).0, vec![("a".into(), 10000)]);
+        assert_eq!(weights(&p, 1).1, Reason::FailOpen);
+        assert_eq!(p.fail_open.len(), 1);
     }
 }

@@ -9,6 +9,7 @@
 //!    EDNS/ECS checks ─▶ steered name? ──no──▶ zones (hickory Catalog), ECS scope 0
 //!                            │yes
 //!    client location (ECS | source) ─▶ geo lookup ─▶ region ─▶ weighted pick ─▶ CNAME + ECS scope
+//!                                     (key: resolver, network within the scope, window)
 //! ```
 //!
 //! No locks and no I/O besides the sockets; everything expensive was done by the
@@ -189,7 +190,7 @@ pub struct Steer<'s> {
 /// The query pipeline.
 ///
 /// # Hot path
-/// One geo lookup, table lookups, one random draw; allocations are the response OPT
+/// One geo lookup, table lookups, one pick; allocations are the response OPT
 /// and the answer record (the target name is inline for names up to 32 bytes).
 async fn answer<'s, R: ResponseHandler, T: Time>(
     snap: &'s Snapshot,
@@ -262,13 +263,21 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     let place = snap.geo.locate(client.ip);
     let decision = steered.decide(client.ip, &place);
     let choice = steered.choose(&decision);
-    let pick = steered.pick(choice, &mut rand::rng());
-
     let scope = if client.wants_tailoring() {
         decision.scope
     } else {
         0
     };
+    // The same key as the fast path's (`wire::answer`): the network as far as the scope.
+    let within = client.ecs.map_or(0, |e| e.source_prefix().min(scope));
+    let key = steered.pick_key(
+        request.src().ip(),
+        client.ip,
+        within,
+        crate::selection::unix_now(),
+        &mut rand::rng(),
+    );
+    let pick = steered.pick(choice, key);
     let opt = request
         .edns
         .as_ref()

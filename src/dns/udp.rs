@@ -117,6 +117,8 @@ fn serve(
         };
         let started = Instant::now();
         let snap = handler.live().load();
+        // Seconds are all the selection window needs: once per batch.
+        let now = crate::selection::unix_now();
         replies.clear();
         // The full path times its own queries; the fast path's share is the rest.
         let (mut fast, mut full_time) = (0, Duration::ZERO);
@@ -145,7 +147,7 @@ fn serve(
                     }
                 }
             }
-            if let Some(steer) = wire::answer(&snap, packet, src.ip(), reply, &mut rng) {
+            if let Some(steer) = wire::answer(&snap, packet, src.ip(), reply, now, &mut rng) {
                 handler.count_steered(&steer);
                 replies.push(i);
                 fast += 1;

@@ -51,17 +51,19 @@ pub(crate) struct Ecs<'q> {
 }
 
 /// Answers `packet` from `src` into `out` if it is a query for a steered name in its
-/// plain form; returns the answer given, for counting. `None`: `out` holds nothing
+/// plain form, at `now` (Unix seconds, for the selection window; `rng` draws only for
+/// `selection: random`); returns the answer given, for counting. `None`: `out` holds nothing
 /// useful and the query goes to the full handler.
 ///
 /// # Hot path
-/// Bounds-checked byte reads, one hash lookup, the steering decision, one draw, and
+/// Bounds-checked byte reads, one hash lookup, the steering decision, one pick, and
 /// copies into `out` (whose capacity is reused). No allocation once `out` has grown.
 pub fn answer<'s, R: Rng + ?Sized>(
     snap: &'s Snapshot,
     packet: &[u8],
     src: IpAddr,
     out: &mut Vec<u8>,
+    now: u64,
     rng: &mut R,
 ) -> Option<Steer<'s>> {
     let mut lower = [0u8; 255];
@@ -77,8 +79,9 @@ pub fn answer<'s, R: Rng + ?Sized>(
     let place = snap.geo.locate(client);
     let decision = steered.decide(client, &place);
     let choice = steered.choose(&decision);
-    let pick = steered.pick(choice, rng);
     let scope = if tailored { decision.scope } else { 0 };
+    let within = ecs.map_or(0, |e| e.source.min(scope));
+    let pick = steered.pick(choice, steered.pick_key(src, client, within, now, rng));
 
     let h = query.packet;
     out.clear();
