@@ -57,6 +57,7 @@ fn steering(c: &mut Criterion) {
     let steered = snap.plan.get(&www).expect("www.example.com is steered");
     let mut rng = SmallRng::seed_from_u64(5);
     let ips = random_v4(&mut rng);
+    let resolver: IpAddr = Ipv4Addr::new(192, 0, 2, 53).into();
     let places: Vec<(IpAddr, Place)> = ips.iter().map(|&ip| (ip, snap.geo.locate(ip))).collect();
 
     let mut g = c.benchmark_group("steering");
@@ -77,7 +78,10 @@ fn steering(c: &mut Criterion) {
     });
     let choice = steered.choice(0);
     g.bench_function("weighted_pick", |b| {
-        b.iter(|| black_box(steered.pick(black_box(choice), &mut rng).cname_wire.len()))
+        b.iter(|| {
+            let key = rng.random::<u64>();
+            black_box(steered.pick(black_box(choice), key).cname_wire.len())
+        })
     });
     g.bench_function("decision", |b| {
         b.iter(|| {
@@ -85,7 +89,9 @@ fn steering(c: &mut Criterion) {
             let ip = black_box(ips[i]);
             let place = snap.geo.locate(ip);
             let d = steered.decide(ip, &place);
-            black_box(steered.pick(steered.choose(&d), &mut rng).cname_wire.len())
+            // As a query with ECS /24 from one resolver: the consistent key included.
+            let key = steered.pick_key(resolver, ip, d.scope.min(24), 1_800_000_000, &mut rng);
+            black_box(steered.pick(steered.choose(&d), key).cname_wire.len())
         })
     });
     g.finish();
@@ -146,11 +152,17 @@ fn handler(c: &mut Criterion) {
     g.bench_function("fast_path_ecs", |b| {
         b.iter(|| {
             i = (i + 1) % ecs.len();
-            black_box(wire::answer(&snap, &ecs[i], src.ip(), &mut out, &mut rng).is_some())
+            black_box(
+                wire::answer(&snap, &ecs[i], src.ip(), &mut out, 1_800_000_000, &mut rng).is_some(),
+            )
         })
     });
     g.bench_function("fast_path_plain", |b| {
-        b.iter(|| black_box(wire::answer(&snap, &plain, src.ip(), &mut out, &mut rng).is_some()))
+        b.iter(|| {
+            black_box(
+                wire::answer(&snap, &plain, src.ip(), &mut out, 1_800_000_000, &mut rng).is_some(),
+            )
+        })
     });
     g.bench_function("full_path_ecs", |b| {
         b.iter(|| {

@@ -133,7 +133,8 @@ fn decision(c: &mut Criterion) {
                 let ip = black_box(ips[i]);
                 let place = snap.geo.locate(ip);
                 let d = steered.decide(ip, &place);
-                black_box(steered.pick(steered.choose(&d), &mut rng).cname_wire.len())
+                let key = steered.pick_key(ip, ip, d.scope.min(24), 1_800_000_000, &mut rng);
+                black_box(steered.pick(steered.choose(&d), key).cname_wire.len())
             })
         });
     }
@@ -180,7 +181,8 @@ fn query(c: &mut Criterion) {
         g.bench_function(label, |b| {
             b.iter(|| {
                 i = (i + 1) % REQUESTS;
-                let steer = wire::answer(&snap, &requests[i], src, &mut out, &mut rng);
+                let steer =
+                    wire::answer(&snap, &requests[i], src, &mut out, 1_800_000_000, &mut rng);
                 if let Some(s) = steer {
                     handler.count_steered(&s);
                 }

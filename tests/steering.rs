@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use common::*;
 use hickory_proto::rr::RecordType;
 
-/// Counts the CNAME targets of `n` UDP queries with ECS `addr/source`.
+/// Counts the CNAME targets of `n` UDP queries with ECS `addr/source`, each from
+/// another resolver (one resolver asking n times gets one consistent answer).
 async fn shares(
     srv: &TestServer,
     name: &str,
@@ -17,15 +18,17 @@ async fn shares(
 ) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
     let q = query_edns(name, RecordType::A, Some((addr, source)));
-    for _ in 0..n {
-        *counts.entry(srv.cname(Proto::Udp, &q).await).or_insert(0) += 1;
+    for i in 0..n {
+        let m = srv.ask_from(resolver(i), Proto::Udp, &q).await;
+        *counts.entry(cname_of(&m)).or_insert(0) += 1;
     }
     counts
 }
 
 /// Asserts that `count` of `n` draws is within 5 standard deviations of `n * p`: a
-/// correct server fails this about once in 1.7 million runs, while any weight error
-/// of 5 points or more at n = 2,000 fails it every time.
+/// correct server fails this about once in 1.7 million runs. At n = 4,000 five standard
+/// deviations are at most 4.0 points (p = 0.5) and 2.4 points (p = 0.9), so a share
+/// 8 points off (5 points at p = 0.9) fails it in more than 99.9 % of runs.
 fn assert_share(count: usize, n: usize, p: f64, what: &str) {
     let mean = n as f64 * p;
     let sd = (n as f64 * p * (1.0 - p)).sqrt();
@@ -39,7 +42,7 @@ fn assert_share(count: usize, n: usize, p: f64, what: &str) {
 #[tokio::test]
 async fn region_shares_follow_the_weights() {
     let srv = TestServer::demo().await;
-    const N: usize = 2_000;
+    const N: usize = 4_000;
     // (client subnet, expected fastly share): GB 90/10, US 85/15, JP 10/90, unknown 50/50.
     let cases = [
         ("81.2.69.160", 27, 0.90, "GB"),
@@ -156,7 +159,7 @@ async fn every_geo_schema_locates_clients() {
 async fn the_readme_dig_examples_hold_with_the_shipped_database() {
     // The demo as a fresh checkout serves it: steering.yaml, zones/, geo/country.mmdb.
     let srv = TestServer::start(DEMO_POLICY, "zones", "geo/country.mmdb", "127.0.0.1:0").await;
-    const N: usize = 2_000;
+    const N: usize = 4_000;
     for (addr, p, scope) in [("81.2.69.0", 0.90, 18), ("216.160.83.0", 0.85, 15)] {
         let m = srv
             .ask(

@@ -101,6 +101,11 @@ impl TestServer {
         ask(self.addr, proto, msg).await
     }
 
+    /// As [`TestServer::ask`], sent from the loopback address `from` (a resolver).
+    pub async fn ask_from(&self, from: IpAddr, proto: Proto, msg: &Message) -> Message {
+        ask_from(self.addr, from, proto, msg).await
+    }
+
     /// The CNAME target of a steered answer (panics if the answer is not one CNAME).
     pub async fn cname(&self, proto: Proto, msg: &Message) -> String {
         cname_of(&self.ask(proto, msg).await)
@@ -153,10 +158,27 @@ fn rand_id() -> u16 {
     NEXT.fetch_add(7, Ordering::Relaxed)
 }
 
+/// The `i`-th of many resolvers: distinct loopback addresses in 127.64.0.0/10, away
+/// from 127.0.0.0/16 where the rate-limit tests live. Answers are a consistent function
+/// of the resolver (and the ECS network), so a test that measures shares asks from many
+/// resolvers, as a real population does; asking one resolver n times measures nothing.
+pub fn resolver(i: usize) -> IpAddr {
+    let i = i as u32 % (1 << 22);
+    IpAddr::V4(std::net::Ipv4Addr::from(
+        (127 << 24) | (64 << 16) | (i / 254) << 8 | (i % 254 + 1),
+    ))
+}
+
 /// Sends a message and decodes the answer.
 pub async fn ask(addr: SocketAddr, proto: Proto, msg: &Message) -> Message {
+    let from = if addr.is_ipv4() { "127.0.0.1" } else { "::1" };
+    ask_from(addr, from.parse().unwrap(), proto, msg).await
+}
+
+/// Sends a message from the loopback address `from` and decodes the answer.
+pub async fn ask_from(addr: SocketAddr, from: IpAddr, proto: Proto, msg: &Message) -> Message {
     let bytes = msg.to_vec().expect("encode query");
-    let reply = raw(addr, proto, &bytes)
+    let reply = raw_from(addr, from, proto, &bytes, Duration::from_secs(2))
         .await
         .unwrap_or_else(|| panic!("no answer over {proto:?} to {:?}", msg.queries));
     let answer = Message::from_vec(&reply).expect("decode answer");
@@ -177,16 +199,22 @@ pub async fn raw_within(
     bytes: &[u8],
     wait: Duration,
 ) -> Option<Vec<u8>> {
+    let from = if addr.is_ipv4() { "127.0.0.1" } else { "::1" };
+    raw_from(addr, from.parse().unwrap(), proto, bytes, wait).await
+}
+
+/// Sends raw bytes from the loopback address `from` and waits `wait` for the reply.
+pub async fn raw_from(
+    addr: SocketAddr,
+    from: IpAddr,
+    proto: Proto,
+    bytes: &[u8],
+    wait: Duration,
+) -> Option<Vec<u8>> {
+    let bind = SocketAddr::new(from, 0);
     let io = async {
         match proto {
             Proto::Udp => {
-                let bind: SocketAddr = if addr.is_ipv4() {
-                    "127.0.0.1:0"
-                } else {
-                    "[::1]:0"
-                }
-                .parse()
-                .unwrap();
                 let sock = UdpSocket::bind(bind).await.ok()?;
                 sock.send_to(bytes, addr).await.ok()?;
                 let mut buf = vec![0u8; 65535];
@@ -195,7 +223,13 @@ pub async fn raw_within(
                 Some(buf)
             }
             Proto::Tcp => {
-                let mut s = TcpStream::connect(addr).await.ok()?;
+                let socket = match from {
+                    IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+                    IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+                }
+                .ok()?;
+                socket.bind(bind).ok()?;
+                let mut s = socket.connect(addr).await.ok()?;
                 let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
                 framed.extend_from_slice(bytes);
                 s.write_all(&framed).await.ok()?;

@@ -186,13 +186,15 @@ impl Stack {
         }
     }
 
-    /// Answers to `n` queries for www.example.com: counts per CDN, and the TTLs seen.
+    /// Answers to `n` queries for www.example.com, each from another resolver: counts
+    /// per CDN, and the TTLs seen.
     pub async fn answers(&self, n: usize) -> (HashMap<String, usize>, Vec<u32>) {
         self.answers_to(query("www.example.com.", RecordType::A), n)
             .await
     }
 
-    /// Answers to `n` queries for www.example.com from the ECS client `addr/source`.
+    /// Answers to `n` queries for www.example.com from the ECS client `addr/source`,
+    /// each through another resolver.
     pub async fn answers_from(&self, addr: &str, source: u8, n: usize) -> HashMap<String, usize> {
         self.answers_to(
             query_edns("www.example.com.", RecordType::A, Some((addr, source))),
@@ -209,8 +211,8 @@ impl Stack {
     ) -> (HashMap<String, usize>, Vec<u32>) {
         let mut counts = HashMap::new();
         let mut ttls = Vec::new();
-        for _ in 0..n {
-            let m = ask(self.dns, Proto::Udp, &q).await;
+        for i in 0..n {
+            let m = ask_from(self.dns, resolver(i), Proto::Udp, &q).await;
             let cdn = cname_of(&m).split('.').next().unwrap().to_string();
             *counts.entry(cdn).or_insert(0) += 1;
             if !ttls.contains(&m.answers[0].ttl) {
