@@ -83,6 +83,13 @@ pub enum Command {
         /// The client address (as the ECS address, or the resolver's).
         #[arg(long)]
         client: IpAddr,
+        /// The resolver asking with ECS, for the answer it gets; by default the client
+        /// asks itself, without ECS.
+        #[arg(long, value_name = "IP")]
+        resolver: Option<IpAddr>,
+        /// The ECS source prefix the resolver sends (default 24 for IPv4, 56 for IPv6).
+        #[arg(long, value_name = "BITS", requires = "resolver")]
+        source: Option<u8>,
         #[command(flatten)]
         inputs: InputArgs,
         /// Where `serve` saves health and failover progress (read to show them).
@@ -289,9 +296,19 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Explain {
             name,
             client,
+            resolver,
+            source,
             inputs,
             state_dir,
-        } => explain(inputs.into(), &name, client, &state_dir),
+        } => {
+            let asker = resolver.map(|r| {
+                (
+                    r,
+                    source.unwrap_or(crate::selection::default_source(client)),
+                )
+            });
+            explain(inputs.into(), &name, client, asker, &state_dir)
+        }
     }
 }
 
@@ -442,7 +459,13 @@ fn check(inputs: Inputs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Path) -> ExitCode {
+fn explain(
+    inputs: Inputs,
+    name: &str,
+    client: IpAddr,
+    resolver: Option<(IpAddr, u8)>,
+    state_dir: &std::path::Path,
+) -> ExitCode {
     let Some(loaded) = load_or_report(&inputs) else {
         return ExitCode::FAILURE;
     };
@@ -546,7 +569,7 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
         choice.reason,
         match choice.reason {
             crate::plan::Reason::FailOpen =>
-                ": every CDN of the region is out, so the configured weights answer",
+                ": a removed share has no other CDN of the region to go to, so it stays",
             crate::plan::Reason::Failover => ": a CDN is off its configured weight",
             crate::plan::Reason::Drain => ": a CDN is drained here by an operator",
             crate::plan::Reason::Normal => "",
@@ -574,6 +597,24 @@ fn explain(inputs: Inputs, name: &str, client: IpAddr, state_dir: &std::path::Pa
             cut,
             effective as f64 * 100.0 / total as f64
         );
+    }
+    let asked = match resolver {
+        Some((r, source)) => match ipnet::IpNet::new(client, source) {
+            Ok(net) => format!("asked by {r} with ECS {}", net.trunc()),
+            Err(_) => format!("asked by {r} with ECS {client}/{source}"),
+        },
+        None => format!("asked by {client} itself, without ECS"),
+    };
+    match steered.consistent_answer(&decision, client, resolver, crate::selection::unix_now()) {
+        Some((target, until)) => println!(
+            "pick:    {} ({}) {asked}, until {} (consistent selection: then drawn again)",
+            target.cdn,
+            target.cname,
+            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(until)),
+        ),
+        None => {
+            println!("answer:  a random draw per query by the shares above (selection: random)")
+        }
     }
     for d in drains.report(&loaded.policy, crate::control::drains::now_ms()) {
         if d["name"] != host.name.to_string() {

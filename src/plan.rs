@@ -548,6 +548,30 @@ impl<'p> Steered<'p> {
         }
     }
 
+    /// For explain: the target a query gets at `now` for a client at `client` whose
+    /// decision is `d`, asked by `resolver` with ECS `client / source`, or by the
+    /// client itself without ECS when `resolver` is `None`; and until when (Unix
+    /// seconds) that answer holds. `None` for `selection: random`, whose answer is a
+    /// draw per query.
+    pub fn consistent_answer(
+        self,
+        d: &Decision,
+        client: IpAddr,
+        resolver: Option<(IpAddr, u8)>,
+        now: u64,
+    ) -> Option<(&'p Target, u64)> {
+        if self.header.random {
+            return None;
+        }
+        let (from, within) = match resolver {
+            None => (client, 0),
+            Some((r, source)) => (r, d.scope.min(source)),
+        };
+        let pick = self.pick(self.choose(d), selection::key(from, client, within, now));
+        let until = selection::window_end(from, client, within, now);
+        Some((self.target(pick.target), until))
+    }
+
     /// Whether picks are random draws (`selection: random`).
     pub fn is_random(self) -> bool {
         self.header.random

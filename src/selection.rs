@@ -87,6 +87,16 @@ pub fn score(key: u64, salt: u64, weight: u64) -> f64 {
     u.ln() / weight as f64
 }
 
+/// The ECS source prefix public resolvers send (/24 for IPv4, /56 for IPv6): what
+/// explain assumes when told only which resolver asks.
+pub fn default_source(client: IpAddr) -> u8 {
+    if client.is_ipv4() {
+        24
+    } else {
+        56
+    }
+}
+
 /// Seconds since the Unix epoch, from the wall clock: nodes of a set agree on it (NTP),
 /// which is what the selection window needs. Never panics: a clock before 1970 reads 0.
 pub fn unix_now() -> u64 {

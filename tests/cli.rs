@@ -273,6 +273,11 @@ async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
 
 /// Writes a state file as `serve` would, with `cdns` fully failed over.
 fn saved_state(dir: &Path, cdns: &[&str]) {
+    saved_state_at(dir, cdns, 2)
+}
+
+/// As [`saved_state`], the CDNs at failover step `level` (1: the first of [50, 100]).
+fn saved_state_at(dir: &Path, cdns: &[&str], level: u32) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -288,7 +293,7 @@ fn saved_state(dir: &Path, cdns: &[&str]) {
         .collect();
     let steps: Vec<serde_json::Value> = cdns
         .iter()
-        .map(|c| serde_json::json!({"name": "www.example.com.", "cdn": c, "level": 2, "direction": "demote", "next_in_ms": null}))
+        .map(|c| serde_json::json!({"name": "www.example.com.", "cdn": c, "level": level, "direction": "demote", "next_in_ms": null}))
         .collect();
     let doc = serde_json::json!({"saved_unix_ms": now, "health": health, "steps": steps});
     std::fs::create_dir_all(dir).unwrap();
@@ -327,13 +332,66 @@ fn explain_shows_failover_and_fail_open_from_the_saved_state() {
     );
     assert!(out.contains("share 100.0 %"), "{out}");
 
+    // The first step of [50, 100] on GB's fastly 90: half of it moved to cloudflare.
+    saved_state_at(&dir.join("half"), &["fastly"], 1);
+    let out = explain(&dir.join("half"));
+    assert!(out.contains("removed  50 %  share  45.0 %"), "{out}");
+    assert!(out.contains("removed   0 %  share  55.0 %"), "{out}");
+
     saved_state(&dir.join("both"), &["fastly", "cloudflare"]);
     let out = explain(&dir.join("both"));
     assert!(
-        out.contains("reason:  fail-open: every CDN of the region is out"),
+        out.contains("reason:  fail-open: a removed share has no other CDN"),
         "{out}"
     );
     assert!(out.contains("share  90.0 %"), "{out}");
+}
+
+#[test]
+fn explain_gives_the_answer_a_resolver_gets() {
+    let explain = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .current_dir(repo("."))
+            .args(["explain", "www.example.com", "--client", "81.2.69.142"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let line = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with("pick:    "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let own = explain(&[]);
+    assert!(
+        line(&own).contains("asked by 81.2.69.142 itself, without ECS, until"),
+        "{own}"
+    );
+    // Resolvers differ; each is answered with fastly or cloudflare, and GB is 90/10.
+    let mut fastly = 0;
+    for i in 1..=20 {
+        let out = explain(&["--resolver", &format!("192.0.2.{i}")]);
+        let l = line(&out);
+        assert!(
+            l.contains(&format!("asked by 192.0.2.{i} with ECS 81.2.69.0/24")),
+            "{out}"
+        );
+        fastly += usize::from(l.contains("fastly (example.map.fastly.net.)"));
+        assert!(l.contains("fastly") || l.contains("cloudflare"), "{out}");
+        assert_eq!(
+            line(&explain(&["--resolver", &format!("192.0.2.{i}")])),
+            l,
+            "stable"
+        );
+    }
+    assert!(fastly >= 12, "{fastly} of 20 on fastly at 90 %");
 }
 
 #[tokio::test]
@@ -408,10 +466,10 @@ async fn sighup_reloads_the_configuration() {
         "example.map.fastly.net.",
         "example.fastly-edge.net.",
     );
-    // Polling is off: nothing changes until SIGHUP.
-    for _ in 0..50 {
+    // Polling is off: nothing changes until SIGHUP (50 resolvers: most get fastly).
+    for i in 0..50 {
         assert_ne!(
-            cname_of(&ask(addr, Proto::Udp, &q).await),
+            cname_of(&ask_from(addr, resolver(i), Proto::Udp, &q).await),
             "example.fastly-edge.net."
         );
     }
@@ -424,7 +482,10 @@ async fn sighup_reloads_the_configuration() {
     assert!(line.contains("trigger=SIGHUP"), "{line}");
     // The line is logged as the new plan is handed over; it serves a moment later.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while cname_of(&ask(addr, Proto::Udp, &q).await) != "example.fastly-edge.net." {
+    let mut i = 0;
+    while cname_of(&ask_from(addr, resolver(i), Proto::Udp, &q).await) != "example.fastly-edge.net."
+    {
+        i += 1;
         assert!(
             Instant::now() < deadline,
             "the new CNAME is not served 5 s after SIGHUP"

@@ -323,6 +323,35 @@ async fn explain_over_http_says_why() {
     assert_eq!(e["region"]["name"], "europe");
     assert_eq!(e["reason"], "normal");
     assert_eq!(e["ttl"], 30);
+    // The answer explain gives for a resolver is the one that resolver gets over DNS.
+    let q = common::query_edns(
+        "www.example.com.",
+        hickory_proto::rr::RecordType::A,
+        Some(("89.160.20.112", 30)),
+    );
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..30 {
+        let r = common::resolver(i);
+        let (_, e) = stack
+            .call(
+                Method::GET,
+                &format!(
+                    "/v1/explain?name=www.example.com&client=89.160.20.112&resolver={r}&source=30"
+                ),
+                None,
+                None,
+            )
+            .await;
+        let dns = common::ask_from(stack.dns, r, common::Proto::Udp, &q).await;
+        assert_eq!(
+            e["answer"]["cname"].as_str(),
+            Some(common::cname_of(&dns).as_str()),
+            "{e:#}"
+        );
+        assert_eq!(e["answer"]["selection"], "consistent");
+        seen.insert(common::cname_of(&dns));
+    }
+    assert_eq!(seen.len(), 2, "30 resolvers, both CDNs");
 
     stack.post("/v1/drains", drain(&["europe"])).await;
     let (_, e) = explain("89.160.20.112").await;

@@ -1,7 +1,7 @@
 //! Control plane: the HTTP API on `--api` (loopback by default).
 //!
 //! Read-only, open: `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
-//! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=`.
+//! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=]`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
 //! Without a configured token every mutation is refused.
@@ -331,10 +331,14 @@ async fn mutate(
 async fn explain(state: &ApiState, query: &str) -> Reply {
     let mut name = None;
     let mut client = None;
+    let mut resolver = None;
+    let mut source = None;
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some(("name", v)) => name = Some(v.to_string()),
             Some(("client", v)) => client = Some(v.replace("%3A", ":").replace("%3a", ":")),
+            Some(("resolver", v)) => resolver = Some(v.replace("%3A", ":").replace("%3a", ":")),
+            Some(("source", v)) => source = Some(v.to_string()),
             _ => {}
         }
     }
@@ -347,10 +351,27 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
     let Ok(ip) = client.parse::<IpAddr>() else {
         return error(StatusCode::BAD_REQUEST, "client: not an IP address");
     };
+    let resolver = match resolver.map(|r| r.parse::<IpAddr>()) {
+        None => None,
+        Some(Ok(r)) => Some(r),
+        Some(Err(_)) => return error(StatusCode::BAD_REQUEST, "resolver: not an IP address"),
+    };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let source = match source.map(|s| s.parse::<u8>()) {
+        None => crate::selection::default_source(ip),
+        Some(Ok(s)) if s <= max => s,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "source: not a prefix length of the client's family",
+            )
+        }
+    };
+    let resolver = resolver.map(|r| (r, source));
     let Some(commands) = &state.commands else {
         return error(StatusCode::NOT_FOUND, "not available in this mode");
     };
-    match ask(commands, |tx| Command::Explain(name, ip, tx)).await {
+    match ask(commands, |tx| Command::Explain(name, ip, resolver, tx)).await {
         Ok(Ok(doc)) => json_reply(StatusCode::OK, &doc),
         Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e),
         Err(reply) => *reply,

@@ -287,14 +287,19 @@ impl Controller {
                 self.publish();
                 let _ = reply.send(Ok(()));
             }
-            Command::Explain(name, ip, reply) => {
-                let _ = reply.send(self.explain(&name, ip));
+            Command::Explain(name, ip, resolver, reply) => {
+                let _ = reply.send(self.explain(&name, ip, resolver));
             }
         }
     }
 
     /// Explains, for a live query, how `name` is answered to a client at `ip` and why.
-    fn explain(&self, name: &str, ip: IpAddr) -> Result<serde_json::Value, String> {
+    fn explain(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        resolver: Option<(IpAddr, u8)>,
+    ) -> Result<serde_json::Value, String> {
         let live = self.live.as_ref().ok_or("not serving yet")?.load_full();
         let mut qname = hickory_proto::rr::Name::from_ascii(name)
             .map_err(|e| format!("`{name}` is not a DNS name: {e}"))?;
@@ -338,9 +343,22 @@ impl Controller {
             .into_iter()
             .filter(|r| r["name"] == host.name.to_string())
             .collect();
+        let answer = match steered.consistent_answer(&d, ip, resolver, crate::selection::unix_now())
+        {
+            Some((target, until)) => json!({
+                "selection": "consistent",
+                "cdn": &*target.cdn,
+                "cname": target.cname.to_string(),
+                "resolver": resolver.map_or(ip, |(r, _)| r).to_string(),
+                "ecs_source": resolver.map(|(_, s)| s),
+                "until_unix": until,
+            }),
+            None => json!({ "selection": "random" }),
+        };
         Ok(json!({
             "name": host.name.to_string(),
             "client": ip.to_string(),
+            "answer": answer,
             "country": place.country.map(|c| c.to_string()),
             "continent": place.continent.map(|c| c.code()),
             "network_prefix": place.prefix_len,
@@ -662,13 +680,13 @@ impl Controller {
 
     fn note_fail_open(&mut self, now: Vec<(String, String)>) {
         for (name, region) in now.iter().filter(|r| !self.fail_open.contains(r)) {
-            warn!(name = %name, region = %region, "fail-open: every CDN of the region is out, answering with the configured weights");
+            warn!(name = %name, region = %region, "fail-open: a removed share has no other CDN of the region to go to; the CDN it belongs to keeps serving it");
             if let Some(m) = self.local.metrics() {
                 m.fail_open(name, region, true);
             }
         }
         for (name, region) in self.fail_open.iter().filter(|r| !now.contains(r)) {
-            info!(name = %name, region = %region, "fail-open over: a CDN of the region is back");
+            info!(name = %name, region = %region, "fail-open over: every removed share of the region has somewhere to go");
             if let Some(m) = self.local.metrics() {
                 m.fail_open(name, region, false);
             }
@@ -750,9 +768,12 @@ pub enum Command {
     Undrain(String, oneshot::Sender<Result<DrainRule, String>>),
     Freeze(String, oneshot::Sender<Result<(), String>>),
     Resume(String, oneshot::Sender<Result<(), String>>),
+    /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
+    /// the client itself, without ECS).
     Explain(
         String,
         IpAddr,
+        Option<(IpAddr, u8)>,
         oneshot::Sender<Result<serde_json::Value, String>>,
     ),
 }
