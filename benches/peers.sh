@@ -169,11 +169,13 @@ wait_up() {
     die "$1 does not answer on port ${PORT[$1]}"
 }
 
-# Counts fastly answers out of N queries from a client subnet.
+# Counts fastly answers out of N queries from a client subnet, each from another
+# resolver (127.64.0.x): steerdns answers one resolver consistently, so N queries from
+# one source would measure one draw, not the shares.
 fastly_share() { # server subnet n
     local i n=$3 f=0 ans
     for i in $(seq 1 "$n"); do
-        ans=$(q "$1" www.example.com A +subnet="$2" +short +norec | head -1)
+        ans=$(q "$1" www.example.com A +subnet="$2" +short +norec -b "127.64.$((i / 250)).$((i % 250 + 1))" | head -1)
         case $ans in
         example.map.fastly.net.) f=$((f + 1)) ;;
         example.cdn.cloudflare.net.) ;;

@@ -106,10 +106,14 @@ is_steered_cname() {
 }
 
 # share SUBNET LOW HIGH: of $SHARE_QUERIES answers for SUBNET, LOW..HIGH % are fastly.
+# Answers are consistent per resolver, so each query comes from another resolver
+# (source addresses 127.64.x.y), as from a population of resolvers.
 share() {
-    local subnet=$1 low=$2 high=$3 f=0 c=0 other=0
+    local subnet=$1 low=$2 high=$3 f=0 c=0 other=0 i
     OUT=
-    for _ in $(seq "$SHARE_QUERIES"); do echo "www.example.com +subnet=$subnet"; done >"$TMP/batch"
+    for i in $(seq 0 $((SHARE_QUERIES - 1))); do
+        echo "-b 127.64.$((i / 250)).$((i % 250 + 1)) www.example.com +subnet=$subnet"
+    done >"$TMP/batch"
     while read -r line; do
         case $line in
         "$FASTLY") f=$((f + 1)) ;;
