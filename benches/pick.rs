@@ -24,9 +24,9 @@ use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::{self, Inputs};
-use steerdns::dns::geo::Place;
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
+use steerdns::place::geo::Place;
 
 const ADDRS: usize = 4096;
 

@@ -3,7 +3,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,163 +10,19 @@ use arc_swap::ArcSwap;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::probes::{self, Probes};
-use crate::config::{self, Policy};
+use crate::config::probes::Probes;
 use crate::control::api::{self, ApiState};
 use crate::control::controller::{self, Controller, StateFile};
 use crate::control::peers::Peers;
-use crate::control::planner;
 use crate::control::prober::Local;
 use crate::control::reload;
-use crate::dns::geo::GeoDb;
 use crate::dns::rrl::{Rrl, RrlConfig};
 use crate::dns::tcp::{self, TcpLimits};
 use crate::dns::{listen, udp, Handler};
-use crate::error::{ConfigIssue, Issues};
 use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
-use crate::zones::Zones;
 
-/// Where the inputs are; the defaults are relative to the working directory, so a fresh
-/// checkout serves its demo policy.
-#[derive(Clone, Debug)]
-pub struct Inputs {
-    pub config: PathBuf,
-    pub zones: PathBuf,
-    pub geo: PathBuf,
-    pub probes: PathBuf,
-}
-
-impl Default for Inputs {
-    fn default() -> Self {
-        Inputs {
-            config: "steering.yaml".into(),
-            zones: "zones".into(),
-            geo: "geo/country.mmdb".into(),
-            probes: "probes".into(),
-        }
-    }
-}
-
-/// All inputs, loaded and validated together.
-pub struct Loaded {
-    pub policy: Policy,
-    pub zones: Zones,
-    pub geo: Arc<GeoDb>,
-    /// Health checks; empty when `probes/` is absent.
-    pub probes: Probes,
-    /// A short hash of every input file: which configuration this is.
-    pub version: String,
-    /// Warnings from every file (the load succeeded).
-    pub warnings: Issues,
-}
-
-/// Loads and validates the policy, the zones and the geo database; reports the problems
-/// of all three at once.
-pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
-    load_cached(inputs, &mut GeoCache::default())
-}
-
-/// The geo database last loaded, reused while its file keeps its path, size and
-/// modification time: a policy edit then does not re-read and re-walk megabytes of
-/// database (nor churn that much memory) on every reload.
-#[derive(Default)]
-pub struct GeoCache(Option<(PathBuf, u64, std::time::SystemTime, Arc<GeoDb>)>);
-
-impl GeoCache {
-    fn open(&mut self, path: &Path) -> Result<Arc<GeoDb>, crate::dns::geo::GeoError> {
-        let stamp = std::fs::metadata(path)
-            .ok()
-            .and_then(|m| Some((m.len(), m.modified().ok()?)));
-        if let (Some((len, mtime)), Some((p, l, t, geo))) = (stamp, &self.0) {
-            if p == path && *l == len && *t == mtime {
-                return Ok(geo.clone());
-            }
-        }
-        let geo = Arc::new(GeoDb::open(path)?);
-        self.0 = stamp.map(|(len, mtime)| (path.to_path_buf(), len, mtime, geo.clone()));
-        Ok(geo)
-    }
-}
-
-/// As [`load`], reusing the geo database of `cache` when its file is unchanged.
-pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issues> {
-    let mut issues = Issues::default();
-    let policy = config::load(&inputs.config)
-        .map_err(|e| issues.extend(e))
-        .ok();
-    let zones = Zones::load(&inputs.zones)
-        .map_err(|e| issues.extend(e))
-        .ok();
-    let geo = cache
-        .open(&inputs.geo)
-        .map_err(|e| issues.push(ConfigIssue::error(&e.path, None, "", e.reason)))
-        .ok();
-    let (Some((policy, warnings)), Some((zones, zone_warnings)), Some(geo)) = (policy, zones, geo)
-    else {
-        return Err(issues);
-    };
-    issues.extend(warnings);
-    issues.extend(zone_warnings);
-    issues.extend(config::check_against_zones(&policy, &zones));
-    let cdns: Vec<&str> = policy
-        .hosts
-        .iter()
-        .flat_map(|h| h.cdns.iter().map(|c| c.name.as_str()))
-        .collect();
-    let probes = match probes::load_dir(&inputs.probes, Some(&cdns)) {
-        Ok((p, warnings)) => {
-            issues.extend(warnings);
-            let vantages = 1 + p.vantages.len() as u32;
-            for spec in p.specs.iter().filter(|s| s.quorum > vantages) {
-                issues.push(ConfigIssue::warning(
-                    &spec.file,
-                    None,
-                    "quorum",
-                    format!("quorum {} but only {vantages} vantage point(s) configured: all of them must agree", spec.quorum),
-                ));
-            }
-            p
-        }
-        Err(e) => {
-            issues.extend(e);
-            Probes::default()
-        }
-    };
-    if issues.has_errors() {
-        return Err(issues);
-    }
-    Ok(Loaded {
-        policy,
-        zones,
-        geo,
-        probes,
-        version: crate::control::reload::version(inputs),
-        warnings: issues,
-    })
-}
-
-impl Loaded {
-    /// The snapshot with every CDN at its configured weight.
-    pub fn snapshot(&self) -> Snapshot {
-        self.snapshot_with(&planner::Removed::new(), &[]).0
-    }
-
-    /// The snapshot for a failover state, and the regions that had to fail open.
-    pub fn snapshot_with(
-        &self,
-        removed: &planner::Removed,
-        drains: &[planner::DrainCut],
-    ) -> (Snapshot, Vec<(String, String)>) {
-        let planned = planner::plan(&self.policy, removed, drains);
-        let snapshot = Snapshot {
-            plan: planned.plan,
-            geo: self.geo.clone(),
-            zones: self.zones.catalog().clone(),
-        };
-        (snapshot, planned.fail_open)
-    }
-}
+pub use crate::inputs::{load, load_cached, GeoCache, Inputs, Loaded};
 
 /// A running DNS server: one thread per UDP socket, one task per TCP listener. Dropping it
 /// stops it.
@@ -461,34 +316,5 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop.cancel();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_geo_cache_reuses_an_unchanged_file_and_rereads_a_changed_one() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let dir = std::env::temp_dir().join(format!("steerdns-geocache-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("geo.mmdb");
-        let country = root.join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb");
-        let city = root.join("tests/fixtures/geo/GeoIP2-City-Test.mmdb");
-        std::fs::copy(&country, &path).unwrap();
-        let mut cache = GeoCache::default();
-        let first = cache.open(&path).unwrap();
-        assert!(Arc::ptr_eq(&first, &cache.open(&path).unwrap()), "re-read");
-        std::fs::copy(&city, &path).unwrap();
-        let second = cache.open(&path).unwrap();
-        assert!(
-            !Arc::ptr_eq(&first, &second),
-            "a changed file was not re-read"
-        );
-        assert_eq!(second.database_type(), "GeoIP2-City");
-        std::fs::write(&path, b"garbage").unwrap();
-        assert!(cache.open(&path).is_err());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

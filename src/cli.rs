@@ -10,11 +10,10 @@ use hickory_proto::rr::{LowerName, Name};
 use tracing::{info, warn};
 
 use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
-use crate::config::Match;
 use crate::control::controller::StateFile;
-use crate::dns::geo::Place;
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
+use crate::place::geo::Place;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
@@ -532,7 +531,7 @@ fn explain(
     let why = region
         .matches
         .iter()
-        .find(|m| matches(m, client, &place))
+        .find(|m| m.covers(client, &place))
         .map(|m| format!("first region matching `{m}`"))
         .unwrap_or_else(|| "default".into());
 
@@ -651,15 +650,6 @@ fn explain(
         );
     }
     ExitCode::SUCCESS
-}
-
-fn matches(m: &Match, ip: IpAddr, place: &Place) -> bool {
-    match m {
-        Match::Any => true,
-        Match::Country(c) => place.country == Some(*c),
-        Match::Continent(c) => place.continent == Some(*c),
-        Match::Net(n) => n.contains(&ip),
-    }
 }
 
 fn describe(place: &Place) -> String {

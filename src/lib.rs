@@ -18,7 +18,7 @@
 //!       └──── reads ──▶ plan.rs: Snapshot { Plan, GeoDb, Catalog } ◀── publishes ──┘
 //! ```
 //!
-//! - [`dns`]: the query path: [`dns::Handler`], [`dns::edns`], [`dns::geo`], sockets.
+//! - [`dns`]: the query path: [`dns::Handler`], [`dns::edns`], [`place::geo`], sockets.
 //! - [`plan`]: the immutable snapshot behind an `ArcSwap`; one atomic load per query.
 //! - [`selection`]: the weighted pick (rendezvous hashing) and its consistent key.
 //! - [`control`]: builds plans ([`control::planner`]).
@@ -34,7 +34,9 @@ pub mod control;
 pub mod dns;
 pub mod error;
 pub mod huge;
+pub mod inputs;
 pub mod metrics;
+pub mod place;
 pub mod plan;
 pub mod selection;
 pub mod zones;

@@ -793,13 +793,13 @@ mod tests {
     /// The demo policy's snapshot (the tests read its names and regions from the plan).
     fn demo() -> Snapshot {
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let inputs = crate::app::Inputs {
+        let inputs = crate::inputs::Inputs {
             config: repo.join("steering.yaml"),
             zones: repo.join("zones"),
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
         };
-        crate::app::load(&inputs).unwrap().snapshot()
+        crate::inputs::load(&inputs).unwrap().snapshot()
     }
 
     /// Answers `n` times from region 0 of the snapshot's first name.
@@ -912,7 +912,7 @@ mod tests {
         let m = Metrics::new();
         assert!(shares(&m).is_empty(), "no plan served yet");
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let loaded = crate::app::load(&crate::app::Inputs {
+        let loaded = crate::inputs::load(&crate::inputs::Inputs {
             config: repo.join("steering.yaml"),
             zones: repo.join("zones"),
             geo: repo.join("geo/country.mmdb"),

@@ -30,8 +30,8 @@ use crate::config::Selection;
 use crate::selection;
 
 use crate::config::Match;
-use crate::dns::geo::{GeoDb, Place};
 use crate::huge::Table;
+use crate::place::geo::{GeoDb, Place};
 
 /// Everything a query needs, swapped as one piece so that no query ever sees a plan
 /// from one configuration and zones from another.
@@ -495,18 +495,13 @@ impl<'p> Steered<'p> {
         }
         for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
             for m in scope.iter() {
-                let hit = match *m {
-                    Match::Any => true,
-                    Match::Country(c) => place.country == Some(c),
-                    Match::Continent(c) => place.continent == Some(c),
-                    Match::Net(n) => {
-                        if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
-                            d.scope = n.prefix_len();
-                        }
-                        n.contains(&ip)
+                // A CIDR scope splits the networks it cuts: the answer's scope narrows.
+                if let Match::Net(n) = *m {
+                    if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
+                        d.scope = n.prefix_len();
                     }
-                };
-                if hit {
+                }
+                if m.covers(ip, place) {
                     d.mask |= 1 << i;
                 }
             }
@@ -893,7 +888,7 @@ fn same_network(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
 mod tests {
     use super::*;
     use crate::config::Match;
-    use crate::dns::countries::Country;
+    use crate::place::countries::Country;
     use rand::{RngExt, SeedableRng};
 
     fn idx(regions: &[Vec<Match>]) -> RegionIndex {

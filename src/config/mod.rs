@@ -25,18 +25,16 @@ mod validate;
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use hickory_proto::rr::Name;
-use ipnet::IpNet;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::dns::countries::{Continent, Country};
 use crate::error::{ConfigIssue, Issues};
 
+pub use crate::place::Match;
 pub use locate::{line_of, render, Seg};
 pub use validate::{check_against_zones, empties_a_region};
 
@@ -105,85 +103,9 @@ pub struct Region {
     pub weights: Vec<u32>,
 }
 
-/// One entry of a region's `match:` list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Match {
-    /// `"*"`: every client.
-    Any,
-    /// `GB`.
-    Country(Country),
-    /// `continent:EU`.
-    Continent(Continent),
-    /// `81.2.69.0/24`, `2001:db8::/32` (a bare address is a /32 or /128).
-    Net(IpNet),
-}
-
-impl Match {
-    /// Parses one entry; `Err` says what was expected.
-    pub fn parse(s: &str) -> Result<Match, String> {
-        let s = s.trim();
-        if s == "*" {
-            return Ok(Match::Any);
-        }
-        if let Some(code) = s.strip_prefix("continent:") {
-            return Continent::from_code(code)
-                .map(Match::Continent)
-                .ok_or_else(|| {
-                    format!("unknown continent `{code}` (one of AF AN AS EU NA OC SA)")
-                });
-        }
-        // Bytes, not `&s[..2]`: a multi-byte character across byte 2 would panic (found
-        // by the `policy` fuzz target with `+՟::1/128`).
-        let b = s.as_bytes();
-        if b.len() > 2
-            && b[..2].eq_ignore_ascii_case(b"AS")
-            && b[2..].iter().all(|c| c.is_ascii_digit())
-        {
-            return Err(format!(
-                "`{s}`: AS-number matching needs an ASN database, which this version does not load"
-            ));
-        }
-        if s.contains('/') {
-            let net: IpNet = s.parse().map_err(|_| {
-                format!("`{s}` is not a CIDR block (e.g. 81.2.69.0/24 or 2001:db8::/32)")
-            })?;
-            if net.network() != net.addr() {
-                return Err(format!(
-                    "`{s}` has host bits set past the prefix (did you mean {}?)",
-                    net.trunc()
-                ));
-            }
-            return Ok(Match::Net(net));
-        }
-        if let Ok(ip) = s.parse::<IpAddr>() {
-            return Ok(Match::Net(IpNet::from(ip)));
-        }
-        if s.len() == 2 {
-            return Country::parse(s).map(Match::Country).ok_or_else(|| {
-                let hint = if s.eq_ignore_ascii_case("UK") {
-                    " (the United Kingdom is GB)"
-                } else {
-                    ""
-                };
-                format!("`{s}` is not an ISO 3166 country code{hint}")
-            });
-        }
-        Err(format!(
-            "`{s}` is not a country (GB), a continent (continent:EU), a CIDR block (81.2.69.0/24) or \"*\""
-        ))
-    }
-}
-
-impl fmt::Display for Match {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Match::Any => f.write_str("*"),
-            Match::Country(c) => write!(f, "{c}"),
-            Match::Continent(c) => write!(f, "continent:{}", c.code()),
-            Match::Net(n) => write!(f, "{n}"),
-        }
-    }
-}
+/// At most this many distinct location scopes of drains per name: each doubles the
+/// precomputed choices of the plan.
+pub const MAX_DRAIN_SCOPES: usize = 6;
 
 /// How a demoted CDN's weight is taken away, and given back.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -658,13 +658,13 @@ fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], dr
             groups.push(g);
         }
     }
-    if groups.len() > crate::control::planner::MAX_DRAIN_SCOPES {
+    if groups.len() > super::MAX_DRAIN_SCOPES {
         cx.error(
             &at(base, &[key("drain")]),
             format!(
                 "{} different location scopes in drains: at most {} (use region names)",
                 groups.len(),
-                crate::control::planner::MAX_DRAIN_SCOPES
+                super::MAX_DRAIN_SCOPES
             ),
         );
     }

@@ -22,7 +22,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::app::Loaded;
 use crate::config::probes::Probes;
 use crate::control::drains::{now_ms, DrainRule, Drains};
 use crate::control::health::{self, State, Tracker, VantageView};
@@ -32,6 +31,7 @@ use crate::control::planner::{self, Removed};
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
 use crate::control::stepper::{Direction, Stepper};
+use crate::inputs::Loaded;
 use crate::plan::{Live, Snapshot};
 
 /// Where state is saved, and how old a saved state may be to be used.

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
-use crate::plan::{ChoiceSpec, NameSpec, Plan, Reason, RegionIndex, Target};
+use crate::inputs::Loaded;
+use crate::plan::{ChoiceSpec, NameSpec, Plan, Reason, RegionIndex, Snapshot, Target};
 
 /// Percent of weight removed by failover, by (steered name, CDN name); absent = 0.
 pub type Removed = BTreeMap<(String, String), u8>;
@@ -30,9 +31,7 @@ pub struct DrainCut {
     pub percent: u8,
 }
 
-/// At most this many distinct location scopes of drains per name: each doubles the
-/// precomputed choices.
-pub const MAX_DRAIN_SCOPES: usize = 6;
+pub use crate::config::MAX_DRAIN_SCOPES;
 
 /// A plan and what it had to do to stay up.
 pub struct Planned {
@@ -40,6 +39,30 @@ pub struct Planned {
     /// (steered name, region) pairs answering with configured weights, for some or
     /// all of their clients, because every CDN there is out.
     pub fail_open: Vec<(String, String)>,
+}
+
+// === impl Loaded ===
+
+impl Loaded {
+    /// The snapshot with every CDN at its configured weight.
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_with(&Removed::new(), &[]).0
+    }
+
+    /// The snapshot for a failover state, and the regions that had to fail open.
+    pub fn snapshot_with(
+        &self,
+        removed: &Removed,
+        drains: &[DrainCut],
+    ) -> (Snapshot, Vec<(String, String)>) {
+        let planned = plan(&self.policy, removed, drains);
+        let snapshot = Snapshot {
+            plan: planned.plan,
+            geo: self.geo.clone(),
+            zones: self.zones.catalog().clone(),
+        };
+        (snapshot, planned.fail_open)
+    }
 }
 
 /// Builds the plan for a validated policy, the failover state and the drains in force.

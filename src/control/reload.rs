@@ -4,15 +4,14 @@
 //! to the controller, which swaps it in as one snapshot; a broken edit changes nothing
 //! and is logged with its file, line and field, and the last good input keeps serving.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{self, Inputs, Loaded};
 use crate::error::Issues;
+use crate::inputs::{self, fingerprint, Inputs, Loaded};
 
 /// What asked for a reload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,39 +35,13 @@ pub struct Reloaded {
     pub result: Result<Loaded, Issues>,
 }
 
-/// (path, size, modification time) of every input file, in a stable order.
-type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
-
-fn fingerprint(inputs: &Inputs) -> Fingerprint {
-    let mut files = vec![inputs.config.clone(), inputs.geo.clone()];
-    for dir in [&inputs.zones, &inputs.probes] {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            files.extend(
-                entries
-                    .filter_map(Result::ok)
-                    .map(|e| e.path())
-                    .filter(|p| p.is_file()),
-            );
-        }
-    }
-    files.sort();
-    files
-        .into_iter()
-        .map(|p| {
-            let meta = std::fs::metadata(&p).ok();
-            let (len, mtime) = meta.map_or((u64::MAX, None), |m| (m.len(), m.modified().ok()));
-            (p, len, mtime)
-        })
-        .collect()
-}
-
 /// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`.
 pub fn spawn(inputs: Inputs, poll: Duration, out: mpsc::Sender<Reloaded>, stop: CancellationToken) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let mut seen = fingerprint(&inputs);
-        let cache = Arc::new(std::sync::Mutex::new(app::GeoCache::default()));
+        let cache = Arc::new(std::sync::Mutex::new(inputs::GeoCache::default()));
         loop {
             let tick = async {
                 if poll.is_zero() {
@@ -105,7 +78,7 @@ pub fn spawn(inputs: Inputs, poll: Duration, out: mpsc::Sender<Reloaded>, stop: 
             // Walking a geo database takes tens of milliseconds: not on a runtime worker.
             let load = move || {
                 let mut cache = cache2.lock().unwrap_or_else(|p| p.into_inner());
-                app::load_cached(&inputs2, &mut cache)
+                inputs::load_cached(&inputs2, &mut cache)
             };
             let result = match tokio::task::spawn_blocking(load).await {
                 Ok(r) => r,
@@ -119,22 +92,4 @@ pub fn spawn(inputs: Inputs, poll: Duration, out: mpsc::Sender<Reloaded>, stop: 
             }
         }
     });
-}
-
-/// A short version of the inputs' contents (FNV-1a over every file), to tell which
-/// configuration is loaded.
-pub fn version(inputs: &Inputs) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (path, _, _) in fingerprint(inputs) {
-        let bytes = std::fs::read(&path).unwrap_or_default();
-        for b in path_bytes(&path).iter().chain(&bytes) {
-            hash ^= u64::from(*b);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{hash:016x}")
-}
-
-fn path_bytes(p: &Path) -> Vec<u8> {
-    p.to_string_lossy().as_bytes().to_vec()
 }

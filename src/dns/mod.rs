@@ -16,9 +16,7 @@
 //! planner. Only this module and `wire.rs` know the DNS message format.
 
 pub mod cache;
-pub mod countries;
 pub mod edns;
-pub mod geo;
 pub mod listen;
 pub mod rrl;
 pub mod tcp;

@@ -1,0 +1,209 @@
+//! Input: every file steerdns serves from, loaded, validated and fingerprinted together,
+//! for `serve` at start, for every reload, and for `check` and `explain`.
+//!
+//! `load` reads the policy (`config`), the zones (`zones`), the geo database
+//! (`place::geo`) and the probes, reports the problems of all of them at once, and
+//! returns a [`Loaded`] with a short version hash of the files. The planner
+//! (`control::planner`) turns a `Loaded` into the snapshot the data plane serves.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::config::probes::{self, Probes};
+use crate::config::{self, Policy};
+use crate::error::{ConfigIssue, Issues};
+use crate::place::geo::{GeoDb, GeoError};
+use crate::zones::Zones;
+
+/// Where the inputs are; the defaults are relative to the working directory, so a fresh
+/// checkout serves its demo policy.
+#[derive(Clone, Debug)]
+pub struct Inputs {
+    pub config: PathBuf,
+    pub zones: PathBuf,
+    pub geo: PathBuf,
+    pub probes: PathBuf,
+}
+
+impl Default for Inputs {
+    fn default() -> Self {
+        Inputs {
+            config: "steering.yaml".into(),
+            zones: "zones".into(),
+            geo: "geo/country.mmdb".into(),
+            probes: "probes".into(),
+        }
+    }
+}
+
+/// All inputs, loaded and validated together.
+pub struct Loaded {
+    pub policy: Policy,
+    pub zones: Zones,
+    pub geo: Arc<GeoDb>,
+    /// Health checks; empty when `probes/` is absent.
+    pub probes: Probes,
+    /// A short hash of every input file: which configuration this is.
+    pub version: String,
+    /// Warnings from every file (the load succeeded).
+    pub warnings: Issues,
+}
+
+/// Loads and validates the policy, the zones and the geo database; reports the problems
+/// of all three at once.
+pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
+    load_cached(inputs, &mut GeoCache::default())
+}
+
+/// The geo database last loaded, reused while its file keeps its path, size and
+/// modification time: a policy edit then does not re-read and re-walk megabytes of
+/// database (nor churn that much memory) on every reload.
+#[derive(Default)]
+pub struct GeoCache(Option<(PathBuf, u64, SystemTime, Arc<GeoDb>)>);
+
+impl GeoCache {
+    fn open(&mut self, path: &Path) -> Result<Arc<GeoDb>, GeoError> {
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .and_then(|m| Some((m.len(), m.modified().ok()?)));
+        if let (Some((len, mtime)), Some((p, l, t, geo))) = (stamp, &self.0) {
+            if p == path && *l == len && *t == mtime {
+                return Ok(geo.clone());
+            }
+        }
+        let geo = Arc::new(GeoDb::open(path)?);
+        self.0 = stamp.map(|(len, mtime)| (path.to_path_buf(), len, mtime, geo.clone()));
+        Ok(geo)
+    }
+}
+
+/// As [`load`], reusing the geo database of `cache` when its file is unchanged.
+pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issues> {
+    let mut issues = Issues::default();
+    let policy = config::load(&inputs.config)
+        .map_err(|e| issues.extend(e))
+        .ok();
+    let zones = Zones::load(&inputs.zones)
+        .map_err(|e| issues.extend(e))
+        .ok();
+    let geo = cache
+        .open(&inputs.geo)
+        .map_err(|e| issues.push(ConfigIssue::error(&e.path, None, "", e.reason)))
+        .ok();
+    let (Some((policy, warnings)), Some((zones, zone_warnings)), Some(geo)) = (policy, zones, geo)
+    else {
+        return Err(issues);
+    };
+    issues.extend(warnings);
+    issues.extend(zone_warnings);
+    issues.extend(config::check_against_zones(&policy, &zones));
+    let cdns: Vec<&str> = policy
+        .hosts
+        .iter()
+        .flat_map(|h| h.cdns.iter().map(|c| c.name.as_str()))
+        .collect();
+    let probes = match probes::load_dir(&inputs.probes, Some(&cdns)) {
+        Ok((p, warnings)) => {
+            issues.extend(warnings);
+            let vantages = 1 + p.vantages.len() as u32;
+            for spec in p.specs.iter().filter(|s| s.quorum > vantages) {
+                issues.push(ConfigIssue::warning(
+                    &spec.file,
+                    None,
+                    "quorum",
+                    format!("quorum {} but only {vantages} vantage point(s) configured: all of them must agree", spec.quorum),
+                ));
+            }
+            p
+        }
+        Err(e) => {
+            issues.extend(e);
+            Probes::default()
+        }
+    };
+    if issues.has_errors() {
+        return Err(issues);
+    }
+    Ok(Loaded {
+        policy,
+        zones,
+        geo,
+        probes,
+        version: version(inputs),
+        warnings: issues,
+    })
+}
+
+/// (path, size, modification time) of every input file, in a stable order.
+pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+
+pub fn fingerprint(inputs: &Inputs) -> Fingerprint {
+    let mut files = vec![inputs.config.clone(), inputs.geo.clone()];
+    for dir in [&inputs.zones, &inputs.probes] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            files.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.is_file()),
+            );
+        }
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let meta = std::fs::metadata(&p).ok();
+            let (len, mtime) = meta.map_or((u64::MAX, None), |m| (m.len(), m.modified().ok()));
+            (p, len, mtime)
+        })
+        .collect()
+}
+
+/// A short version of the inputs' contents (FNV-1a over every file), to tell which
+/// configuration is loaded.
+pub fn version(inputs: &Inputs) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (path, _, _) in fingerprint(inputs) {
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        for b in path_bytes(&path).iter().chain(&bytes) {
+            hash ^= u64::from(*b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+fn path_bytes(p: &Path) -> Vec<u8> {
+    p.to_string_lossy().as_bytes().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_geo_cache_reuses_an_unchanged_file_and_rereads_a_changed_one() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = std::env::temp_dir().join(format!("steerdns-geocache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("geo.mmdb");
+        let country = root.join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb");
+        let city = root.join("tests/fixtures/geo/GeoIP2-City-Test.mmdb");
+        std::fs::copy(&country, &path).unwrap();
+        let mut cache = GeoCache::default();
+        let first = cache.open(&path).unwrap();
+        assert!(Arc::ptr_eq(&first, &cache.open(&path).unwrap()), "re-read");
+        std::fs::copy(&city, &path).unwrap();
+        let second = cache.open(&path).unwrap();
+        assert!(
+            !Arc::ptr_eq(&first, &second),
+            "a changed file was not re-read"
+        );
+        assert_eq!(second.database_type(), "GeoIP2-City");
+        std::fs::write(&path, b"garbage").unwrap();
+        assert!(cache.open(&path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
