@@ -10,7 +10,7 @@
 //! | QR=1, well-formed or not | `respond` | dropped, no answer (anti-reflection) |
 //! | UDP datagram over 4,096 bytes | `dns::udp` | dropped, counted |
 //! | header parses, body does not (truncated question or record, pointer loop, two OPT, OPT outside the additional section, QDCOUNT larger than the questions present) | `respond` (hickory's `Request::from_bytes` fails) | `FORMERR`, no OPT, no question |
-//! | opcode other than QUERY | our handler | `NOTIMP` |
+//! | opcode other than QUERY | our handler | `NOTIMP`, header only: id and opcode copied, no flag but QR, no question, an OPT only if the query had one |
 //! | QDCOUNT 0 or 2 (both present) | our handler | `FORMERR` |
 //! | a compressed question (e.g. a pointer into the header) | our handler | `FORMERR`, no question (hickory would echo the pointer) |
 //! | class other than IN | our handler | `REFUSED` |
@@ -85,10 +85,6 @@ fn www_a() -> Vec<u8> {
 
 fn id_of(answer: &[u8]) -> u16 {
     u16::from_be_bytes([answer[0], answer[1]])
-}
-
-fn opcode_of(answer: &[u8]) -> u8 {
-    (answer[2] >> 3) & 0x0f
 }
 
 fn counts_of(answer: &[u8]) -> [u16; 4] {
@@ -355,22 +351,68 @@ async fn malformed_responses_get_no_answer() {
     still_answers(&srv, "malformed responses").await;
 }
 
+/// Every header flag a query can carry: AA, TC, RD, RA, Z, AD and CD.
+const EVERY_FLAG: u16 = 0x0400 | 0x0200 | RD | 0x0080 | 0x0040 | 0x0020 | 0x0010;
+
+/// The NOTIMP answer to a request with opcode `op` and id `id`: QR, the opcode and
+/// NOTIMP, nothing else set; no question, no records; `opt` as the only record if given.
+fn bare_notimp(id: u16, op: u16, opt: Option<&[u8]>) -> Vec<u8> {
+    let mut a = header(
+        id,
+        0x8000 | (op << 11) | 4,
+        [0, 0, 0, u16::from(opt.is_some())],
+    );
+    a.extend_from_slice(opt.unwrap_or_default());
+    a
+}
+
+#[tokio::test]
+async fn opcode_15_with_every_flag_set_gets_a_header_only_notimp() {
+    // ISC genreport's `opcodeflg`: `dig +noedns +header-only +opcode=15 +tcflag +rec
+    // +raflag +cd +ad +aaflag +zflag`. BIND answers 12 bytes: NOTIMP, opcode 15, QR and
+    // no other flag (RD and CD belong to a QUERY), no question.
+    let srv = TestServer::demo().await;
+    let bytes = header(0x0f0f, (15 << 11) | EVERY_FLAG, [0, 0, 0, 0]);
+    for proto in BOTH {
+        let a = answer(&srv, proto, &bytes, "opcodeflg").await;
+        assert_eq!(
+            a,
+            bare_notimp(0x0f0f, 15, None),
+            "opcodeflg over {proto:?}: {a:02x?}"
+        );
+    }
+    still_answers(&srv, "opcodeflg").await;
+}
+
 #[tokio::test]
 async fn opcodes_other_than_query_get_notimp() {
+    // Every opcode but QUERY, with a question or header only, every flag or only RD,
+    // with and without EDNS: the same bare NOTIMP over UDP (which the fast path and the
+    // answer cache leave to the full path) and TCP. With an OPT in the query the answer
+    // has one (RFC 6891 §7): our version 0, the payload size, nothing echoed.
     let srv = TestServer::demo().await;
+    // The query's OPT and ours: root, UDP size 1232, version 0, no flags, no options.
+    let edns_opt = opt(&[]);
     for proto in BOTH {
         for op in 1u16..16 {
-            let id = 30 + op;
-            let bytes = packet(id, RD | (op << 11), [1, 0, 0, 0], &[&www_a()]);
-            let a = answer(&srv, proto, &bytes, &format!("opcode {op}")).await;
-            assert_eq!(id_of(&a), id);
-            assert_eq!(
-                raw_rcode(&a),
-                4,
-                "opcode {op} over {proto:?}: NOTIMP expected"
-            );
-            assert_eq!(opcode_of(&a), op as u8, "opcode echoed");
-            assert_eq!(counts_of(&a)[1], 0, "no answers");
+            for (flags, question, edns) in [
+                (RD, true, false),
+                (EVERY_FLAG, true, false),
+                (EVERY_FLAG, false, false),
+                (EVERY_FLAG, true, true),
+                (RD, false, true),
+            ] {
+                let id = 30 + op;
+                let q: &[u8] = if question { &www_a() } else { &[] };
+                let o: &[u8] = if edns { &edns_opt } else { &[] };
+                let counts = [u16::from(question), 0, 0, u16::from(edns)];
+                let bytes = packet(id, flags | (op << 11), counts, &[q, o]);
+                let what =
+                    format!("opcode {op}, flags {flags:#06x}, question {question}, EDNS {edns}");
+                let a = answer(&srv, proto, &bytes, &what).await;
+                let want = bare_notimp(id, op, edns.then_some(edns_opt.as_slice()));
+                assert_eq!(a, want, "{what} over {proto:?}");
+            }
         }
     }
     still_answers(&srv, "unknown opcodes").await;

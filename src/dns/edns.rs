@@ -11,6 +11,7 @@
 //! | 7871 §6 | unknown FAMILY, SOURCE past the address length: `FORMERR` (hickory's decoder already refuses the packet) |
 //! | 7871 §7.1.1 | SOURCE 0: the client opted out; locate by the packet source, answer SCOPE 0 |
 //! | 7871 §7.2.1 | echo FAMILY, SOURCE and ADDRESS; SCOPE = the prefix the answer depends on |
+//! | 1035 §4.1.1 | an opcode other than QUERY: `NOTIMP`, header only (no question), id and opcode copied, no flag but QR; the OPT as above (RFC 6891 §7) |
 //!
 //! Pure functions; unit-tested here, and over sockets in `tests/ecs.rs`.
 

@@ -6,7 +6,8 @@
 //!    ├─ other name, plain form ─▶ cache.rs: the full path's answer, replayed
 //!    └─ anything else (and cache misses) ─┐
 //! TCP listener ─▶ tcp.rs ─┴▶ Handler::respond: hickory decode ─▶ Handler::handle_request
-//!    EDNS/ECS checks ─▶ steered name? ──no──▶ zones (hickory Catalog), ECS scope 0
+//!    EDNS/ECS checks ─▶ opcode (NOTIMP) ─▶ one question, class IN
+//!    ─▶ steered name? ──no──▶ zones (hickory Catalog), ECS scope 0
 //!                            │yes
 //!    client location (ECS | source) ─▶ geo lookup ─▶ region ─▶ weighted pick ─▶ CNAME + ECS scope
 //!                                     (key: resolver, network within the scope, window)
@@ -28,7 +29,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::CNAME;
+use hickory_proto::rr::rdata::{CNAME, TSIG};
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
 use hickory_server::net::runtime::{Time, TokioTime};
@@ -70,7 +71,8 @@ impl Handler {
 
     /// The full path: one DNS message in, the response's bytes out (`None`: no answer).
     /// Decodes with hickory as its server does: fewer than 12 bytes and responses
-    /// (QR=1) get nothing; a header followed by an undecodable body gets `FORMERR`.
+    /// (QR=1) get nothing; a header followed by an undecodable body gets `FORMERR`
+    /// (header only, flags as in [`reply_metadata`]).
     /// Over UDP the response fits the client's payload size (else 512), truncated with
     /// TC as hickory does.
     pub async fn respond(
@@ -95,7 +97,7 @@ impl Handler {
                 let header = Header::read(&mut BinDecoder::new(packet)).ok()?;
                 let none = Queries::read(&mut BinDecoder::new(&[]), 0).ok()?;
                 let message = MessageResponseBuilder::new(&none, None)
-                    .error_msg(&header.metadata, ResponseCode::FormErr);
+                    .build_no_records(reply_metadata(&header.metadata, ResponseCode::FormErr));
                 let _ = message_send(capture.clone(), message).await;
                 self.metrics.answered(ResponseCode::FormErr.into());
             }
@@ -200,17 +202,23 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     // make it undecodable. No resolver compresses a lone question: FORMERR, without it.
     if compressed_question(request.queries.as_bytes(), request.queries.len()) {
         let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));
-        return (
-            error_without_question(request, opt.as_ref(), response).await,
+        let info = reply(
+            request,
+            ResponseCode::FormErr,
+            false,
+            opt.as_ref(),
             None,
+            response,
         );
+        return (info.await, None);
     }
     // RFC 6891 §7: with no OPT in the query there is none in the response.
     let client = match edns::client(request.edns.as_ref(), request.src().ip()) {
         Ok(c) => c,
         Err(rcode) => {
             let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));
-            return (error(request, rcode, opt.as_ref(), response).await, None);
+            let info = reply(request, rcode, true, opt.as_ref(), None, response);
+            return (info.await, None);
         }
     };
     // Answers that do not depend on the client carry ECS scope 0.
@@ -222,32 +230,41 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     if request.metadata.op_code != OpCode::Query
         || request.metadata.message_type != MessageType::Query
     {
-        let info = error(request, ResponseCode::NotImp, untailored.as_ref(), response).await;
-        return (info, None);
+        let info = reply(
+            request,
+            ResponseCode::NotImp,
+            true,
+            untailored.as_ref(),
+            None,
+            response,
+        );
+        return (info.await, None);
     }
     let [query] = request.queries.queries() else {
-        let info = error(
+        let info = reply(
             request,
             ResponseCode::FormErr,
+            true,
             untailored.as_ref(),
+            None,
             response,
-        )
-        .await;
-        return (info, None);
+        );
+        return (info.await, None);
     };
 
     // Only the Internet class is served, and zone transfers are not offered.
     if query.query_class() != DNSClass::IN
         || matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR)
     {
-        let info = error(
+        let info = reply(
             request,
             ResponseCode::Refused,
+            true,
             untailored.as_ref(),
+            None,
             response,
-        )
-        .await;
-        return (info, None);
+        );
+        return (info.await, None);
     }
     let steered = snap.plan.get(query.name());
     let Some(steered) = steered else {
@@ -299,15 +316,50 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     (info, Some(Steer { pick }))
 }
 
-async fn error<R: ResponseHandler>(
+/// A response without records: the header of [`reply_metadata`], the question as received
+/// when `echo_question` and the opcode is QUERY (none otherwise: a question belongs to
+/// a QUERY, and BIND answers other opcodes header only), then `opt`, then `tsig`.
+async fn reply<R: ResponseHandler>(
     request: &Request,
     rcode: ResponseCode,
+    echo_question: bool,
     opt: Option<&Edns>,
+    tsig: Option<Box<Record<TSIG>>>,
     response: R,
 ) -> ResponseInfo {
-    let message =
-        MessageResponseBuilder::new(&request.queries, opt).error_msg(&request.metadata, rcode);
+    let none;
+    let queries = if echo_question && request.metadata.op_code == OpCode::Query {
+        &request.queries
+    } else {
+        match Queries::read(&mut BinDecoder::new(&[]), 0) {
+            Ok(q) => {
+                none = q;
+                &none
+            }
+            // Reading no question from no bytes cannot fail; answer nothing if it does.
+            Err(_) => return send(request, Err(NetError::from("no empty Queries"))),
+        }
+    };
+    let metadata = reply_metadata(&request.metadata, rcode);
+    let mut message = MessageResponseBuilder::new(queries, opt).build_no_records(metadata);
+    if let Some(tsig) = tsig {
+        message.set_signature(tsig);
+    }
     send(request, message_send(response, message).await)
+}
+
+/// The header of a response that is not an answer: QR, the id and the opcode copied
+/// (RFC 1035 §4.1.1), and for a QUERY, RD and CD copied too. To any other opcode only
+/// QR is set, whatever flags the request carried: RD, CD, AD and the others are only
+/// defined for QUERY (BIND's answer; ISC genreport's `opcode` and `opcodeflg` checks).
+fn reply_metadata(request: &Metadata, rcode: ResponseCode) -> Metadata {
+    let mut metadata = Metadata::response_from_request(request);
+    if request.op_code != OpCode::Query {
+        metadata.recursion_desired = false;
+        metadata.checking_disabled = false;
+    }
+    metadata.response_code = rcode;
+    metadata
 }
 
 /// Whether a name in the raw question section ends in a compression pointer (found by
@@ -326,24 +378,6 @@ fn compressed_question(raw: &[u8], count: usize) -> bool {
         i += 1 + 4; // the root label, type and class
     }
     false
-}
-
-/// FORMERR with an empty question section.
-async fn error_without_question<R: ResponseHandler>(
-    request: &Request,
-    opt: Option<&Edns>,
-    response: R,
-) -> ResponseInfo {
-    let Ok(none) = Queries::read(&mut BinDecoder::new(&[]), 0) else {
-        // Reading no question from no bytes cannot fail; answer nothing if it does.
-        return send(
-            request,
-            Err(hickory_server::net::NetError::from("no empty Queries")),
-        );
-    };
-    let message =
-        MessageResponseBuilder::new(&none, opt).error_msg(&request.metadata, ResponseCode::FormErr);
-    send(request, message_send(response, message).await)
 }
 
 type Sent = Result<ResponseInfo, hickory_server::net::NetError>;
