@@ -127,7 +127,7 @@ async fn without_ecs_the_source_address_is_located_and_no_ecs_is_returned() {
 #[tokio::test]
 async fn malformed_client_subnets_get_formerr() {
     let srv = TestServer::demo().await;
-    let cases: [(&str, Vec<u8>); 7] = [
+    let cases: [(&str, Vec<u8>); 12] = [
         ("unknown family 3", vec![0, 3, 24, 0, 81, 2, 69]),
         ("IPv4 source prefix 33", vec![0, 1, 33, 0, 81, 2, 69, 0, 0]),
         (
@@ -144,6 +144,22 @@ async fn malformed_client_subnets_get_formerr() {
         ),
         ("non-zero scope in a query", vec![0, 1, 24, 16, 81, 2, 69]),
         ("empty option", vec![]),
+        // RFC 7871 §6: exactly the octets the source prefix needs, neither more nor
+        // fewer (hickory reads what the prefix needs and ignores the rest).
+        (
+            "IPv4 /24 with 4 address octets",
+            vec![0, 1, 24, 0, 81, 2, 69, 0],
+        ),
+        (
+            "IPv6 /56 with 8 address octets",
+            vec![0, 2, 56, 0, 0x20, 0x01, 0x02, 0x18, 0, 0, 0, 0],
+        ),
+        ("IPv4 /0 with an address octet", vec![0, 1, 0, 0, 81]),
+        (
+            "IPv6 /0 with 16 address octets",
+            [vec![0, 2, 0, 0], vec![0; 16]].concat(),
+        ),
+        ("IPv4 /24 with 2 address octets", vec![0, 1, 24, 0, 81, 2]),
     ];
     for proto in BOTH {
         for (i, (what, data)) in cases.iter().enumerate() {

@@ -324,6 +324,48 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
             ),
             1,
         ),
+        // RFC 7871 §6: more address octets than the source prefix needs. The fast path
+        // refuses them, and the full path must answer FORMERR, not the CNAME.
+        (
+            "ECS /24 with 4 address octets",
+            packet(
+                8,
+                1,
+                false,
+                "pinned.example.com",
+                1,
+                Some(opt(1232, false, &[ecs(1, 24, &[81, 2, 69, 0])])),
+            ),
+            1,
+        ),
+        (
+            "ECS IPv6 /56 with 8 address octets",
+            packet(
+                9,
+                1,
+                false,
+                "pinned.example.com",
+                1,
+                Some(opt(
+                    1232,
+                    false,
+                    &[ecs(2, 56, &[0x20, 0x01, 0x02, 0x18, 0, 0, 0, 0])],
+                )),
+            ),
+            1,
+        ),
+        (
+            "ECS /0 with an address octet",
+            packet(
+                10,
+                1,
+                false,
+                "pinned.example.com",
+                1,
+                Some(opt(1232, false, &[ecs(1, 0, &[0])])),
+            ),
+            1,
+        ),
         (
             "class CH",
             {
@@ -357,6 +399,13 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         };
         let want = if what == "EDNS version 1" { 16 } else { rcode };
         assert_eq!(got, want, "{what}");
+        // UDP (fast path declined, answer cache bypassed) and TCP give the same answer.
+        let tcp = raw(srv.addr, Proto::Tcp, &q).await.expect("a TCP answer");
+        assert_eq!(
+            Message::from_vec(&a).unwrap(),
+            Message::from_vec(&tcp).unwrap(),
+            "{what}: UDP and TCP differ"
+        );
     }
 }
 
@@ -435,6 +484,17 @@ fn zone_forms() -> Vec<(&'static str, Vec<u8>)> {
         (
             "out of zone: REFUSED",
             packet(14, 0x01, false, "example.org", 1, edns(&[gb()])),
+        ),
+        (
+            "SOA, ECS /24 with 4 address octets: FORMERR",
+            packet(
+                16,
+                0x01,
+                false,
+                "example.com",
+                6,
+                edns(&[ecs(1, 24, &[81, 2, 69, 0])]),
+            ),
         ),
         (
             "payload 512",

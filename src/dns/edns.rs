@@ -9,6 +9,7 @@
 //! | 7871 §6 | ECS with address bits set past SOURCE PREFIX-LENGTH: `FORMERR` |
 //! | 7871 §6 | ECS with a non-zero SCOPE PREFIX-LENGTH in a query: `FORMERR` |
 //! | 7871 §6 | unknown FAMILY, SOURCE past the address length: `FORMERR` (hickory's decoder already refuses the packet) |
+//! | 7871 §6 | more ADDRESS octets than SOURCE PREFIX-LENGTH needs (e.g. 4 for a /24, any for a /0): `FORMERR`, counted in the option as received ([`check_address_octets`]); too few: `FORMERR` (hickory's decoder refuses the packet) |
 //! | 7871 §7.1.1 | SOURCE 0: the client opted out; locate by the packet source, answer SCOPE 0 |
 //! | 7871 §7.2.1 | echo FAMILY, SOURCE and ADDRESS; SCOPE = the prefix the answer depends on |
 //! | 1035 §4.1.1 | an opcode other than QUERY: `NOTIMP`, header only (no question), id and opcode copied, no flag but QR; the OPT as above (RFC 6891 §7) |
@@ -18,7 +19,7 @@
 use std::net::IpAddr;
 
 use hickory_proto::op::{Edns, ResponseCode};
-use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
 
 /// The largest UDP payload we advertise and send, as NSD, Knot and BIND do since DNS
 /// Flag Day 2020: larger answers risk IP fragmentation, and go over TCP instead.
@@ -82,6 +83,27 @@ fn check_subnet(cs: &ClientSubnet) -> Result<ClientSubnet, ResponseCode> {
     Ok(*cs)
 }
 
+/// RFC 7871 §6: every ECS option in `opt_rdata` (the OPT's options as received) holds
+/// exactly the ADDRESS octets its SOURCE PREFIX-LENGTH needs. hickory's decoder reads
+/// that many and ignores the rest, so this looks at the bytes. `None` (no OPT found
+/// where hickory found an ECS option) cannot be checked: `FORMERR` too.
+pub fn check_address_octets(opt_rdata: Option<&[u8]>) -> Result<(), ResponseCode> {
+    let mut rest = opt_rdata.ok_or(ResponseCode::FormErr)?;
+    while let [c0, c1, l0, l1, tail @ ..] = rest {
+        let len = usize::from(u16::from_be_bytes([*l0, *l1]));
+        let (data, after) = tail.split_at_checked(len).ok_or(ResponseCode::FormErr)?;
+        if u16::from_be_bytes([*c0, *c1]) == u16::from(EdnsCode::Subnet) {
+            // FAMILY (2), SOURCE (1), SCOPE (1), ADDRESS.
+            let needed = data.get(2).map(|s| 4 + usize::from(*s).div_ceil(8));
+            if needed != Some(data.len()) {
+                return Err(ResponseCode::FormErr);
+            }
+        }
+        rest = after;
+    }
+    Ok(())
+}
+
 /// The response OPT for a request that had one: our version, the payload size, DO, and
 /// the ECS option echoed with `scope` (forced to 0 when the client opted out).
 pub fn response(req: &Edns, ecs: Option<ClientSubnet>, scope: u8) -> Edns {
@@ -99,7 +121,6 @@ pub fn response(req: &Edns, ecs: Option<ClientSubnet>, scope: u8) -> Edns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hickory_proto::rr::rdata::opt::EdnsCode;
 
     fn edns_with(cs: ClientSubnet) -> Edns {
         let mut e = Edns::new();
@@ -167,6 +188,40 @@ mod tests {
                 0,
             )));
         assert_eq!(client(Some(&two), src()), Err(ResponseCode::FormErr));
+    }
+
+    #[test]
+    fn address_octets_must_be_exactly_what_the_source_needs() {
+        let ecs = |data: &[u8]| {
+            let mut o = vec![0, 8, 0, data.len() as u8];
+            o.extend_from_slice(data);
+            o
+        };
+        let ok = |o: &[u8]| check_address_octets(Some(o));
+        // 81.2.69.0/24 with 3 octets; /0 with none; /25 with 4; IPv6 /56 with 7.
+        assert_eq!(ok(&ecs(&[0, 1, 24, 0, 81, 2, 69])), Ok(()));
+        assert_eq!(ok(&ecs(&[0, 1, 0, 0])), Ok(()));
+        assert_eq!(ok(&ecs(&[0, 1, 25, 0, 81, 2, 69, 128])), Ok(()));
+        assert_eq!(ok(&ecs(&[0, 2, 56, 0, 0x20, 1, 2, 0x18, 0, 0, 0])), Ok(()));
+        // Other options around it are skipped.
+        let mut around = vec![0xfd, 0xe9, 0, 3, 1, 2, 3];
+        around.extend(ecs(&[0, 1, 24, 0, 81, 2, 69]));
+        around.extend([0, 10, 0, 0]);
+        assert_eq!(ok(&around), Ok(()));
+        assert_eq!(ok(&[]), Ok(()));
+        // One octet too many: /24 with 4, /0 with 1, IPv6 /56 with 8; and too few.
+        let formerr = Err(ResponseCode::FormErr);
+        assert_eq!(ok(&ecs(&[0, 1, 24, 0, 81, 2, 69, 0])), formerr);
+        assert_eq!(ok(&ecs(&[0, 1, 0, 0, 0])), formerr);
+        assert_eq!(
+            ok(&ecs(&[0, 2, 56, 0, 0x20, 1, 2, 0x18, 0, 0, 0, 0])),
+            formerr
+        );
+        assert_eq!(ok(&ecs(&[0, 1, 24, 0, 81, 2])), formerr);
+        assert_eq!(ok(&ecs(&[0, 1])), formerr);
+        // An option longer than what is left; no OPT at all.
+        assert_eq!(ok(&[0, 8, 0, 9, 0, 1, 24, 0]), formerr);
+        assert_eq!(check_address_octets(None), formerr);
     }
 
     #[test]

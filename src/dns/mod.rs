@@ -14,7 +14,8 @@
 //! ```
 //!
 //! No locks and no I/O besides the sockets; everything expensive was done by the
-//! planner. Only this module and `wire.rs` know the DNS message format.
+//! planner. Only this module and `wire.rs` know the DNS message format (and `edns.rs`
+//! the layout of an ECS option).
 
 pub mod cache;
 pub mod edns;
@@ -213,7 +214,15 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         return (info.await, None);
     }
     // RFC 6891 §7: with no OPT in the query there is none in the response.
-    let client = match edns::client(request.edns.as_ref(), request.src().ip()) {
+    let client = edns::client(request.edns.as_ref(), request.src().ip()).and_then(|c| {
+        // RFC 7871 §6: hickory reads the address octets the source prefix needs and
+        // ignores any more; they are counted in the option as received.
+        if c.ecs.is_some() {
+            edns::check_address_octets(wire::find_opt(request.as_slice()).map(|o| o.rdata))?;
+        }
+        Ok(c)
+    });
+    let client = match client {
         Ok(c) => c,
         Err(rcode) => {
             let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));

@@ -144,6 +144,64 @@ pub fn truncated(packet: &[u8], out: &mut Vec<u8>) -> bool {
     true
 }
 
+/// One resource record of a message, as found by [`records`].
+pub(crate) struct RawRecord<'p> {
+    /// Whether it is in the additional section.
+    pub additional: bool,
+    pub rtype: u16,
+    /// The RDATA as received (for an OPT, its options).
+    pub rdata: &'p [u8],
+}
+
+/// The records of `packet` after its question section, in order, walked by their
+/// lengths (names plain or compressed; pointers are not followed). The walk stops where
+/// the message ends early; each step moves forward, so it ends within the packet.
+pub(crate) fn records(packet: &[u8]) -> impl Iterator<Item = RawRecord<'_>> + '_ {
+    let count = |i: usize| {
+        packet
+            .get(i..i + 2)
+            .map_or(0, |c| usize::from(u16::from_be_bytes([c[0], c[1]])))
+    };
+    let before = count(6) + count(8);
+    let total = before + count(10);
+    let mut at = (0..count(4)).try_fold(HEADER, |i, _| Some(skip_name(packet, i)? + 4));
+    let mut n = 0;
+    std::iter::from_fn(move || {
+        if n >= total {
+            return None;
+        }
+        let i = skip_name(packet, at?)?;
+        let rdlen = usize::from(u16_at(packet, i + 8)?);
+        let record = RawRecord {
+            additional: n >= before,
+            rtype: u16_at(packet, i)?,
+            rdata: packet.get(i + 10..i + 10 + rdlen)?,
+        };
+        n += 1;
+        at = Some(i + 10 + rdlen);
+        Some(record)
+    })
+}
+
+/// The first OPT record of the additional section of `packet`, if any.
+pub(crate) fn find_opt(packet: &[u8]) -> Option<RawRecord<'_>> {
+    records(packet).find(|r| r.additional && r.rtype == TYPE_OPT)
+}
+
+/// The offset just past the name at `i`: labels up to the root, or up to a compression
+/// pointer (not followed).
+fn skip_name(packet: &[u8], mut i: usize) -> Option<usize> {
+    loop {
+        let len = *packet.get(i)?;
+        match len & 0xc0 {
+            0 if len == 0 => return Some(i + 1),
+            0 => i += 1 + usize::from(len),
+            0xc0 => return packet.get(i + 1).map(|_| i + 2),
+            _ => return None,
+        }
+    }
+}
+
 /// The end of a question of one uncompressed name at offset 12.
 fn question_end(packet: &[u8]) -> Option<usize> {
     let mut i = HEADER;
@@ -323,6 +381,46 @@ mod tests {
         // IPv6 /48.
         let v6 = parse_ecs(&[0, 2, 48, 0, 0x20, 0x01, 0x02, 0x18, 0, 0]).unwrap();
         assert_eq!(v6.ip(), "2001:218::".parse::<IpAddr>().unwrap());
+    }
+
+    /// `www.example.com A IN`, then `additional` (ARCOUNT `arcount`).
+    fn www(arcount: u8, additional: &[u8]) -> Vec<u8> {
+        let mut q = vec![0x12, 0x34, 0x01, 0x10, 0, 1, 0, 0, 0, 0, 0, arcount];
+        q.extend_from_slice(b"\x03www\x07example\x03com\x00\x00\x01\x00\x01");
+        q.extend_from_slice(additional);
+        q
+    }
+
+    /// `www.example.com A`, an A record in the answer section (owner: a pointer to the
+    /// question), then in the additional section an OPT with one empty option and a TSIG
+    /// whose owner is a pointer too.
+    fn with_records() -> Vec<u8> {
+        let mut rest = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04\xc0\x00\x02\x01".to_vec();
+        rest.extend_from_slice(b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x04\xfd\xe9\x00\x00");
+        rest.extend_from_slice(b"\xc0\x10\x00\xfa\x00\xff\x00\x00\x00\x00\x00\x02\xab\xcd");
+        let mut q = www(2, &rest);
+        q[7] = 1; // ANCOUNT
+        q
+    }
+
+    #[test]
+    fn records_are_walked_past_compressed_names() {
+        let q = with_records();
+        let types: Vec<(bool, u16)> = records(&q).map(|r| (r.additional, r.rtype)).collect();
+        assert_eq!(types, [(false, 1), (true, 41), (true, 250)]);
+        assert_eq!(find_opt(&q).map(|o| o.rdata), Some(&[0xfd, 0xe9, 0, 0][..]));
+        // An OPT in the answer section is not the OPT.
+        let mut in_answer = www(0, b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x00");
+        in_answer[7] = 1;
+        assert!(find_opt(&in_answer).is_none());
+        // A cut message ends the walk (and nothing panics); so do counts far past the
+        // bytes present.
+        for cut in 0..q.len() {
+            assert!(records(&q[..cut]).count() < 3, "cut at {cut}");
+        }
+        let mut lying = www(0, &[]);
+        lying[6..12].copy_from_slice(&[0xff; 6]);
+        assert_eq!(records(&lying).count(), 0);
     }
 
     #[test]
