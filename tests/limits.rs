@@ -139,6 +139,93 @@ async fn a_spoofed_flood_is_rate_limited_and_others_are_not() {
     );
 }
 
+/// `www.example.com A` with id `id` and, if given, `opt` (a raw OPT record) appended.
+fn www_with(id: u16, opt: Option<&[u8]>) -> Vec<u8> {
+    let mut q = www(id);
+    if let Some(opt) = opt {
+        q[11] = 1; // ARCOUNT
+        q.extend_from_slice(opt);
+    }
+    q
+}
+
+/// Sends `count` copies of `query` (ids 0, 1, ...) from `from` back to back; the
+/// truncated answers (the rate limiter's slips), raw.
+async fn slips(server: SocketAddr, from: &str, query: &[u8], count: u16) -> Vec<Vec<u8>> {
+    let sock = UdpSocket::bind(format!("{from}:0"))
+        .await
+        .expect("bind alias");
+    for id in 0..count {
+        let mut q = query.to_vec();
+        q[0..2].copy_from_slice(&id.to_be_bytes());
+        sock.send_to(&q, server).await.unwrap();
+    }
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while let Ok(Ok((n, _))) =
+        tokio::time::timeout(Duration::from_millis(500), sock.recv_from(&mut buf)).await
+    {
+        if buf[2] & 0x02 != 0 {
+            got.push(buf[..n].to_vec());
+        }
+    }
+    got
+}
+
+#[tokio::test]
+async fn a_slip_to_a_query_with_an_opt_carries_an_opt() {
+    // RFC 6891 §7: a query with an OPT record gets one in its response, the truncated
+    // answer of a slip included: the UDP size normal answers advertise (the client's,
+    // at least 512, at most 1232), DO copied, version 0, and no options (no ECS echo).
+    let srv = server(no_exemptions(5, 1), Metrics::new()).await;
+    let ecs: &[u8] = &[0, 1, 24, 0, 81, 2, 69];
+    let cases = [
+        (
+            "payload 4096, DO, ECS",
+            "127.0.5.1",
+            Some(opt_record(4096, true, &[(8, ecs)])),
+            Some((1232, true)),
+        ),
+        (
+            "payload 100, an unknown option",
+            "127.0.6.1",
+            Some(opt_record(100, false, &[(65001, &[1, 2, 3])])),
+            Some((512, false)),
+        ),
+        (
+            "payload 700",
+            "127.0.7.1",
+            Some(opt_record(700, false, &[])),
+            Some((700, false)),
+        ),
+        ("no EDNS", "127.0.8.1", None, None),
+    ];
+    for (what, from, opt, want) in cases {
+        let q = www_with(0, opt.as_deref());
+        let slipped = slips(srv.addr, from, &q, 40).await;
+        assert!(slipped.len() >= 20, "{what}: {} slips", slipped.len());
+        for a in &slipped {
+            let m = Message::from_vec(a).unwrap_or_else(|e| panic!("{what}: {e}: {a:02x?}"));
+            assert!(m.metadata.truncation && m.answers.is_empty(), "{what}");
+            assert_eq!(m.queries, query("www.example.com.", RecordType::A).queries);
+            let Some((payload, dnssec_ok)) = want else {
+                assert!(m.edns.is_none(), "{what}: an OPT without one in the query");
+                assert_eq!(a[10..12], [0, 0], "{what}: ARCOUNT");
+                continue;
+            };
+            let e = m
+                .edns
+                .as_ref()
+                .unwrap_or_else(|| panic!("{what}: a slip without an OPT: {a:02x?}"));
+            assert_eq!(e.max_payload(), payload, "{what}: UDP size");
+            assert_eq!(e.flags().dnssec_ok, dnssec_ok, "{what}: DO");
+            assert_eq!((e.version(), e.rcode_high()), (0, 0), "{what}");
+            assert!(e.options().options.is_empty(), "{what}: {:?}", e.options());
+            assert_eq!(a[10..12], [0, 1], "{what}: ARCOUNT");
+        }
+    }
+}
+
 #[tokio::test]
 async fn exempt_sources_and_rate_zero_are_never_limited() {
     // The default exempts loopback.

@@ -12,6 +12,7 @@
 //! | 7871 §6 | more ADDRESS octets than SOURCE PREFIX-LENGTH needs (e.g. 4 for a /24, any for a /0): `FORMERR`, counted in the option as received ([`check_address_octets`]); too few: `FORMERR` (hickory's decoder refuses the packet) |
 //! | 7871 §7.1.1 | SOURCE 0: the client opted out; locate by the packet source, answer SCOPE 0 |
 //! | 7871 §7.2.1 | echo FAMILY, SOURCE and ADDRESS; SCOPE = the prefix the answer depends on |
+//! | 6891 §7 | the rate limiter's truncated answer (slip) to a query with an OPT carries one: payload and DO as above, version 0, no ECS (`wire::truncated`) |
 //! | 1035 §4.1.1 | an opcode other than QUERY: `NOTIMP`, header only (no question), id and opcode copied, no flag but QR; the OPT as above (RFC 6891 §7) |
 //!
 //! Pure functions; unit-tested here, and over sockets in `tests/ecs.rs`.

@@ -123,8 +123,17 @@ pub fn answer<'s, R: Rng + ?Sized>(
 }
 
 /// A truncated answer to `packet` for the rate limiter's slip: header (QR, TC; RD and
-/// CD copied), the question if it is one plain name, no records. `false`: not a query
-/// worth answering (too short, QR=1).
+/// CD copied), the question if it is one plain name, no records but, when the query has
+/// an OPT record, an OPT of our own (RFC 6891 §7): the payload size normal answers
+/// advertise (the client's, at least 512, at most [`MAX_UDP_PAYLOAD`]), DO copied,
+/// version 0 and no options. No ECS echo: nothing in the slip depends on the client, no
+/// resolver caches an empty TC answer (it retries over TCP, where the ECS is validated
+/// and echoed), and nothing of the query's options is checked before a slip. `false`:
+/// not a query worth answering (too short, QR=1).
+///
+/// # Hot path
+/// Runs for limited queries during a flood: a bounded walk of the packet, no allocation
+/// once `out` has grown.
 pub fn truncated(packet: &[u8], out: &mut Vec<u8>) -> bool {
     let Some(h) = packet.get(..HEADER) else {
         return false;
@@ -133,13 +142,23 @@ pub fn truncated(packet: &[u8], out: &mut Vec<u8>) -> bool {
         return false;
     }
     let question = (h[4..6] == [0, 1]).then(|| question_end(packet)).flatten();
+    let opt = find_opt(packet);
     out.clear();
     out.extend_from_slice(&h[0..2]);
     out.push(0x80 | (h[2] & 0x79) | 0x02);
     out.push(h[3] & 0x10);
-    out.extend_from_slice(&[0, u8::from(question.is_some()), 0, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&[0, u8::from(question.is_some()), 0, 0, 0, 0, 0]);
+    out.push(u8::from(opt.is_some()));
     if let Some(end) = question {
         out.extend_from_slice(&packet[HEADER..end]);
+    }
+    if let Some(opt) = opt {
+        let payload = opt.class.clamp(512, MAX_UDP_PAYLOAD);
+        out.push(0); // root owner
+        out.extend_from_slice(&TYPE_OPT.to_be_bytes());
+        out.extend_from_slice(&payload.to_be_bytes());
+        // Extended rcode 0, version 0, flags: DO copied; no options.
+        out.extend_from_slice(&[0, 0, opt.ttl[2] & 0x80, 0, 0, 0]);
     }
     true
 }
@@ -149,6 +168,10 @@ pub(crate) struct RawRecord<'p> {
     /// Whether it is in the additional section.
     pub additional: bool,
     pub rtype: u16,
+    /// The CLASS field; for an OPT, the requester's UDP payload size.
+    pub class: u16,
+    /// The TTL field; for an OPT, extended rcode, version, DO and the other flags.
+    pub ttl: [u8; 4],
     /// The RDATA as received (for an OPT, its options).
     pub rdata: &'p [u8],
 }
@@ -172,9 +195,12 @@ pub(crate) fn records(packet: &[u8]) -> impl Iterator<Item = RawRecord<'_>> + '_
         }
         let i = skip_name(packet, at?)?;
         let rdlen = usize::from(u16_at(packet, i + 8)?);
+        let ttl = packet.get(i + 4..i + 8)?;
         let record = RawRecord {
             additional: n >= before,
             rtype: u16_at(packet, i)?,
+            class: u16_at(packet, i + 2)?,
+            ttl: [ttl[0], ttl[1], ttl[2], ttl[3]],
             rdata: packet.get(i + 10..i + 10 + rdlen)?,
         };
         n += 1;
@@ -389,6 +415,32 @@ mod tests {
         q.extend_from_slice(b"\x03www\x07example\x03com\x00\x00\x01\x00\x01");
         q.extend_from_slice(additional);
         q
+    }
+
+    #[test]
+    fn slips_carry_an_opt_when_the_query_has_one() {
+        // OPT: payload 4096, DO, an ECS option.
+        let opt = b"\x00\x00\x29\x10\x00\x00\x00\x80\x00\x00\x0b\x00\x08\x00\x07\x00\x01\x18\x00\x51\x02\x45";
+        let q = www(1, opt);
+        let mut out = Vec::new();
+        assert!(truncated(&q, &mut out));
+        // QR TC RD, CD; QDCOUNT 1, ARCOUNT 1; the question; OPT 1232, DO, no options.
+        assert_eq!(out[..12], [0x12, 0x34, 0x83, 0x10, 0, 1, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(out[12..q.len() - opt.len()], q[12..q.len() - opt.len()]);
+        assert_eq!(
+            out[q.len() - opt.len()..],
+            [0, 0, 41, 0x04, 0xd0, 0, 0, 0x80, 0, 0, 0]
+        );
+        // Payload 100 counts as 512; without an OPT, none.
+        let small = www(1, b"\x00\x00\x29\x00\x64\x00\x00\x00\x00\x00\x00");
+        assert!(truncated(&small, &mut out));
+        assert_eq!(out[out.len() - 11..], [0, 0, 41, 2, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(truncated(&www(0, &[]), &mut out));
+        assert_eq!(out[10..12], [0, 0]);
+        // Cut anywhere: no panic.
+        for cut in 0..q.len() {
+            truncated(&q[..cut], &mut out);
+        }
     }
 
     /// `www.example.com A`, an A record in the answer section (owner: a pointer to the
