@@ -13,6 +13,7 @@
 //! | 7871 §7.1.1 | SOURCE 0: the client opted out; locate by the packet source, answer SCOPE 0 |
 //! | 7871 §7.2.1 | echo FAMILY, SOURCE and ADDRESS; SCOPE = the prefix the answer depends on |
 //! | 6891 §7 | the rate limiter's truncated answer (slip) to a query with an OPT carries one: payload and DO as above, version 0, no ECS (`wire::truncated`) |
+//! | 8945 §5.2, §5.3.2 | a TSIG-signed request (no key is configured, so every key is unknown): `NOTAUTH` with an unsigned TSIG, error `BADKEY` (`Handler`'s `bad_key`) |
 //! | 1035 §4.1.1 | an opcode other than QUERY: `NOTIMP`, header only (no question), id and opcode copied, no flag but QR; the OPT as above (RFC 6891 §7) |
 //!
 //! Pure functions; unit-tested here, and over sockets in `tests/ecs.rs`.

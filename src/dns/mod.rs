@@ -6,7 +6,7 @@
 //!    ├─ other name, plain form ─▶ cache.rs: the full path's answer, replayed
 //!    └─ anything else (and cache misses) ─┐
 //! TCP listener ─▶ tcp.rs ─┴▶ Handler::respond: hickory decode ─▶ Handler::handle_request
-//!    EDNS/ECS checks ─▶ opcode (NOTIMP) ─▶ one question, class IN
+//!    EDNS/ECS checks ─▶ TSIG? (NOTAUTH) ─▶ opcode (NOTIMP) ─▶ one question, class IN
 //!    ─▶ steered name? ──no──▶ zones (hickory Catalog), ECS scope 0
 //!                            │yes
 //!    client location (ECS | source) ─▶ geo lookup ─▶ region ─▶ weighted pick ─▶ CNAME + ECS scope
@@ -30,8 +30,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::tsig::TsigError;
 use hickory_proto::rr::rdata::{CNAME, TSIG};
-use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
 use hickory_server::net::runtime::{Time, TokioTime};
 use hickory_server::net::xfer::Protocol;
@@ -236,6 +237,16 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         .as_ref()
         .map(|e| edns::response(e, client.ecs, 0));
 
+    // RFC 8945 §5.2: a TSIG under a key the server does not know gets NOTAUTH with
+    // TSIG error BADKEY; steerdns is configured with no key at all.
+    if let Some(tsig) = tsig_of(request) {
+        let (rcode, tsig) = match tsig {
+            Ok((key, tsig)) => (ResponseCode::NotAuth, Some(bad_key(key, tsig))),
+            Err(rcode) => (rcode, None),
+        };
+        let info = reply(request, rcode, true, untailored.as_ref(), tsig, response);
+        return (info.await, None);
+    }
     if request.metadata.op_code != OpCode::Query
         || request.metadata.message_type != MessageType::Query
     {
@@ -369,6 +380,43 @@ fn reply_metadata(request: &Metadata, rcode: ResponseCode) -> Metadata {
     }
     metadata.response_code = rcode;
     metadata
+}
+
+/// The request's TSIG record (key name and RDATA); `None` without one, `FORMERR` when it
+/// is not the only TSIG or not the message's last record (RFC 8945 §5.1). hickory keeps
+/// it apart (`signature`) when built with DNSSEC support, and among the additional
+/// records (where it checks neither) without.
+fn tsig_of(request: &Request) -> Option<Result<(&Name, &TSIG), ResponseCode>> {
+    let apart = request.signature.iter().map(|s| (&s.name, &s.data));
+    let among = request.additionals.iter().filter_map(|r| match &r.data {
+        RData::TSIG(t) => Some((&r.name, t)),
+        _ => None,
+    });
+    let mut found = apart.chain(among);
+    let first = found.next()?;
+    if found.next().is_some() || !wire::ends_with_tsig(request.as_slice()) {
+        return Some(Err(ResponseCode::FormErr));
+    }
+    Some(Ok(first))
+}
+
+/// The TSIG of the answer to a request signed with a key we do not know (RFC 8945
+/// §5.2): key name, algorithm, time signed, fudge and original id copied from the
+/// request's, error BADKEY, and unsigned (§5.3.2: MAC size 0, other len 0).
+fn bad_key(key: &Name, request: &TSIG) -> Box<Record<TSIG>> {
+    let tsig = TSIG::new(
+        request.algorithm.clone(),
+        request.time,
+        request.fudge,
+        Vec::new(),
+        request.oid,
+        Some(TsigError::BadKey),
+        Vec::new(),
+    );
+    // RFC 8945 §4.2: class ANY, TTL 0.
+    let mut record = Record::from_rdata(key.clone(), 0, tsig);
+    record.dns_class = DNSClass::ANY;
+    Box::new(record)
 }
 
 /// Whether a name in the raw question section ends in a compression pointer (found by

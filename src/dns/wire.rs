@@ -25,6 +25,7 @@ use crate::plan::Snapshot;
 const HEADER: usize = 12;
 const TYPE_OPT: u16 = 41;
 const TYPE_CNAME: u16 = 5;
+const TYPE_TSIG: u16 = 250;
 const CLASS_IN: u16 = 1;
 const OPTION_ECS: u16 = 8;
 
@@ -212,6 +213,14 @@ pub(crate) fn records(packet: &[u8]) -> impl Iterator<Item = RawRecord<'_>> + '_
 /// The first OPT record of the additional section of `packet`, if any.
 pub(crate) fn find_opt(packet: &[u8]) -> Option<RawRecord<'_>> {
     records(packet).find(|r| r.additional && r.rtype == TYPE_OPT)
+}
+
+/// Whether the last record of `packet` is a TSIG in the additional section, where
+/// RFC 8945 §5.1 wants it.
+pub(crate) fn ends_with_tsig(packet: &[u8]) -> bool {
+    records(packet)
+        .last()
+        .is_some_and(|r| r.additional && r.rtype == TYPE_TSIG)
 }
 
 /// The offset just past the name at `i`: labels up to the root, or up to a compression
@@ -473,6 +482,21 @@ mod tests {
         let mut lying = www(0, &[]);
         lying[6..12].copy_from_slice(&[0xff; 6]);
         assert_eq!(records(&lying).count(), 0);
+    }
+
+    #[test]
+    fn a_tsig_must_be_the_last_record() {
+        let q = with_records();
+        assert!(ends_with_tsig(&q));
+        for cut in 0..q.len() {
+            assert!(!ends_with_tsig(&q[..cut]), "cut at {cut}");
+        }
+        // An OPT after it.
+        let mut opt_last = q.clone();
+        opt_last[11] = 3;
+        opt_last.extend_from_slice(b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x00");
+        assert!(!ends_with_tsig(&opt_last));
+        assert!(!ends_with_tsig(&www(0, &[])));
     }
 
     #[test]
