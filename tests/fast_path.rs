@@ -253,7 +253,7 @@ async fn fast_and_full_paths_give_the_same_answer() {
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
         assert!(
-            wire::answer(&snap, &q, src, &mut out, &mut rng).is_some(),
+            wire::answer(&snap, &q, src, &mut out, 0, &mut rng).is_some(),
             "{what}: not on the fast path"
         );
         let udp = raw(srv.addr, Proto::Udp, &q).await.expect("UDP answer");
@@ -386,7 +386,7 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
         assert!(
-            wire::answer(&snap, &q, src, &mut out, &mut rng).is_none(),
+            wire::answer(&snap, &q, src, &mut out, 0, &mut rng).is_none(),
             "{what}: took the fast path"
         );
         let a = raw(srv.addr, Proto::Udp, &q).await.expect("an answer");
