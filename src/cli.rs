@@ -1,19 +1,20 @@
 //! The command line: `serve`, `check`, `explain`. Parsing with clap; each command
 //! returns an exit code, and problems are printed for a person to read.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use hickory_proto::rr::{LowerName, Name};
+
 use tracing::{info, warn};
 
 use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
 use crate::control::controller::StateFile;
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
-use crate::place::geo::Place;
+
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
@@ -89,6 +90,9 @@ pub enum Command {
         /// The ECS source prefix the resolver sends (default 24 for IPv4, 56 for IPv6).
         #[arg(long, value_name = "BITS", requires = "resolver")]
         source: Option<u8>,
+        /// Print the explanation as JSON, as `/v1/explain` serves it.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         inputs: InputArgs,
         /// Where `serve` saves health and failover progress (read to show them).
@@ -297,6 +301,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             client,
             resolver,
             source,
+            json,
             inputs,
             state_dir,
         } => {
@@ -306,7 +311,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                     source.unwrap_or(crate::selection::default_source(client)),
                 )
             });
-            explain(inputs.into(), &name, client, asker, &state_dir)
+            explain(inputs.into(), &name, client, asker, &state_dir, json)
         }
     }
 }
@@ -464,6 +469,7 @@ fn explain(
     client: IpAddr,
     resolver: Option<(IpAddr, u8)>,
     state_dir: &std::path::Path,
+    json: bool,
 ) -> ExitCode {
     let Some(loaded) = load_or_report(&inputs) else {
         return ExitCode::FAILURE;
@@ -504,160 +510,48 @@ fn explain(
         crate::control::drains::now_ms(),
     );
     let (snapshot, _) = loaded.snapshot_with(&removed, &drains.cuts(&loaded.policy));
-    let lower = match Name::from_ascii(name) {
-        Ok(mut n) => {
-            n.set_fqdn(true);
-            LowerName::new(&n)
+    let no_health = BTreeMap::new();
+    let facts = crate::control::explain::Facts {
+        loaded: &loaded,
+        snapshot: &snapshot,
+        health: saved.as_ref().map_or(&no_health, |s| &s.health),
+        removed: &removed,
+        drains: drains.report(&loaded.policy, crate::control::drains::now_ms()),
+        frozen: saved.as_ref().and_then(|s| s.frozen.clone()),
+        state: match &saved {
+            Some(s) => format!(
+                "saved by `serve` {} s ago in {}",
+                s.age_ms() / 1000,
+                state_dir.display()
+            ),
+            None => "none saved by `serve` (or older than 15 min): no failover in progress".into(),
+        },
+    };
+    let question = crate::control::explain::Question {
+        name,
+        client,
+        resolver,
+        now: crate::selection::unix_now(),
+    };
+    match crate::control::explain::explain(&facts, &question) {
+        Ok(e) if json => match serde_json::to_string_pretty(&e) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("steerdns: cannot write the explanation as JSON: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(e) => {
+            print!("{e}");
+            ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("steerdns: `{name}` is not a DNS name: {e}");
-            return ExitCode::FAILURE;
+            eprintln!("steerdns: {e}");
+            ExitCode::FAILURE
         }
-    };
-    let (Some(steered), Some(host)) = (
-        snapshot.plan.get(&lower),
-        loaded
-            .policy
-            .hosts
-            .iter()
-            .find(|h| LowerName::new(&h.name) == lower),
-    ) else {
-        eprintln!("steerdns: {lower} is not a steered name; it is answered from the zone files");
-        return ExitCode::FAILURE;
-    };
-    let place = snapshot.geo.locate(client);
-    let decision = steered.decide(client, &place);
-    let region = &host.regions[decision.region];
-    let why = region
-        .matches
-        .iter()
-        .find(|m| m.covers(client, &place))
-        .map(|m| format!("first region matching `{m}`"))
-        .unwrap_or_else(|| "default".into());
-
-    println!("name:    {}", steered.name());
-    println!(
-        "client:  {client}: {} (network /{} in {})",
-        describe(&place),
-        place.prefix_len,
-        snapshot.geo.path().display()
-    );
-    println!(
-        "region:  regions[{}] {:?} ({why})",
-        decision.region, region.name
-    );
-    let choice = steered.choose(&decision);
-    println!(
-        "answer:  CNAME, TTL {}, ECS scope /{} (when the query carries ECS)",
-        steered.ttl(),
-        decision.scope
-    );
-    let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
-    match &saved {
-        Some(s) => println!(
-            "state:   saved by `serve` {} s ago in {}",
-            s.age_ms() / 1000,
-            state_dir.display()
-        ),
-        None => println!(
-            "state:   none saved by `serve` (or older than 15 min): no failover in progress"
-        ),
-    }
-    println!(
-        "reason:  {}{}",
-        choice.reason,
-        match choice.reason {
-            crate::plan::Reason::FailOpen =>
-                ": a removed share has no other CDN of the region to go to, so it stays",
-            crate::plan::Reason::Failover => ": a CDN is off its configured weight",
-            crate::plan::Reason::Drain => ": a CDN is drained here by an operator",
-            crate::plan::Reason::Normal => "",
-        }
-    );
-    for (i, cdn) in host.cdns.iter().enumerate() {
-        let effective = steered
-            .weights(choice)
-            .find(|(t, _)| *t.cdn == cdn.name)
-            .map_or(0, |(_, w)| w);
-        let health = saved
-            .as_ref()
-            .and_then(|s| s.health.get(&cdn.name))
-            .map_or("up".to_string(), |t| t.state.to_string());
-        let cut = removed
-            .get(&(host.name.to_string(), cdn.name.clone()))
-            .copied()
-            .unwrap_or(0);
-        println!(
-            "  {:<12} {:<30} weight {:>4}  health {:<4}  removed {:>3} %  share {:>5.1} %",
-            cdn.name,
-            cdn.cname.to_string(),
-            region.weights[i],
-            health,
-            cut,
-            effective as f64 * 100.0 / total as f64
-        );
-    }
-    let asked = match resolver {
-        Some((r, source)) => match ipnet::IpNet::new(client, source) {
-            Ok(net) => format!("asked by {r} with ECS {}", net.trunc()),
-            Err(_) => format!("asked by {r} with ECS {client}/{source}"),
-        },
-        None => format!("asked by {client} itself, without ECS"),
-    };
-    match steered.consistent_answer(&decision, client, resolver, crate::selection::unix_now()) {
-        Some((target, until)) => println!(
-            "pick:    {} ({}) {asked}, until {} (consistent selection: then drawn again)",
-            target.cdn,
-            target.cname,
-            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(until)),
-        ),
-        None => {
-            println!("answer:  a random draw per query by the shares above (selection: random)")
-        }
-    }
-    for d in drains.report(&loaded.policy, crate::control::drains::now_ms()) {
-        if d["name"] != host.name.to_string() {
-            continue;
-        }
-        let scope = d["where"].as_array().map_or(String::new(), |w| {
-            w.iter()
-                .filter_map(|x| x.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
-        });
-        println!(
-            "drain:   {} {} [{}] {}: {} % removed ({}, {})",
-            d["id"].as_str().unwrap_or(""),
-            d["cdn"].as_str().unwrap_or(""),
-            if scope.is_empty() {
-                "everywhere"
-            } else {
-                scope.as_str()
-            },
-            d["status"].as_str().unwrap_or(""),
-            d["removed_percent"],
-            d["reason"].as_str().unwrap_or(""),
-            d["until_unix_ms"]
-                .as_u64()
-                .map_or("no expiry".to_string(), |u| {
-                    format!(
-                        "until {}",
-                        humantime::format_rfc3339_seconds(
-                            std::time::UNIX_EPOCH + Duration::from_millis(u)
-                        )
-                    )
-                }),
-        );
-    }
-    ExitCode::SUCCESS
-}
-
-fn describe(place: &Place) -> String {
-    match (place.country, place.continent) {
-        (Some(c), Some(k)) => format!("country {c}, continent {}", k.code()),
-        (Some(c), None) => format!("country {c}, continent unknown"),
-        (None, Some(k)) => format!("continent {}, country unknown", k.code()),
-        _ => "not in the geo database".into(),
     }
 }
 

@@ -294,6 +294,78 @@ async fn a_frozen_failover_takes_no_step_until_resumed() {
     assert!(only_b(&stack, US).await);
 }
 
+/// `steerdns explain --json` over the stack's files and saved state must say what
+/// `/v1/explain` says (but where the state comes from): one explanation, two doors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_over_the_cli_and_over_http_give_the_same_facts() {
+    let (stack, mocks) = regional_stack("explain-both").await;
+    stack.post("/v1/drains", drain(&["uk"])).await;
+    mocks[1].set(Mode::Status(503));
+    stack
+        .wait_for("b stepped", |s| removed(s, "b").is_some())
+        .await;
+    let (status, _) = stack
+        .post("/v1/failover/freeze", json!({"reason": "compare"}))
+        .await;
+    assert_eq!(status, 200);
+    for (client, resolver) in [
+        ("2.125.160.216", "192.0.2.1"),
+        ("216.160.83.56", "192.0.2.2"),
+    ] {
+        let (status, mut http) = stack
+            .call(
+                Method::GET,
+                &format!("/v1/explain?name=www.example.com&client={client}&resolver={resolver}"),
+                None,
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{http}");
+        let dir = &stack.dir;
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_steerdns"))
+            .args([
+                "explain",
+                "www.example.com",
+                "--client",
+                client,
+                "--resolver",
+                resolver,
+            ])
+            .args(["--json", "--config"])
+            .arg(dir.join("steering.yaml"))
+            .arg("--zones")
+            .arg(dir.join("zones"))
+            .arg("--geo")
+            .arg(dir.join("geo.mmdb"))
+            .arg("--probes")
+            .arg(dir.join("probes"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(http["state"], "live");
+        assert!(
+            cli["state"]
+                .as_str()
+                .unwrap()
+                .starts_with("saved by `serve`"),
+            "{cli:#}"
+        );
+        for doc in [&mut http, &mut cli] {
+            doc.as_object_mut().unwrap().remove("state");
+        }
+        assert_eq!(cli, http, "CLI and HTTP differ for {client}");
+        assert_eq!(http["failover_frozen"], "compare");
+        assert!(http["answer"]["cdn"].is_string(), "{http:#}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_over_http_says_why() {
     let (stack, mocks) = regional_stack("explain").await;

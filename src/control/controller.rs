@@ -23,11 +23,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::probes::Probes;
-use crate::control::drains::{now_ms, DrainRule, Drains};
+use crate::control::drains::{now_ms, DrainRule, DrainState, Drains};
+use crate::control::explain::{self, Explanation};
 use crate::control::health::{self, State, Tracker, VantageView};
 use crate::control::peers::Peers;
 use crate::control::persist;
-use crate::control::planner::{self, Removed};
+use crate::control::planner::Removed;
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
 use crate::control::stepper::{Direction, Stepper};
@@ -299,78 +300,24 @@ impl Controller {
         name: &str,
         ip: IpAddr,
         resolver: Option<(IpAddr, u8)>,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<Explanation, String> {
         let live = self.live.as_ref().ok_or("not serving yet")?.load_full();
-        let mut qname = hickory_proto::rr::Name::from_ascii(name)
-            .map_err(|e| format!("`{name}` is not a DNS name: {e}"))?;
-        qname.set_fqdn(true);
-        let lower = hickory_proto::rr::LowerName::new(&qname);
-        let steered = live.plan.get(&lower).ok_or_else(|| {
-            format!("{lower} is not a steered name: it is answered from the zone files")
-        })?;
-        let host = self
-            .loaded
-            .policy
-            .hosts
-            .iter()
-            .find(|h| hickory_proto::rr::LowerName::new(&h.name) == lower)
-            .ok_or("policy and plan disagree")?;
-        let place = live.geo.locate(ip);
-        let d = steered.decide(ip, &place);
-        let choice = steered.choose(&d);
-        let region = &host.regions[d.region];
-        let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
-        let removed = self.removed();
-        let cdns: Vec<serde_json::Value> = host
-            .cdns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let share = steered.weights(choice).find(|(t, _)| *t.cdn == c.name).map_or(0, |(_, w)| w);
-                json!({
-                    "cdn": c.name,
-                    "cname": c.cname.to_string(),
-                    "weight": region.weights[i],
-                    "health": self.health.get(&c.name).map_or("up (not probed)".to_string(), |t| t.state.to_string()),
-                    "failover_removed_percent": planner::removed_of(&removed, host, &c.name),
-                    "share_percent": share as f64 * 100.0 / total.max(1) as f64,
-                })
-            })
-            .collect();
-        let drains: Vec<serde_json::Value> = self
-            .drains
-            .report(&self.loaded.policy, now_ms())
-            .into_iter()
-            .filter(|r| r["name"] == host.name.to_string())
-            .collect();
-        let answer = match steered.consistent_answer(&d, ip, resolver, crate::selection::unix_now())
-        {
-            Some((target, until)) => json!({
-                "selection": "consistent",
-                "cdn": &*target.cdn,
-                "cname": target.cname.to_string(),
-                "resolver": resolver.map_or(ip, |(r, _)| r).to_string(),
-                "ecs_source": resolver.map(|(_, s)| s),
-                "until_unix": until,
-            }),
-            None => json!({ "selection": "random" }),
+        let facts = explain::Facts {
+            loaded: &self.loaded,
+            snapshot: &live,
+            health: &self.health,
+            removed: &self.removed(),
+            drains: self.drains.report(&self.loaded.policy, now_ms()),
+            frozen: self.frozen.clone(),
+            state: "live".into(),
         };
-        Ok(json!({
-            "name": host.name.to_string(),
-            "client": ip.to_string(),
-            "answer": answer,
-            "country": place.country.map(|c| c.to_string()),
-            "continent": place.continent.map(|c| c.code()),
-            "network_prefix": place.prefix_len,
-            "region": { "index": d.region, "name": region.name },
-            "ttl": steered.ttl(),
-            "ecs_scope": d.scope,
-            "reason": choice.reason.to_string(),
-            "cdns": cdns,
-            "drains": drains,
-            "failover_frozen": self.frozen,
-            "config_version": self.loaded.version,
-        }))
+        let question = explain::Question {
+            name,
+            client: ip,
+            resolver,
+            now: crate::selection::unix_now(),
+        };
+        explain::explain(&facts, &question).map_err(|e| e.to_string())
     }
 
     /// Forgets health of CDNs no longer probed and steps of names no longer steered.
@@ -636,14 +583,9 @@ impl Controller {
         let active: BTreeSet<(String, String)> = self
             .drains
             .report(&self.loaded.policy, now_ms())
-            .iter()
-            .filter(|d| d["status"] == "in force")
-            .filter_map(|d| {
-                Some((
-                    d["name"].as_str()?.to_string(),
-                    d["cdn"].as_str()?.to_string(),
-                ))
-            })
+            .into_iter()
+            .filter(|d| d.status == DrainState::InForce)
+            .map(|d| (d.name, d.cdn))
             .collect();
         for (name, cdn) in self.drain_gauges.difference(&active) {
             m.drain_active(name, cdn, false);
@@ -774,7 +716,7 @@ pub enum Command {
         String,
         IpAddr,
         Option<(IpAddr, u8)>,
-        oneshot::Sender<Result<serde_json::Value, String>>,
+        oneshot::Sender<Result<Explanation, String>>,
     ),
 }
 

@@ -378,29 +378,88 @@ impl Drains {
     }
 
     /// For `/v1/state` and explain: every drain with its progress.
-    pub fn report(&self, policy: &Policy, now_ms: u64) -> Vec<serde_json::Value> {
-        let mut out: Vec<serde_json::Value> = self
+    pub fn report(&self, policy: &Policy, now_ms: u64) -> Vec<DrainStatus> {
+        let mut out: Vec<DrainStatus> = self
             .steps
             .values()
             .map(|d| {
-                let pct = d.rule.resolve(policy).map(|(h, _)| d.stepper.removed_percent(&h.failover)).unwrap_or(0);
-                serde_json::json!({
-                    "id": d.rule.id, "name": d.rule.name, "cdn": d.rule.cdn, "where": d.rule.scope,
-                    "reason": d.rule.reason, "until_unix_ms": d.rule.until_unix_ms, "immediate": d.rule.immediate,
-                    "status": if d.active { "in force" } else { "ending" }, "removed_percent": pct,
-                })
+                let pct = d
+                    .rule
+                    .resolve(policy)
+                    .map(|(h, _)| d.stepper.removed_percent(&h.failover))
+                    .unwrap_or(0);
+                let state = if d.active {
+                    DrainState::InForce
+                } else {
+                    DrainState::Ending
+                };
+                DrainStatus::new(&d.rule, state, pct)
             })
             .collect();
         for r in DrainRule::from_policy(policy)
             .into_iter()
             .filter(|r| r.expired(now_ms))
         {
-            out.push(serde_json::json!({
-                "id": r.id, "name": r.name, "cdn": r.cdn, "where": r.scope, "reason": r.reason,
-                "until_unix_ms": r.until_unix_ms, "status": "expired: remove it from the policy", "removed_percent": 0,
-            }));
+            out.push(DrainStatus::new(&r, DrainState::Expired, 0));
         }
         out
+    }
+}
+
+/// Where a drain stands, as `/v1/state`, `/v1/explain` and `explain` show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum DrainState {
+    /// Traffic is moving away, or has.
+    #[serde(rename = "in force")]
+    InForce,
+    /// Removed or expired: traffic is coming back in steps.
+    #[serde(rename = "ending")]
+    Ending,
+    /// A drain of the policy whose `until` has passed: it no longer applies.
+    #[serde(rename = "expired: remove it from the policy")]
+    Expired,
+}
+
+impl std::fmt::Display for DrainState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DrainState::InForce => "in force",
+            DrainState::Ending => "ending",
+            DrainState::Expired => "expired: remove it from the policy",
+        })
+    }
+}
+
+/// A drain and where it stands.
+#[derive(Clone, Debug, Serialize)]
+pub struct DrainStatus {
+    pub id: String,
+    pub name: String,
+    pub cdn: String,
+    /// Empty: everywhere.
+    #[serde(rename = "where")]
+    pub scope: Vec<String>,
+    pub reason: String,
+    pub until_unix_ms: Option<u64>,
+    pub immediate: bool,
+    pub status: DrainState,
+    /// Percent of the CDN's share moved away now.
+    pub removed_percent: u8,
+}
+
+impl DrainStatus {
+    fn new(rule: &DrainRule, status: DrainState, removed_percent: u8) -> DrainStatus {
+        DrainStatus {
+            id: rule.id.clone(),
+            name: rule.name.clone(),
+            cdn: rule.cdn.clone(),
+            scope: rule.scope.clone(),
+            reason: rule.reason.clone(),
+            until_unix_ms: rule.until_unix_ms,
+            immediate: rule.immediate,
+            status,
+            removed_percent,
+        }
     }
 }
 

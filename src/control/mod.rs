@@ -4,6 +4,7 @@
 pub mod api;
 pub mod controller;
 pub mod drains;
+pub mod explain;
 pub mod health;
 pub mod peers;
 pub mod persist;

@@ -1,0 +1,320 @@
+//! Control plane: explain. Why a client gets the answer it gets, as one typed
+//! [`Explanation`] built by one function ([`explain`]) for both callers:
+//!
+//! - `steerdns explain NAME --client IP` (the CLI), from the files and the failover state
+//!   a local `serve` saved, prints it ([`std::fmt::Display`]);
+//! - `GET /v1/explain?name=&client=` (the API), from the live state, serialises it.
+//!
+//! Both read the same plan the data plane answers from (`plan::Steered`: decide, choose,
+//! pick), so what explain says is what a query gets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::time::{Duration, UNIX_EPOCH};
+
+use hickory_proto::rr::{LowerName, Name};
+use serde::Serialize;
+
+use crate::control::drains::DrainStatus;
+use crate::control::health::Tracker;
+use crate::control::planner::{removed_of, Removed};
+use crate::inputs::Loaded;
+use crate::plan::{Reason, Snapshot};
+
+/// What explain reads besides the question: the inputs, the snapshot served, and the
+/// failover state behind it.
+pub struct Facts<'a> {
+    pub loaded: &'a Loaded,
+    pub snapshot: &'a Snapshot,
+    /// Health per probed CDN.
+    pub health: &'a BTreeMap<String, Tracker>,
+    /// Percent of each CDN's share moved away by failover.
+    pub removed: &'a Removed,
+    /// Every drain (explain keeps the name's).
+    pub drains: Vec<DrainStatus>,
+    pub frozen: Option<String>,
+    /// Where the failover state comes from (`live`, or the saved file and its age).
+    pub state: String,
+}
+
+/// The question: a name, a client, and who asks.
+pub struct Question<'q> {
+    pub name: &'q str,
+    pub client: IpAddr,
+    /// The resolver asking with ECS `client / source`; `None`: the client asks itself,
+    /// without ECS.
+    pub resolver: Option<(IpAddr, u8)>,
+    /// Unix seconds (the selection window).
+    pub now: u64,
+}
+
+/// Why a question is not explained.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("`{0}` is not a DNS name: {1}")]
+    NotAName(String, String),
+    #[error("{0} is not a steered name: it is answered from the zone files")]
+    NotSteered(String),
+}
+
+/// How a name is answered to a client, and why.
+#[derive(Debug, Serialize)]
+pub struct Explanation {
+    pub name: String,
+    pub client: IpAddr,
+    pub country: Option<String>,
+    pub continent: Option<&'static str>,
+    /// Prefix of the geo database network holding the client.
+    pub network_prefix: u8,
+    pub geo_database: String,
+    pub region: RegionFound,
+    pub ttl: u32,
+    /// The ECS scope of the answer, when the query carries ECS.
+    pub ecs_scope: u8,
+    /// `normal`, `failover`, `drain` or `fail-open`.
+    pub reason: String,
+    /// The reason in words.
+    pub reason_text: &'static str,
+    pub cdns: Vec<CdnShare>,
+    pub answer: Answer,
+    pub drains: Vec<DrainStatus>,
+    pub failover_frozen: Option<String>,
+    pub state: String,
+    pub config_version: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegionFound {
+    pub index: usize,
+    pub name: String,
+    /// `first region matching `GB``, or `default`.
+    pub why: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CdnShare {
+    pub cdn: String,
+    pub cname: String,
+    /// The configured weight in the client's region.
+    pub weight: u32,
+    pub health: String,
+    /// Percent of its share moved away by failover.
+    pub failover_removed_percent: u8,
+    /// Its effective share of the region's answers, in percent.
+    pub share_percent: f64,
+}
+
+/// The CDN the question gets.
+#[derive(Debug, Serialize)]
+pub struct Answer {
+    /// `consistent` or `random`.
+    pub selection: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cdn: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cname: Option<String>,
+    /// Who asks (the client itself without ECS).
+    pub resolver: IpAddr,
+    /// The ECS source prefix of the question; `None`: no ECS.
+    pub ecs_source: Option<u8>,
+    /// Until when (Unix seconds) the answer holds: then it is drawn again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until_unix: Option<u64>,
+}
+
+/// Explains `q` over `facts`.
+pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError> {
+    let mut name = Name::from_ascii(q.name)
+        .map_err(|e| ExplainError::NotAName(q.name.to_string(), e.to_string()))?;
+    name.set_fqdn(true);
+    let lower = LowerName::new(&name);
+    let (Some(steered), Some(host)) = (
+        facts.snapshot.plan.get(&lower),
+        facts
+            .loaded
+            .policy
+            .hosts
+            .iter()
+            .find(|h| LowerName::new(&h.name) == lower),
+    ) else {
+        return Err(ExplainError::NotSteered(lower.to_string()));
+    };
+    let place = facts.snapshot.geo.locate(q.client);
+    let d = steered.decide(q.client, &place);
+    let choice = steered.choose(&d);
+    let region = &host.regions[d.region];
+    let why = region
+        .matches
+        .iter()
+        .find(|m| m.covers(q.client, &place))
+        .map_or_else(
+            || "default".into(),
+            |m| format!("first region matching `{m}`"),
+        );
+    let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
+    let cdns = host
+        .cdns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let share = steered
+                .weights(choice)
+                .find(|(t, _)| *t.cdn == c.name)
+                .map_or(0, |(_, w)| w);
+            let health = match facts.health.get(&c.name) {
+                Some(t) => t.state.to_string(),
+                None if facts.loaded.probes.get(&c.name).is_some() => "up".to_string(),
+                None => "up (not probed)".to_string(),
+            };
+            CdnShare {
+                cdn: c.name.clone(),
+                cname: c.cname.to_string(),
+                weight: region.weights[i],
+                health,
+                failover_removed_percent: removed_of(facts.removed, host, &c.name),
+                share_percent: share as f64 * 100.0 / total.max(1) as f64,
+            }
+        })
+        .collect();
+    let answer = match steered.consistent_answer(&d, q.client, q.resolver, q.now) {
+        Some((target, until)) => Answer {
+            selection: "consistent",
+            cdn: Some(target.cdn.to_string()),
+            cname: Some(target.cname.to_string()),
+            resolver: q.resolver.map_or(q.client, |(r, _)| r),
+            ecs_source: q.resolver.map(|(_, s)| s),
+            until_unix: Some(until),
+        },
+        None => Answer {
+            selection: "random",
+            cdn: None,
+            cname: None,
+            resolver: q.resolver.map_or(q.client, |(r, _)| r),
+            ecs_source: q.resolver.map(|(_, s)| s),
+            until_unix: None,
+        },
+    };
+    let host_name = host.name.to_string();
+    Ok(Explanation {
+        name: host_name.clone(),
+        client: q.client,
+        country: place.country.map(|c| c.to_string()),
+        continent: place.continent.map(|c| c.code()),
+        network_prefix: place.prefix_len,
+        geo_database: facts.snapshot.geo.path().display().to_string(),
+        region: RegionFound {
+            index: d.region,
+            name: region.name.clone(),
+            why,
+        },
+        ttl: steered.ttl(),
+        ecs_scope: d.scope,
+        reason: choice.reason.to_string(),
+        reason_text: reason_text(choice.reason),
+        cdns,
+        answer,
+        drains: facts
+            .drains
+            .iter()
+            .filter(|r| r.name == host_name)
+            .cloned()
+            .collect(),
+        failover_frozen: facts.frozen.clone(),
+        state: facts.state.clone(),
+        config_version: facts.loaded.version.clone(),
+    })
+}
+
+fn reason_text(reason: Reason) -> &'static str {
+    match reason {
+        Reason::Normal => "",
+        Reason::Failover => "a CDN is off its configured weight",
+        Reason::Drain => "a CDN is drained here by an operator",
+        Reason::FailOpen => "a removed share has no other CDN of the region to go to, so it stays",
+    }
+}
+
+// === impl Display for Explanation ===
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let place = match (&self.country, self.continent) {
+            (Some(c), Some(k)) => format!("country {c}, continent {k}"),
+            (Some(c), None) => format!("country {c}, continent unknown"),
+            (None, Some(k)) => format!("continent {k}, country unknown"),
+            _ => "not in the geo database".into(),
+        };
+        writeln!(f, "name:    {}", self.name)?;
+        writeln!(
+            f,
+            "client:  {}: {place} (network /{} in {})",
+            self.client, self.network_prefix, self.geo_database
+        )?;
+        writeln!(
+            f,
+            "region:  regions[{}] {:?} ({})",
+            self.region.index, self.region.name, self.region.why
+        )?;
+        writeln!(
+            f,
+            "answer:  CNAME, TTL {}, ECS scope /{} (when the query carries ECS)",
+            self.ttl, self.ecs_scope
+        )?;
+        writeln!(f, "state:   {}", self.state)?;
+        if let Some(why) = &self.failover_frozen {
+            writeln!(f, "frozen:  automatic failover is frozen ({why})")?;
+        }
+        match self.reason_text {
+            "" => writeln!(f, "reason:  {}", self.reason)?,
+            text => writeln!(f, "reason:  {}: {text}", self.reason)?,
+        }
+        for c in &self.cdns {
+            writeln!(
+                f,
+                "  {:<12} {:<30} weight {:>4}  health {:<4}  removed {:>3} %  share {:>5.1} %",
+                c.cdn, c.cname, c.weight, c.health, c.failover_removed_percent, c.share_percent
+            )?;
+        }
+        let asked = match self.answer.ecs_source {
+            Some(source) => match ipnet::IpNet::new(self.client, source) {
+                Ok(net) => format!("asked by {} with ECS {}", self.answer.resolver, net.trunc()),
+                Err(_) => format!(
+                    "asked by {} with ECS {}/{source}",
+                    self.answer.resolver, self.client
+                ),
+            },
+            None => format!("asked by {} itself, without ECS", self.client),
+        };
+        match (&self.answer.cdn, &self.answer.cname, self.answer.until_unix) {
+            (Some(cdn), Some(cname), Some(until)) => writeln!(
+                f,
+                "pick:    {cdn} ({cname}) {asked}, until {} (consistent selection: then drawn again)",
+                humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(until))
+            )?,
+            _ => writeln!(
+                f,
+                "pick:    a random draw per query by the shares above (selection: random)"
+            )?,
+        }
+        for d in &self.drains {
+            let until = d.until_unix_ms.map_or("no expiry".to_string(), |u| {
+                format!(
+                    "until {}",
+                    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(u))
+                )
+            });
+            let scope = if d.scope.is_empty() {
+                "everywhere".to_string()
+            } else {
+                d.scope.join(",")
+            };
+            writeln!(
+                f,
+                "drain:   {} {} [{scope}] {}: {} % removed ({}, {until})",
+                d.id, d.cdn, d.status, d.removed_percent, d.reason
+            )?;
+        }
+        writeln!(f, "config:  version {}", self.config_version)
+    }
+}
