@@ -13,18 +13,22 @@
 #   SERVERS="steerdns gdnsd pdns"   which servers, in interleaving order
 #   MIXES="plain ecs mix"
 #   UDP_SOCKETS=    --udp-sockets for steerdns (default: its own default)
-#   STEERDNS_BIN=target/release/steerdns (built with cargo build --release if absent)
-#   SHARED=../shared  where peers/ and geo/ are
+#   STEERDNS_BIN    the binary (default: built with cargo build --release, in
+#                   CARGO_TARGET_DIR if set)
+#   SHARED=../shared  where peers/ and geo/ are (outside this repository)
 #   KEEP=1          keep the temp dir (logs, rendered configs, raw dnsperf outputs)
 #
 # Every server is pinned to CPU 1 and dnsperf to CPU 0. Runs are interleaved
 # (A B C A B C ...) and the medians printed as a markdown table. Server CPU per answered
 # query = (utime + stime of the server over the run) / queries completed.
-# Needs root for apt-get only when dnsperf, gdnsd or pdns_server is missing.
-set -euo pipefail
-
-cd "$(dirname "$0")/.."
-REPO=$PWD
+# Needs root for apt-get only when dnsperf, or a server of SERVERS, is missing.
+# Quickest: SERVERS="steerdns gdnsd" benches/peers.sh --quick (about a minute once built).
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+strict_mode
+script_init peers.sh
+LOG_STDERR=1
 QUICK=0
 [[ ${1:-} == --quick ]] && QUICK=1
 if ((QUICK)); then
@@ -40,46 +44,27 @@ MIXES=${MIXES:-plain ecs mix}
 SHARED=${SHARED:-$REPO/../shared}
 GEODB=$SHARED/geo/GeoIP2-Country-bench.mmdb
 PREFIXES=$SHARED/geo/GeoIP2-Country-bench.prefixes.tsv
-STEERDNS_BIN=${STEERDNS_BIN:-$REPO/target/release/steerdns}
 PORT_STEERDNS=${PORT_STEERDNS:-25353}
 PORT_GDNSD=${PORT_GDNSD:-25354}
 PORT_PDNS=${PORT_PDNS:-25355}
 HEALTH_PORT=${HEALTH_PORT:-28080}
 DNSPERF_ARGS=(-c 4 -T 1 -q 200)
 
-log() { echo "peers.sh: $*" >&2; }
-die() { log "$*"; exit 1; }
-
 # --- prerequisites -------------------------------------------------------------------
-missing=()
-command -v dnsperf >/dev/null || missing+=(dnsperf)
-command -v gdnsd >/dev/null || missing+=(gdnsd)
-command -v pdns_server >/dev/null || missing+=(pdns-server)
-[[ -e /usr/lib/x86_64-linux-gnu/pdns/libbindbackend.so || -n $(find /usr/lib -name 'libbindbackend.so' 2>/dev/null) ]] || missing+=(pdns-backend-bind)
-[[ -n $(find /usr/lib -name 'libgeoipbackend.so' 2>/dev/null) ]] || missing+=(pdns-backend-geoip)
-command -v dig >/dev/null || missing+=(bind9-dnsutils)
-command -v curl >/dev/null || missing+=(curl)
-if ((${#missing[@]})); then
-    log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
-fi
+install_missing dnsperf dig python3
+case " $SERVERS " in *" gdnsd "*) install_missing gdnsd ;; esac
+case " $SERVERS " in
+*" pdns "*)
+    missing=()
+    command -v pdns_server >/dev/null || missing+=(pdns-server)
+    [[ -e /usr/lib/x86_64-linux-gnu/pdns/libbindbackend.so || -n $(find /usr/lib -name 'libbindbackend.so' 2>/dev/null) ]] || missing+=(pdns-backend-bind)
+    [[ -n $(find /usr/lib -name 'libgeoipbackend.so' 2>/dev/null) ]] || missing+=(pdns-backend-geoip)
+    ((${#missing[@]} == 0)) || apt_install "${missing[@]}"
+    ;;
+esac
 [[ -r $GEODB ]] || die "no $GEODB"
-if [[ ! -x $STEERDNS_BIN ]]; then
-    log "building steerdns (release)"
-    cargo build --release >&2
-fi
-
-# --- temp dir, cleanup ---------------------------------------------------------------
-TMP=$(mktemp -d /tmp/steerdns-peers.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [[ ${KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+build_release
+make_tmp peers
 
 render() { # template output threads lua_mode
     sed -e "s|@PORT@|$5|g" -e "s|@RUN@|$3|g" -e "s|@GEODB@|$GEODB|g" \
@@ -92,11 +77,10 @@ mkdir -p "$TMP/www/health"
 for c in example.map.fastly.net example.cdn.cloudflare.net; do
     echo healthy-v3 >"$TMP/www/health/$c"
 done
-# 127.0.0.2 is PowerDNS's always-healthy sentinel (see the zone template).
+# 127.0.0.2 is PowerDNS's always-healthy sentinel (see the zone template). Pinned to
+# dnsperf's CPU, away from the servers'.
 for a in 127.0.0.1 127.0.0.2; do
-    taskset -c 0 python3 -m http.server "$HEALTH_PORT" --bind "$a" --directory "$TMP/www" \
-        >"$TMP/health-$a.log" 2>&1 &
-    PIDS+=($!)
+    CDN_CPU=0 start_cdn health "$TMP/www" "$a" "$HEALTH_PORT"
 done
 
 # --- steerdns ------------------------------------------------------------------------
@@ -149,7 +133,7 @@ start() {
     pdns) taskset -c 1 pdns_server --config-dir="$P" >"$TMP/pdns.log" 2>&1 & ;;
     esac
     SPID[$1]=$!
-    PIDS+=($!)
+    track $!
 }
 
 q() { # server name type [dig options]
@@ -157,15 +141,9 @@ q() { # server name type [dig options]
 }
 
 wait_up() {
-    local i
-    for i in $(seq 1 100); do
-        if q "$1" example.com SOA +short >/dev/null 2>&1 && [[ -n $(q "$1" example.com SOA +short 2>/dev/null) ]]; then
-            return 0
-        fi
-        kill -0 "${SPID[$1]}" 2>/dev/null || { cat "$TMP/$1.log" >&2; die "$1 exited"; }
-        sleep 0.2
-    done
+    wait_for_dns -p "${SPID[$1]}" -t 20 "${PORT[$1]}" && return 0
     cat "$TMP/$1.log" >&2
+    kill -0 "${SPID[$1]}" 2>/dev/null || die "$1 exited"
     die "$1 does not answer on port ${PORT[$1]}"
 }
 
@@ -247,10 +225,6 @@ datafile() { # mix -> dnsperf args
     esac
 }
 
-cpu_ticks() { # pid -> utime+stime in clock ticks (all threads)
-    awk '{print $14 + $15}' "/proc/$1/stat"
-}
-
 RESULTS=$TMP/results.tsv
 : >"$RESULTS"
 
@@ -267,7 +241,7 @@ run_one() { # server mix rep
     # shellcheck disable=SC2046
     taskset -c 0 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" $(datafile "$m") "${DNSPERF_ARGS[@]}" \
         -Q "$LAT_QPS" -l "$LAT_DURATION" -v >"$lat" 2>&1 || true
-    python3 - "$out" "$lat" "$c0" "$c1" "$t0" "$t1" "$(getconf CLK_TCK)" "$s" "$m" "$r" >>"$RESULTS" <<'PY'
+    python3 - "$out" "$lat" "$c0" "$c1" "$t0" "$t1" "$(clock_ticks)" "$s" "$m" "$r" >>"$RESULTS" <<'PY'
 import re, sys
 out, lat, c0, c1, t0, t1, hz, s, m, r = sys.argv[1:]
 text = open(out).read()

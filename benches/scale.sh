@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale, end to end (issue 5, item 4): the release binary serving the demo policy, and
+# Scale, end to end: the release binary serving the demo policy, and
 # serving 1,000 steered names × 20 regions (benches/scale_policy.py), both with the
 # full-Internet geo database geo/country.mmdb. Reports for each the resident memory
 # (VmRSS) after start and after load, and the server CPU per answered query under the
@@ -13,66 +13,34 @@
 #   DURATION=10     seconds per dnsperf run
 #   QPS=20000       dnsperf -Q
 #   NAMES=1000 REGIONS=20
-#   STEERDNS_BIN=target/release/steerdns (built with cargo build --release unless set)
+#   STEERDNS_BIN    the binary (default: built with cargo build --release, in
+#                   CARGO_TARGET_DIR if set)
 #   KEEP=1          keep the scratch directory
+#
+# Quickest: RUNS=1 DURATION=3 bash benches/scale.sh (about 15 s once built).
 #
 # Each server is pinned to CPU 1 and dnsperf to CPU 0. Server CPU per answered query =
 # (utime + stime of the server over the run) / queries dnsperf saw answered. Traffic
 # goes to 127.0.0.1 only; every process started is stopped on exit.
-set -euo pipefail
-
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REPO=$PWD
-if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
-    # shellcheck disable=SC1091
-    . "$HOME/.cargo/env"
-fi
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+strict_mode
+script_init scale.sh
+LOG_STDERR=1
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-10}
 QPS=${QPS:-20000}
 NAMES=${NAMES:-1000}
 REGIONS=${REGIONS:-20}
 
-log() { echo "scale.sh: $*" >&2; }
-die() { log "$*"; exit 1; }
-
-missing=()
-command -v dnsperf >/dev/null || missing+=(dnsperf)
-command -v dig >/dev/null || missing+=(dnsutils)
-command -v python3 >/dev/null || missing+=(python3)
-if ((${#missing[@]})); then
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q "${missing[@]}" </dev/null >&2 ||
-        { apt-get update -q </dev/null >&2 && apt-get install -y -q "${missing[@]}" </dev/null >&2; }
-fi
-if [[ -z ${STEERDNS_BIN:-} ]]; then
-    cargo build --release --quiet || die "build failed"
-    STEERDNS_BIN=$REPO/target/release/steerdns
-fi
-
-TMP=$(mktemp -d /tmp/steerdns-scale.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [[ ${KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+install_missing dnsperf dig python3
+build_release
+make_tmp scale
 
 # --- inputs and queries --------------------------------------------------------------
 # Client subnets all over the Internet (a random /24 or /56 inside each prefix).
-python3 - >"$TMP/prefixes.tsv" <<'PY'
-for a in range(1, 224):
-    if a not in (10, 127):
-        print(f"{a}.0.0.0/8\t--")
-for p in ("2001::/16", "2400::/12", "2600::/12", "2800::/12", "2a00::/12", "2c00::/12"):
-    print(f"{p}\t--")
-PY
+internet_prefixes >"$TMP/prefixes.tsv"
 python3 benches/queries.py "$TMP/prefixes.tsv" "$TMP" 20000
 PREFIXES=$TMP/prefixes.tsv python3 benches/scale_policy.py "$TMP/scale" "$NAMES" "$REGIONS"
 mkdir -p "$TMP/demo" && cp -r steering.yaml zones "$TMP/demo/"
@@ -90,33 +58,27 @@ start() { # demo|scale
         --listen "127.0.0.1:${PORT[$1]}" --api "127.0.0.1:$(free_port)" --reload-poll-ms 0 \
         >"$TMP/$1.log" 2>&1 &
     SPID[$1]=$!
-    PIDS+=($!)
-    for _ in $(seq 100); do
-        dig @127.0.0.1 -p "${PORT[$1]}" +time=1 +tries=1 example.com SOA 2>/dev/null | grep -q 'status: NOERROR' && return 0
-        kill -0 "${SPID[$1]}" 2>/dev/null || break
-        sleep 0.1
-    done
+    track $!
+    wait_for_dns -p "${SPID[$1]}" "${PORT[$1]}" && return 0
     cat "$TMP/$1.log" >&2
     die "$1 does not answer"
 }
-rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/${SPID[$1]}/status"; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/${SPID[$1]}/stat"; }
 
 start demo
 start scale
 sleep 1
 declare -A RSS0
-for s in demo scale; do RSS0[$s]=$(rss_kb "$s"); done
+for s in demo scale; do RSS0[$s]=$(rss_kb "${SPID[$s]}"); done
 
 RESULTS=$TMP/results.tsv
 : >"$RESULTS"
 run_one() { # demo|scale rep
     local s=$1 out=$TMP/run-$1-$2.txt c0 c1
-    c0=$(cpu_ticks "$s")
+    c0=$(cpu_ticks "${SPID[$s]}")
     taskset -c 0 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" -B -d "${DATA[$s]}" -c 4 -q 200 \
         -Q "$QPS" -l "$DURATION" >"$out" 2>&1 || die "dnsperf failed: $(cat "$out")"
-    c1=$(cpu_ticks "$s")
-    python3 - "$out" "$c0" "$c1" "$(getconf CLK_TCK)" "$s" >>"$RESULTS" <<'PY'
+    c1=$(cpu_ticks "${SPID[$s]}")
+    python3 - "$out" "$c0" "$c1" "$(clock_ticks)" "$s" >>"$RESULTS" <<'PY'
 import re, sys
 out, c0, c1, hz, s = sys.argv[1:]
 text = open(out).read()
@@ -143,7 +105,7 @@ echo "| policy | server CPU per answered query | lost | RSS after start | RSS af
 echo "| --- | ---: | ---: | ---: | ---: |"
 for s in demo scale; do
     label=$([[ $s == demo ]] && echo "demo (1 name × 4 regions)" || echo "$NAMES names × $REGIONS regions")
-    python3 - "$RESULTS" "$s" "$label" "${RSS0[$s]}" "$(rss_kb "$s")" <<'PY'
+    python3 - "$RESULTS" "$s" "$label" "${RSS0[$s]}" "$(rss_kb "${SPID[$s]}")" <<'PY'
 import statistics, sys
 path, s, label, rss0, rss1 = sys.argv[1:]
 rows = [l.split("\t") for l in open(path) if l.startswith(s + "\t")]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the scale policy of issue 5, item 4: many steered names, many regions each.
+"""Writes the policy of the scale benchmarks: many steered names, many regions each.
 
   scale_policy.py OUTDIR [NAMES [REGIONS]]     # defaults: 1000 names, 20 regions
 

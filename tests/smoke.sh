@@ -3,33 +3,24 @@
 #
 #   bash tests/smoke.sh          # from anywhere; PORT=20053 bash tests/smoke.sh to pick the port
 #
-# Builds `target/release/steerdns`, serves the demo policy (steering.yaml, zones/,
-# geo/country.mmdb) on 127.0.0.1:$PORT, and checks the answers with dig. Prints one line
-# per check and "N passed, M failed"; exits non-zero if any check failed.
-set -uo pipefail
-
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-command -v cargo >/dev/null || { [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"; }
-command -v dig >/dev/null || { echo "smoke: dig is not installed (apt-get install dnsutils)" >&2; exit 1; }
+# Builds the release binary (or takes STEERDNS_BIN), serves the demo policy
+# (steering.yaml, zones/, geo/country.mmdb) on 127.0.0.1:$PORT, and checks the answers
+# with dig. Prints one line per check and "N passed, M failed"; exits non-zero if any
+# check failed.
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+strict_mode --keep-going
+script_init smoke
+require dig
 
 FASTLY=example.map.fastly.net.
 CLOUDFLARE=example.cdn.cloudflare.net.
 SHARE_QUERIES=400
 
-TMP=$(mktemp -d)
-PID=
-cleanup() {
-    if [ -n "$PID" ]; then
-        kill "$PID" 2>/dev/null
-        wait "$PID" 2>/dev/null
-    fi
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-echo "smoke: cargo build --release"
-cargo build --release --quiet || { echo "smoke: build failed" >&2; exit 1; }
+make_tmp smoke
+[[ -n ${STEERDNS_BIN:-} ]] || echo "smoke: cargo build --release"
+build_release
 
 # ---- start the server --------------------------------------------------------------
 
@@ -48,20 +39,14 @@ for PORT in $ports; do
         echo "smoke: 127.0.0.1:$PORT already answers DNS, skipping it" >&2
         continue
     fi
-    NO_COLOR=1 target/release/steerdns serve --listen "127.0.0.1:$PORT" >"$TMP/server.log" 2>&1 &
+    NO_COLOR=1 "$STEERDNS_BIN" serve --listen "127.0.0.1:$PORT" >"$TMP/server.log" 2>&1 &
     PID=$!
-    for _ in $(seq 100); do # up to 10 s
-        if ! kill -0 "$PID" 2>/dev/null; then break; fi
-        if answers; then
-            started=1
-            break
-        fi
-        sleep 0.1
-    done
-    [ -n "$started" ] && break
-    kill "$PID" 2>/dev/null
-    wait "$PID" 2>/dev/null
-    PID=
+    track "$PID"
+    if wait_for_dns -p "$PID" "$PORT"; then
+        started=1
+        break
+    fi
+    stop "$PID"
     echo "smoke: the server did not come up on 127.0.0.1:$PORT:" >&2
     sed 's/^/    /' "$TMP/server.log" >&2
 done
@@ -73,22 +58,12 @@ echo "smoke: steerdns serving on 127.0.0.1:$PORT (pid $PID)"
 
 # ---- helpers -----------------------------------------------------------------------
 
-passed=0
-failed=0
-ok() {
-    passed=$((passed + 1))
-    echo "ok   $1"
+# q ARGS...: one query; the full dig output is kept in $OUT, and shown under a failed
+# check (FAIL_CONTEXT, scripts/lib.sh).
+q() {
+    OUT=$(d "$@" 2>&1)
+    FAIL_CONTEXT=$OUT
 }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL $1: $2"
-    if [ -n "${OUT:-}" ]; then
-        sed -e '/^$/d' -e 's/^/       | /' <<<"$OUT"
-    fi
-}
-
-# q ARGS...: one query; the full dig output is kept in $OUT.
-q() { OUT=$(d "$@" 2>&1); }
 status() { sed -n 's/.*, status: \([A-Z]*\),.*/\1/p' <<<"$OUT"; }
 flags() { sed -n 's/^;; flags: \([^;]*\);.*/ \1 /p' <<<"$OUT"; }
 # section NAME: the records of ANSWER, AUTHORITY or ADDITIONAL.
@@ -110,7 +85,8 @@ is_steered_cname() {
 # (source addresses 127.64.x.y), as from a population of resolvers.
 share() {
     local subnet=$1 low=$2 high=$3 f=0 c=0 other=0 i
-    OUT=
+    OUT=''
+    FAIL_CONTEXT=''
     for i in $(seq 0 $((SHARE_QUERIES - 1))); do
         echo "-b 127.64.$((i / 250)).$((i % 250 + 1)) www.example.com +subnet=$subnet"
     done >"$TMP/batch"
@@ -207,9 +183,7 @@ else
     fail "www.example.com +edns=1 +noednsnegotiation" "want BADVERS with an EDNS version 0 OPT"
 fi
 
-OUT=
-echo "$passed passed, $failed failed"
-if [ "$failed" -ne 0 ]; then
+if ! summary; then
     echo "server log:"
     sed 's/^/    /' "$TMP/server.log"
     exit 1

@@ -26,23 +26,20 @@
 #      subnet whose answer differs is asked again (its hourly window may have rolled over
 #      between the batches) and must then agree. Prints the share of each CNAME.
 #
-# Environment: STEERDNS_BIN (default: target/release/steerdns, built with cargo build
-# --release), ZM_OUT (directory for the reports, default a new /tmp/steerdns-zonemaster.*,
+# Environment: STEERDNS_BIN (default: built with cargo build --release, in
+# CARGO_TARGET_DIR if set), ZM_OUT (directory for the reports, default a new /tmp/steerdns-zonemaster.*,
 # kept and printed: Zonemaster's output, the server and NSD logs, the dig answers).
 # Needs zonemaster-cli, nsd, dig and python3 (.ci/run installs them). Sends traffic only
 # to loopback; stops every process it started on exit and removes its scratch files.
-set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+strict_mode
+script_init zonemaster
+CHECK_PREFIX="zonemaster: "
+DIE_PREFIX="FAIL: "
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REPO=$PWD
-if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
-    # shellcheck disable=SC1091
-    . "$HOME/.cargo/env"
-fi
-
-log() { echo "zonemaster: $*"; }
 oneline() { tr -s '\n' ' ' <<<"$1" | sed 's/ $//'; }
-die() { echo "zonemaster: FAIL: $*" >&2; exit 1; }
 
 NS1=127.0.0.1
 NS2=127.0.0.2
@@ -76,14 +73,8 @@ TOLERATED=(
 
 # --- prerequisites -------------------------------------------------------------------
 [ "$(id -u)" -eq 0 ] || die "needs root to bind port 53: sudo bash tests/zonemaster.sh"
-for tool in zonemaster-cli nsd dig python3; do
-    command -v $tool >/dev/null || die "$tool is not installed (apt-get install zonemaster-cli nsd dnsutils python3)"
-done
-if [[ -z ${STEERDNS_BIN:-} ]]; then
-    cargo build --release --quiet || die "build failed"
-    STEERDNS_BIN=$REPO/target/release/steerdns
-fi
-[[ -x $STEERDNS_BIN ]] || die "no $STEERDNS_BIN"
+require zonemaster-cli nsd dig python3
+build_release
 
 # Nothing may already listen on port 53 of our addresses (nor on all addresses).
 if command -v ss >/dev/null; then
@@ -93,18 +84,9 @@ if command -v ss >/dev/null; then
 fi
 
 # --- scratch dir, reports, cleanup ---------------------------------------------------
-TMP=$(mktemp -d /tmp/steerdns-zonemaster-tmp.XXXXXX)
+make_tmp zonemaster-tmp
 OUT=${ZM_OUT:-$(mktemp -d /tmp/steerdns-zonemaster.XXXXXX)}
 mkdir -p "$OUT"
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 log "reports in $OUT"
 
 # --- the zone under test: the demo zone with loopback glue ---------------------------
@@ -171,10 +153,9 @@ EOF
 
 nsd-checkconf "$TMP/nsd/nsd.conf" || die "nsd.conf rejected"
 nsd -d -c "$TMP/nsd/nsd.conf" >>"$OUT/nsd.log" 2>&1 &
-PIDS+=($!)
+track $!
 
 # --- two steerdns instances -----------------------------------------------------------
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 n=0
 for addr in $NS1 $NS2; do
     n=$((n + 1))
@@ -182,21 +163,12 @@ for addr in $NS1 $NS2; do
         --geo "$REPO/geo/country.mmdb" --probes "$TMP/probes" --listen "$addr:53" \
         --api "127.0.0.1:$(free_port)" --state-dir "$TMP/state$n" --vantage "ns$n" \
         >"$OUT/steerdns-ns$n.log" 2>&1 &
-    PIDS+=($!)
+    track $!
 done
 
-# Waits until $1 answers $2 $3 with NOERROR (up to 10 s).
-wait_for() {
-    local _
-    for _ in $(seq 100); do
-        dig @"$1" +time=1 +tries=1 "$2" "$3" 2>/dev/null | grep -q 'status: NOERROR' && return 0
-        sleep 0.1
-    done
-    return 1
-}
-wait_for $NS1 $ZONE SOA || die "steerdns did not come up on $NS1:53 (see $OUT/steerdns-ns1.log)"
-wait_for $NS2 $ZONE SOA || die "steerdns did not come up on $NS2:53 (see $OUT/steerdns-ns2.log)"
-wait_for $ROOT com SOA || die "NSD did not come up on $ROOT:53 (see $OUT/nsd.log)"
+wait_for_dns 53 $NS1 $ZONE SOA || die "steerdns did not come up on $NS1:53 (see $OUT/steerdns-ns1.log)"
+wait_for_dns 53 $NS2 $ZONE SOA || die "steerdns did not come up on $NS2:53 (see $OUT/steerdns-ns2.log)"
+wait_for_dns 53 $ROOT com SOA || die "NSD did not come up on $ROOT:53 (see $OUT/nsd.log)"
 log "steerdns on $NS1:53 and $NS2:53, fake root and com (NSD) on $ROOT:53"
 
 # The bed itself: the parent delegates to the NS set the zone names, with the same glue.
@@ -207,9 +179,6 @@ for addr in $NS1 $NS2; do
     [ "$child" = "$parent" ] || die "NS at the parent ($parent) and at $addr ($child) differ"
 done
 log "delegation: $parent"
-
-failed=0
-fail() { echo "zonemaster: FAIL: $*"; failed=$((failed + 1)); }
 
 # --- 1. Zonemaster --------------------------------------------------------------------
 # Output lines (--raw --show-module --show-testcase, every level down to DEBUG):
@@ -322,8 +291,8 @@ echo "$shares"
 # A server answering one CDN for everyone would pass the checks above trivially.
 [ "$(wc -l <<<"$shares")" -ge 2 ] || fail "dig: only one CNAME over $SUBNETS subnets of varied regions"
 
-if ((failed)); then
-    echo "zonemaster: $failed check(s) failed; reports in $OUT"
+if ((FAILED)); then
+    echo "zonemaster: $FAILED check(s) failed; reports in $OUT"
     exit 1
 fi
 echo "zonemaster: passed (no NAMESERVER09 or CONSISTENCY message above INFO, only tolerated ERRORs; dig consistent); reports in $OUT"
