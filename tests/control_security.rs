@@ -43,7 +43,7 @@ async fn api(token: Option<&str>, limits: ApiLimits) -> Api {
     let state = ApiState {
         vantage: "test".into(),
         local: Local::default(),
-        state: Arc::new(Mutex::new(json!({}))),
+        state: Arc::new(Mutex::new(None)),
         commands: Some(tx),
         token: token.map(Into::into),
         metrics: Metrics::new(),

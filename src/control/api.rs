@@ -33,6 +33,7 @@ use crate::control::controller::Command;
 use crate::control::drains::{now_ms, unix_ms, DrainRule};
 use crate::control::peers::Published;
 use crate::control::prober::Local;
+use crate::control::state_doc::StateDoc;
 use crate::metrics::{self, Metrics};
 
 const MAX_BODY: usize = 64 * 1024;
@@ -68,7 +69,7 @@ pub struct ApiState {
     pub vantage: String,
     pub local: Local,
     /// The controller's latest state document (`serve` only).
-    pub state: Arc<Mutex<serde_json::Value>>,
+    pub state: Arc<Mutex<Option<StateDoc>>>,
     /// The controller, for mutations and live explain (`serve` only).
     pub commands: Option<mpsc::Sender<Command>>,
     /// Bearer token for mutations; `None` refuses them all.

@@ -14,7 +14,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
 use std::net::IpAddr;
 
 use tokio::sync::{mpsc, oneshot};
@@ -25,13 +24,16 @@ use tracing::{error, info, warn};
 use crate::config::probes::Probes;
 use crate::control::drains::{now_ms, DrainRule, DrainState, Drains};
 use crate::control::explain::{self, Explanation};
-use crate::control::health::{self, State, Tracker, VantageView};
+use crate::control::failover::{FailoverState, Step};
+use crate::control::health::{self, State, VantageView};
 use crate::control::peers::Peers;
 use crate::control::persist;
 use crate::control::planner::Removed;
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
-use crate::control::stepper::{Direction, Stepper};
+use crate::control::state_doc::{
+    FailOpenDoc, HealthDoc, PeerDoc, ReloadOutcome, SaveStatus, StateDoc, StepDoc,
+};
 use crate::inputs::Loaded;
 use crate::plan::{Live, Snapshot};
 
@@ -66,20 +68,17 @@ pub struct Controller {
     local: Local,
     peers: Peers,
     live: Option<Arc<Live>>,
-    health: BTreeMap<String, Tracker>,
-    /// By (steered name, CDN).
-    steps: BTreeMap<(String, String), Stepper>,
+    /// Health, failover steps and freeze (pure; see `failover.rs`).
+    failover: FailoverState,
     fail_open: Vec<(String, String)>,
     own_unhappy: Option<String>,
     /// Peers currently unhappy, with why (logged when it changes).
     unhappy_peers: BTreeMap<String, String>,
     verdicts: BTreeMap<String, String>,
     /// The outcome of the last reload, for `/v1/state`.
-    last_reload: serde_json::Value,
+    last_reload: Option<ReloadOutcome>,
     /// Drains from the policy and the API, with their progress.
     drains: Drains,
-    /// Why automatic failover is frozen (health is still tracked, no step is taken).
-    frozen: Option<String>,
     /// (name, CDN) pairs whose `drains_active` gauge is set.
     drain_gauges: BTreeSet<(String, String)>,
     state_file: Option<StateFile>,
@@ -89,7 +88,7 @@ pub struct Controller {
     /// When to try a failed save again (nothing else may change for a while).
     save_retry_at: Option<Instant>,
     /// The document `/v1/state` serves.
-    doc: Arc<Mutex<serde_json::Value>>,
+    doc: Arc<Mutex<Option<StateDoc>>>,
 }
 
 impl Controller {
@@ -107,20 +106,18 @@ impl Controller {
             local,
             peers,
             live: None,
-            health: BTreeMap::new(),
-            steps: BTreeMap::new(),
+            failover: FailoverState::default(),
             fail_open: Vec::new(),
             own_unhappy: None,
             unhappy_peers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
-            last_reload: serde_json::Value::Null,
+            last_reload: None,
             drains: Drains::default(),
-            frozen: None,
             drain_gauges: BTreeSet::new(),
             state_file,
             save_failing: None,
             save_retry_at: None,
-            doc: Arc::new(Mutex::new(serde_json::Value::Null)),
+            doc: Arc::new(Mutex::new(None)),
         };
         c.restore();
         c.drains.sync(&c.loaded.policy, Instant::now(), now_ms());
@@ -144,18 +141,21 @@ impl Controller {
             }
             Ok(Some(saved)) => {
                 let now = Instant::now();
-                self.health = saved.health.clone();
-                self.steps = saved.steppers(now);
-                self.retain_known();
+                self.failover = FailoverState {
+                    health: saved.health.clone(),
+                    steps: saved.steppers(now),
+                    frozen: saved.frozen.clone(),
+                };
+                self.failover
+                    .retain_known(&self.loaded.policy, &self.loaded.probes);
                 self.drains
                     .restore(saved.overrides.clone(), &saved.drains, now, saved.age_ms());
-                self.frozen = saved.frozen.clone();
                 info!(
                     age_s = saved.age_ms() / 1000,
-                    frozen = self.frozen.is_some(),
+                    frozen = self.failover.frozen.is_some(),
                     overrides = self.drains.overrides.len(),
-                    down = ?self.health.iter().filter(|(_, t)| t.state == State::Down).map(|(c, _)| c.as_str()).collect::<Vec<_>>(),
-                    steps = self.steps.len(),
+                    down = ?self.failover.down(),
+                    steps = self.failover.steps.len(),
                     "restored health and failover state"
                 );
                 self.tick_steps(now);
@@ -179,7 +179,7 @@ impl Controller {
     }
 
     /// The document `/v1/state` serves.
-    pub fn doc(&self) -> Arc<Mutex<serde_json::Value>> {
+    pub fn doc(&self) -> Arc<Mutex<Option<StateDoc>>> {
         self.doc.clone()
     }
 
@@ -201,10 +201,9 @@ impl Controller {
         loop {
             let now = Instant::now();
             let next = self
-                .steps
-                .values()
-                .filter_map(|s| s.next_at)
-                .filter(|_| self.frozen.is_none())
+                .failover
+                .next_due()
+                .into_iter()
                 .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
                 .chain(self.save_retry_at)
                 .min();
@@ -235,7 +234,7 @@ impl Controller {
                 },
                 _ = due => {
                     let now = Instant::now();
-                    let mut changed = self.frozen.is_none() && self.tick_steps(now);
+                    let mut changed = self.tick_steps(now);
                     changed |= self.drains.tick(&self.loaded.policy, now);
                     changed |= self.drains.sync(&self.loaded.policy, now, now_ms());
                     self.drains.prune(now_ms());
@@ -276,15 +275,15 @@ impl Controller {
             }
             Command::Freeze(reason, reply) => {
                 warn!(reason = %reason, "automatic failover frozen: health is tracked, no step is taken");
-                self.frozen = Some(reason);
+                self.failover.freeze(reason);
                 self.save();
                 self.update_doc();
                 let _ = reply.send(Ok(()));
             }
             Command::Resume(reason, reply) => {
                 info!(reason = %reason, "automatic failover resumed");
-                self.frozen = None;
-                self.reconcile(now);
+                let taken = self.failover.resume(&self.loaded.policy, now);
+                log_steps(&taken);
                 self.publish();
                 let _ = reply.send(Ok(()));
             }
@@ -305,10 +304,10 @@ impl Controller {
         let facts = explain::Facts {
             loaded: &self.loaded,
             snapshot: &live,
-            health: &self.health,
+            health: &self.failover.health,
             removed: &self.removed(),
             drains: self.drains.report(&self.loaded.policy, now_ms()),
-            frozen: self.frozen.clone(),
+            frozen: self.failover.frozen.clone(),
             state: "live".into(),
         };
         let question = explain::Question {
@@ -318,37 +317,6 @@ impl Controller {
             now: crate::selection::unix_now(),
         };
         explain::explain(&facts, &question).map_err(|e| e.to_string())
-    }
-
-    /// Forgets health of CDNs no longer probed and steps of names no longer steered.
-    fn retain_known(&mut self) {
-        let probes = &self.loaded.probes;
-        self.health.retain(|cdn, _| probes.get(cdn).is_some());
-        let names: Vec<String> = self
-            .loaded
-            .policy
-            .hosts
-            .iter()
-            .map(|h| h.name.to_string())
-            .collect();
-        self.steps.retain(|(name, _), _| names.contains(name));
-    }
-
-    /// After a freeze: make the steps follow the health state again.
-    fn reconcile(&mut self, now: Instant) {
-        for host in &self.loaded.policy.hosts {
-            for cdn in &host.cdns {
-                let state = self.health.get(&cdn.name).map_or(State::Up, |t| t.state);
-                let key = (host.name.to_string(), cdn.name.clone());
-                let s = self.steps.entry(key).or_default();
-                match (state, s.direction) {
-                    (State::Down, Direction::Promote) => s.demote(now, &host.failover),
-                    (State::Up, Direction::Demote) => s.promote(now, &host.failover),
-                    _ => {}
-                }
-            }
-        }
-        self.tick_steps(now);
     }
 
     /// Starts the prober and the peer readers for the current probes; the returned
@@ -388,11 +356,11 @@ impl Controller {
                 for issue in issues.errors() {
                     error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
                 }
-                self.last_reload = json!({
-                    "trigger": trigger.to_string(),
-                    "result": "refused",
-                    "errors": issues.errors().map(ToString::to_string).collect::<Vec<_>>(),
-                    "serving_version": self.loaded.version,
+                self.last_reload = Some(ReloadOutcome {
+                    trigger: trigger.to_string(),
+                    result: "refused",
+                    errors: issues.errors().map(ToString::to_string).collect(),
+                    serving_version: self.loaded.version.clone(),
                 });
                 self.update_doc();
                 false
@@ -412,13 +380,14 @@ impl Controller {
                 let from = self.loaded.version.clone();
                 self.loaded = Arc::new(loaded);
                 // Health and failover progress carry over for the CDNs and names that remain.
-                self.retain_known();
+                self.failover
+                    .retain_known(&self.loaded.policy, &self.loaded.probes);
                 info!(trigger = %trigger, from = %from, to = %self.loaded.version, probes_changed, "configuration reloaded");
-                self.last_reload = json!({
-                    "trigger": trigger.to_string(),
-                    "result": "applied",
-                    "errors": [],
-                    "serving_version": self.loaded.version,
+                self.last_reload = Some(ReloadOutcome {
+                    trigger: trigger.to_string(),
+                    result: "applied",
+                    errors: Vec::new(),
+                    serving_version: self.loaded.version.clone(),
                 });
                 self.drains
                     .sync(&self.loaded.policy, Instant::now(), now_ms());
@@ -470,38 +439,31 @@ impl Controller {
             .quorum
             .min(1 + self.loaded.probes.vantages.len() as u32);
         let verdict = health::verdict(&round.cdn, &views, quorum, fresh_ms);
-        let tracker = self.health.entry(round.cdn.clone()).or_default();
-        let from = tracker.state;
-        let changed = tracker.observe(verdict.kind, spec.down_after, spec.up_after);
+        let changed = self.failover.observe(
+            &self.loaded.policy,
+            &round.cdn,
+            verdict.kind,
+            spec.down_after,
+            spec.up_after,
+            Instant::now(),
+        );
         self.verdicts.insert(
             round.cdn.clone(),
             format!("{:?}: {}", verdict.kind, verdict.summary()),
         );
-        if let Some(to) = changed {
+        if let Some(t) = changed {
             if let Some(m) = self.local.metrics() {
-                m.transition(&round.cdn, to == State::Down);
+                m.transition(&t.cdn, t.to == State::Down);
             }
-            info!(cdn = %round.cdn, scope = "global", from = %from, to = %to, quorum, evidence = %verdict.summary(), "health changed");
-            let now = Instant::now();
-            if self.frozen.is_some() {
-                warn!(cdn = %round.cdn, to = %to, "failover frozen: not acting on the health change");
+            info!(cdn = %t.cdn, scope = "global", from = %t.from, to = %t.to, quorum, evidence = %verdict.summary(), "health changed");
+            if self.failover.frozen.is_some() {
+                warn!(cdn = %t.cdn, to = %t.to, "failover frozen: not acting on the health change");
                 self.save();
                 self.update_doc();
                 return;
             }
-            for host in &self.loaded.policy.hosts {
-                if !host.cdns.iter().any(|c| c.name == round.cdn) {
-                    continue;
-                }
-                let s = self
-                    .steps
-                    .entry((host.name.to_string(), round.cdn.clone()))
-                    .or_default();
-                match to {
-                    State::Down => s.demote(now, &host.failover),
-                    State::Up => s.promote(now, &host.failover),
-                }
-                info!(name = %host.name, cdn = %round.cdn, removed_percent = s.removed_percent(&host.failover), "failover step");
+            for (name, pct) in &t.steps {
+                info!(name = %name, cdn = %t.cdn, removed_percent = pct, "failover step");
             }
             self.publish();
         } else {
@@ -512,33 +474,13 @@ impl Controller {
 
     /// Applies due steps; returns whether any weight changed.
     fn tick_steps(&mut self, now: Instant) -> bool {
-        let mut changed = false;
-        for host in &self.loaded.policy.hosts {
-            for cdn in &host.cdns {
-                let key = (host.name.to_string(), cdn.name.clone());
-                if let Some(s) = self.steps.get_mut(&key) {
-                    if s.tick(now, &host.failover) {
-                        changed = true;
-                        info!(name = %host.name, cdn = %cdn.name, removed_percent = s.removed_percent(&host.failover), "failover step");
-                    }
-                }
-            }
-        }
-        self.steps.retain(|_, s| s.is_active());
-        changed
+        let taken = self.failover.tick(&self.loaded.policy, now);
+        log_steps(&taken);
+        !taken.is_empty()
     }
 
     fn removed(&self) -> Removed {
-        let mut removed = Removed::new();
-        for host in &self.loaded.policy.hosts {
-            for cdn in &host.cdns {
-                let key = (host.name.to_string(), cdn.name.clone());
-                if let Some(s) = self.steps.get(&key) {
-                    removed.insert(key, s.removed_percent(&host.failover));
-                }
-            }
-        }
-        removed
+        self.failover.removed(&self.loaded.policy)
     }
 
     /// Serves the current state, saves it, and only then shows it in `/v1/state`: what
@@ -564,7 +506,7 @@ impl Controller {
             return;
         };
         let removed = self.removed();
-        for (cdn, t) in &self.health {
+        for (cdn, t) in &self.failover.health {
             m.health(cdn, t.state == State::Up);
         }
         for host in &self.loaded.policy.hosts {
@@ -643,10 +585,10 @@ impl Controller {
     fn save(&mut self) {
         let Some(sf) = &self.state_file else { return };
         let now = Instant::now();
-        let mut saved = persist::capture(&self.health, &self.steps, now);
+        let mut saved = persist::capture(&self.failover.health, &self.failover.steps, now);
         saved.overrides = self.drains.overrides.clone();
         saved.drains = self.drains.saved(now);
-        saved.frozen = self.frozen.clone();
+        saved.frozen = self.failover.frozen.clone();
         let result = persist::save_to(&sf.dir, &saved, &sf.disk);
         if let Some(m) = self.local.metrics() {
             m.state_saved(result.is_ok());
@@ -670,37 +612,73 @@ impl Controller {
     }
 
     fn update_doc(&self) {
-        let removed = self.removed();
-        let doc = json!({
-            "config_version": self.loaded.version,
-            "failover_frozen": self.frozen,
-            "drains": self.drains.report(&self.loaded.policy, now_ms()),
-            "last_reload": self.last_reload,
-            "vantage": self.vantage,
-            "vantage_unhappy": self.own_unhappy,
-            "state_save": match (&self.state_file, &self.save_failing) {
-                (None, _) => json!(null),
-                (Some(sf), None) => json!({ "dir": sf.dir.display().to_string(), "ok": true }),
-                (Some(sf), Some((e, n))) => json!({
-                    "dir": sf.dir.display().to_string(), "ok": false, "error": e, "failed_saves": n,
-                }),
-            },
-            "health": self.health.iter().map(|(cdn, t)| (cdn.clone(), json!({
-                "state": t.state.to_string(),
-                "consecutive_down_rounds": t.bad,
-                "consecutive_up_rounds": t.good,
-                "last_verdict": self.verdicts.get(cdn),
-            }))).collect::<serde_json::Map<_, _>>(),
-            "failover": removed.iter().map(|((name, cdn), pct)| json!({
-                "name": name, "cdn": cdn, "removed_percent": pct,
-                "direction": self.steps.get(&(name.clone(), cdn.clone())).map(|s| format!("{:?}", s.direction).to_lowercase()),
-            })).collect::<Vec<_>>(),
-            "fail_open": self.fail_open.iter().map(|(n, r)| json!({"name": n, "region": r})).collect::<Vec<_>>(),
-            "peers": self.peers.views().iter().map(|v| json!({
-                "name": v.name, "error": v.error, "unhappy": health::unhappy(v).map(|u| u.to_string()),
-            })).collect::<Vec<_>>(),
-        });
-        *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = doc;
+        let f = &self.failover;
+        let doc = StateDoc {
+            config_version: self.loaded.version.clone(),
+            failover_frozen: f.frozen.clone(),
+            drains: self.drains.report(&self.loaded.policy, now_ms()),
+            last_reload: self.last_reload.clone(),
+            vantage: self.vantage.clone(),
+            vantage_unhappy: self.own_unhappy.clone(),
+            state_save: self.state_file.as_ref().map(|sf| SaveStatus {
+                dir: sf.dir.display().to_string(),
+                ok: self.save_failing.is_none(),
+                error: self.save_failing.as_ref().map(|(e, _)| e.clone()),
+                failed_saves: self.save_failing.as_ref().map(|(_, n)| *n),
+            }),
+            health: f
+                .health
+                .iter()
+                .map(|(cdn, t)| {
+                    let h = HealthDoc {
+                        state: t.state.to_string(),
+                        consecutive_down_rounds: t.bad,
+                        consecutive_up_rounds: t.good,
+                        last_verdict: self.verdicts.get(cdn).cloned(),
+                    };
+                    (cdn.clone(), h)
+                })
+                .collect(),
+            failover: self
+                .removed()
+                .into_iter()
+                .map(|((name, cdn), pct)| StepDoc {
+                    direction: f
+                        .steps
+                        .get(&(name.clone(), cdn.clone()))
+                        .map(|s| s.direction),
+                    name,
+                    cdn,
+                    removed_percent: pct,
+                })
+                .collect(),
+            fail_open: self
+                .fail_open
+                .iter()
+                .map(|(name, region)| FailOpenDoc {
+                    name: name.clone(),
+                    region: region.clone(),
+                })
+                .collect(),
+            peers: self
+                .peers
+                .views()
+                .iter()
+                .map(|v| PeerDoc {
+                    name: v.name.clone(),
+                    error: v.error.clone(),
+                    unhappy: health::unhappy(v).map(|u| u.to_string()),
+                })
+                .collect(),
+        };
+        *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = Some(doc);
+    }
+}
+
+/// Logs the steps time took.
+fn log_steps(taken: &[Step]) {
+    for (name, cdn, pct) in taken {
+        info!(name = %name, cdn = %cdn, removed_percent = pct, "failover step");
     }
 }
 

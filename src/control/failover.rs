@@ -1,0 +1,274 @@
+//! Control plane: the failover state, pure. Health per CDN (hysteresis over verdicts),
+//! the failover timeline of every (steered name, CDN), and the operator's freeze; what
+//! the planner reads as "how far is each CDN off its weight" ([`FailoverState::removed`]).
+//!
+//! ```text
+//!  verdict ─▶ Tracker (down_after / up_after) ─▶ health change ─▶ Stepper per name
+//!                                                  (ignored while frozen)   │
+//!  time ─────────────────────────────────────────────────────▶ tick ───────┘
+//! ```
+//!
+//! No I/O, no logging, no clock: every call takes `now`, and returns what changed so
+//! that the controller (`controller.rs`) logs it, counts it and publishes a new plan.
+
+use std::collections::BTreeMap;
+
+use tokio::time::Instant;
+
+use crate::config::probes::Probes;
+use crate::config::Policy;
+use crate::control::health::{State, Tracker, VerdictKind};
+use crate::control::planner::Removed;
+use crate::control::stepper::{Direction, Stepper};
+
+/// Health, steps and freeze: everything that moves weight away from a CDN on its own.
+#[derive(Clone, Debug, Default)]
+pub struct FailoverState {
+    /// Per probed CDN.
+    pub health: BTreeMap<String, Tracker>,
+    /// Per (steered name, CDN) on its timeline; forgotten when back at normal weight.
+    pub steps: BTreeMap<(String, String), Stepper>,
+    /// Why automatic failover is frozen: health is still tracked, no step is taken.
+    pub frozen: Option<String>,
+}
+
+/// A CDN's health changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub cdn: String,
+    pub from: State,
+    pub to: State,
+    /// The steps it started: (name, percent removed now). Empty while frozen.
+    pub steps: Vec<(String, u8)>,
+}
+
+/// A step taken by time: (name, CDN, percent removed now).
+pub type Step = (String, String, u8);
+
+impl FailoverState {
+    /// Records a round's verdict for `cdn`. A health change demotes or promotes the
+    /// CDN in every name that uses it (the first step at once), unless frozen.
+    pub fn observe(
+        &mut self,
+        policy: &Policy,
+        cdn: &str,
+        verdict: VerdictKind,
+        down_after: u32,
+        up_after: u32,
+        now: Instant,
+    ) -> Option<Transition> {
+        let tracker = self.health.entry(cdn.to_string()).or_default();
+        let from = tracker.state;
+        let to = tracker.observe(verdict, down_after, up_after)?;
+        let mut steps = Vec::new();
+        if self.frozen.is_none() {
+            for host in policy
+                .hosts
+                .iter()
+                .filter(|h| h.cdns.iter().any(|c| c.name == cdn))
+            {
+                let s = self
+                    .steps
+                    .entry((host.name.to_string(), cdn.to_string()))
+                    .or_default();
+                match to {
+                    State::Down => s.demote(now, &host.failover),
+                    State::Up => s.promote(now, &host.failover),
+                }
+                steps.push((host.name.to_string(), s.removed_percent(&host.failover)));
+            }
+        }
+        Some(Transition {
+            cdn: cdn.to_string(),
+            from,
+            to,
+            steps,
+        })
+    }
+
+    /// Applies every step due by `now` (none while frozen); returns the steps taken.
+    pub fn tick(&mut self, policy: &Policy, now: Instant) -> Vec<Step> {
+        let mut taken = Vec::new();
+        if self.frozen.is_some() {
+            return taken;
+        }
+        for host in &policy.hosts {
+            for cdn in &host.cdns {
+                let key = (host.name.to_string(), cdn.name.clone());
+                if let Some(s) = self.steps.get_mut(&key) {
+                    if s.tick(now, &host.failover) {
+                        taken.push((key.0, key.1, s.removed_percent(&host.failover)));
+                    }
+                }
+            }
+        }
+        self.steps.retain(|_, s| s.is_active());
+        taken
+    }
+
+    /// When the next step is due (never while frozen).
+    pub fn next_due(&self) -> Option<Instant> {
+        if self.frozen.is_some() {
+            return None;
+        }
+        self.steps.values().filter_map(|s| s.next_at).min()
+    }
+
+    /// Stops automatic failover: steps hold where they are.
+    pub fn freeze(&mut self, reason: String) {
+        self.frozen = Some(reason);
+    }
+
+    /// Resumes automatic failover: the steps follow the health again (a CDN that went
+    /// down while frozen starts its demotion now); returns the steps taken.
+    pub fn resume(&mut self, policy: &Policy, now: Instant) -> Vec<Step> {
+        self.frozen = None;
+        for host in &policy.hosts {
+            for cdn in &host.cdns {
+                let state = self.health.get(&cdn.name).map_or(State::Up, |t| t.state);
+                let s = self
+                    .steps
+                    .entry((host.name.to_string(), cdn.name.clone()))
+                    .or_default();
+                match (state, s.direction) {
+                    (State::Down, Direction::Promote) => s.demote(now, &host.failover),
+                    (State::Up, Direction::Demote) => s.promote(now, &host.failover),
+                    _ => {}
+                }
+            }
+        }
+        self.tick(policy, now)
+    }
+
+    /// Forgets the health of CDNs no longer probed and the steps of names no longer
+    /// steered (after a reload).
+    pub fn retain_known(&mut self, policy: &Policy, probes: &Probes) {
+        self.health.retain(|cdn, _| probes.get(cdn).is_some());
+        let names: Vec<String> = policy.hosts.iter().map(|h| h.name.to_string()).collect();
+        self.steps.retain(|(name, _), _| names.contains(name));
+    }
+
+    /// Percent of each CDN's share moved away, for the planner.
+    pub fn removed(&self, policy: &Policy) -> Removed {
+        let mut removed = Removed::new();
+        for host in &policy.hosts {
+            for cdn in &host.cdns {
+                let key = (host.name.to_string(), cdn.name.clone());
+                if let Some(s) = self.steps.get(&key) {
+                    removed.insert(key, s.removed_percent(&host.failover));
+                }
+            }
+        }
+        removed
+    }
+
+    /// The CDNs marked down.
+    pub fn down(&self) -> Vec<&str> {
+        self.health
+            .iter()
+            .filter(|(_, t)| t.state == State::Down)
+            .map(|(c, _)| c.as_str())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::time::Duration;
+
+    const POLICY: &str = "\
+hostname: www.example.com
+cdns:
+  a: { cname: a.example.net. }
+  b: { cname: b.example.net. }
+regions:
+  - match: [\"*\"]
+    weights: { a: 90, b: 10 }
+failover:
+  steps: [50, 100]
+  step_interval_seconds: 90
+";
+
+    fn policy() -> Policy {
+        crate::config::parse(Path::new("t.yaml"), POLICY.into())
+            .unwrap()
+            .0
+    }
+
+    fn removed(f: &FailoverState, p: &Policy) -> Option<u8> {
+        f.removed(p)
+            .get(&("www.example.com.".to_string(), "a".to_string()))
+            .copied()
+    }
+
+    #[test]
+    fn down_after_bad_rounds_then_steps_in_time_then_back_in_steps() {
+        let p = policy();
+        let mut f = FailoverState::default();
+        let t0 = Instant::now();
+        let bad = |f: &mut FailoverState, t| f.observe(&p, "a", VerdictKind::Down, 2, 3, t);
+        assert_eq!(bad(&mut f, t0), None, "one bad round changes nothing");
+        let t = bad(&mut f, t0).expect("down after 2");
+        assert_eq!((t.from, t.to), (State::Up, State::Down));
+        assert_eq!(t.steps, vec![("www.example.com.".to_string(), 50)]);
+        assert_eq!(f.next_due(), Some(t0 + Duration::from_secs(90)));
+        assert!(f.tick(&p, t0 + Duration::from_secs(89)).is_empty());
+        let taken = f.tick(&p, t0 + Duration::from_secs(90));
+        assert_eq!(taken, vec![("www.example.com.".into(), "a".into(), 100)]);
+        assert_eq!(removed(&f, &p), Some(100));
+        assert_eq!(f.down(), vec!["a"]);
+
+        let t1 = t0 + Duration::from_secs(200);
+        let good = |f: &mut FailoverState, t| f.observe(&p, "a", VerdictKind::Up, 2, 3, t);
+        assert_eq!(good(&mut f, t1), None);
+        assert_eq!(good(&mut f, t1), None);
+        let t = good(&mut f, t1).expect("up after 3");
+        assert_eq!(t.steps, vec![("www.example.com.".to_string(), 50)]);
+        f.tick(&p, t1 + Duration::from_secs(90));
+        assert_eq!(removed(&f, &p), None, "back to normal, forgotten");
+        assert_eq!(f.next_due(), None);
+    }
+
+    #[test]
+    fn a_freeze_holds_the_steps_and_resume_catches_up_with_health() {
+        let p = policy();
+        let mut f = FailoverState::default();
+        let t0 = Instant::now();
+        f.freeze("maintenance".into());
+        f.observe(&p, "a", VerdictKind::Down, 1, 1, t0);
+        let t = f.observe(&p, "a", VerdictKind::Down, 1, 1, t0);
+        assert_eq!(t, None, "already down");
+        assert_eq!(f.down(), vec!["a"], "health is tracked while frozen");
+        assert_eq!(removed(&f, &p), None, "no step while frozen");
+        assert_eq!(f.next_due(), None);
+        let taken = f.resume(&p, t0 + Duration::from_secs(5));
+        assert_eq!(taken, vec![], "the first step is taken by demote itself");
+        assert_eq!(removed(&f, &p), Some(50));
+        assert_eq!(f.next_due(), Some(t0 + Duration::from_secs(95)));
+    }
+
+    #[test]
+    fn a_reload_forgets_what_is_no_longer_probed_or_steered() {
+        let p = policy();
+        let mut f = FailoverState::default();
+        let t0 = Instant::now();
+        f.observe(&p, "a", VerdictKind::Down, 1, 1, t0);
+        f.retain_known(&p, &Probes::default());
+        assert!(f.health.is_empty());
+        assert_eq!(
+            removed(&f, &p),
+            Some(50),
+            "steps stay while the name is steered"
+        );
+        let other = crate::config::parse(
+            Path::new("t.yaml"),
+            POLICY.replace("www.example.com", "cdn.example.com"),
+        )
+        .unwrap()
+        .0;
+        f.retain_known(&other, &Probes::default());
+        assert!(f.steps.is_empty());
+    }
+}

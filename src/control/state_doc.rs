@@ -1,0 +1,90 @@
+//! Control plane: the document `GET /v1/state` serves, typed. The controller fills it
+//! after every change (once the change is saved), and the API serialises the latest.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::control::drains::DrainStatus;
+use crate::control::stepper::Direction;
+
+/// Everything an operator asks "what is it doing now?" about.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StateDoc {
+    /// Short hash of the input files being served.
+    pub config_version: String,
+    /// Why automatic failover is frozen, if it is.
+    pub failover_frozen: Option<String>,
+    pub drains: Vec<DrainStatus>,
+    /// The outcome of the last reload (none yet: `null`).
+    pub last_reload: Option<ReloadOutcome>,
+    /// This vantage point's name.
+    pub vantage: String,
+    /// Why this vantage point is unhappy (its failures do not count), if it is.
+    pub vantage_unhappy: Option<String>,
+    /// Where the state is saved and whether saving works; `null` without a state dir.
+    pub state_save: Option<SaveStatus>,
+    /// Per probed CDN.
+    pub health: BTreeMap<String, HealthDoc>,
+    /// Every (name, CDN) off its weight by failover.
+    pub failover: Vec<StepDoc>,
+    /// (name, region) pairs failing open.
+    pub fail_open: Vec<FailOpenDoc>,
+    pub peers: Vec<PeerDoc>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReloadOutcome {
+    /// `file change` or `SIGHUP`.
+    pub trigger: String,
+    /// `applied` or `refused`.
+    pub result: &'static str,
+    /// `file:line: field: message` for each error of a refused reload.
+    pub errors: Vec<String>,
+    /// The version serving after it (the last good one when refused).
+    pub serving_version: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SaveStatus {
+    pub dir: String,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_saves: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct HealthDoc {
+    /// `up` or `down`.
+    pub state: String,
+    pub consecutive_down_rounds: u32,
+    pub consecutive_up_rounds: u32,
+    /// The last round's verdict with its evidence.
+    pub last_verdict: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StepDoc {
+    pub name: String,
+    pub cdn: String,
+    /// Percent of the CDN's share moved away.
+    pub removed_percent: u8,
+    /// `demote` (being taken out) or `promote` (coming back).
+    pub direction: Option<Direction>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FailOpenDoc {
+    pub name: String,
+    pub region: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PeerDoc {
+    pub name: String,
+    /// Why the last reading failed, if it did.
+    pub error: Option<String>,
+    pub unhappy: Option<String>,
+}
