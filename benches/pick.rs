@@ -27,6 +27,7 @@ use steerdns::app::{self, Inputs};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 use steerdns::place::geo::Place;
+use steerdns::plan::Asker;
 
 const ADDRS: usize = 4096;
 
@@ -86,12 +87,11 @@ fn steering(c: &mut Criterion) {
     g.bench_function("decision", |b| {
         b.iter(|| {
             i = (i + 1) % ADDRS;
-            let ip = black_box(ips[i]);
-            let place = snap.geo.locate(ip);
-            let d = steered.decide(ip, &place);
-            // As a query with ECS /24 from one resolver: the consistent key included.
-            let key = steered.pick_key(resolver, ip, d.scope.min(24), 1_800_000_000, &mut rng);
-            black_box(steered.pick(steered.choose(&d), key).cname_wire.len())
+            // As a query with ECS /24 from one resolver: locate, decide, choose and the
+            // consistent pick, as the fast path does.
+            let asker = Asker::new(resolver, Some((black_box(ips[i]), 24)));
+            let a = steered.answer(&snap.geo, &asker, 1_800_000_000, &mut rng);
+            black_box(a.pick.cname_wire.len())
         })
     });
     g.finish();

@@ -243,6 +243,46 @@ pub struct Decision {
     pub mask: usize,
 }
 
+/// Who asks about whom: what a steered answer may depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asker {
+    /// The packet's source: the resolver (or a client asking directly).
+    pub resolver: IpAddr,
+    /// The address located: the ECS address when the query asks for a tailored answer
+    /// (source prefix above 0), else the resolver.
+    pub client: IpAddr,
+    /// The ECS source prefix; `None` without ECS (0: the client opted out).
+    pub source: Option<u8>,
+}
+
+impl Asker {
+    /// A query from `resolver`, with its ECS option's address and source prefix.
+    pub fn new(resolver: IpAddr, ecs: Option<(IpAddr, u8)>) -> Asker {
+        let client = match ecs {
+            Some((ip, source)) if source > 0 => ip,
+            _ => resolver,
+        };
+        Asker {
+            resolver,
+            client,
+            source: ecs.map(|(_, s)| s),
+        }
+    }
+
+    /// Whether the answer is tailored to the ECS address (and echoes a scope).
+    pub fn tailored(&self) -> bool {
+        self.source.is_some_and(|s| s > 0)
+    }
+}
+
+/// A steered answer: the CDN picked, the decision behind it, and the ECS scope to echo.
+pub struct Answer<'p> {
+    pub pick: Pick<'p>,
+    pub decision: Decision,
+    /// The ECS scope prefix of the answer (0 when not tailored).
+    pub scope: u8,
+}
+
 /// Region lookup tables: for each key, the index of the *first* region that matches it.
 /// The first matching region overall is the smallest index among the keys that match.
 #[derive(Debug)]
@@ -543,28 +583,50 @@ impl<'p> Steered<'p> {
         }
     }
 
-    /// For explain: the target a query gets at `now` for a client at `client` whose
-    /// decision is `d`, asked by `resolver` with ECS `client / source`, or by the
-    /// client itself without ECS when `resolver` is `None`; and until when (Unix
-    /// seconds) that answer holds. `None` for `selection: random`, whose answer is a
-    /// draw per query.
+    /// The answer to `asker` at `now` (Unix seconds): locate, decide the region and
+    /// drains, choose, pick. The one function the fast path, the full path and
+    /// explain answer with; `rng` draws only for `selection: random`.
+    ///
+    /// # Hot path
+    /// One geo lookup, table lookups, one pick; no allocation.
+    pub fn answer<R: Rng + ?Sized>(
+        self,
+        geo: &GeoDb,
+        asker: &Asker,
+        now: u64,
+        rng: &mut R,
+    ) -> Answer<'p> {
+        let place = geo.locate(asker.client);
+        let decision = self.decide(asker.client, &place);
+        let scope = if asker.tailored() { decision.scope } else { 0 };
+        // The network in the key goes as far as the scope echoed, and no further than
+        // what the resolver told.
+        let within = asker.source.map_or(0, |s| s.min(scope));
+        let key = self.pick_key(asker.resolver, asker.client, within, now, rng);
+        let pick = self.pick(self.choose(&decision), key);
+        Answer {
+            pick,
+            decision,
+            scope,
+        }
+    }
+
+    /// For explain: the target `asker` gets at `now`, and until when (Unix seconds)
+    /// that answer holds. `None` for `selection: random`, whose answer is a draw per
+    /// query.
     pub fn consistent_answer(
         self,
-        d: &Decision,
-        client: IpAddr,
-        resolver: Option<(IpAddr, u8)>,
+        geo: &GeoDb,
+        asker: &Asker,
         now: u64,
     ) -> Option<(&'p Target, u64)> {
         if self.header.random {
             return None;
         }
-        let (from, within) = match resolver {
-            None => (client, 0),
-            Some((r, source)) => (r, d.scope.min(source)),
-        };
-        let pick = self.pick(self.choose(d), selection::key(from, client, within, now));
-        let until = selection::window_end(from, client, within, now);
-        Some((self.target(pick.target), until))
+        let a = self.answer(geo, asker, now, &mut rand::rng());
+        let within = asker.source.map_or(0, |s| s.min(a.scope));
+        let until = selection::window_end(asker.resolver, asker.client, within, now);
+        Some((self.target(a.pick.target), until))
     }
 
     /// Whether picks are random draws (`selection: random`).

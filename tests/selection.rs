@@ -19,7 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::Loaded;
 use steerdns::control::planner::Removed;
-use steerdns::plan::Snapshot;
+use steerdns::plan::{Asker, Snapshot};
 use steerdns::selection;
 
 const SHIPPED_GEO: &str = "geo/country.mmdb";
@@ -46,16 +46,10 @@ fn located(loaded: &Loaded, rng: &mut SmallRng, n: usize) -> Vec<IpAddr> {
 /// the prefix of the network the key holds (as the server computes them).
 fn answer(snap: &Snapshot, resolver: IpAddr, client: IpAddr, now: u64) -> (String, usize, u8) {
     let steered = snap.plan.names().next().unwrap();
-    let place = snap.geo.locate(client);
-    let d = steered.decide(client, &place);
-    let within = d.scope.min(24);
-    let key = steered.pick_key(resolver, client, within, now, &mut rand::rng());
-    let pick = steered.pick(steered.choose(&d), key);
-    (
-        steered.target(pick.target).cdn.to_string(),
-        d.region,
-        within,
-    )
+    let asker = Asker::new(resolver, Some((client, 24)));
+    let a = steered.answer(&snap.geo, &asker, now, &mut rand::rng());
+    let cdn = steered.target(a.pick.target).cdn.to_string();
+    (cdn, a.decision.region, a.scope.min(24))
 }
 
 #[tokio::test]

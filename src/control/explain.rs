@@ -20,7 +20,7 @@ use crate::control::drains::DrainStatus;
 use crate::control::health::Tracker;
 use crate::control::planner::{removed_of, Removed};
 use crate::inputs::Loaded;
-use crate::plan::{Reason, Snapshot};
+use crate::plan::{Asker, Reason, Snapshot};
 
 /// What explain reads besides the question: the inputs, the snapshot served, and the
 /// failover state behind it.
@@ -177,7 +177,16 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
             }
         })
         .collect();
-    let answer = match steered.consistent_answer(&d, q.client, q.resolver, q.now) {
+    // The query the answer is for: the resolver sends the client's network (host bits
+    // cleared, as on the wire), or the client asks itself without ECS.
+    let asker = match q.resolver {
+        Some((r, source)) => {
+            let net = ipnet::IpNet::new(q.client, source).map_or(q.client, |n| n.network());
+            Asker::new(r, Some((net, source)))
+        }
+        None => Asker::new(q.client, None),
+    };
+    let answer = match steered.consistent_answer(&facts.snapshot.geo, &asker, q.now) {
         Some((target, until)) => Answer {
             selection: "consistent",
             cdn: Some(target.cdn.to_string()),

@@ -42,7 +42,7 @@ use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Quer
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::plan::{Live, Pick, Snapshot};
+use crate::plan::{Answer, Asker, Live, Pick, Snapshot};
 
 /// The request handler registered with hickory's `Server`. It holds the live snapshot,
 /// which the control plane replaces; each query reads one snapshot from start to end.
@@ -295,24 +295,12 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         return (info, None);
     };
 
-    let place = snap.geo.locate(client.ip);
-    let decision = steered.decide(client.ip, &place);
-    let choice = steered.choose(&decision);
-    let scope = if client.wants_tailoring() {
-        decision.scope
-    } else {
-        0
-    };
-    // The same key as the fast path's (`wire::answer`): the network as far as the scope.
-    let within = client.ecs.map_or(0, |e| e.source_prefix().min(scope));
-    let key = steered.pick_key(
+    let asker = Asker::new(
         request.src().ip(),
-        client.ip,
-        within,
-        crate::selection::unix_now(),
-        &mut rand::rng(),
+        client.ecs.map(|e| (client.ip, e.source_prefix())),
     );
-    let pick = steered.pick(choice, key);
+    let now = crate::selection::unix_now();
+    let Answer { pick, scope, .. } = steered.answer(&snap.geo, &asker, now, &mut rand::rng());
     let opt = request
         .edns
         .as_ref()

@@ -20,7 +20,7 @@ use rand::Rng;
 
 use super::edns::MAX_UDP_PAYLOAD;
 use super::Steer;
-use crate::plan::Snapshot;
+use crate::plan::{Answer, Asker, Snapshot};
 
 const HEADER: usize = 12;
 const TYPE_OPT: u16 = 41;
@@ -72,17 +72,8 @@ pub fn answer<'s, R: Rng + ?Sized>(
     let steered = snap.plan.get_wire(&lower[..name_len])?;
 
     let ecs = query.opt.as_ref().and_then(|o| o.ecs.as_ref());
-    let tailored = ecs.is_some_and(|e| e.source > 0);
-    let client = match ecs {
-        Some(e) if e.source > 0 => e.ip(),
-        _ => src,
-    };
-    let place = snap.geo.locate(client);
-    let decision = steered.decide(client, &place);
-    let choice = steered.choose(&decision);
-    let scope = if tailored { decision.scope } else { 0 };
-    let within = ecs.map_or(0, |e| e.source.min(scope));
-    let pick = steered.pick(choice, steered.pick_key(src, client, within, now, rng));
+    let asker = Asker::new(src, ecs.map(|e| (e.ip(), e.source)));
+    let Answer { pick, scope, .. } = steered.answer(&snap.geo, &asker, now, rng);
 
     let h = query.packet;
     out.clear();
