@@ -5,17 +5,16 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-
 use tracing::{info, warn};
 
 use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
 use crate::control::controller::StateFile;
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
-
-use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -148,16 +147,16 @@ pub fn api_exposure(addr: SocketAddr, token: bool) -> Option<String> {
 }
 
 /// The API token: from the file, else from STEERDNS_API_TOKEN; never empty.
-fn api_token(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     let token = match file {
         Some(f) => Some(
             std::fs::read_to_string(f)
-                .map_err(|e| format!("--api-token-file {}: {e}", f.display()))?,
+                .with_context(|| format!("--api-token-file {}", f.display()))?,
         ),
         None => std::env::var("STEERDNS_API_TOKEN").ok(),
     };
     match token.map(|t| t.trim().to_string()) {
-        Some(t) if t.len() < 16 => Err("the API token must be at least 16 characters".into()),
+        Some(t) if t.len() < 16 => bail!("the API token must be at least 16 characters"),
         other => Ok(other),
     }
 }
@@ -208,12 +207,12 @@ pub struct DnsArgs {
 }
 
 impl DnsArgs {
-    fn options(self) -> Result<DnsOptions, String> {
+    fn options(self) -> anyhow::Result<DnsOptions> {
         if !(self.tcp_idle_timeout.is_finite() && self.tcp_idle_timeout > 0.0) {
-            return Err("--tcp-idle-timeout must be a positive number of seconds".into());
+            bail!("--tcp-idle-timeout must be a positive number of seconds");
         }
         if self.tcp_max_connections == 0 {
-            return Err("--tcp-max-connections must be at least 1".into());
+            bail!("--tcp-max-connections must be at least 1");
         }
         Ok(DnsOptions {
             udp_sockets: self
@@ -264,14 +263,14 @@ pub async fn run(cli: Cli) -> ExitCode {
             let api_token = match api_token(api_token_file.as_deref()) {
                 Ok(t) => t,
                 Err(e) => {
-                    eprintln!("steerdns: {e}");
+                    eprintln!("steerdns: {e:#}");
                     return ExitCode::FAILURE;
                 }
             };
             let dns = match dns.options() {
                 Ok(d) => d,
                 Err(e) => {
-                    eprintln!("steerdns: {e}");
+                    eprintln!("steerdns: {e:#}");
                     return ExitCode::FAILURE;
                 }
             };

@@ -213,6 +213,18 @@ async fn draining_every_cdn_of_a_region_is_refused() {
         "{body}"
     );
     assert!(only_b(&stack, GB).await, "the first drain still stands");
+    // A request naming what the policy does not have is a bad request, not a conflict.
+    let mut unknown = drain(&["uk"]);
+    unknown["cdn"] = json!("akamai");
+    let (status, body) = stack.post("/v1/drains", unknown).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("has no CDN `akamai`"),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::control::controller::Command;
 use crate::control::drains::{now_ms, unix_ms, DrainRule};
+use crate::control::explain::ExplainError;
 use crate::control::peers::Published;
 use crate::control::prober::Local;
 use crate::control::state_doc::StateDoc;
@@ -286,7 +287,8 @@ async fn mutate(
             };
             match ask(commands, |tx| Command::Drain(rule, tx)).await {
                 Ok(Ok(rule)) => json_reply(StatusCode::CREATED, &rule),
-                Ok(Err(e)) => error(StatusCode::CONFLICT, &e),
+                Ok(Err(e)) if e.is_conflict() => error(StatusCode::CONFLICT, &e.to_string()),
+                Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
                 Err(reply) => *reply,
             }
         }
@@ -294,7 +296,7 @@ async fn mutate(
             let id = p.trim_start_matches("/v1/drains/").to_string();
             match ask(commands, |tx| Command::Undrain(id, tx)).await {
                 Ok(Ok(rule)) => json_reply(StatusCode::OK, &rule),
-                Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e),
+                Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e.to_string()),
                 Err(reply) => *reply,
             }
         }
@@ -320,8 +322,7 @@ async fn mutate(
             })
             .await;
             match sent {
-                Ok(Ok(())) => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
-                Ok(Err(e)) => error(StatusCode::CONFLICT, &e),
+                Ok(()) => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
                 Err(reply) => *reply,
             }
         }
@@ -374,7 +375,10 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
     };
     match ask(commands, |tx| Command::Explain(name, ip, resolver, tx)).await {
         Ok(Ok(doc)) => json_reply(StatusCode::OK, &doc),
-        Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e),
+        Ok(Err(e @ ExplainError::NotServing)) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+        }
+        Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e.to_string()),
         Err(reply) => *reply,
     }
 }

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::probes::Probes;
-use crate::control::drains::{now_ms, DrainRule, DrainState, Drains};
-use crate::control::explain::{self, Explanation};
+use crate::control::drains::{now_ms, DrainError, DrainRule, DrainState, Drains};
+use crate::control::explain::{self, ExplainError, Explanation};
 use crate::control::failover::{FailoverState, Step};
 use crate::control::health::{self, State, VantageView};
 use crate::control::peers::Peers;
@@ -265,7 +265,7 @@ impl Controller {
                 let result = self
                     .drains
                     .remove(&id)
-                    .ok_or_else(|| format!("no drain override `{id}`"));
+                    .ok_or(DrainError::NoSuchOverride(id));
                 if let Ok(r) = &result {
                     info!(id = %r.id, name = %r.name, cdn = %r.cdn, "drain override removed over the API");
                     self.drains.sync(&self.loaded.policy, now, now_ms());
@@ -278,14 +278,14 @@ impl Controller {
                 self.failover.freeze(reason);
                 self.save();
                 self.update_doc();
-                let _ = reply.send(Ok(()));
+                let _ = reply.send(());
             }
             Command::Resume(reason, reply) => {
                 info!(reason = %reason, "automatic failover resumed");
                 let taken = self.failover.resume(&self.loaded.policy, now);
                 log_steps(&taken);
                 self.publish();
-                let _ = reply.send(Ok(()));
+                let _ = reply.send(());
             }
             Command::Explain(name, ip, resolver, reply) => {
                 let _ = reply.send(self.explain(&name, ip, resolver));
@@ -299,8 +299,12 @@ impl Controller {
         name: &str,
         ip: IpAddr,
         resolver: Option<(IpAddr, u8)>,
-    ) -> Result<Explanation, String> {
-        let live = self.live.as_ref().ok_or("not serving yet")?.load_full();
+    ) -> Result<Explanation, ExplainError> {
+        let live = self
+            .live
+            .as_ref()
+            .ok_or(ExplainError::NotServing)?
+            .load_full();
         let facts = explain::Facts {
             loaded: &self.loaded,
             snapshot: &live,
@@ -316,7 +320,7 @@ impl Controller {
             resolver,
             now: crate::selection::unix_now(),
         };
-        explain::explain(&facts, &question).map_err(|e| e.to_string())
+        explain::explain(&facts, &question)
     }
 
     /// Starts the prober and the peer readers for the current probes; the returned
@@ -684,17 +688,17 @@ fn log_steps(taken: &[Step]) {
 
 /// A request from the admin API, answered on its oneshot.
 pub enum Command {
-    Drain(DrainRule, oneshot::Sender<Result<DrainRule, String>>),
-    Undrain(String, oneshot::Sender<Result<DrainRule, String>>),
-    Freeze(String, oneshot::Sender<Result<(), String>>),
-    Resume(String, oneshot::Sender<Result<(), String>>),
+    Drain(DrainRule, oneshot::Sender<Result<DrainRule, DrainError>>),
+    Undrain(String, oneshot::Sender<Result<DrainRule, DrainError>>),
+    Freeze(String, oneshot::Sender<()>),
+    Resume(String, oneshot::Sender<()>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
     /// the client itself, without ECS).
     Explain(
         String,
         IpAddr,
         Option<(IpAddr, u8)>,
-        oneshot::Sender<Result<Explanation, String>>,
+        oneshot::Sender<Result<Explanation, ExplainError>>,
     ),
 }
 

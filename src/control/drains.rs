@@ -41,6 +41,41 @@ pub struct DrainRule {
     pub immediate: bool,
 }
 
+/// Why a drain is refused. The API answers 400 for a request that names what the
+/// policy does not have, 409 for one that conflicts with the drains in force, 404 for
+/// an override that does not exist.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("{0} is not a steered name")]
+    NotSteered(String),
+    #[error("{name} has no CDN `{cdn}` (CDNs: {known})")]
+    UnknownCdn {
+        name: String,
+        cdn: String,
+        known: String,
+    },
+    #[error("where: `{entry}` is not a region of {name}, and {why}")]
+    BadScope {
+        entry: String,
+        name: String,
+        why: String,
+    },
+    #[error("`until` is in the past")]
+    UntilPassed,
+    #[error("refused: this drain would take every CDN out of region `{0}`")]
+    EmptiesRegion(String),
+    #[error("no drain override `{0}`")]
+    NoSuchOverride(String),
+}
+
+impl DrainError {
+    /// Whether the request conflicts with the drains in force (rather than being wrong
+    /// on its own).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, DrainError::EmptiesRegion(_))
+    }
+}
+
 /// What identifies a drain across reloads (its stepper is kept by this).
 pub type DrainKey = (String, String, String);
 
@@ -67,20 +102,19 @@ impl DrainRule {
     pub fn resolve<'p>(
         &self,
         policy: &'p Policy,
-    ) -> Result<(&'p HostPolicy, Vec<DrainScope>), String> {
+    ) -> Result<(&'p HostPolicy, Vec<DrainScope>), DrainError> {
         let host = policy
             .hosts
             .iter()
             .find(|h| h.name.to_string() == self.name)
-            .ok_or_else(|| format!("{} is not a steered name", self.name))?;
+            .ok_or_else(|| DrainError::NotSteered(self.name.clone()))?;
         if !host.cdns.iter().any(|c| c.name == self.cdn) {
             let known: Vec<&str> = host.cdns.iter().map(|c| c.name.as_str()).collect();
-            return Err(format!(
-                "{} has no CDN `{}` (CDNs: {})",
-                self.name,
-                self.cdn,
-                known.join(", ")
-            ));
+            return Err(DrainError::UnknownCdn {
+                name: self.name.clone(),
+                cdn: self.cdn.clone(),
+                known: known.join(", "),
+            });
         }
         let mut scope = Vec::new();
         for entry in &self.scope {
@@ -92,10 +126,11 @@ impl DrainRule {
                 Ok(Match::Any) => {}
                 Ok(m) => scope.push(DrainScope::Match(m)),
                 Err(e) => {
-                    return Err(format!(
-                        "where: `{entry}` is not a region of {}, and {e}",
-                        self.name
-                    ))
+                    return Err(DrainError::BadScope {
+                        entry: entry.clone(),
+                        name: self.name.clone(),
+                        why: e,
+                    })
                 }
             }
         }
@@ -287,7 +322,7 @@ impl Drains {
         policy: &Policy,
         mut rule: DrainRule,
         now_ms: u64,
-    ) -> Result<DrainRule, String> {
+    ) -> Result<DrainRule, DrainError> {
         let (host, scope) = rule.resolve(policy)?;
         let cdn = host
             .cdns
@@ -305,12 +340,10 @@ impl Drains {
             .collect();
         all.push((cdn, scope));
         if let Some(region) = empties_a_region(host, &all) {
-            return Err(format!(
-                "refused: this drain would take every CDN out of region `{region}`"
-            ));
+            return Err(DrainError::EmptiesRegion(region));
         }
         if rule.until_unix_ms.is_some_and(|u| u <= now_ms) {
-            return Err("`until` is in the past".into());
+            return Err(DrainError::UntilPassed);
         }
         rule.until_unix_ms = Some(
             rule.until_unix_ms

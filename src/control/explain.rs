@@ -56,6 +56,8 @@ pub enum ExplainError {
     NotAName(String, String),
     #[error("{0} is not a steered name: it is answered from the zone files")]
     NotSteered(String),
+    #[error("not serving yet")]
+    NotServing,
 }
 
 /// How a name is answered to a client, and why.
