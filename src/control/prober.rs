@@ -65,13 +65,7 @@ impl Local {
         self.metrics.as_ref()
     }
 
-    fn record(
-        &self,
-        vantage: &str,
-        cdn: &str,
-        mut obs: Observation,
-        started: Instant,
-    ) -> Observation {
+    fn record(&self, vantage: &str, cdn: &str, mut obs: Observation, started: Instant) {
         if let Some(m) = &self.metrics {
             m.probe(cdn, vantage, (!obs.ok).then_some(obs.reason.as_str()));
         }
@@ -87,13 +81,12 @@ impl Local {
         map.insert(
             cdn.to_string(),
             Recorded {
-                obs: obs.clone(),
+                obs,
                 at: now,
                 started,
                 failing_since,
             },
         );
-        obs
     }
 
     /// Whether every other CDN has been probed since `cdn` began failing (by probes
@@ -123,11 +116,12 @@ impl Local {
     }
 }
 
-/// A finished round, for the health evaluation.
+/// A round finished for `cdn`: the controller evaluates health now. The round's
+/// observation is in [`Local`], the one record that the controller and the peers
+/// (`/v1/observations`) both read.
 #[derive(Clone, Debug)]
 pub struct Round {
     pub cdn: String,
-    pub observation: Observation,
 }
 
 /// Probes every spec until `stop`, recording into `local` (which counts the rounds
@@ -172,7 +166,7 @@ pub fn spawn(
                         r = probe_once(&spec, &ua) => (r, started),
                     }
                 };
-                let observation = local.record(
+                local.record(
                     &vantage,
                     &spec.cdn,
                     Observation {
@@ -186,7 +180,6 @@ pub fn spawn(
                 if rounds
                     .send(Round {
                         cdn: spec.cdn.clone(),
-                        observation,
                     })
                     .await
                     .is_err()

@@ -14,8 +14,9 @@
 //! ```
 //!
 //! No locks and no I/O besides the sockets; everything expensive was done by the
-//! planner. Only this module and `wire.rs` know the DNS message format (and `edns.rs`
-//! the layout of an ECS option).
+//! planner. The DNS message format is known here (through hickory), in `wire.rs` (the
+//! fast path's reading and writing, the slip), in `cache.rs` (a cached answer's OPT
+//! and ECS echo), and in `edns.rs` (the layout of an ECS option).
 
 pub mod cache;
 pub mod edns;
@@ -164,8 +165,8 @@ impl RequestHandler for Handler {
     /// the others by rcode) and times it.
     ///
     /// # Hot path
-    /// Counting a steered answer is, for now, a label lookup under the family's read
-    /// lock: steered answers count into counters the control plane resolved ahead.
+    /// Counting a steered answer is one relaxed atomic add in the plan's choice (the
+    /// metrics read the counts at scrape time); other answers count by rcode.
     async fn handle_request<R: ResponseHandler, T: Time>(
         &self,
         request: &Request,

@@ -298,9 +298,8 @@ mod mmsg {
             Ok(n)
         }
 
-        /// One `sendmmsg` of `out[slot]` to the source of datagram
-        /// `slot`, for each `(slot, buf)`: the number sent (at least 1), or the error
-        /// of the first.
+        /// One `sendmmsg` of `out[slot]` to the source of datagram `slot`, for each
+        /// `slot` of `replies`: the number sent (at least 1), or the error of the first.
         pub fn send(
             &mut self,
             socket: &UdpSocket,
