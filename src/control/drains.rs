@@ -552,6 +552,10 @@ mod tests {
         d.add(&p, rule(2_000_000), 1_000_000).unwrap();
         let mut b = rule(2_000_000);
         b.cdn = "b".into();
-        assert!(d.add(&p, b, 1_000_000).unwrap_err().contains("every CDN"));
+        let e = d.add(&p, b, 1_000_000).unwrap_err();
+        assert!(
+            matches!(e, DrainError::EmptiesRegion(_)) && e.is_conflict(),
+            "{e}"
+        );
     }
 }
