@@ -35,7 +35,6 @@
 //! points, a fixed set of rcodes and reason classes); a client address is never a label,
 //! and a peer is labelled by its configured URL, never by what it answers.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,19 +44,19 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::plan::{Plan, Snapshot};
+mod labels;
+mod steered;
+
+pub use labels::{rcode_name, reason_class};
+use steered::{effective_weights, label, Tally};
+
+use crate::plan::Snapshot;
 
 /// The content type of [`Metrics::encode`]'s output (`text/plain; version=0.0.4`).
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 
 /// The rcodes counted through a pre-resolved counter (no label lookup).
 const COMMON_RCODES: [u16; 7] = [0, 1, 2, 3, 4, 5, 16];
-
-/// The reason classes `probe_results_total{result}` may carry besides `ok`; anything
-/// else is `other`, so that a new reason text can never grow the label set.
-const REASON_CLASSES: [&str; 8] = [
-    "timeout", "connect", "tls", "status", "body", "slow", "http", "client",
-];
 
 /// The metrics of one process. Cheap to clone: every clone updates the same registry.
 #[derive(Clone)]
@@ -505,137 +504,6 @@ impl Metrics {
             .encode(&families, &mut buf)
             .map_err(|e| format!("cannot encode metrics: {e}"))?;
         Ok(buf)
-    }
-}
-
-/// `effective_weight{name, region, cdn}`: each CDN's share of a region's answers in
-/// `plan`, for clients outside location-scoped drains.
-fn effective_weights(plan: &Plan) -> prometheus::proto::MetricFamily {
-    let mut family = prometheus::proto::MetricFamily::default();
-    family.set_name("steerdns_effective_weight".into());
-    family.set_help(
-        "Share of the region's answers going to the CDN now, in percent (0..100).".into(),
-    );
-    family.set_field_type(prometheus::proto::MetricType::GAUGE);
-    for steered in plan.names() {
-        for r in 0..steered.regions() {
-            let choice = steered.choice(r);
-            let total: u64 = steered.weights(choice).map(|(_, w)| w).sum();
-            for target in steered.targets() {
-                let w = steered
-                    .weights(choice)
-                    .find(|(t, _)| t.cdn == target.cdn)
-                    .map_or(0, |(_, w)| w);
-                let mut g = prometheus::proto::Gauge::default();
-                g.set_value(w as f64 * 100.0 / total.max(1) as f64);
-                let mut m = prometheus::proto::Metric::from_label(vec![
-                    label("cdn", &target.cdn),
-                    label("name", steered.text()),
-                    label("region", steered.region_name(r)),
-                ]);
-                m.set_gauge(g);
-                family.mut_metric().push(m);
-            }
-        }
-    }
-    family
-}
-
-fn label(name: &str, value: &str) -> prometheus::proto::LabelPair {
-    let mut l = prometheus::proto::LabelPair::default();
-    l.set_name(name.into());
-    l.set_value(value.into());
-    l
-}
-
-/// (name, region, CDN) of a steered answer.
-type SteeredKey = (Arc<str>, Arc<str>, Arc<str>);
-
-/// The steered answer counts of every snapshot served.
-///
-/// The live counts sit in the plans (each choice counts its own answers), so a new
-/// plan starts from zero. The tally holds every adopted snapshot until it is the only
-/// holder: then no query can reach that plan any more (the data plane's references to
-/// a replaced snapshot are real counts once `ArcSwap::store` returns), and its counts
-/// are final and move into `totals`. A scrape adds the snapshots still held to the
-/// totals: each answer is in exactly one of the two, so the counters never go back.
-#[derive(Default)]
-struct Tally {
-    totals: HashMap<SteeredKey, u64>,
-    held: Vec<Arc<Snapshot>>,
-}
-
-impl Tally {
-    fn fold_retired(&mut self) {
-        let (retired, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|s| Arc::strong_count(s) == 1);
-        self.held = held;
-        for s in retired {
-            add(&mut self.totals, &s.plan, false);
-        }
-    }
-
-    /// Every series: the totals, and the plans still held (their zeros too, so that
-    /// every (name, region, CDN) served has a series from the start).
-    fn counts(&mut self) -> HashMap<SteeredKey, u64> {
-        self.fold_retired();
-        let mut counts = self.totals.clone();
-        for s in &self.held {
-            add(&mut counts, &s.plan, true);
-        }
-        counts
-    }
-}
-
-fn add(into: &mut HashMap<SteeredKey, u64>, plan: &Plan, zeros: bool) {
-    for steered in plan.names() {
-        for (region, cdn, n) in steered.answered() {
-            if n > 0 || zeros {
-                *into
-                    .entry((steered.text().clone(), region.clone(), cdn.clone()))
-                    .or_default() += n;
-            }
-        }
-    }
-}
-
-/// The class of a prober reason: the part before the first `:` or space (`timeout`,
-/// `connect`, `tls`, `status`, `body`, `slow`, `http`, `client`), or `other`.
-pub fn reason_class(reason: &str) -> &'static str {
-    let head = reason.split([':', ' ']).next().unwrap_or_default().trim();
-    REASON_CLASSES
-        .iter()
-        .find(|&&c| c == head)
-        .copied()
-        .unwrap_or("other")
-}
-
-/// The mnemonic of an rcode (IANA's DNS RCODEs registry); 16 is `BADVERS` (this server
-/// does no TSIG, so never `BADSIG`). Unassigned codes are `UNKNOWN`, keeping the label
-/// set bounded.
-pub fn rcode_name(rcode: u16) -> &'static str {
-    match rcode {
-        0 => "NOERROR",
-        1 => "FORMERR",
-        2 => "SERVFAIL",
-        3 => "NXDOMAIN",
-        4 => "NOTIMP",
-        5 => "REFUSED",
-        6 => "YXDOMAIN",
-        7 => "YXRRSET",
-        8 => "NXRRSET",
-        9 => "NOTAUTH",
-        10 => "NOTZONE",
-        16 => "BADVERS",
-        17 => "BADKEY",
-        18 => "BADTIME",
-        19 => "BADMODE",
-        20 => "BADNAME",
-        21 => "BADALG",
-        22 => "BADTRUNC",
-        23 => "BADCOOKIE",
-        _ => "UNKNOWN",
     }
 }
 
