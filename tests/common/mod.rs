@@ -169,6 +169,19 @@ pub fn resolver(i: usize) -> IpAddr {
     ))
 }
 
+/// Asserts that `count` of `n` independent draws is within 5 standard deviations of
+/// `n * p`: a correct server fails one such check in about 1.7 million. (At n = 4,000,
+/// five standard deviations are 4.0 points at p = 0.5 and 2.4 points at p = 0.9.)
+pub fn assert_share(count: usize, n: usize, p: f64, what: &str) {
+    let mean = n as f64 * p;
+    let bound = 5.0 * (n as f64 * p * (1.0 - p)).sqrt();
+    assert!(
+        (count as f64 - mean).abs() <= bound,
+        "{what}: {count} of {n}, expected {mean:.0} ± {bound:.0} (5 sd)"
+    );
+}
+
+
 /// Sends a message and decodes the answer.
 pub async fn ask(addr: SocketAddr, proto: Proto, msg: &Message) -> Message {
     let from = if addr.is_ipv4() { "127.0.0.1" } else { "::1" };
