@@ -181,6 +181,40 @@ pub fn assert_share(count: usize, n: usize, p: f64, what: &str) {
     );
 }
 
+/// What a UDP client bound to `from` got back for a burst of queries.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Burst {
+    /// Answers with records.
+    pub answered: usize,
+    /// Empty answers with TC set (rate limiting's slips).
+    pub truncated: usize,
+}
+
+/// Sends `count` queries for www.example.com A back to back from one socket bound to
+/// `from`, then counts the replies until none comes for 500 ms.
+pub async fn burst(server: SocketAddr, from: IpAddr, count: u16) -> Burst {
+    let sock = UdpSocket::bind(SocketAddr::new(from, 0))
+        .await
+        .expect("bind a loopback alias");
+    let mut q = query("www.example.com.", RecordType::A);
+    for id in 0..count {
+        q.metadata.id = id;
+        sock.send_to(&q.to_vec().unwrap(), server).await.unwrap();
+    }
+    let mut got = Burst::default();
+    let mut buf = vec![0u8; 4096];
+    while let Ok(Ok((n, _))) =
+        tokio::time::timeout(Duration::from_millis(500), sock.recv_from(&mut buf)).await
+    {
+        let m = Message::from_vec(&buf[..n]).expect("decodable reply");
+        if m.metadata.truncation && m.answers.is_empty() {
+            got.truncated += 1;
+        } else {
+            got.answered += 1;
+        }
+    }
+    got
+}
 
 /// Sends a message and decodes the answer.
 pub async fn ask(addr: SocketAddr, proto: Proto, msg: &Message) -> Message {
