@@ -25,7 +25,7 @@ use tracing::{error, info, warn};
 use crate::app::Loaded;
 use crate::config::probes::Probes;
 use crate::control::drains::{now_ms, DrainRule, Drains};
-use crate::control::health::{self, State, Tracker, VantageView};
+use crate::control::health::{self, State, Tracker, VantageView, VerdictKind};
 use crate::control::peers::Peers;
 use crate::control::persist;
 use crate::control::planner::{self, Removed};
@@ -73,6 +73,12 @@ pub struct Controller {
     /// Peers currently unhappy, with why (logged when it changes).
     unhappy_peers: BTreeMap<String, String>,
     verdicts: BTreeMap<String, String>,
+    /// Round verdicts per CDN since start (down, up, unknown), for `/v1/state`: what
+    /// hysteresis was fed, which the last verdict alone cannot tell.
+    verdict_counts: BTreeMap<String, [u64; 3]>,
+    /// The percentage of each (name, CDN)'s current failover step and when the step was
+    /// taken: the server's own account of the timeline, for `/v1/state`.
+    stepped: BTreeMap<(String, String), (u8, Instant)>,
     /// The outcome of the last reload, for `/v1/state`.
     last_reload: serde_json::Value,
     /// Drains from the policy and the API, with their progress.
@@ -112,6 +118,8 @@ impl Controller {
             own_unhappy: None,
             unhappy_peers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
+            verdict_counts: BTreeMap::new(),
+            stepped: BTreeMap::new(),
             last_reload: serde_json::Value::Null,
             drains: Drains::default(),
             frozen: None,
@@ -523,6 +531,12 @@ impl Controller {
             .quorum
             .min(1 + self.loaded.probes.vantages.len() as u32);
         let verdict = health::verdict(&round.cdn, &views, quorum, fresh_ms);
+        let counts = self.verdict_counts.entry(round.cdn.clone()).or_default();
+        counts[match verdict.kind {
+            VerdictKind::Down => 0,
+            VerdictKind::Up => 1,
+            VerdictKind::Unknown => 2,
+        }] += 1;
         let tracker = self.health.entry(round.cdn.clone()).or_default();
         let from = tracker.state;
         let changed = tracker.observe(verdict.kind, spec.down_after, spec.up_after);
@@ -556,10 +570,23 @@ impl Controller {
                 }
                 info!(name = %host.name, cdn = %round.cdn, removed_percent = s.removed_percent(&host.failover), "failover step");
             }
+            self.note_steps(now);
             self.publish();
         } else {
             self.save();
             self.update_doc();
+        }
+    }
+
+    /// Notes `now` as the time of every failover step taken since the last call.
+    fn note_steps(&mut self, now: Instant) {
+        let removed = self.removed();
+        self.stepped
+            .retain(|k, _| removed.get(k).is_some_and(|&p| p > 0));
+        for (key, &pct) in removed.iter().filter(|(_, &p)| p > 0) {
+            if self.stepped.get(key).is_none_or(|&(was, _)| was != pct) {
+                self.stepped.insert(key.clone(), (pct, now));
+            }
         }
     }
 
@@ -578,6 +605,7 @@ impl Controller {
             }
         }
         self.steps.retain(|_, s| s.is_active());
+        self.note_steps(now);
         changed
     }
 
@@ -597,6 +625,7 @@ impl Controller {
     /// Serves the current state, saves it, and only then shows it in `/v1/state`: what
     /// an operator (or a test) sees there has been persisted.
     fn publish(&mut self) {
+        self.note_steps(Instant::now());
         let snapshot = self.plan();
         self.export();
         if let Some(live) = &self.live {
@@ -748,9 +777,15 @@ impl Controller {
                 "consecutive_down_rounds": t.bad,
                 "consecutive_up_rounds": t.good,
                 "last_verdict": self.verdicts.get(cdn),
+                "verdicts": self.verdict_counts.get(cdn).map(|[down, up, unknown]| json!({
+                    "down": down, "up": up, "unknown": unknown,
+                })),
             }))).collect::<serde_json::Map<_, _>>(),
             "failover": removed.iter().map(|((name, cdn), pct)| json!({
                 "name": name, "cdn": cdn, "removed_percent": pct,
+                "since_unix_ms": self.stepped.get(&(name.clone(), cdn.clone())).map(|&(_, at)| {
+                    now_ms().saturating_sub(Instant::now().saturating_duration_since(at).as_millis() as u64)
+                }),
                 "direction": self.steps.get(&(name.clone(), cdn.clone())).map(|s| format!("{:?}", s.direction).to_lowercase()),
             })).collect::<Vec<_>>(),
             "fail_open": self.fail_open.iter().map(|(n, r)| json!({"name": n, "region": r})).collect::<Vec<_>>(),
