@@ -570,6 +570,9 @@ impl Controller {
                 }
                 info!(name = %host.name, cdn = %round.cdn, removed_percent = s.removed_percent(&host.failover), "failover step");
             }
+            // A step back to the normal weight at once (steps [100]) ends the timeline
+            // here, not in `tick_steps`.
+            self.steps.retain(|_, s| s.is_active());
             self.note_steps(now);
             self.publish();
         } else {
