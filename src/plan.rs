@@ -739,6 +739,12 @@ impl<'p> Steered<'p> {
         self.labels.regions.len()
     }
 
+    /// How many location scopes of drains the name has: each region has `2^n` choices,
+    /// one per mask of [`Decision::mask`].
+    pub fn drain_scopes(self) -> usize {
+        usize::from(self.header.scopes)
+    }
+
     /// Every CDN the name can be answered with, in policy order.
     pub fn targets(self) -> &'p [Target] {
         &self.labels.targets

@@ -41,6 +41,77 @@ fn edit(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text.replacen(from, to, 1)).unwrap();
 }
 
+/// A `steerdns serve` child process, its log read on a thread (so that a missing line
+/// fails the test instead of hanging it), killed if the test fails before `stop`.
+struct Served {
+    child: std::process::Child,
+    reaper: Reaper,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Served {
+    /// Starts `steerdns serve ARGS` in `dir`, logging at INFO.
+    fn start(dir: &Path, args: &[&str]) -> Served {
+        let mut child = Command::new(BIN)
+            .current_dir(dir)
+            .arg("serve")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let reaper = Reaper {
+            pid: child.id(),
+            armed: true,
+        };
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Served { child, reaper, log }
+    }
+
+    /// The next log line containing `what` (20 s at most).
+    fn next_line(&self, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no log line with {what:?}"));
+            if line.contains(what) {
+                return line;
+            }
+        }
+    }
+
+    /// The address of the next `listening (udp, tcp) addr=...` line.
+    fn listening(&self) -> std::net::SocketAddr {
+        let line = self.next_line("listening (udp, tcp)");
+        let addr = line.split("addr=").nth(1).unwrap();
+        addr.split_whitespace().next().unwrap().parse().unwrap()
+    }
+
+    /// SIGTERM, then the exit status must be success.
+    fn stop(mut self) {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = self.child.wait().unwrap();
+        self.reaper.armed = false;
+        assert!(status.success(), "{status}");
+    }
+}
+
 #[test]
 fn check_accepts_the_demo_and_says_what_it_loaded() {
     let out = Command::new(BIN)
@@ -207,50 +278,18 @@ fn explain_shows_region_weights_and_scope() {
 
 #[tokio::test]
 async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
-    let mut child = Command::new(BIN)
-        .current_dir(repo("."))
-        .args([
-            "serve",
+    let served = Served::start(
+        &repo("."),
+        &[
             "--listen",
             "127.0.0.1:0",
             "--zones",
             TEST_ZONES,
             "--geo",
             TEST_GEO,
-        ])
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reaper = Reaper {
-        pid: child.id(),
-        armed: true,
-    };
-    // Read the log on a thread, so that a missing line fails the test instead of hanging it.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addr: std::net::SocketAddr = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let Ok(line) = rx.recv_timeout(left) else {
-            let _ = child.kill();
-            panic!("no `listening ... addr=` line within 20 s");
-        };
-        if let Some(rest) = line
-            .split("addr=")
-            .nth(1)
-            .filter(|_| line.contains("listening"))
-        {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
+        ],
+    );
+    let addr = served.listening();
     for proto in BOTH {
         let m = ask(
             addr,
@@ -261,14 +300,7 @@ async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
         let target = cname_of(&m);
         assert!(target == FASTLY || target == CLOUDFLARE);
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = child.wait().unwrap();
-    reaper.armed = false;
-    assert!(status.success(), "{status}");
+    served.stop();
 }
 
 /// Writes a state file as `serve` would, with `cdns` fully failed over.
@@ -278,7 +310,12 @@ fn saved_state(dir: &Path, cdns: &[&str]) {
 
 /// As [`saved_state`], the CDNs at failover step `level` (1: the first of [50, 100]).
 fn saved_state_at(dir: &Path, cdns: &[&str], level: u32) {
-    let now = std::time::SystemTime::now()
+    saved_state_aged(dir, cdns, level, Duration::ZERO)
+}
+
+/// As [`saved_state_at`], saved `age` ago.
+fn saved_state_aged(dir: &Path, cdns: &[&str], level: u32, age: Duration) {
+    let now = (std::time::SystemTime::now() - age)
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
@@ -337,6 +374,23 @@ fn explain_shows_failover_and_fail_open_from_the_saved_state() {
     let out = explain(&dir.join("half"));
     assert!(out.contains("removed  50 %  share  45.0 %"), "{out}");
     assert!(out.contains("removed   0 %  share  55.0 %"), "{out}");
+
+    // A state older than 15 minutes is ignored: the configured weights, and explain
+    // says so; one just younger is shown.
+    let minutes = |m: u64| Duration::from_secs(m * 60);
+    saved_state_aged(
+        &dir.join("old"),
+        &["fastly"],
+        2,
+        minutes(15) + Duration::from_secs(30),
+    );
+    let out = explain(&dir.join("old"));
+    assert!(out.contains("reason:  normal"), "{out}");
+    assert!(out.contains("removed   0 %  share  90.0 %"), "{out}");
+    saved_state_aged(&dir.join("recent"), &["fastly"], 2, minutes(14));
+    let out = explain(&dir.join("recent"));
+    assert!(out.contains("reason:  failover"), "{out}");
+    assert!(out.contains("removed 100 %  share   0.0 %"), "{out}");
 
     saved_state(&dir.join("both"), &["fastly", "cloudflare"]);
     let out = explain(&dir.join("both"));
@@ -397,10 +451,9 @@ fn explain_gives_the_answer_a_resolver_gets() {
 #[tokio::test]
 async fn sighup_reloads_the_configuration() {
     let dir = scratch("sighup");
-    let mut child = Command::new(BIN)
-        .current_dir(&dir)
-        .args([
-            "serve",
+    let served = Served::start(
+        &dir,
+        &[
             "--listen",
             "127.0.0.1:0",
             "--api",
@@ -409,52 +462,13 @@ async fn sighup_reloads_the_configuration() {
             "0",
             "--state-dir",
             "state",
-        ])
-        .args([
             "--geo",
             repo(TEST_GEO).to_str().unwrap(),
             "--probes",
             "none",
-        ])
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reaper = Reaper {
-        pid: child.id(),
-        armed: true,
-    };
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let next_line = |what: &str| -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no log line with {what:?}"));
-            if line.contains(what) {
-                return line;
-            }
-        }
-    };
-    let line = next_line("listening (udp, tcp)");
-    let addr: std::net::SocketAddr = line
-        .split("addr=")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+        ],
+    );
+    let addr = served.listening();
     let q = query_edns(
         "www.example.com.",
         RecordType::A,
@@ -466,19 +480,27 @@ async fn sighup_reloads_the_configuration() {
         "example.map.fastly.net.",
         "example.fastly-edge.net.",
     );
-    // Polling is off: nothing changes until SIGHUP (50 resolvers: most get fastly).
-    for i in 0..50 {
+    // Polling is off: nothing changes until SIGHUP. Watched for three times the default
+    // poll interval (250 ms), so a server that polled anyway would have reloaded (and
+    // logged it: the first reload line must be the SIGHUP's, below).
+    let watch = Instant::now();
+    let mut i = 0;
+    while watch.elapsed() < Duration::from_millis(750) {
         assert_ne!(
             cname_of(&ask_from(addr, resolver(i), Proto::Udp, &q).await),
-            "example.fastly-edge.net."
+            "example.fastly-edge.net.",
+            "changed {:?} after the edit, without SIGHUP",
+            watch.elapsed()
         );
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let hup = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
+        .args(["-HUP", &served.child.id().to_string()])
         .status()
         .unwrap();
     assert!(hup.success());
-    let line = next_line("configuration reloaded");
+    let line = served.next_line("configuration reloaded");
     assert!(line.contains("trigger=SIGHUP"), "{line}");
     // The line is logged as the new plan is handed over; it serves a moment later.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -492,12 +514,127 @@ async fn sighup_reloads_the_configuration() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let status = child.wait().unwrap();
-    reaper.armed = false;
-    assert!(status.success());
+    served.stop();
+}
+
+/// The limits of the command line reach the server: `--udp-sockets`, `--rrl-*` and
+/// `--tcp-*`, each set away from its default and checked over the sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_options_are_wired_to_the_server() {
+    let served = Served::start(
+        &repo("."),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--api",
+            "off",
+            "--probes",
+            "tests/fixtures/no-probes",
+            "--state-dir",
+            &scratch("wiring").join("state").to_string_lossy(),
+            "--zones",
+            TEST_ZONES,
+            "--geo",
+            TEST_GEO,
+            "--udp-sockets",
+            "3",
+            "--rrl-rate",
+            "5",
+            "--rrl-slip",
+            "1",
+            "--rrl-ipv4-prefix",
+            "32",
+            "--rrl-exempt",
+            "127.0.9.0/24",
+            "--tcp-max-connections",
+            "1",
+            "--tcp-max-queries",
+            "2",
+            "--tcp-idle-timeout",
+            "1",
+        ],
+    );
+    let addr = served.listening();
+
+    // --udp-sockets 3: three UDP sockets on the port (the kernel's table).
+    let port = format!(":{:04X} ", addr.port());
+    let udp = std::fs::read_to_string("/proc/net/udp").unwrap();
+    let sockets = udp
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|a| a.ends_with(&port[..5]))
+        })
+        .count();
+    assert_eq!(sockets, 3, "UDP sockets on port {}", addr.port());
+
+    // --rrl-rate 5, --rrl-slip 1: 100 queries from 127.0.8.1 get at most two seconds'
+    // worth of answers, and every limited one is answered truncated.
+    let from = |a: &str| a.parse::<std::net::IpAddr>().unwrap();
+    // --rrl-ipv4-prefix 32: a neighbour in the same /24, asking right after, has a
+    // budget of its own.
+    let (limited, neighbour) = tokio::join!(burst(addr, from("127.0.8.1"), 100), async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        burst(addr, from("127.0.8.2"), 5).await
+    });
+    assert!(limited.answered <= 10, "{limited:?}");
+    assert_eq!(limited.answered + limited.truncated, 100, "{limited:?}");
+    assert_eq!(neighbour.answered, 5, "{neighbour:?}");
+    // --rrl-exempt replaces the default (loopback): its block is never limited.
+    let exempt = burst(addr, from("127.0.9.1"), 100).await;
+    assert_eq!(exempt.answered, 100, "{exempt:?}");
+
+    // --tcp-max-queries 2: three pipelined queries, two answers, then the close.
+    let framed = |id: u16| {
+        let mut q = query("www.example.com.", RecordType::A);
+        q.metadata.id = id;
+        let bytes = q.to_vec().unwrap();
+        let mut f = (bytes.len() as u16).to_be_bytes().to_vec();
+        f.extend_from_slice(&bytes);
+        f
+    };
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(&[framed(1), framed(2), framed(3)].concat())
+        .await
+        .unwrap();
+    let mut answers = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s)).await {
+        answers += 1;
+    }
+    assert_eq!(answers, 2, "answers before the close");
+    drop(s);
+
+    // --tcp-max-connections 1: while one is open, another is closed at once.
+    let mut held = tokio::net::TcpStream::connect(addr).await.unwrap();
+    held.write_all(&framed(4)).await.unwrap();
+    assert!(
+        read_frame(&mut held).await.is_some(),
+        "the first connection"
+    );
+    let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = second.write_all(&framed(5)).await;
+    let got = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut second))
+        .await
+        .expect("the second connection is closed, not left waiting");
+    assert!(got.is_none(), "a second connection was answered");
+
+    // --tcp-idle-timeout 1: the idle connection is closed after a second, not the
+    // default 10 (9 s of margin for a loaded machine).
+    let idle = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(9), read_frame(&mut held)).await;
+    assert!(
+        matches!(closed, Ok(None)),
+        "still open {:?} after going idle",
+        idle.elapsed()
+    );
+    assert!(
+        idle.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        idle.elapsed()
+    );
+    served.stop();
 }
 
 /// Kills a spawned server when a test fails before stopping it (a panic would otherwise

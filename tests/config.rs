@@ -292,3 +292,27 @@ fn match_entries_with_multibyte_characters_are_errors_not_panics() {
         assert!(errors(&text).has_errors(), "{entry}");
     }
 }
+
+/// What the `policy` fuzz target does with an input, over its committed seeds: every
+/// policy accepted is planned with each CDN removed and drained, and every plan keeps
+/// the planner's invariants (`planner::check`).
+#[test]
+fn the_policy_fuzz_seeds_keep_the_planners_invariants() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/policy");
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        if let Ok((policy, _)) = config::parse(Path::new("steering.yaml"), text) {
+            let plans = steerdns::control::planner::check_every_cut(&policy)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(plans > 1, "{}", path.display());
+            seeds += 1;
+        }
+    }
+    assert!(
+        seeds >= 2,
+        "{seeds} policies among the seeds of {}",
+        dir.display()
+    );
+}

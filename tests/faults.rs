@@ -116,12 +116,13 @@ fn last_reload(s: &Value) -> &str {
     s["last_reload"]["result"].as_str().unwrap_or("")
 }
 
-/// Probe files for a, b, c with a short timeout (300 ms), so that hanging CDNs make
-/// timed-out rounds quickly.
+/// Probe files for a, b, c with a short timeout (800 ms), so that hanging CDNs make
+/// timed-out rounds quickly, and no first-byte limit of their own (the timeout): a
+/// healthy answer on a loaded machine is not slow.
 fn short_probes(dir: &Path, cdns: [(&str, &MockCdn); 3]) {
     for (cdn, m) in cdns {
         let text = format!(
-            "url: {}\nexpect_body: healthy-v1\ninterval_seconds: {INTERVAL}\ntimeout_ms: 300\nmax_ttfb_ms: 250\nquorum: 1\ndown_after: 2\nup_after: 3\n",
+            "url: {}\nexpect_body: healthy-v1\ninterval_seconds: {INTERVAL}\ntimeout_ms: 800\nquorum: 1\ndown_after: 2\nup_after: 3\n",
             m.url("/_health/v1.txt")
         );
         std::fs::write(dir.join("probes").join(format!("{cdn}.yaml")), text).unwrap();
@@ -278,6 +279,9 @@ struct Peer {
     mode: Arc<Mutex<PeerMode>>,
     /// Requests received since the last `set`.
     hits: Arc<AtomicU64>,
+    /// For each request held in `Hang`: how long until the server gave up and closed
+    /// the connection, as this peer saw it.
+    holds: Arc<Mutex<Vec<Duration>>>,
     task: JoinHandle<()>,
 }
 
@@ -305,8 +309,9 @@ impl Peer {
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(Mutex::new(mode));
         let hits = Arc::new(AtomicU64::new(0));
+        let holds = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn({
-            let (mode, hits) = (mode.clone(), hits.clone());
+            let (mode, hits, holds) = (mode.clone(), hits.clone(), holds.clone());
             async move {
                 let round = Arc::new(AtomicU64::new(1));
                 let mut conns = tokio::task::JoinSet::new();
@@ -314,7 +319,8 @@ impl Peer {
                     let Ok((mut s, _)) = listener.accept().await else {
                         continue;
                     };
-                    let (mode, hits, round) = (mode.clone(), hits.clone(), round.clone());
+                    let (mode, hits, round, holds) =
+                        (mode.clone(), hits.clone(), round.clone(), holds.clone());
                     conns.spawn(async move {
                         let mut head = Vec::new();
                         let mut buf = [0u8; 1024];
@@ -335,8 +341,15 @@ impl Peer {
                             }
                             PeerMode::HostileName => peer_doc(r, 0, "../../etc/passwd"),
                             PeerMode::Hang => {
-                                std::future::pending::<()>().await;
-                                unreachable!()
+                                // Never answer; note when the server hangs up.
+                                let held = Instant::now();
+                                while let Ok(n) = s.read(&mut buf).await {
+                                    if n == 0 {
+                                        break;
+                                    }
+                                }
+                                holds.lock().unwrap().push(held.elapsed());
+                                return;
                             }
                             PeerMode::Old => peer_doc(r, 3_600_000, "p2"),
                             PeerMode::Good => peer_doc(r, 0, "p2"),
@@ -361,6 +374,7 @@ impl Peer {
             addr,
             mode,
             hits,
+            holds,
             task,
         }
     }
@@ -368,6 +382,24 @@ impl Peer {
     fn set(&self, mode: PeerMode) {
         *self.mode.lock().unwrap() = mode;
         self.hits.store(0, Ordering::SeqCst);
+        self.holds.lock().unwrap().clear();
+    }
+
+    /// Waits for `n` requests held in `Hang` to be given up by the server; how long
+    /// each was held.
+    async fn held(&self, n: usize) -> Vec<Duration> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let holds = self.holds.lock().unwrap().clone();
+            if holds.len() >= n {
+                return holds;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server never hung up: {holds:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Waits until `n` requests arrived in the current mode (so that at least `n - 1`
@@ -416,7 +448,6 @@ async fn a_peer_answering_garbage_or_hanging_is_refused_counted_and_never_counts
     ];
     for (mode, reason, detail) in cases {
         peer.set(mode);
-        let started = Instant::now();
         // For a hanging peer the second request comes after the first timed out.
         peer.served(2).await;
         let s = stack.state().await;
@@ -441,11 +472,16 @@ async fn a_peer_answering_garbage_or_hanging_is_refused_counted_and_never_counts
                 >= 1.0,
             "{mode:?} not counted"
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(8),
-            "{mode:?}: reading the peer took {:?}",
-            started.elapsed()
-        );
+        if mode == PeerMode::Hang {
+            // The README's promise: a reading ends within 1 to 2 s, whatever the peer
+            // does (the timeout is 1 s here; the second is the machine's load).
+            for held in peer.held(1).await {
+                assert!(
+                    (Duration::from_millis(900)..=Duration::from_secs(2)).contains(&held),
+                    "a hanging peer held for {held:?}"
+                );
+            }
+        }
         assert_eq!(health(&s, "a")["state"], "up", "{mode:?}: {s:#}");
         assert!(up_verdict(&s, "a"), "{mode:?}: {s:#}");
         flow.more(10).await;

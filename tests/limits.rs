@@ -119,13 +119,21 @@ async fn a_spoofed_flood_is_rate_limited_and_others_are_not() {
     // ...another /24 has its own, and a slipped client gets its answer over TCP.
     let other = flood(srv.addr, "127.0.2.1", 10).await;
     assert_eq!(other.answered, 10, "{other:?}");
-    let over_tcp = ask(
-        srv.addr,
-        Proto::Tcp,
-        &query("www.example.com.", RecordType::A),
-    )
-    .await;
-    assert_eq!(over_tcp.answers.len(), 1);
+    // The slipped client itself, in the limited /24, retries over TCP: 100 pipelined
+    // queries, five times the rate (at most 40 would pass a limit of 20/s), all answered.
+    let tcp = tokio::net::TcpSocket::new_v4().unwrap();
+    tcp.bind("127.0.1.1:0".parse().unwrap()).unwrap();
+    let mut tcp = tcp.connect(srv.addr).await.unwrap();
+    let batch: Vec<u8> = (0..100).flat_map(|id| framed(&www(id))).collect();
+    tcp.write_all(&batch).await.unwrap();
+    for id in 0..100 {
+        let a = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut tcp))
+            .await
+            .unwrap_or_else(|_| panic!("TCP answer {id} from the limited prefix"))
+            .expect("an answer over TCP");
+        let m = Message::from_vec(&a).unwrap();
+        assert_eq!((m.metadata.id, m.answers.len()), (id, 1), "{m:?}");
+    }
 
     let dropped = metric(&metrics, "steerdns_rate_limited_total{action=\"dropped\"}");
     let slipped = metric(&metrics, "steerdns_rate_limited_total{action=\"slipped\"}");
@@ -228,10 +236,29 @@ async fn a_slip_to_a_query_with_an_opt_carries_an_opt() {
 
 #[tokio::test]
 async fn exempt_sources_and_rate_zero_are_never_limited() {
-    // The default exempts loopback.
-    let srv = server(DnsOptions::default(), Metrics::new()).await;
+    // The default exemptions (loopback), with a rate of 5 a second: 200 queries are 40
+    // times the rate, and every one is answered.
+    let low_rate = |exempt: Vec<ipnet::IpNet>| DnsOptions {
+        rrl: RrlConfig {
+            rate: 5,
+            exempt,
+            ..RrlConfig::default()
+        },
+        ..DnsOptions::default()
+    };
+    let srv = server(low_rate(RrlConfig::default().exempt), Metrics::new()).await;
     let t = flood(srv.addr, "127.0.3.1", 200).await;
     assert_eq!(t.answered, 200, "{t:?}");
+    // An exemption of one block leaves the rest of loopback limited at that rate.
+    let srv = server(
+        low_rate(vec!["127.0.5.0/24".parse().unwrap()]),
+        Metrics::new(),
+    )
+    .await;
+    let t = flood(srv.addr, "127.0.5.1", 200).await;
+    assert_eq!(t.answered, 200, "{t:?}");
+    let t = flood(srv.addr, "127.0.6.1", 200).await;
+    assert!(t.answered <= 10, "not exempt: {t:?}");
     // Rate 0 turns it off.
     let srv = server(no_exemptions(0, 2), Metrics::new()).await;
     let t = flood(srv.addr, "127.0.4.1", 200).await;

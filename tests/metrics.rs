@@ -121,27 +121,33 @@ fn cdn_of(target: &str) -> &'static str {
     }
 }
 
-#[tokio::test]
-async fn answers_are_counted_by_name_region_cdn_and_rcode() {
-    let metrics = Metrics::new();
-    let srv = TestServer::start_with_metrics(
+/// The demo server on 127.0.0.1, counting into `metrics`.
+async fn demo_counting_into(metrics: &Metrics) -> TestServer {
+    TestServer::start_with_metrics(
         DEMO_POLICY,
         TEST_ZONES,
         TEST_GEO,
         "127.0.0.1:0",
         metrics.clone(),
     )
-    .await;
+    .await
+}
 
-    // Steered: 40 clients in GB, 30 in JP; what each answer was, by (region, cdn).
+#[tokio::test]
+async fn answers_are_counted_by_name_region_cdn_and_rcode() {
+    let metrics = Metrics::new();
+    let srv = demo_counting_into(&metrics).await;
+
+    // Steered: 200 clients in GB, 100 in JP, each through another resolver; what each
+    // answer was, by (region, cdn).
     let mut steered: HashMap<(&str, &str), u64> = HashMap::new();
     for (addr, source, region, n) in [
-        ("81.2.69.160", 27, GB_REGION, 40),
-        ("2001:218::", 32, JP_REGION, 30),
+        ("81.2.69.160", 27, GB_REGION, 200),
+        ("2001:218::", 32, JP_REGION, 100),
     ] {
         let q = query_edns(WWW, RecordType::A, Some((addr, source)));
-        for _ in 0..n {
-            let cdn = cdn_of(&srv.cname(Proto::Udp, &q).await);
+        for i in 0..n {
+            let cdn = cdn_of(&cname_of(&srv.ask_from(resolver(i), Proto::Udp, &q).await));
             *steered.entry((region, cdn)).or_default() += 1;
         }
     }
@@ -179,7 +185,7 @@ async fn answers_are_counted_by_name_region_cdn_and_rcode() {
     .expect("an answer to a bad ECS option");
     assert_eq!(raw_rcode(&formerr), 1);
 
-    let total = 70 + 2 + 3 + 2 + 2 + 1;
+    let total = 300 + 2 + 3 + 2 + 2 + 1;
     let s = settled(&metrics, total as f64).await;
     let q = "steerdns_queries_total";
 
@@ -201,7 +207,7 @@ async fn answers_are_counted_by_name_region_cdn_and_rcode() {
             assert_eq!(counted, answered, "{region} / {cdn}");
         }
     }
-    // Per CDN, the series add up to the CDN's answers, and all of them to 70.
+    // Per CDN, the series add up to the CDN's answers, and all of them to 300.
     for cdn in ["fastly", "cloudflare"] {
         let answered: u64 = steered
             .iter()
@@ -210,11 +216,12 @@ async fn answers_are_counted_by_name_region_cdn_and_rcode() {
             .sum();
         assert_eq!(sum(&s, q, &[("name", WWW), ("cdn", cdn)]), answered as f64);
     }
-    assert_eq!(sum(&s, q, &[("name", WWW)]), 70.0);
-    assert!(
-        steered.get(&(GB_REGION, "fastly")).copied().unwrap_or(0) > 20,
-        "GB is 90 % fastly: {steered:?}"
-    );
+    assert_eq!(sum(&s, q, &[("name", WWW)]), 300.0);
+    // The answers counted are the weighted ones: GB 90 % fastly, JP 10 %.
+    for (region, n, p) in [(GB_REGION, 200, 0.9), (JP_REGION, 100, 0.1)] {
+        let fastly = steered.get(&(region, "fastly")).copied().unwrap_or(0);
+        assert_share(fastly as usize, n, p, region);
+    }
 
     // Everything else by rcode, with empty name, region and CDN.
     for (rcode, n) in [
@@ -243,6 +250,48 @@ async fn answers_are_counted_by_name_region_cdn_and_rcode() {
         sum_seconds > 0.0 && sum_seconds < total as f64,
         "{sum_seconds}"
     );
+}
+
+#[tokio::test]
+async fn udp_datagrams_dropped_unanswered_are_counted() {
+    let metrics = Metrics::new();
+    let srv = demo_counting_into(&metrics).await;
+    let dropped = |reason: &str| {
+        value(
+            &parse(&text_of(&metrics)),
+            "steerdns_udp_dropped_total",
+            &[("reason", reason)],
+        )
+    };
+    assert_eq!(dropped("oversized"), Some(0.0));
+    // Three datagrams over the 4,096-byte limit: a query padded with an unknown option,
+    // and plain junk. None is answered, each is counted.
+    let mut padded = query_edns(WWW, RecordType::A, None).to_vec().unwrap();
+    padded.truncate(padded.len() - 11); // drop the OPT; add one with a 5,000-byte option
+    padded[11] = 1;
+    padded.extend_from_slice(&opt_record(1232, false, &[(65001, &[0x5a; 5_000])]));
+    for bytes in [padded, vec![0u8; 4_097], vec![0xffu8; 9_000]] {
+        let got = raw_within(srv.addr, Proto::Udp, &bytes, Duration::from_millis(300)).await;
+        assert!(got.is_none(), "{} bytes answered", bytes.len());
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while dropped("oversized") != Some(3.0) {
+        assert!(
+            Instant::now() < deadline,
+            "oversized drops: {:?}",
+            dropped("oversized")
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for reason in ["bad-source", "send-error"] {
+        assert_eq!(dropped(reason), Some(0.0), "{reason}");
+    }
+    // 4,096 bytes is not over the limit: answered (FORMERR: trailing junk after the
+    // question), not dropped.
+    let mut at_limit = query(WWW, RecordType::A).to_vec().unwrap();
+    at_limit.resize(4_096, 0);
+    assert!(raw(srv.addr, Proto::Udp, &at_limit).await.is_some());
+    assert_eq!(dropped("oversized"), Some(3.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,6 +73,26 @@ async fn status_and_error_page() {
 }
 
 #[tokio::test]
+async fn a_script_shapes_exactly_the_next_responses() {
+    let cdn = MockCdn::start(Mode::Status(503)).await;
+    cdn.script(&[Mode::Healthy, Mode::ErrorPage, Mode::Healthy]);
+    assert_eq!(cdn.scripted(), 3);
+    let url = cdn.url("/_health/v1.txt");
+    assert_eq!(get(&url).await, (200, mock_cdn::HEALTHY_BODY.to_string()));
+    assert_eq!(
+        get(&url).await,
+        (200, mock_cdn::ERROR_PAGE_BODY.to_string())
+    );
+    assert_eq!(get(&url).await.0, 200);
+    assert_eq!(cdn.scripted(), 0);
+    // Then the mode again; `set` drops what is left of a script.
+    assert_eq!(get(&url).await.0, 503);
+    cdn.script(&[Mode::Healthy]);
+    cdn.set(Mode::Status(500));
+    assert_eq!(get(&url).await.0, 500);
+}
+
+#[tokio::test]
 async fn slow_delays_the_response_headers() {
     let cdn = MockCdn::start(Mode::Slow(Duration::from_millis(300))).await;
     let started = Instant::now();

@@ -9,6 +9,8 @@ use common::mock_cdn::{MockCdn, Mode};
 use steerdns::config::probes::ProbeSpec;
 use steerdns::control::prober::probe_once;
 
+/// Generous limits, so that a healthy answer passes on a loaded machine; the tests of
+/// `slow` and `timeout` tighten one of them against a mock slower still.
 fn spec(url: &str) -> ProbeSpec {
     ProbeSpec {
         cdn: "a".into(),
@@ -18,8 +20,8 @@ fn spec(url: &str) -> ProbeSpec {
         connect_to: None,
         expect_status: 200,
         expect_body: Some("healthy-v1".into()),
-        timeout: Duration::from_millis(600),
-        max_ttfb: Duration::from_millis(200),
+        timeout: Duration::from_secs(5),
+        max_ttfb: Duration::from_secs(4),
         interval: Duration::from_secs(1),
         quorum: 1,
         down_after: 2,
@@ -36,7 +38,6 @@ async fn each_failure_has_its_reason() {
     let cases = [
         (Mode::Status(503), "status 503"),
         (Mode::ErrorPage, "body mismatch"),
-        (Mode::Slow(Duration::from_millis(400)), "slow"),
         (Mode::Refused, "connect"),
     ];
     for (mode, reason) in cases {
@@ -44,8 +45,24 @@ async fn each_failure_has_its_reason() {
         let got = probe_once(&s, "ua").await.expect_err("must fail");
         assert!(got.starts_with(reason), "{mode:?}: {got}");
     }
+    // The first byte after 300 ms at least, against a limit of 100 ms: slow, however
+    // loaded the machine (the timeout is 5 s).
+    cdn.set(Mode::Slow(Duration::from_millis(300)));
+    let tight = ProbeSpec {
+        max_ttfb: Duration::from_millis(100),
+        ..s.clone()
+    };
+    let got = probe_once(&tight, "ua").await.expect_err("must be slow");
+    assert!(got.starts_with("slow: first byte after"), "{got}");
+    assert!(got.ends_with("(limit 100 ms)"), "{got}");
+    // Nothing for 5 s, against a timeout of 300 ms.
     cdn.set(Mode::Slow(Duration::from_secs(5)));
-    let got = probe_once(&s, "ua").await.expect_err("must time out");
+    let short = ProbeSpec {
+        timeout: Duration::from_millis(300),
+        max_ttfb: Duration::from_millis(300),
+        ..s.clone()
+    };
+    let got = probe_once(&short, "ua").await.expect_err("must time out");
     assert!(got.starts_with("timeout"), "{got}");
     cdn.set(Mode::Healthy);
     assert_eq!(probe_once(&s, "ua").await, Ok(()));

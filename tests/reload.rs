@@ -224,3 +224,92 @@ async fn health_and_failover_survive_a_reload() {
     let (counts, _) = stack.answers(50).await;
     assert_eq!(counts.get("b2"), Some(&50), "{counts:?}");
 }
+
+/// A probe file edited while serving applies at the next poll: the prober starts over
+/// with the new definition (here an `expect_body` the mock does not serve, which fails
+/// a), and the edit back brings a back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_file_edit_applies_live() {
+    let (stack, _a, _b, _c) = healthy_stack("reload-probe", "[100]", 0.2).await;
+    let file = stack.dir.join("probes/a.yaml");
+    edit(&file, "expect_body: healthy-v1", "expect_body: healthy-v2");
+    let s = stack
+        .wait_for("a failed by the new probe", |s| {
+            removed(s, "a") == Some(100)
+        })
+        .await;
+    assert!(
+        health(&s, "a")["last_verdict"]
+            .as_str()
+            .is_some_and(|v| v.contains("body mismatch")),
+        "{s:#}"
+    );
+    let (counts, _) = stack.answers(50).await;
+    assert_eq!(counts.get("b"), Some(&50), "{counts:?}");
+    edit(&file, "expect_body: healthy-v2", "expect_body: healthy-v1");
+    stack
+        .wait_for("a back", |s| removed(s, "a").is_none())
+        .await;
+    let (counts, _) = stack.answers(100).await;
+    assert!(counts.contains_key("a"), "{counts:?}");
+}
+
+/// Valid edits of a zone file and of the geo database apply while serving, as a
+/// policy edit does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zone_and_geo_database_edits_apply_live() {
+    let (stack, _a, _b, _c) = healthy_stack("reload-data", "[100]", 0.2).await;
+    let mail = || async {
+        let m = ask(
+            stack.dns,
+            Proto::Udp,
+            &query("mail.example.com.", RecordType::A),
+        )
+        .await;
+        m.answers[0].data.to_string()
+    };
+    assert_eq!(mail().await, "192.0.2.25");
+    edit(
+        &stack.dir.join("zones/example.com.zone"),
+        "mail    IN A    192.0.2.25",
+        "mail    IN A    192.0.2.26",
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mail().await != "192.0.2.26" {
+        assert!(Instant::now() < deadline, "the zone edit never served");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // US clients to a, everyone else to b. 8.8.8.8 is not in the test database (so: b);
+    // the shipped database places it in the US (so: a).
+    edit(
+        &stack.dir.join("steering.yaml"),
+        "      - match: [\"*\"]\n        weights: { a: 50, b: 50 }",
+        "      - match: [US]\n        weights: { a: 1 }\n      - match: [\"*\"]\n        weights: { b: 1 }",
+    );
+    let google = || stack.answers_from("8.8.8.0", 24, 5);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while google().await.get("b") != Some(&5) {
+        assert!(Instant::now() < deadline, "the policy edit never served");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let version = stack.state().await["config_version"].clone();
+    // Written to a temporary file and renamed, as an operator (or geoipupdate) does.
+    let tmp = stack.dir.join("geo.mmdb.tmp");
+    std::fs::copy(repo("geo/country.mmdb"), &tmp).unwrap();
+    std::fs::rename(&tmp, stack.dir.join("geo.mmdb")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while google().await.get("a") != Some(&5) {
+        assert!(
+            Instant::now() < deadline,
+            "the new geo database never served"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let s = stack
+        .wait_for("the reload in /v1/state", |s| {
+            s["config_version"] != version
+        })
+        .await;
+    assert_eq!(last_reload(&s).0, "applied", "{s:#}");
+}

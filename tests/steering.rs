@@ -16,28 +16,30 @@ async fn shares(
     source: u8,
     n: usize,
 ) -> HashMap<String, usize> {
+    shares_over(srv, Proto::Udp, name, addr, source, n).await
+}
+
+/// As [`shares`], over `proto`.
+async fn shares_over(
+    srv: &TestServer,
+    proto: Proto,
+    name: &str,
+    addr: &str,
+    source: u8,
+    n: usize,
+) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
     let q = query_edns(name, RecordType::A, Some((addr, source)));
     for i in 0..n {
-        let m = srv.ask_from(resolver(i), Proto::Udp, &q).await;
+        let m = srv.ask_from(resolver(i), proto, &q).await;
         *counts.entry(cname_of(&m)).or_insert(0) += 1;
     }
     counts
 }
 
-/// Asserts that `count` of `n` draws is within 5 standard deviations of `n * p`: a
-/// correct server fails this about once in 1.7 million runs. At n = 4,000 five standard
-/// deviations are at most 4.0 points (p = 0.5) and 2.4 points (p = 0.9), so a share
-/// 8 points off (5 points at p = 0.9) fails it in more than 99.9 % of runs.
-fn assert_share(count: usize, n: usize, p: f64, what: &str) {
-    let mean = n as f64 * p;
-    let sd = (n as f64 * p * (1.0 - p)).sqrt();
-    let bound = 5.0 * sd;
-    assert!(
-        (count as f64 - mean).abs() <= bound,
-        "{what}: {count} of {n}, expected {mean:.0} ± {bound:.0} (5 sd)"
-    );
-}
+// Shares are checked with `common::assert_share` (5 standard deviations). At n = 4,000
+// a correct server fails one such check in about 1.7 million runs, and a share 8 points
+// off at p = 0.5 (5 points at p = 0.9) fails it in more than 99.9 % of runs.
 
 #[tokio::test]
 async fn region_shares_follow_the_weights() {
@@ -58,6 +60,27 @@ async fn region_shares_follow_the_weights() {
             fastly + cloudflare,
             N,
             "{what}: unexpected targets {counts:?}"
+        );
+        assert_share(fastly, N, p, what);
+    }
+}
+
+/// Over TCP, answered by the full path (the UDP fast path never sees these): the same
+/// weighted shares, region by region.
+#[tokio::test]
+async fn weighted_answers_over_tcp_follow_the_weights() {
+    let srv = TestServer::demo().await;
+    const N: usize = 2_000;
+    for (addr, source, p, what) in [
+        ("81.2.69.160", 27, 0.90, "GB over TCP"),
+        ("2001:218::", 32, 0.10, "JP over TCP"),
+    ] {
+        let counts = shares_over(&srv, Proto::Tcp, "www.example.com.", addr, source, N).await;
+        let fastly = counts.get(FASTLY).copied().unwrap_or(0);
+        assert_eq!(
+            fastly + counts.get(CLOUDFLARE).copied().unwrap_or(0),
+            N,
+            "{what}: {counts:?}"
         );
         assert_share(fastly, N, p, what);
     }

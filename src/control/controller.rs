@@ -25,14 +25,14 @@ use crate::config::probes::Probes;
 use crate::control::drains::{now_ms, DrainError, DrainRule, DrainState, Drains};
 use crate::control::explain::{self, ExplainError, Explanation};
 use crate::control::failover::{FailoverState, Step};
-use crate::control::health::{self, State, VantageView};
+use crate::control::health::{self, State, VantageView, VerdictKind};
 use crate::control::peers::Peers;
 use crate::control::persist;
 use crate::control::planner::Removed;
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
 use crate::control::state_doc::{
-    FailOpenDoc, HealthDoc, PeerDoc, ReloadOutcome, SaveStatus, StateDoc, StepDoc,
+    FailOpenDoc, HealthDoc, PeerDoc, ReloadOutcome, SaveStatus, StateDoc, StepDoc, VerdictCounts,
 };
 use crate::inputs::Loaded;
 use crate::plan::{Live, Snapshot};
@@ -75,6 +75,12 @@ pub struct Controller {
     /// Peers currently unhappy, with why (logged when it changes).
     unhappy_peers: BTreeMap<String, String>,
     verdicts: BTreeMap<String, String>,
+    /// Round verdicts per CDN since start, for `/v1/state`: what hysteresis was fed,
+    /// which the last verdict alone cannot tell.
+    verdict_counts: BTreeMap<String, VerdictCounts>,
+    /// The percentage of each (name, CDN)'s current failover step and when the step was
+    /// taken: the server's own account of the timeline, for `/v1/state`.
+    stepped: BTreeMap<(String, String), (u8, Instant)>,
     /// The outcome of the last reload, for `/v1/state`.
     last_reload: Option<ReloadOutcome>,
     /// Drains from the policy and the API, with their progress.
@@ -111,6 +117,8 @@ impl Controller {
             own_unhappy: None,
             unhappy_peers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
+            verdict_counts: BTreeMap::new(),
+            stepped: BTreeMap::new(),
             last_reload: None,
             drains: Drains::default(),
             drain_gauges: BTreeSet::new(),
@@ -443,6 +451,12 @@ impl Controller {
             .quorum
             .min(1 + self.loaded.probes.vantages.len() as u32);
         let verdict = health::verdict(&round.cdn, &views, quorum, fresh_ms);
+        let counts = self.verdict_counts.entry(round.cdn.clone()).or_default();
+        match verdict.kind {
+            VerdictKind::Down => counts.down += 1,
+            VerdictKind::Up => counts.up += 1,
+            VerdictKind::Unknown => counts.unknown += 1,
+        }
         let changed = self.failover.observe(
             &self.loaded.policy,
             &round.cdn,
@@ -480,7 +494,20 @@ impl Controller {
     fn tick_steps(&mut self, now: Instant) -> bool {
         let taken = self.failover.tick(&self.loaded.policy, now);
         log_steps(&taken);
+        self.note_steps(now);
         !taken.is_empty()
+    }
+
+    /// Notes `now` as the time of every failover step taken since the last call.
+    fn note_steps(&mut self, now: Instant) {
+        let removed = self.removed();
+        self.stepped
+            .retain(|k, _| removed.get(k).is_some_and(|&p| p > 0));
+        for (key, &pct) in removed.iter().filter(|(_, &p)| p > 0) {
+            if self.stepped.get(key).is_none_or(|&(was, _)| was != pct) {
+                self.stepped.insert(key.clone(), (pct, now));
+            }
+        }
     }
 
     fn removed(&self) -> Removed {
@@ -490,6 +517,7 @@ impl Controller {
     /// Serves the current state, saves it, and only then shows it in `/v1/state`: what
     /// an operator (or a test) sees there has been persisted.
     fn publish(&mut self) {
+        self.note_steps(Instant::now());
         let snapshot = self.plan();
         self.export();
         if let Some(live) = &self.live {
@@ -639,6 +667,7 @@ impl Controller {
                         consecutive_down_rounds: t.bad,
                         consecutive_up_rounds: t.good,
                         last_verdict: self.verdicts.get(cdn).cloned(),
+                        verdicts: self.verdict_counts.get(cdn).copied(),
                     };
                     (cdn.clone(), h)
                 })
@@ -651,6 +680,12 @@ impl Controller {
                         .steps
                         .get(&(name.clone(), cdn.clone()))
                         .map(|s| s.direction),
+                    since_unix_ms: self.stepped.get(&(name.clone(), cdn.clone())).map(
+                        |&(_, at)| {
+                            let ago = Instant::now().saturating_duration_since(at);
+                            now_ms().saturating_sub(ago.as_millis() as u64)
+                        },
+                    ),
                     name,
                     cdn,
                     removed_percent: pct,

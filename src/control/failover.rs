@@ -77,6 +77,9 @@ impl FailoverState {
                 }
                 steps.push((host.name.to_string(), s.removed_percent(&host.failover)));
             }
+            // A step back to the normal weight at once (steps [100]) ends the timeline
+            // here, not in `tick`.
+            self.steps.retain(|_, s| s.is_active());
         }
         Some(Transition {
             cdn: cdn.to_string(),

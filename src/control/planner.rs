@@ -265,6 +265,166 @@ pub fn effective(configured: &[u64], cut: impl Fn(usize) -> u8) -> (Vec<u64>, bo
     (out, stuck)
 }
 
+/// Checks what every plan must hold, whatever the policy and the cuts: for every steered
+/// name of `policy` and every choice of every region (each mask of location-scoped
+/// drains),
+///
+/// - the shares sum to the region's configured total (a share is moved, never lost or
+///   invented), so no region is ever left without an answer;
+/// - only CDNs the region lists (weight above 0) answer;
+/// - a CDN that failover or a drain of the whole region removed entirely answers
+///   nothing, unless the region fails open, which `fail_open` then lists;
+/// - the TTL is the incident TTL exactly while some CDN of the name is cut.
+///
+/// The `policy` fuzz target and the planner's tests run it over many policies.
+pub fn check(
+    policy: &Policy,
+    removed: &Removed,
+    drains: &[DrainCut],
+    planned: &Planned,
+) -> Result<(), String> {
+    use crate::plan::Decision;
+    for host in &policy.hosts {
+        let name = host.name.to_string();
+        let s = planned
+            .plan
+            .get(&host.name)
+            .ok_or_else(|| format!("{name}: not in the plan"))?;
+        if s.regions() != host.regions.len() {
+            return Err(format!("{name}: {} regions planned", s.regions()));
+        }
+        let host_drains: Vec<&DrainCut> = drains
+            .iter()
+            .filter(|d| d.name == name && d.percent > 0)
+            .filter(|d| host.cdns.iter().any(|c| c.name == d.cdn))
+            .collect();
+        let cut = host
+            .cdns
+            .iter()
+            .any(|c| removed_of(removed, host, &c.name) > 0)
+            || !host_drains.is_empty();
+        let ttl = if cut {
+            host.incident_ttl.unwrap_or(host.ttl)
+        } else {
+            host.ttl
+        };
+        if s.ttl() != ttl {
+            return Err(format!("{name}: TTL {} (cut: {cut}), want {ttl}", s.ttl()));
+        }
+        for (r, region) in host.regions.iter().enumerate() {
+            let total: u64 = region.weights.iter().map(|&w| u64::from(w) * 100).sum();
+            // Cut for every client of the region: failover, drains everywhere and drains
+            // of this region by name.
+            let everywhere = |c: usize| {
+                let cdn = &host.cdns[c].name;
+                host_drains
+                    .iter()
+                    .filter(|d| &d.cdn == cdn)
+                    .filter(|d| {
+                        d.scope.is_empty() || d.scope.iter().any(|sc| *sc == DrainScope::Region(r))
+                    })
+                    .map(|d| d.percent)
+                    .chain([removed_of(removed, host, cdn)])
+                    .max()
+                    .unwrap_or(0)
+                    .min(100)
+            };
+            let mut failed_open = false;
+            for mask in 0..1usize << s.drain_scopes() {
+                let what = format!("{name} region {r} `{}` mask {mask}", region.name);
+                let choice = s.choose(&Decision {
+                    region: r,
+                    scope: 0,
+                    mask,
+                });
+                let weights: Vec<(usize, u64)> = s
+                    .weights(choice)
+                    .map(|(t, w)| {
+                        let c = host.cdns.iter().position(|c| *c.name == *t.cdn);
+                        (c.unwrap_or(usize::MAX), w)
+                    })
+                    .collect();
+                let sum: u64 = weights.iter().map(|&(_, w)| w).sum();
+                if weights.is_empty() || sum != total {
+                    return Err(format!(
+                        "{what}: shares {weights:?} sum to {sum}, want {total}"
+                    ));
+                }
+                for &(c, w) in &weights {
+                    if c == usize::MAX || region.weights[c] == 0 || w == 0 {
+                        return Err(format!("{what}: answers with CDN {c} at {w}: {weights:?}"));
+                    }
+                }
+                let stuck = choice.reason == Reason::FailOpen;
+                failed_open |= stuck;
+                for &(c, w) in &weights {
+                    if everywhere(c) == 100 && !stuck {
+                        return Err(format!(
+                            "{what}: {} is out but answers {w} (reason {})",
+                            host.cdns[c].name, choice.reason
+                        ));
+                    }
+                }
+            }
+            let listed = planned
+                .fail_open
+                .iter()
+                .any(|(n, rn)| *n == name && *rn == region.name);
+            if failed_open != listed {
+                return Err(format!(
+                    "{name} region `{}`: fails open: {failed_open}, listed: {listed}",
+                    region.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every CDN of `policy` removed at each of its steps, then drained (everywhere,
+/// in the first region by name, in GB), and every CDN removed at once: each plan
+/// checked by [`check`]; the number of plans checked. The `policy` fuzz target runs it
+/// over its inputs, the planner's tests over generated policies.
+pub fn check_every_cut(policy: &Policy) -> Result<usize, String> {
+    let mut plans = 0;
+    let mut run = |removed: &Removed, drains: &[DrainCut]| {
+        plans += 1;
+        check(policy, removed, drains, &plan(policy, removed, drains))
+            .map_err(|e| format!("removed {removed:?}, drains {drains:?}: {e}"))
+    };
+    run(&Removed::new(), &[])?;
+    for host in &policy.hosts {
+        let name = host.name.to_string();
+        let gb = Match::parse("GB").expect("a country");
+        for cdn in &host.cdns {
+            for &pct in &host.failover.steps {
+                let key = (name.clone(), cdn.name.clone());
+                run(&[(key, pct)].into_iter().collect(), &[])?;
+                for scope in [
+                    vec![],
+                    vec![DrainScope::Region(0)],
+                    vec![DrainScope::Match(gb)],
+                ] {
+                    let cut = DrainCut {
+                        name: name.clone(),
+                        cdn: cdn.name.clone(),
+                        scope,
+                        percent: pct,
+                    };
+                    run(&Removed::new(), &[cut])?;
+                }
+            }
+        }
+        let all = host
+            .cdns
+            .iter()
+            .map(|c| ((name.clone(), c.name.clone()), 100))
+            .collect();
+        run(&all, &[])?;
+    }
+    Ok(plans)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +530,96 @@ regions:
         assert_eq!(
             three([60, 30, 10], [100, 100, 100]),
             (vec![6000, 3000, 1000], true)
+        );
+    }
+
+    /// A policy drawn from `seed`: one or two names, one to five CDNs, one to four
+    /// regions (the last `"*"`), weights from 0 to 10^6 (never all 0 in a region), and
+    /// step lists of one to three steps.
+    fn random_policy(seed: u64) -> String {
+        let mut state = seed;
+        let mut next = move |n: u64| {
+            // splitmix64
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) % n
+        };
+        const WEIGHTS: [u32; 8] = [0, 1, 2, 3, 10, 50, 90, 1_000_000];
+        const MATCHES: [&str; 5] = [
+            "[GB]",
+            "[US, CA]",
+            "[\"continent:EU\"]",
+            "[\"81.2.69.0/24\"]",
+            "[JP, NZ]",
+        ];
+        const STEPS: [&str; 4] = ["[100]", "[50, 100]", "[10, 33, 100]", "[1, 99, 100]"];
+        let mut text = String::from("hostnames:\n");
+        for h in 0..1 + next(2) {
+            let cdns = 1 + next(5) as usize;
+            text += &format!("  n{h}.example.com:\n    ttl: 30\n");
+            if next(2) == 0 {
+                text += "    incident_ttl: 5\n";
+            }
+            text += "    cdns:\n";
+            for c in 0..cdns {
+                text += &format!("      c{c}: {{ cname: c{c}.cdn.test. }}\n");
+            }
+            text += "    regions:\n";
+            let regions = 1 + next(4);
+            for r in 0..regions {
+                let matches = if r + 1 == regions {
+                    "[\"*\"]"
+                } else {
+                    MATCHES[next(MATCHES.len() as u64) as usize]
+                };
+                let mut w: Vec<u32> = (0..cdns)
+                    .map(|_| WEIGHTS[next(WEIGHTS.len() as u64) as usize])
+                    .collect();
+                if w.iter().all(|&w| w == 0) {
+                    w[next(cdns as u64) as usize] = 1 + next(100) as u32;
+                }
+                let w: Vec<String> = w
+                    .iter()
+                    .enumerate()
+                    .map(|(c, w)| format!("c{c}: {w}"))
+                    .collect();
+                text += &format!(
+                    "      - name: r{r}\n        match: {matches}\n        weights: {{ {} }}\n",
+                    w.join(", ")
+                );
+            }
+            let steps = STEPS[next(STEPS.len() as u64) as usize];
+            text +=
+                &format!("    failover:\n      steps: {steps}\n      step_interval_seconds: 1\n");
+        }
+        text
+    }
+
+    #[test]
+    fn every_cut_of_many_policies_keeps_the_invariants() {
+        let (mut policies, mut plans) = (0, 0);
+        for seed in 0..400 {
+            let text = random_policy(seed);
+            let policy = match crate::config::parse(Path::new("t.yaml"), text.clone()) {
+                Ok((p, _)) => p,
+                Err(e) => panic!("seed {seed}: a generated policy is refused: {e}\n{text}"),
+            };
+            policies += 1;
+            plans +=
+                check_every_cut(&policy).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+        }
+        // The demo policy and the test fixtures too.
+        for file in ["steering.yaml", "tests/fixtures/steering-multi.yaml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let policy = crate::config::parse(&path, text).unwrap().0;
+            plans += check_every_cut(&policy).unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+        assert!(
+            policies == 400 && plans > 4000,
+            "{policies} policies, {plans} plans"
         );
     }
 

@@ -63,6 +63,15 @@ pub struct HealthDoc {
     pub consecutive_up_rounds: u32,
     /// The last round's verdict with its evidence.
     pub last_verdict: Option<String>,
+    /// Round verdicts since start: what hysteresis was fed.
+    pub verdicts: Option<VerdictCounts>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct VerdictCounts {
+    pub down: u64,
+    pub up: u64,
+    pub unknown: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -71,6 +80,8 @@ pub struct StepDoc {
     pub cdn: String,
     /// Percent of the CDN's share moved away.
     pub removed_percent: u8,
+    /// When this step was taken (the server's clock, Unix milliseconds).
+    pub since_unix_ms: Option<u64>,
     /// `demote` (being taken out) or `promote` (coming back).
     pub direction: Option<Direction>,
 }

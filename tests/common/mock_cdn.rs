@@ -55,6 +55,8 @@ pub enum Mode {
 
 struct State {
     mode: Mode,
+    /// Responses for the next requests, one each, before `mode` applies again.
+    script: std::collections::VecDeque<Mode>,
     /// A duplicate of the listening socket while one exists (i.e. not `Refused`);
     /// shutting it down stops the listener at once, whatever the server task is doing.
     listener: Option<Socket>,
@@ -89,6 +91,7 @@ impl MockCdn {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 mode: Mode::Healthy,
+                script: Default::default(),
                 listener: Some(socket),
             }),
             hits: AtomicU64::new(0),
@@ -136,6 +139,26 @@ impl MockCdn {
             (_, kept) => state.listener = kept,
         }
         state.mode = mode;
+        state.script.clear();
+    }
+
+    /// The next requests get `modes`, one each and in order, then the current mode
+    /// again: rounds of a prober fail or succeed exactly as scripted, whatever the
+    /// timing. Only modes that shape a response (not `Refused` or `BadTls`, which act
+    /// on connections).
+    pub fn script(&self, modes: &[Mode]) {
+        assert!(
+            !modes
+                .iter()
+                .any(|m| matches!(m, Mode::Refused | Mode::BadTls)),
+            "a script shapes responses: {modes:?}"
+        );
+        self.shared.state().script.extend(modes.iter().copied());
+    }
+
+    /// Scripted responses not served yet.
+    pub fn scripted(&self) -> usize {
+        self.shared.state().script.len()
     }
 
     /// Number of HTTP requests received (complete request heads, plain or over TLS).
@@ -251,7 +274,11 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, shared: &Shared
         .lock()
         .unwrap_or_else(|e| e.into_inner()) = Some(head);
 
-    let mode = shared.state().mode;
+    let mode = {
+        let mut state = shared.state();
+        let current = state.mode;
+        state.script.pop_front().unwrap_or(current)
+    };
     let (status, body) = match mode {
         Mode::Healthy | Mode::BadTls => (200, HEALTHY_BODY),
         Mode::Status(code) => (code, ERROR_BODY),

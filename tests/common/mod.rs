@@ -169,6 +169,53 @@ pub fn resolver(i: usize) -> IpAddr {
     ))
 }
 
+/// Asserts that `count` of `n` independent draws is within 5 standard deviations of
+/// `n * p`: a correct server fails one such check in about 1.7 million. (At n = 4,000,
+/// five standard deviations are 4.0 points at p = 0.5 and 2.4 points at p = 0.9.)
+pub fn assert_share(count: usize, n: usize, p: f64, what: &str) {
+    let mean = n as f64 * p;
+    let bound = 5.0 * (n as f64 * p * (1.0 - p)).sqrt();
+    assert!(
+        (count as f64 - mean).abs() <= bound,
+        "{what}: {count} of {n}, expected {mean:.0} ± {bound:.0} (5 sd)"
+    );
+}
+
+/// What a UDP client bound to `from` got back for a burst of queries.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Burst {
+    /// Answers with records.
+    pub answered: usize,
+    /// Empty answers with TC set (rate limiting's slips).
+    pub truncated: usize,
+}
+
+/// Sends `count` queries for www.example.com A back to back from one socket bound to
+/// `from`, then counts the replies until none comes for 500 ms.
+pub async fn burst(server: SocketAddr, from: IpAddr, count: u16) -> Burst {
+    let sock = UdpSocket::bind(SocketAddr::new(from, 0))
+        .await
+        .expect("bind a loopback alias");
+    let mut q = query("www.example.com.", RecordType::A);
+    for id in 0..count {
+        q.metadata.id = id;
+        sock.send_to(&q.to_vec().unwrap(), server).await.unwrap();
+    }
+    let mut got = Burst::default();
+    let mut buf = vec![0u8; 4096];
+    while let Ok(Ok((n, _))) =
+        tokio::time::timeout(Duration::from_millis(500), sock.recv_from(&mut buf)).await
+    {
+        let m = Message::from_vec(&buf[..n]).expect("decodable reply");
+        if m.metadata.truncation && m.answers.is_empty() {
+            got.truncated += 1;
+        } else {
+            got.answered += 1;
+        }
+    }
+    got
+}
+
 /// Sends a message and decodes the answer.
 pub async fn ask(addr: SocketAddr, proto: Proto, msg: &Message) -> Message {
     let from = if addr.is_ipv4() { "127.0.0.1" } else { "::1" };

@@ -204,7 +204,9 @@ impl Stack {
         .0
     }
 
-    async fn answers_to(
+    /// Answers to `n` queries `q`, each from another resolver: counts per CDN (the
+    /// CNAME's first label), and the TTLs seen.
+    pub async fn answers_to(
         &self,
         q: hickory_proto::op::Message,
         n: usize,
@@ -311,6 +313,20 @@ pub async fn healthy_stack_every(
     step_seconds: f64,
     interval: f64,
 ) -> (Stack, MockCdn, MockCdn, MockCdn) {
+    healthy_stack_probing(tag, steps, step_seconds, interval, &["a", "b", "c"]).await
+}
+
+/// As [`healthy_stack_every`], with probe files for the `probed` CDNs only. With `a`
+/// alone probed, each of its rounds is a verdict at once (with other CDNs probed, a
+/// first failure waits for their next rounds), so scripted rounds
+/// ([`MockCdn::script`]) are verdicts one for one.
+pub async fn healthy_stack_probing(
+    tag: &str,
+    steps: &str,
+    step_seconds: f64,
+    interval: f64,
+    probed: &[&str],
+) -> (Stack, MockCdn, MockCdn, MockCdn) {
     let dir = scratch(tag);
     let (a, b, c) = (
         MockCdn::start(Mode::Healthy).await,
@@ -318,14 +334,37 @@ pub async fn healthy_stack_every(
         MockCdn::start(Mode::Healthy).await,
     );
     policy(&dir, steps, step_seconds);
-    probe_every(&dir, "a", &a.url("/_health/v1.txt"), 1, interval);
-    probe_every(&dir, "b", &b.url("/_health/v1.txt"), 1, interval);
-    probe_every(&dir, "c", &c.url("/_health/v1.txt"), 1, interval);
+    for (cdn, m) in [("a", &a), ("b", &b), ("c", &c)] {
+        if probed.contains(&cdn) {
+            probe_every(&dir, cdn, &m.url("/_health/v1.txt"), 1, interval);
+        }
+    }
     let stack = Stack::start(&dir).await;
     stack
-        .wait_for("every CDN probed and up", |s| {
-            ["a", "b", "c"].iter().all(|c| up_verdict(s, c))
+        .wait_for("every probed CDN up", |s| {
+            probed.iter().all(|c| up_verdict(s, c))
         })
         .await;
     (stack, a, b, c)
+}
+
+/// Round verdicts the server has fed `cdn`'s hysteresis since it started: (down, up,
+/// unknown).
+pub fn verdicts(s: &Value, cdn: &str) -> (u64, u64, u64) {
+    let v = &health(s, cdn)["verdicts"];
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    (n("down"), n("up"), n("unknown"))
+}
+
+/// When `cdn`'s current failover step of www.example.com was taken, by the server's
+/// clock (Unix ms).
+pub fn stepped_at(s: &Value, cdn: &str) -> u64 {
+    s["failover"]
+        .as_array()
+        .and_then(|f| {
+            f.iter()
+                .find(|f| f["cdn"] == cdn && f["name"] == "www.example.com.")
+        })
+        .and_then(|f| f["since_unix_ms"].as_u64())
+        .unwrap_or_else(|| panic!("no failover step of {cdn}: {s:#}"))
 }
