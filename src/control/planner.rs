@@ -320,9 +320,7 @@ pub fn check(
                 host_drains
                     .iter()
                     .filter(|d| &d.cdn == cdn)
-                    .filter(|d| {
-                        d.scope.is_empty() || d.scope.iter().any(|sc| *sc == DrainScope::Region(r))
-                    })
+                    .filter(|d| d.scope.is_empty() || d.scope.contains(&DrainScope::Region(r)))
                     .map(|d| d.percent)
                     .chain([removed_of(removed, host, cdn)])
                     .max()
