@@ -80,15 +80,19 @@ impl Served {
     /// The next log line containing `what` (20 s at most).
     fn next_line(&self, what: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut skipped = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .log
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no log line with {what:?}"));
+            let line = self.log.recv_timeout(left).unwrap_or_else(|e| {
+                panic!(
+                    "no log line with {what:?} ({e}); before:\n{}",
+                    skipped.join("\n")
+                )
+            });
             if line.contains(what) {
                 return line;
             }
+            skipped.push(line);
         }
     }
 
@@ -278,11 +282,18 @@ fn explain_shows_region_weights_and_scope() {
 
 #[tokio::test]
 async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
+    // The default inputs, but not the default API port or state directory: another
+    // test run (or a server of the developer's) may hold them.
+    let state = scratch("sigterm").join("state");
     let served = Served::start(
         &repo("."),
         &[
             "--listen",
             "127.0.0.1:0",
+            "--api",
+            "127.0.0.1:0",
+            "--state-dir",
+            state.to_str().unwrap(),
             "--zones",
             TEST_ZONES,
             "--geo",
