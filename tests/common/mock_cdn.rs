@@ -60,6 +60,10 @@ struct State {
     /// A duplicate of the listening socket while one exists (i.e. not `Refused`);
     /// shutting it down stops the listener at once, whatever the server task is doing.
     listener: Option<Socket>,
+    /// While `Refused`: a socket bound to the port and not listening, so that the port
+    /// stays ours (connections to it are refused) and no other listener on the machine
+    /// (another test, another test run) can take it meanwhile.
+    placeholder: Option<Socket>,
 }
 
 struct Shared {
@@ -93,6 +97,7 @@ impl MockCdn {
                 mode: Mode::Healthy,
                 script: Default::default(),
                 listener: Some(socket),
+                placeholder: None,
             }),
             hits: AtomicU64::new(0),
             last_request: Mutex::new(None),
@@ -126,14 +131,16 @@ impl MockCdn {
         match (mode == Mode::Refused, state.listener.take()) {
             (true, Some(socket)) => {
                 // Stops the listen at once (pending connections are reset); the server
-                // task then drops its handle and the port is closed.
+                // task then drops its handle, and the placeholder keeps the port.
                 let _ = socket.shutdown(Shutdown::Both);
                 let _ = self.listeners.send(None);
+                state.placeholder = placeholder(self.addr).ok();
             }
             (false, None) => {
                 let (socket, listener) = bind(self.addr)
                     .unwrap_or_else(|e| panic!("mock CDN: cannot re-bind {}: {e}", self.addr));
                 state.listener = Some(socket);
+                state.placeholder = None;
                 let _ = self.listeners.send(Some(listener));
             }
             (_, kept) => state.listener = kept,
@@ -184,6 +191,15 @@ impl Drop for MockCdn {
         }
         self.task.abort();
     }
+}
+
+/// A socket bound to `addr` with SO_REUSEADDR and not listening: it holds the port
+/// (connections are refused) and lets [`bind`] take it again.
+fn placeholder(addr: SocketAddr) -> std::io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// A listening socket with SO_REUSEADDR (so the same port can be bound again after
