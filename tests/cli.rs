@@ -450,11 +450,13 @@ fn explain_gives_the_answer_a_resolver_gets() {
         );
         fastly += usize::from(l.contains("fastly (example.map.fastly.net.)"));
         assert!(l.contains("fastly") || l.contains("cloudflare"), "{out}");
-        assert_eq!(
-            line(&explain(&["--resolver", &format!("192.0.2.{i}")])),
-            l,
-            "stable"
-        );
+        // Asked again, the same answer, unless the resolver's hourly window ended in
+        // between: then the new window ends later (ISO times compare as text).
+        let again = line(&explain(&["--resolver", &format!("192.0.2.{i}")]));
+        let until = |l: &str| l.split(" until ").nth(1).unwrap_or_default().to_string();
+        if again != l {
+            assert!(until(&again) > until(&l), "stable: {l} then {again}");
+        }
     }
     assert!(fastly >= 12, "{fastly} of 20 on fastly at 90 %");
 }
