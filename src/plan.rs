@@ -32,6 +32,7 @@ use crate::selection;
 use crate::config::Match;
 use crate::huge::Table;
 use crate::place::geo::{GeoDb, Place};
+use crate::place::wider::Places;
 
 /// Everything a query needs, swapped as one piece so that no query ever sees a plan
 /// from one configuration and zones from another.
@@ -70,6 +71,10 @@ pub struct Plan {
     salts: Table<u64>,
     /// Per name, for explain, the API and the metrics.
     labels: Box<[Labels]>,
+    /// Per choice (same index as `choices`): the places of the geo database whose
+    /// clients get that choice by their place alone ([`Plan::fit`]); empty until fitted,
+    /// and then no answer reaches past its network.
+    allowed: Box<[Places]>,
 }
 
 const EMPTY: u64 = u64::MAX;
@@ -339,6 +344,7 @@ impl Plan {
             wide: Box::default(),
             salts: Table::with_capacity(specs.iter().map(|s| s.targets.len()).sum()),
             labels: Box::default(),
+            allowed: Box::default(),
         };
         let mut labels = Vec::with_capacity(specs.len());
         let mut wide = Vec::new();
@@ -361,6 +367,22 @@ impl Plan {
         }
         plan.slots = slots;
         plan
+    }
+
+    /// Fits the plan to a geo database's places (`GeoDb::places`): for every choice,
+    /// which places get it, so that answers reach as far as their choice holds. The
+    /// plan must then be used with that database only (a `Snapshot` pairs them).
+    pub fn fit(&mut self, places: &[Place]) {
+        let mut allowed = vec![Places::default(); self.choices.len()];
+        for s in self.names() {
+            let at = s.header.countries as usize;
+            let by_country = &self.countries[at..at + COUNTRIES];
+            for (i, p) in places.iter().enumerate() {
+                let choice = s.header.choices as usize + s.by_place(by_country, p);
+                allowed[choice].insert(i as u16);
+            }
+        }
+        self.allowed = allowed.into_boxed_slice();
     }
 
     /// Appends one name's bytes, country table and choices to the flat tables.
@@ -515,24 +537,41 @@ impl<'p> Steered<'p> {
     }
 
     /// Finds the client's region, the drains it falls in, and the ECS scope of that
-    /// finding.
+    /// finding: the widest block around the client whose every address gets the same
+    /// answer (neighbouring networks of other countries in the same region included).
     ///
     /// # Hot path
-    /// Table lookups and, only for policies with CIDR entries or location-scoped
+    /// Table lookups, a set test per step up the geo database's tree
+    /// ([`GeoDb::widest`]) and, only for policies with CIDR entries or location-scoped
     /// drains, a short scan.
-    pub fn decide(self, ip: IpAddr, place: &Place) -> Decision {
+    pub fn decide(self, ip: IpAddr, place: &Place, geo: &GeoDb) -> Decision {
         let at = self.header.countries as usize;
         let by_country = &self.plan.countries[at..at + COUNTRIES];
         let regions = &self.header.regions;
+        if !regions.location_dependent && self.header.scopes == 0 {
+            return Decision {
+                region: regions.default as usize,
+                scope: 0,
+                mask: 0,
+            };
+        }
+        // What the answer is by place alone, and how far around the client that holds.
+        let by_place = self.by_place(by_country, place);
+        let at = self.header.choices as usize + by_place;
+        let widest = match self.plan.allowed.get(at) {
+            Some(allowed) => geo.widest(ip, place, allowed),
+            None => place.prefix_len,
+        };
         let at = regions.nets as usize;
         let nets = &self.plan.nets[at..at + regions.nets_len as usize];
-        let mut d = regions.decide(by_country, nets, ip, place);
+        let mut d = regions.decide(by_country, nets, ip, place, widest);
         if self.header.scopes == 0 {
             return d;
         }
         if d.scope == 0 {
-            d.scope = place.prefix_len.min(if ip.is_ipv4() { 32 } else { 128 });
+            d.scope = widest.min(if ip.is_ipv4() { 32 } else { 128 });
         }
+        d.mask = by_place & ((1 << self.header.scopes) - 1);
         for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
             for m in scope.iter() {
                 // A CIDR scope splits the networks it cuts: the answer's scope narrows.
@@ -540,13 +579,26 @@ impl<'p> Steered<'p> {
                     if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
                         d.scope = n.prefix_len();
                     }
-                }
-                if m.covers(ip, place) {
-                    d.mask |= 1 << i;
+                    if n.contains(&ip) {
+                        d.mask |= 1 << i;
+                    }
                 }
             }
         }
         d
+    }
+
+    /// The index of the choice a client at `place` gets by its place alone (CIDR
+    /// entries aside): its region, shifted, and the drain scopes it falls in.
+    fn by_place(self, by_country: &[u16], place: &Place) -> usize {
+        let region = usize::from(self.header.regions.of_place(by_country, place));
+        let mut mask = 0;
+        for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
+            if scope.iter().any(|m| m.covers_place(place)) {
+                mask |= 1 << i;
+            }
+        }
+        region << self.header.scopes | mask
     }
 
     /// The choice for a decision.
@@ -597,7 +649,7 @@ impl<'p> Steered<'p> {
         rng: &mut R,
     ) -> Answer<'p> {
         let place = geo.locate(asker.client);
-        let decision = self.decide(asker.client, &place);
+        let decision = self.decide(asker.client, &place, geo);
         let scope = if asker.tailored() { decision.scope } else { 0 };
         // The network in the key goes as far as the scope echoed, and no further than
         // what the resolver told.
@@ -882,20 +934,41 @@ impl RegionIndex {
 
     #[cfg(test)]
     fn decide(&self, ip: IpAddr, place: &Place) -> Decision {
-        self.rest
-            .decide(&self.by_country[..], &self.nets, ip, place)
+        self.rest.decide(
+            &self.by_country[..],
+            &self.nets,
+            ip,
+            place,
+            place.prefix_len,
+        )
     }
 }
 
 // === impl Regions ===
 
 impl Regions {
+    /// The first region whose countries or continents hold `place` (CIDR entries
+    /// aside), or the default.
+    fn of_place(&self, by_country: &[u16], place: &Place) -> u16 {
+        let mut region = self.default;
+        if let Some(c) = place.country {
+            region = region.min(by_country[c.index()]);
+        }
+        if let Some(c) = place.continent {
+            region = region.min(self.by_continent[c.index()]);
+        }
+        region
+    }
+
+    /// The client's region, and its scope: `widest` (how far the region by place
+    /// holds) narrowed past any CIDR entry that cuts it.
     fn decide(
         &self,
         by_country: &[u16],
         nets: &[(IpNet, u16)],
         ip: IpAddr,
         place: &Place,
+        widest: u8,
     ) -> Decision {
         if !self.location_dependent {
             return Decision {
@@ -904,15 +977,9 @@ impl Regions {
                 mask: 0,
             };
         }
-        let mut region = self.default;
-        if let Some(c) = place.country {
-            region = region.min(by_country[c.index()]);
-        }
-        if let Some(c) = place.continent {
-            region = region.min(self.by_continent[c.index()]);
-        }
+        let mut region = self.of_place(by_country, place);
         let max = if ip.is_ipv4() { 32 } else { 128 };
-        let mut scope = place.prefix_len.min(max);
+        let mut scope = widest.min(max);
         for &(net, r) in nets {
             if net.contains(&ip) {
                 region = region.min(r);
@@ -973,6 +1040,7 @@ mod tests {
             country,
             continent: country.and_then(Country::continent),
             prefix_len,
+            ..Place::default()
         }
     }
 

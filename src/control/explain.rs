@@ -143,7 +143,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
         return Err(ExplainError::NotSteered(lower.to_string()));
     };
     let place = facts.snapshot.geo.locate(q.client);
-    let d = steered.decide(q.client, &place);
+    let d = steered.decide(q.client, &place, &facts.snapshot.geo);
     let choice = steered.choose(&d);
     let region = &host.regions[d.region];
     let why = region

@@ -3,12 +3,14 @@
 //! - [`countries`]: ISO 3166 countries and the continent of each;
 //! - [`geo`]: the geo database, an address to a [`geo::Place`] (country, continent, the
 //!   network that holds it);
+//! - [`wider`]: the places around each network, for the widest correct ECS scope;
 //! - [`Match`]: one entry of a policy's `match:` or `where:` list, and whether a client
 //!   falls in it ([`Match::covers`]): the one definition the policy, the plan, explain
 //!   and the drains use.
 
 pub mod countries;
 pub mod geo;
+pub mod wider;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -109,6 +111,17 @@ impl Match {
             Match::Country(c) => place.country == Some(c),
             Match::Continent(c) => place.continent == Some(c),
             Match::Net(n) => n.contains(&ip),
+        }
+    }
+
+    /// Whether every client located at `place` falls in this entry by its place
+    /// (false for CIDR blocks, which depend on the address).
+    pub fn covers_place(&self, place: &Place) -> bool {
+        match *self {
+            Match::Any => true,
+            Match::Country(c) => place.country == Some(c),
+            Match::Continent(c) => place.continent == Some(c),
+            Match::Net(_) => false,
         }
     }
 }
