@@ -29,6 +29,10 @@ use super::geo::Place;
 /// Words of a [`Places`]: up to 511 distinct places (one cache line); a database with
 /// more has its extra places share the last index, which no answer ever allows.
 const WORDS: usize = 8;
+const _: () = assert!(
+    WORDS * 64 <= SET as usize,
+    "place indexes leave the SET bit free"
+);
 /// The index of places beyond the first 511.
 const OTHER: u16 = (WORDS * 64 - 1) as u16;
 
@@ -116,19 +120,25 @@ impl Default for Start {
 /// One step up from a network: the widest run of blocks holding the same places.
 #[derive(Clone, Copy, Debug)]
 struct Step {
-    /// The places of the run's blocks: a range of `Around::places`.
-    set: u32,
+    /// The places of the run's blocks: up to two inline (the usual first steps, so
+    /// that a walk ending there reads nothing else), `SPARE` filling; or, with `SET`
+    /// set in the first, the set's number in `Around::sets` in the other 31 bits.
+    places: [u16; 2],
     /// The prefix of the run's widest block, and the next step up (`NO_STEP`: the
     /// block above is not described), as a [`Start`].
     up: Start,
 }
 
+/// Place indexes stay below 512: the top bit of `Step::places[0]` marks a set.
+const SET: u16 = 0x8000;
+const SPARE: u16 = u16::MAX;
+
 /// The steps of one address family.
 #[derive(Debug, Default)]
 pub struct Around {
     steps: Box<[Step]>,
-    /// Per set of places, where its places start in `places` (and the next set's
-    /// start is where they end).
+    /// Per set of three places or more, where its places start in `places` (and the
+    /// next set's start is where they end).
     sets: Box<[u32]>,
     /// Every set's places (indexes), sorted, one after another.
     places: Box<[u16]>,
@@ -145,9 +155,15 @@ impl Around {
         let mut widest = prefix.min(start.top());
         let mut at = start.step();
         while let Some(step) = self.steps.get(at as usize) {
-            let set = step.set as usize;
-            let (from, to) = (self.sets[set] as usize, self.sets[set + 1] as usize);
-            if !self.places[from..to].iter().all(|&p| allowed.has(p)) {
+            let [a, b] = step.places;
+            let ok = if a & SET == 0 {
+                allowed.has(a) && (b == SPARE || allowed.has(b))
+            } else {
+                let set = (usize::from(a & !SET) << 16) | usize::from(b);
+                let (from, to) = (self.sets[set] as usize, self.sets[set + 1] as usize);
+                self.places[from..to].iter().all(|&p| allowed.has(p))
+            };
+            if !ok {
                 break;
             }
             widest = step.up.top();
@@ -224,19 +240,36 @@ pub fn build<K: Bits>(networks: &[(K, u8, u16)]) -> (Around, Vec<Start>) {
         tree: &tree,
         next: 0,
         block: 0,
-        steps: Vec::new(),
+        runs: Vec::new(),
         starts: Vec::with_capacity(networks.len()),
     };
     walk.visit(0, K::ZERO, None);
-    let mut sets = Vec::with_capacity(tree.sets.all.len() + 1);
+    // Sets of one or two places go inline; the others, once each, to the arena.
+    let mut sets = vec![0u32];
     let mut places = Vec::new();
-    for set in &tree.sets.all {
-        sets.push(places.len() as u32);
-        places.extend_from_slice(set);
-    }
-    sets.push(places.len() as u32);
+    let mut numbers: HashMap<u32, u32> = HashMap::new();
+    let steps = walk
+        .runs
+        .iter()
+        .map(|&(set, up)| {
+            let all = &tree.sets.all[set as usize];
+            let places = match **all {
+                [a] => [a, SPARE],
+                [a, b] => [a, b],
+                _ => {
+                    let n = *numbers.entry(set).or_insert_with(|| {
+                        places.extend_from_slice(all);
+                        sets.push(places.len() as u32);
+                        (sets.len() - 2) as u32
+                    });
+                    [SET | (n >> 16) as u16, n as u16]
+                }
+            };
+            Step { places, up }
+        })
+        .collect();
     let around = Around {
-        steps: walk.steps.into_boxed_slice(),
+        steps,
         sets: sets.into_boxed_slice(),
         places: places.into_boxed_slice(),
     };
@@ -354,7 +387,9 @@ struct Walk<'t, 'a, K> {
     next: usize,
     /// The pre-order index of the block visited.
     block: usize,
-    steps: Vec<Step>,
+    /// The steps: each run's set (in `Tree::sets`), and its widest prefix and next
+    /// step up.
+    runs: Vec<(u32, Start)>,
     starts: Vec<Start>,
 }
 
@@ -371,7 +406,7 @@ impl<K: Bits> Walk<'_, '_, K> {
                 self.next += 1;
                 let start = match (above, set) {
                     // The run above holds only this network's place: start past it.
-                    (Some((a, step)), Some(own)) if a == own => self.steps[step as usize].up,
+                    (Some((a, step)), Some(own)) if a == own => self.runs[step as usize].1,
                     (Some((_, step)), _) => Start::new(prefix, step),
                     (None, _) => Start::new(prefix, NO_STEP),
                 };
@@ -384,11 +419,8 @@ impl<K: Bits> Walk<'_, '_, K> {
                     Some((a, step)) if a == s => (s, step),
                     _ => {
                         let next = above.map_or(NO_STEP, |(_, step)| step);
-                        self.steps.push(Step {
-                            set: s,
-                            up: Start::new(prefix, next),
-                        });
-                        (s, (self.steps.len() - 1) as u32)
+                        self.runs.push((s, Start::new(prefix, next)));
+                        (s, (self.runs.len() - 1) as u32)
                     }
                 });
                 self.visit(prefix + 1, start, here);
