@@ -41,6 +41,7 @@ fn loaded() -> app::Loaded {
         zones: repo("zones"),
         geo: repo("geo/country.mmdb"),
         probes: repo("tests/fixtures/no-probes"),
+        asn: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
 }

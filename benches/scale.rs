@@ -47,6 +47,7 @@ fn load(config: &Path, zones: &Path) -> Loaded {
         zones: zones.to_path_buf(),
         geo: repo("geo/country.mmdb"),
         probes: repo("tests/fixtures/no-probes"),
+        asn: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
 }

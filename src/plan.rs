@@ -117,6 +117,8 @@ struct Labels {
     /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
     /// set when it matches `drain_scopes[i]`. Usually empty.
     drain_scopes: Box<[Box<[Match]>]>,
+    /// AS entries of the regions, with the first region listing each. Usually empty.
+    asns: Box<[(u32, u16)]>,
 }
 
 /// One steered name of a plan: what the data plane looks up and answers from.
@@ -295,6 +297,8 @@ pub struct RegionIndex {
     by_country: Box<[u16; COUNTRIES]>,
     /// CIDR entries with the first region listing each, shortest prefix first.
     nets: Vec<(IpNet, u16)>,
+    /// AS entries with the first region listing each.
+    asns: Vec<(u32, u16)>,
     rest: Regions,
 }
 
@@ -430,6 +434,7 @@ impl Plan {
             regions: spec.regions.into_boxed_slice(),
             targets: spec.targets.into_boxed_slice(),
             drain_scopes: spec.drain_scopes.into_boxed_slice(),
+            asns: spec.index.asns.into_boxed_slice(),
         };
         (header, labels)
     }
@@ -564,7 +569,7 @@ impl<'p> Steered<'p> {
         };
         let at = regions.nets as usize;
         let nets = &self.plan.nets[at..at + regions.nets_len as usize];
-        let mut d = regions.decide(by_country, nets, ip, place, widest);
+        let mut d = regions.decide(by_country, nets, &self.labels.asns, ip, place, widest);
         if self.header.scopes == 0 {
             return d;
         }
@@ -575,13 +580,22 @@ impl<'p> Steered<'p> {
         for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
             for m in scope.iter() {
                 // A CIDR scope splits the networks it cuts: the answer's scope narrows.
-                if let Match::Net(n) = *m {
-                    if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
-                        d.scope = n.prefix_len();
+                match *m {
+                    Match::Net(n) => {
+                        if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
+                            d.scope = n.prefix_len();
+                        }
+                        if n.contains(&ip) {
+                            d.mask |= 1 << i;
+                        }
                     }
-                    if n.contains(&ip) {
-                        d.mask |= 1 << i;
+                    Match::Asn(a) => {
+                        d.scope = d.scope.max(place.origin.prefix_len);
+                        if place.origin.asn == Some(a) {
+                            d.mask |= 1 << i;
+                        }
                     }
+                    _ => {}
                 }
             }
         }
@@ -902,6 +916,7 @@ impl RegionIndex {
             location_dependent: false,
         };
         let mut nets: Vec<(IpNet, u16)> = Vec::new();
+        let mut asns: Vec<(u32, u16)> = Vec::new();
         let mut count = 0usize;
         for (i, matches) in regions.into_iter().enumerate() {
             count += 1;
@@ -916,6 +931,11 @@ impl RegionIndex {
                             nets.push((n, i));
                         }
                     }
+                    Match::Asn(a) => {
+                        if !asns.iter().any(|(o, _)| *o == a) {
+                            asns.push((a, i));
+                        }
+                    }
                 }
             }
         }
@@ -928,6 +948,7 @@ impl RegionIndex {
         RegionIndex {
             by_country,
             nets,
+            asns,
             rest,
         }
     }
@@ -937,6 +958,7 @@ impl RegionIndex {
         self.rest.decide(
             &self.by_country[..],
             &self.nets,
+            &self.asns,
             ip,
             place,
             place.prefix_len,
@@ -962,10 +984,12 @@ impl Regions {
 
     /// The client's region, and its scope: `widest` (how far the region by place
     /// holds) narrowed past any CIDR entry that cuts it.
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         by_country: &[u16],
         nets: &[(IpNet, u16)],
+        asns: &[(u32, u16)],
         ip: IpAddr,
         place: &Place,
         widest: u8,
@@ -988,6 +1012,14 @@ impl Regions {
             // outside every CIDR entry: narrow the scope past any entry that overlaps.
             if net.prefix_len() > scope && same_network(ip, net.addr(), scope) {
                 scope = net.prefix_len();
+            }
+        }
+        if !asns.is_empty() {
+            // Only over the client's AS network (or the empty block it is in) is the
+            // origin AS the same.
+            scope = scope.max(place.origin.prefix_len);
+            if let Some(&(_, r)) = asns.iter().find(|(a, _)| Some(*a) == place.origin.asn) {
+                region = region.min(r);
             }
         }
         Decision {

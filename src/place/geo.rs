@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use maxminddb::{Reader, WithinOptions};
 use serde::Deserialize;
 
+use super::asn::{AsnDb, Origin};
 use super::countries::{Continent, Country};
 use super::wider::{self, Around, Bits, Places, Start};
 
@@ -42,6 +43,8 @@ pub struct Place {
     pub prefix_len: u8,
     /// Where the steps up the tree from that network start ([`GeoDb::widest`]).
     pub start: Start,
+    /// The origin AS, when an ASN database is attached ([`GeoDb::with_asn`]).
+    pub origin: Origin,
 }
 
 /// A validated, in-memory geo database.
@@ -51,6 +54,8 @@ pub struct GeoDb {
     v6: Flat<u128>,
     /// Every distinct place, by index.
     index: wider::Index,
+    /// The AS-number database, for policies that match AS numbers.
+    asn: Option<AsnDb>,
     /// Where it was read from, for messages.
     path: PathBuf,
     /// Number of networks seen while validating, for the startup log.
@@ -151,6 +156,7 @@ impl GeoDb {
             v4: Flat::new(v4),
             v6: Flat::new(v6),
             index,
+            asn: None,
             path: path.to_path_buf(),
             networks,
         })
@@ -158,6 +164,20 @@ impl GeoDb {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This database with an ASN database attached: every lookup then also gives the
+    /// client's origin AS.
+    pub fn with_asn(self, asn: AsnDb) -> GeoDb {
+        GeoDb {
+            asn: Some(asn),
+            ..self
+        }
+    }
+
+    /// The ASN database attached, if any.
+    pub fn asn(&self) -> Option<&AsnDb> {
+        self.asn.as_ref()
     }
 
     /// Networks in the database (counted at load).
@@ -202,7 +222,11 @@ impl GeoDb {
             IpAddr::V4(a) => self.v4.get(u32::from(a)),
             IpAddr::V6(a) => self.v6.get(u128::from(a)),
         };
-        found.unwrap_or_else(|| self.walk(ip))
+        let mut place = found.unwrap_or_else(|| self.walk(ip));
+        if let Some(asn) = &self.asn {
+            place.origin = asn.origin(ip);
+        }
+        place
     }
 
     /// The reference lookup: a walk of the search tree and a decode of the record.
