@@ -27,7 +27,7 @@
 # Everything started is stopped on exit. Needs python3 with yaml (python3-yaml), dig
 # (dnsutils), gdnsd and curl for gdnsd; installs nothing, says what is missing.
 # The markdown table goes to stdout, the log to stderr. Exit status 2: some answer was
-# wider than correct, or unanswered.
+# wider than correct, or unanswered; 1: could not measure.
 # shellcheck source-path=SCRIPTDIR
 # shellcheck source=../../scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
@@ -69,7 +69,11 @@ require "${need[@]}"
 python3 -c 'import yaml' 2>/dev/null ||
     die "python3 cannot import yaml: apt-get install python3-yaml (or pip install pyyaml)"
 SCOPE_PY=$REPO/benches/scope/scope.py
-if [[ " $SERVERS " == *" gdnsd "* ]] && ! python3 "$SCOPE_PY" is-demo --policy "$POLICY"; then
+# The policy first (before any build): refused entries end here; 1 = not the demo's.
+demo=0
+python3 "$SCOPE_PY" is-demo --policy "$POLICY" || demo=$?
+((demo <= 1)) || die "cannot measure with $POLICY"
+if [[ " $SERVERS " == *" gdnsd "* ]] && ((demo == 1)); then
     log "gdnsd skipped: its config ($SHARED/peers/gdnsd) is the demo policy, not $POLICY"
     SERVERS=${SERVERS//gdnsd/}
 fi

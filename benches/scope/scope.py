@@ -47,7 +47,7 @@ def log(msg):
 
 def die(msg):
     log(msg)
-    sys.exit(1)
+    sys.exit(3)
 
 
 # --- the policy ------------------------------------------------------------------------
@@ -104,17 +104,21 @@ def load_policy(path, name):
     return name.rstrip("."), regions, default
 
 
-def label_of(country, regions, default, cache):
-    if country in cache:
-        return cache[country]
+def label_of(value, regions, default, cache):
+    """The answer distribution for a database record (None: no data)."""
+    country = country_of(value)
+    # A GeoIP2 record's own continent wins over the table, as in steerdns.
+    cont = ((value or {}).get("continent") or {}).get("code") or CONTINENT_OF.get(country)
+    key = (country, cont)
+    if key in cache:
+        return cache[key]
     label = default
     if country is not None:
-        cont = CONTINENT_OF.get(country)
         for countries, continents, lab in regions:
             if country in countries or (cont is not None and cont in continents):
                 label = lab
                 break
-    cache[country] = label
+    cache[key] = label
     return label
 
 
@@ -141,8 +145,9 @@ class Truth:
         self.networks = []  # (first, prefix, country) of networks with data
         starts, labels = [], []
         for first, plen, rec in leaves:
-            country = country_of(reader.value(rec))
-            lab = label_of(country, regions, default, cache)
+            value = reader.value(rec)
+            country = country_of(value)
+            lab = label_of(value, regions, default, cache)
             if rec != reader.node_count:
                 self.networks.append((first, plen, country))
             if not labels or labels[-1] != lab:
@@ -392,7 +397,6 @@ def geoip2(args):
                 continue  # ::/96 is the IPv4 space, written above
             nets.append((first, plen, country_of(reader.value(rec)) if rec != reader.node_count else None))
     nets.sort()
-    # ::/96 itself when the walk above skipped it: the IPv4 leaves fill it.
     values = {}
     unknown = set()
     for _, _, cc in nets:
