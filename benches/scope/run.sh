@@ -28,6 +28,7 @@
 # (dnsutils), gdnsd and curl for gdnsd; installs nothing, says what is missing.
 # The markdown table goes to stdout, the log to stderr. Exit status 2: some answer was
 # wider than correct, or unanswered; 1: could not measure.
+CALLER_PWD=$PWD # --db and --policy are relative to where the script is run from
 # shellcheck source-path=SCRIPTDIR
 # shellcheck source=../../scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
@@ -57,8 +58,11 @@ while (($#)); do
     esac
 done
 SHARED=${SHARED:-$REPO/../shared}
-DB=$(realpath "$DB")
-POLICY=$(realpath "$POLICY")
+# Defaults are the repository's files; given paths are the caller's.
+[[ $DB == geo/country.mmdb ]] || DB=$(cd "$CALLER_PWD" && realpath -m "$DB")
+[[ $POLICY == steering.yaml ]] || POLICY=$(cd "$CALLER_PWD" && realpath -m "$POLICY")
+DB=$(realpath -m "$DB")
+POLICY=$(realpath -m "$POLICY")
 [[ -r $DB ]] || die "no database $DB"
 [[ -r $POLICY ]] || die "no policy $POLICY"
 
