@@ -41,6 +41,7 @@ fn loaded() -> app::Loaded {
         zones: repo("zones"),
         geo: repo("geo/country.mmdb"),
         probes: repo("tests/fixtures/no-probes"),
+        asn: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -74,7 +75,7 @@ fn steering(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % ADDRS;
             let (ip, place) = &places[i];
-            black_box(steered.decide(black_box(*ip), black_box(place)))
+            black_box(steered.decide(black_box(*ip), black_box(place), &snap.geo))
         })
     });
     let choice = steered.choice(0);

@@ -47,6 +47,7 @@ fn load(config: &Path, zones: &Path) -> Loaded {
         zones: zones.to_path_buf(),
         geo: repo("geo/country.mmdb"),
         probes: repo("tests/fixtures/no-probes"),
+        asn: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -132,7 +133,7 @@ fn decision(c: &mut Criterion) {
                 let steered = snap.plan.get(black_box(&qnames[i])).expect("steered");
                 let ip = black_box(ips[i]);
                 let place = snap.geo.locate(ip);
-                let d = steered.decide(ip, &place);
+                let d = steered.decide(ip, &place, &snap.geo);
                 let key = steered.pick_key(ip, ip, d.scope.min(24), 1_800_000_000, &mut rng);
                 black_box(steered.pick(steered.choose(&d), key).cname_wire.len())
             })

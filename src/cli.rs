@@ -115,6 +115,9 @@ pub struct InputArgs {
     /// The directory of probe files (one `<cdn>.yaml` per probed CDN, `vantages.yaml`).
     #[arg(long, value_name = "DIR", default_value = "probes/")]
     pub probes: PathBuf,
+    /// An AS-number database (MaxMind DB: GeoLite2-ASN), for `match: [AS13335]`.
+    #[arg(long = "asn-db", value_name = "FILE")]
+    pub asn: Option<PathBuf>,
 }
 
 /// `--api ADDR`, or `off`.
@@ -241,6 +244,7 @@ impl From<InputArgs> for Inputs {
             zones: a.zones,
             geo: a.geo,
             probes: a.probes,
+            asn: a.asn,
         }
     }
 }

@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use crate::config::probes::{self, Probes};
 use crate::config::{self, Policy};
 use crate::error::{ConfigIssue, Issues};
+use crate::place::asn::AsnDb;
 use crate::place::geo::{GeoDb, GeoError};
 use crate::zones::Zones;
 
@@ -24,6 +25,8 @@ pub struct Inputs {
     pub zones: PathBuf,
     pub geo: PathBuf,
     pub probes: PathBuf,
+    /// The AS-number database, for policies that match AS numbers.
+    pub asn: Option<PathBuf>,
 }
 
 impl Default for Inputs {
@@ -33,6 +36,7 @@ impl Default for Inputs {
             zones: "zones".into(),
             geo: "geo/country.mmdb".into(),
             probes: "probes".into(),
+            asn: None,
         }
     }
 }
@@ -60,20 +64,32 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
 /// modification time: a policy edit then does not re-read and re-walk megabytes of
 /// database (nor churn that much memory) on every reload.
 #[derive(Default)]
-pub struct GeoCache(Option<(PathBuf, u64, SystemTime, Arc<GeoDb>)>);
+pub struct GeoCache(Option<(Stamps, Arc<GeoDb>)>);
+
+/// Path, size and modification time of the geo database and of the ASN database.
+type Stamps = Vec<(PathBuf, Option<(u64, SystemTime)>)>;
 
 impl GeoCache {
-    fn open(&mut self, path: &Path) -> Result<Arc<GeoDb>, GeoError> {
-        let stamp = std::fs::metadata(path)
-            .ok()
-            .and_then(|m| Some((m.len(), m.modified().ok()?)));
-        if let (Some((len, mtime)), Some((p, l, t, geo))) = (stamp, &self.0) {
-            if p == path && *l == len && *t == mtime {
+    fn open(&mut self, path: &Path, asn: Option<&Path>) -> Result<Arc<GeoDb>, GeoError> {
+        let stamp = |p: &Path| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.len(), m.modified().ok()?))
+        };
+        let stamps: Stamps = std::iter::once(path)
+            .chain(asn)
+            .map(|p| (p.to_path_buf(), stamp(p)))
+            .collect();
+        if let Some((s, geo)) = &self.0 {
+            if *s == stamps && stamps.iter().all(|(_, t)| t.is_some()) {
                 return Ok(geo.clone());
             }
         }
-        let geo = Arc::new(GeoDb::open(path)?);
-        self.0 = stamp.map(|(len, mtime)| (path.to_path_buf(), len, mtime, geo.clone()));
+        let mut geo = GeoDb::open(path)?;
+        if let Some(asn) = asn {
+            geo = geo.with_asn(AsnDb::open(asn)?);
+        }
+        let geo = Arc::new(geo);
+        self.0 = Some((stamps, geo.clone()));
         Ok(geo)
     }
 }
@@ -88,7 +104,7 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
         .map_err(|e| issues.extend(e))
         .ok();
     let geo = cache
-        .open(&inputs.geo)
+        .open(&inputs.geo, inputs.asn.as_deref())
         .map_err(|e| issues.push(ConfigIssue::error(&e.path, None, "", e.reason)))
         .ok();
     let (Some((policy, warnings)), Some((zones, zone_warnings)), Some(geo)) = (policy, zones, geo)
@@ -98,6 +114,9 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
     issues.extend(warnings);
     issues.extend(zone_warnings);
     issues.extend(config::check_against_zones(&policy, &zones));
+    if inputs.asn.is_none() {
+        issues.extend(config::check_without_asn(&policy));
+    }
     let cdns: Vec<&str> = policy
         .hosts
         .iter()
@@ -140,6 +159,7 @@ pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
 
 pub fn fingerprint(inputs: &Inputs) -> Fingerprint {
     let mut files = vec![inputs.config.clone(), inputs.geo.clone()];
+    files.extend(inputs.asn.clone());
     for dir in [&inputs.zones, &inputs.probes] {
         if let Ok(entries) = std::fs::read_dir(dir) {
             files.extend(
@@ -193,17 +213,20 @@ mod tests {
         let city = root.join("tests/fixtures/geo/GeoIP2-City-Test.mmdb");
         std::fs::copy(&country, &path).unwrap();
         let mut cache = GeoCache::default();
-        let first = cache.open(&path).unwrap();
-        assert!(Arc::ptr_eq(&first, &cache.open(&path).unwrap()), "re-read");
+        let first = cache.open(&path, None).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &cache.open(&path, None).unwrap()),
+            "re-read"
+        );
         std::fs::copy(&city, &path).unwrap();
-        let second = cache.open(&path).unwrap();
+        let second = cache.open(&path, None).unwrap();
         assert!(
             !Arc::ptr_eq(&first, &second),
             "a changed file was not re-read"
         );
         assert_eq!(second.database_type(), "GeoIP2-City");
         std::fs::write(&path, b"garbage").unwrap();
-        assert!(cache.open(&path).is_err());
+        assert!(cache.open(&path, None).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

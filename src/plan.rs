@@ -32,6 +32,7 @@ use crate::selection;
 use crate::config::Match;
 use crate::huge::Table;
 use crate::place::geo::{GeoDb, Place};
+use crate::place::wider::Places;
 
 /// Everything a query needs, swapped as one piece so that no query ever sees a plan
 /// from one configuration and zones from another.
@@ -70,6 +71,10 @@ pub struct Plan {
     salts: Table<u64>,
     /// Per name, for explain, the API and the metrics.
     labels: Box<[Labels]>,
+    /// Per choice (same index as `choices`): the places of the geo database whose
+    /// clients get that choice by their place alone ([`Plan::fit`]); empty until fitted,
+    /// and then no answer reaches past its network.
+    allowed: Box<[Places]>,
 }
 
 const EMPTY: u64 = u64::MAX;
@@ -112,6 +117,8 @@ struct Labels {
     /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
     /// set when it matches `drain_scopes[i]`. Usually empty.
     drain_scopes: Box<[Box<[Match]>]>,
+    /// AS entries of the regions, with the first region listing each. Usually empty.
+    asns: Box<[(u32, u16)]>,
 }
 
 /// One steered name of a plan: what the data plane looks up and answers from.
@@ -290,6 +297,8 @@ pub struct RegionIndex {
     by_country: Box<[u16; COUNTRIES]>,
     /// CIDR entries with the first region listing each, shortest prefix first.
     nets: Vec<(IpNet, u16)>,
+    /// AS entries with the first region listing each.
+    asns: Vec<(u32, u16)>,
     rest: Regions,
 }
 
@@ -339,6 +348,7 @@ impl Plan {
             wide: Box::default(),
             salts: Table::with_capacity(specs.iter().map(|s| s.targets.len()).sum()),
             labels: Box::default(),
+            allowed: Box::default(),
         };
         let mut labels = Vec::with_capacity(specs.len());
         let mut wide = Vec::new();
@@ -361,6 +371,22 @@ impl Plan {
         }
         plan.slots = slots;
         plan
+    }
+
+    /// Fits the plan to a geo database's places (`GeoDb::places`): for every choice,
+    /// which places get it, so that answers reach as far as their choice holds. The
+    /// plan must then be used with that database only (a `Snapshot` pairs them).
+    pub fn fit(&mut self, places: &[Place]) {
+        let mut allowed = vec![Places::default(); self.choices.len()];
+        for s in self.names() {
+            let at = s.header.countries as usize;
+            let by_country = &self.countries[at..at + COUNTRIES];
+            for (i, p) in places.iter().enumerate() {
+                let choice = s.header.choices as usize + s.by_place(by_country, p);
+                allowed[choice].insert(i as u16);
+            }
+        }
+        self.allowed = allowed.into_boxed_slice();
     }
 
     /// Appends one name's bytes, country table and choices to the flat tables.
@@ -408,6 +434,7 @@ impl Plan {
             regions: spec.regions.into_boxed_slice(),
             targets: spec.targets.into_boxed_slice(),
             drain_scopes: spec.drain_scopes.into_boxed_slice(),
+            asns: spec.index.asns.into_boxed_slice(),
         };
         (header, labels)
     }
@@ -515,38 +542,77 @@ impl<'p> Steered<'p> {
     }
 
     /// Finds the client's region, the drains it falls in, and the ECS scope of that
-    /// finding.
+    /// finding: the widest block around the client whose every address gets the same
+    /// answer (neighbouring networks of other countries in the same region included).
     ///
     /// # Hot path
-    /// Table lookups and, only for policies with CIDR entries or location-scoped
+    /// Table lookups, a set test per step up the geo database's tree
+    /// ([`GeoDb::widest`]) and, only for policies with CIDR entries or location-scoped
     /// drains, a short scan.
-    pub fn decide(self, ip: IpAddr, place: &Place) -> Decision {
+    pub fn decide(self, ip: IpAddr, place: &Place, geo: &GeoDb) -> Decision {
         let at = self.header.countries as usize;
         let by_country = &self.plan.countries[at..at + COUNTRIES];
         let regions = &self.header.regions;
+        if !regions.location_dependent && self.header.scopes == 0 {
+            return Decision {
+                region: regions.default as usize,
+                scope: 0,
+                mask: 0,
+            };
+        }
+        // What the answer is by place alone, and how far around the client that holds.
+        let by_place = self.by_place(by_country, place);
+        let at = self.header.choices as usize + by_place;
+        let widest = match self.plan.allowed.get(at) {
+            Some(allowed) => geo.widest(ip, place, allowed),
+            None => place.prefix_len,
+        };
         let at = regions.nets as usize;
         let nets = &self.plan.nets[at..at + regions.nets_len as usize];
-        let mut d = regions.decide(by_country, nets, ip, place);
+        let mut d = regions.decide(by_country, nets, &self.labels.asns, ip, place, widest);
         if self.header.scopes == 0 {
             return d;
         }
         if d.scope == 0 {
-            d.scope = place.prefix_len.min(if ip.is_ipv4() { 32 } else { 128 });
+            d.scope = widest.min(if ip.is_ipv4() { 32 } else { 128 });
         }
+        d.mask = by_place & ((1 << self.header.scopes) - 1);
         for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
             for m in scope.iter() {
                 // A CIDR scope splits the networks it cuts: the answer's scope narrows.
-                if let Match::Net(n) = *m {
-                    if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
-                        d.scope = n.prefix_len();
+                match *m {
+                    Match::Net(n) => {
+                        if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
+                            d.scope = n.prefix_len();
+                        }
+                        if n.contains(&ip) {
+                            d.mask |= 1 << i;
+                        }
                     }
-                }
-                if m.covers(ip, place) {
-                    d.mask |= 1 << i;
+                    Match::Asn(a) => {
+                        d.scope = d.scope.max(place.origin.prefix_len);
+                        if place.origin.asn == Some(a) {
+                            d.mask |= 1 << i;
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
         d
+    }
+
+    /// The index of the choice a client at `place` gets by its place alone (CIDR
+    /// entries aside): its region, shifted, and the drain scopes it falls in.
+    fn by_place(self, by_country: &[u16], place: &Place) -> usize {
+        let region = usize::from(self.header.regions.of_place(by_country, place));
+        let mut mask = 0;
+        for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
+            if scope.iter().any(|m| m.covers_place(place)) {
+                mask |= 1 << i;
+            }
+        }
+        region << self.header.scopes | mask
     }
 
     /// The choice for a decision.
@@ -597,7 +663,7 @@ impl<'p> Steered<'p> {
         rng: &mut R,
     ) -> Answer<'p> {
         let place = geo.locate(asker.client);
-        let decision = self.decide(asker.client, &place);
+        let decision = self.decide(asker.client, &place, geo);
         let scope = if asker.tailored() { decision.scope } else { 0 };
         // The network in the key goes as far as the scope echoed, and no further than
         // what the resolver told.
@@ -850,6 +916,7 @@ impl RegionIndex {
             location_dependent: false,
         };
         let mut nets: Vec<(IpNet, u16)> = Vec::new();
+        let mut asns: Vec<(u32, u16)> = Vec::new();
         let mut count = 0usize;
         for (i, matches) in regions.into_iter().enumerate() {
             count += 1;
@@ -864,6 +931,11 @@ impl RegionIndex {
                             nets.push((n, i));
                         }
                     }
+                    Match::Asn(a) => {
+                        if !asns.iter().any(|(o, _)| *o == a) {
+                            asns.push((a, i));
+                        }
+                    }
                 }
             }
         }
@@ -876,26 +948,51 @@ impl RegionIndex {
         RegionIndex {
             by_country,
             nets,
+            asns,
             rest,
         }
     }
 
     #[cfg(test)]
     fn decide(&self, ip: IpAddr, place: &Place) -> Decision {
-        self.rest
-            .decide(&self.by_country[..], &self.nets, ip, place)
+        self.rest.decide(
+            &self.by_country[..],
+            &self.nets,
+            &self.asns,
+            ip,
+            place,
+            place.prefix_len,
+        )
     }
 }
 
 // === impl Regions ===
 
 impl Regions {
+    /// The first region whose countries or continents hold `place` (CIDR entries
+    /// aside), or the default.
+    fn of_place(&self, by_country: &[u16], place: &Place) -> u16 {
+        let mut region = self.default;
+        if let Some(c) = place.country {
+            region = region.min(by_country[c.index()]);
+        }
+        if let Some(c) = place.continent {
+            region = region.min(self.by_continent[c.index()]);
+        }
+        region
+    }
+
+    /// The client's region, and its scope: `widest` (how far the region by place
+    /// holds) narrowed past any CIDR entry that cuts it.
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         by_country: &[u16],
         nets: &[(IpNet, u16)],
+        asns: &[(u32, u16)],
         ip: IpAddr,
         place: &Place,
+        widest: u8,
     ) -> Decision {
         if !self.location_dependent {
             return Decision {
@@ -904,15 +1001,9 @@ impl Regions {
                 mask: 0,
             };
         }
-        let mut region = self.default;
-        if let Some(c) = place.country {
-            region = region.min(by_country[c.index()]);
-        }
-        if let Some(c) = place.continent {
-            region = region.min(self.by_continent[c.index()]);
-        }
+        let mut region = self.of_place(by_country, place);
         let max = if ip.is_ipv4() { 32 } else { 128 };
-        let mut scope = place.prefix_len.min(max);
+        let mut scope = widest.min(max);
         for &(net, r) in nets {
             if net.contains(&ip) {
                 region = region.min(r);
@@ -921,6 +1012,14 @@ impl Regions {
             // outside every CIDR entry: narrow the scope past any entry that overlaps.
             if net.prefix_len() > scope && same_network(ip, net.addr(), scope) {
                 scope = net.prefix_len();
+            }
+        }
+        if !asns.is_empty() {
+            // Only over the client's AS network (or the empty block it is in) is the
+            // origin AS the same.
+            scope = scope.max(place.origin.prefix_len);
+            if let Some(&(_, r)) = asns.iter().find(|(a, _)| Some(*a) == place.origin.asn) {
+                region = region.min(r);
             }
         }
         Decision {
@@ -973,6 +1072,7 @@ mod tests {
             country,
             continent: country.and_then(Country::continent),
             prefix_len,
+            ..Place::default()
         }
     }
 

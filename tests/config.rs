@@ -91,7 +91,7 @@ cdns:
   fastly:     { cname: example.map.fastly.net }
   cloudflare: { cname: example.cdn.cloudflare.net. }
 regions:
-  - match: [GB, UK, \"continent:XX\", 81.2.69.1/24, AS13335]
+  - match: [GB, UK, \"continent:XX\", 81.2.69.1/24, AS4294967296]
     weights: { fastly: -1, akamai: 10 }
   - match: [US]
     weights: { fastly: 0, cloudflare: 0 }
@@ -109,7 +109,7 @@ drain:
     has(&e, 7, "regions[0].match[1]", "the United Kingdom is GB");
     has(&e, 7, "regions[0].match[2]", "unknown continent");
     has(&e, 7, "regions[0].match[3]", "host bits");
-    has(&e, 7, "regions[0].match[4]", "ASN database");
+    has(&e, 7, "regions[0].match[4]", "AS numbers go up to");
     has(&e, 8, "regions[0].weights.fastly", "out of range");
     has(&e, 8, "regions[0].weights.akamai", "unknown CDN `akamai`");
     has(&e, 10, "regions[1].weights", "all weights are zero");

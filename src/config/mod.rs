@@ -283,6 +283,51 @@ pub fn load(path: &Path) -> Result<(Policy, Issues), Issues> {
     parse(path, source)
 }
 
+/// Every AS entry of the policy (`match:` and drains' `where:`), refused: the policy
+/// matches AS numbers and no ASN database was given.
+pub fn check_without_asn(policy: &Policy) -> Issues {
+    let mut issues = Issues::default();
+    for host in &policy.hosts {
+        let mut refuse = |path: Vec<Seg>, m: &Match| {
+            issues.push(ConfigIssue::error(
+                &policy.file,
+                locate::line_of(&policy.source, &path),
+                locate::render(&path),
+                format!("`{m}`: AS-number matching needs an ASN database: give one with --asn-db FILE (GeoLite2-ASN format)"),
+            ));
+        };
+        for (i, r) in host.regions.iter().enumerate() {
+            for (j, m) in r.matches.iter().enumerate() {
+                if matches!(m, Match::Asn(_)) {
+                    let mut path = host.path.clone();
+                    path.extend([
+                        Seg::Key("regions".into()),
+                        Seg::Index(i),
+                        Seg::Key("match".into()),
+                        Seg::Index(j),
+                    ]);
+                    refuse(path, m);
+                }
+            }
+        }
+        for (k, d) in host.drains.iter().enumerate() {
+            for (j, s) in d.scope.iter().enumerate() {
+                if let DrainScope::Match(m @ Match::Asn(_)) = s {
+                    let mut path = host.path.clone();
+                    path.extend([
+                        Seg::Key("drain".into()),
+                        Seg::Index(k),
+                        Seg::Key("where".into()),
+                        Seg::Index(j),
+                    ]);
+                    refuse(path, m);
+                }
+            }
+        }
+    }
+    issues
+}
+
 /// Parses and validates policy text (`path` is only used in messages).
 pub fn parse(path: &Path, source: String) -> Result<(Policy, Issues), Issues> {
     let raw: RawFile = match serde_yaml::from_str(&source) {

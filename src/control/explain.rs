@@ -60,6 +60,16 @@ pub enum ExplainError {
     NotServing,
 }
 
+/// The origin AS of a client, from the ASN database.
+#[derive(Debug, Serialize)]
+pub struct OriginFound {
+    /// `None`: the database does not know the address.
+    pub asn: Option<u32>,
+    /// Prefix of the ASN database network (or empty block) holding the client.
+    pub network_prefix: u8,
+    pub asn_database: String,
+}
+
 /// How a name is answered to a client, and why.
 #[derive(Debug, Serialize)]
 pub struct Explanation {
@@ -70,6 +80,8 @@ pub struct Explanation {
     /// Prefix of the geo database network holding the client.
     pub network_prefix: u8,
     pub geo_database: String,
+    /// The client's origin AS, when an ASN database is given (`--asn-db`).
+    pub origin: Option<OriginFound>,
     pub region: RegionFound,
     pub ttl: u32,
     /// The ECS scope of the answer, when the query carries ECS.
@@ -143,7 +155,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
         return Err(ExplainError::NotSteered(lower.to_string()));
     };
     let place = facts.snapshot.geo.locate(q.client);
-    let d = steered.decide(q.client, &place);
+    let d = steered.decide(q.client, &place, &facts.snapshot.geo);
     let choice = steered.choose(&d);
     let region = &host.regions[d.region];
     let why = region
@@ -214,6 +226,11 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
         continent: place.continent.map(|c| c.code()),
         network_prefix: place.prefix_len,
         geo_database: facts.snapshot.geo.path().display().to_string(),
+        origin: facts.snapshot.geo.asn().map(|db| OriginFound {
+            asn: place.origin.asn,
+            network_prefix: place.origin.prefix_len,
+            asn_database: db.path().display().to_string(),
+        }),
         region: RegionFound {
             index: d.region,
             name: region.name.clone(),
@@ -262,6 +279,16 @@ impl fmt::Display for Explanation {
             "client:  {}: {place} (network /{} in {})",
             self.client, self.network_prefix, self.geo_database
         )?;
+        if let Some(o) = &self.origin {
+            let asn = o
+                .asn
+                .map_or_else(|| "no AS known".into(), |a| format!("AS{a}"));
+            writeln!(
+                f,
+                "origin:  {asn} (network /{} in {})",
+                o.network_prefix, o.asn_database
+            )?;
+        }
         writeln!(
             f,
             "region:  regions[{}] {:?} ({})",

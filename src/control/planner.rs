@@ -55,7 +55,8 @@ impl Loaded {
         removed: &Removed,
         drains: &[DrainCut],
     ) -> (Snapshot, Vec<(String, String)>) {
-        let planned = plan(&self.policy, removed, drains);
+        let mut planned = plan(&self.policy, removed, drains);
+        planned.plan.fit(self.geo.places());
         let snapshot = Snapshot {
             plan: planned.plan,
             geo: self.geo.clone(),

@@ -666,6 +666,7 @@ mod tests {
             zones: repo.join("zones"),
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
+            asn: None,
         };
         crate::inputs::load(&inputs).unwrap().snapshot()
     }
@@ -785,6 +786,7 @@ mod tests {
             zones: repo.join("zones"),
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
+            asn: None,
         })
         .unwrap();
         let normal = Arc::new(loaded.snapshot());

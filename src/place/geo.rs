@@ -6,12 +6,15 @@
 //! instead of silently answering "not found" later, and detects the schema.
 //!
 //! `GeoDb::locate` is on the query path. The walk at load also builds flat tables of
-//! every network with data, sorted, with a first-level index on the top 16 bits: a
-//! lookup is one index read and a binary search over the few networks under that /16,
-//! with the place pre-decoded (about a tenth of a tree walk and a record decode).
-//! Addresses in no such network (unknown to the database, IPv4-mapped IPv6 aliases) take
-//! the tree walk, which also gives the size of the empty block they fall in, and stays
-//! the reference: unit tests compare both on every shipped database.
+//! every network of the tree (with data, and the empty ones between them), sorted,
+//! with a first-level index on the top 16 bits: a lookup is one index read and a
+//! binary search over the few networks under that /16, with the place pre-decoded
+//! (about a tenth of a tree walk and a record decode). Addresses in no such network
+//! (the IPv4 aliases in IPv6, or IPv6 in an IPv4 database) take the tree walk, which
+//! stays the reference: unit tests compare both on every shipped database.
+//!
+//! Each network also gets where its steps up the tree start ([`super::wider`]), so
+//! that `GeoDb::widest` can tell how far an answer reaches.
 //!
 //! Two schemas are understood:
 //! - GeoIP2 / GeoLite2 Country and City: `country.iso_code`, `continent.code`;
@@ -24,7 +27,9 @@ use std::path::{Path, PathBuf};
 use maxminddb::{Reader, WithinOptions};
 use serde::Deserialize;
 
+use super::asn::{AsnDb, Origin};
 use super::countries::{Continent, Country};
+use super::wider::{self, Around, Bits, Places, Start};
 
 /// Where an address is, as far as steering cares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,8 +39,12 @@ pub struct Place {
     /// From the database when it has one, else derived from the country.
     pub continent: Option<Continent>,
     /// Prefix length of the database network that holds the address: every address in
-    /// that network gets the same `Place`, which makes it the natural ECS scope.
+    /// that network gets the same `Place`, the narrowest ECS scope an answer needs.
     pub prefix_len: u8,
+    /// Where the steps up the tree from that network start ([`GeoDb::widest`]).
+    pub start: Start,
+    /// The origin AS, when an ASN database is attached ([`GeoDb::with_asn`]).
+    pub origin: Origin,
 }
 
 /// A validated, in-memory geo database.
@@ -43,6 +52,10 @@ pub struct GeoDb {
     reader: Reader<Vec<u8>>,
     v4: Flat<u32>,
     v6: Flat<u128>,
+    /// Every distinct place, by index.
+    index: wider::Index,
+    /// The AS-number database, for policies that match AS numbers.
+    asn: Option<AsnDb>,
     /// Where it was read from, for messages.
     path: PathBuf,
     /// Number of networks seen while validating, for the startup log.
@@ -99,9 +112,12 @@ impl GeoDb {
         // found" for everyone, which would silently send all clients to the default.
         let mut networks = 0usize;
         let mut with_country = 0usize;
-        let (mut v4, mut v6) = (Flat::builder(), Flat::builder());
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        let mut index = wider::Index::default();
+        // The empty networks too: unknown addresses are a place of their own, and the
+        // tables then describe the whole tree (but for the IPv4 aliases in IPv6).
         let iter = reader
-            .networks(WithinOptions::default())
+            .networks(WithinOptions::default().include_networks_without_data())
             .map_err(|e| format!("cannot walk the search tree: {e}"))?;
         for item in iter {
             let item = item.map_err(|e| format!("corrupt search tree: {e}"))?;
@@ -111,18 +127,21 @@ impl GeoDb {
             let rec: Option<Record> = item
                 .decode()
                 .map_err(|e| format!("corrupt data section: {e}"))?;
-            networks += 1;
+            if item.has_data() {
+                networks += 1;
+            }
             let place = rec.as_ref().map(place_of).unwrap_or_default();
             if place.country.is_some() {
                 with_country += 1;
             }
-            let packed = pack(Place {
+            let i = index.of(&place);
+            let place = Place {
                 prefix_len: net.prefix(),
                 ..place
-            });
+            };
             match net.network() {
-                IpAddr::V4(a) => v4.push(u32::from(a), packed),
-                IpAddr::V6(a) => v6.push(u128::from(a), packed),
+                IpAddr::V4(a) => v4.push((u32::from(a), place, i)),
+                IpAddr::V6(a) => v6.push((u128::from(a), place, i)),
             }
         }
         if with_country == 0 {
@@ -134,8 +153,10 @@ impl GeoDb {
         }
         Ok(GeoDb {
             reader,
-            v4: v4.build(),
-            v6: v6.build(),
+            v4: Flat::new(v4),
+            v6: Flat::new(v6),
+            index,
+            asn: None,
             path: path.to_path_buf(),
             networks,
         })
@@ -145,9 +166,43 @@ impl GeoDb {
         &self.path
     }
 
+    /// This database with an ASN database attached: every lookup then also gives the
+    /// client's origin AS.
+    pub fn with_asn(self, asn: AsnDb) -> GeoDb {
+        GeoDb {
+            asn: Some(asn),
+            ..self
+        }
+    }
+
+    /// The ASN database attached, if any.
+    pub fn asn(&self) -> Option<&AsnDb> {
+        self.asn.as_ref()
+    }
+
     /// Networks in the database (counted at load).
     pub fn networks(&self) -> usize {
         self.networks
+    }
+
+    /// Every distinct place of the database, by index (the indexes of
+    /// [`GeoDb::widest`]'s `allowed`).
+    pub fn places(&self) -> &[Place] {
+        self.index.places()
+    }
+
+    /// The widest prefix around `ip`, located at `place`, whose every address is at one
+    /// of the places `allowed` (which must hold `place`'s own). Never narrower than
+    /// the network that holds `ip`.
+    ///
+    /// # Hot path
+    /// A set test per step up the search tree; no allocation.
+    pub fn widest(&self, ip: IpAddr, place: &Place, allowed: &Places) -> u8 {
+        let around = match ip {
+            IpAddr::V4(_) => &self.v4.around,
+            IpAddr::V6(_) => &self.v6.around,
+        };
+        around.widest(place.prefix_len, place.start, allowed)
     }
 
     /// `database_type` from the metadata, e.g. `GeoIP2-Country`.
@@ -167,7 +222,11 @@ impl GeoDb {
             IpAddr::V4(a) => self.v4.get(u32::from(a)),
             IpAddr::V6(a) => self.v6.get(u128::from(a)),
         };
-        found.unwrap_or_else(|| self.walk(ip))
+        let mut place = found.unwrap_or_else(|| self.walk(ip));
+        if let Some(asn) = &self.asn {
+            place.origin = asn.origin(ip);
+        }
+        place
     }
 
     /// The reference lookup: a walk of the search tree and a decode of the record.
@@ -198,7 +257,7 @@ fn place_of(rec: &Record) -> Place {
     Place {
         country,
         continent,
-        prefix_len: 0,
+        ..Place::default()
     }
 }
 
@@ -217,32 +276,35 @@ fn unpack(v: u32) -> Place {
         country: country.checked_sub(1).and_then(Country::from_index),
         continent: continent.checked_sub(1).and_then(Continent::from_index),
         prefix_len: v as u8,
+        ..Place::default()
     }
 }
 
-/// Every network with data of one address family, sorted by start, with the packed place.
+/// Every network of the tree (with data or empty) of one address family, sorted by
+/// start, with the packed place, and the steps up from each.
 struct Flat<K> {
     starts: Box<[K]>,
     places: Box<[u32]>,
+    /// Where the steps up start, per network.
+    starts_up: Box<[Start]>,
+    around: Around,
     /// `index[h]`: the first entry whose start's top 16 bits are `h` or more
     /// (65,537 entries; the last is `starts.len()`).
     index: Box<[u32]>,
 }
 
 /// An address as an unsigned integer.
-trait Key: Copy + Ord {
+trait Key: Bits {
     fn top16(self) -> usize;
     /// Whether `self` lies in the network starting at `start` with `prefix` bits.
-    fn within(self, start: Self, prefix: u8) -> bool;
+    fn within(self, start: Self, prefix: u8) -> bool {
+        self >= start && self <= start.last(prefix)
+    }
 }
 
 impl Key for u32 {
     fn top16(self) -> usize {
         (self >> 16) as usize
-    }
-    fn within(self, start: u32, prefix: u8) -> bool {
-        let host = u32::MAX.checked_shr(u32::from(prefix)).unwrap_or(0);
-        self >= start && self - start <= host
     }
 }
 
@@ -250,52 +312,28 @@ impl Key for u128 {
     fn top16(self) -> usize {
         (self >> 112) as usize
     }
-    fn within(self, start: u128, prefix: u8) -> bool {
-        let host = u128::MAX.checked_shr(u32::from(prefix)).unwrap_or(0);
-        self >= start && self - start <= host
-    }
-}
-
-/// Collects a [`Flat`] table (the tree walk yields networks in address order).
-struct FlatBuilder<K> {
-    starts: Vec<K>,
-    places: Vec<u32>,
-}
-
-impl<K: Key> FlatBuilder<K> {
-    fn push(&mut self, start: K, place: u32) {
-        self.starts.push(start);
-        self.places.push(place);
-    }
-
-    fn build(mut self) -> Flat<K> {
-        if !self.starts.is_sorted() {
-            let mut entries: Vec<(K, u32)> = self.starts.into_iter().zip(self.places).collect();
-            entries.sort_unstable_by_key(|e| e.0);
-            (self.starts, self.places) = entries.into_iter().unzip();
-        }
-        Flat::new(
-            self.starts.into_boxed_slice(),
-            self.places.into_boxed_slice(),
-        )
-    }
 }
 
 impl<K: Key> Flat<K> {
-    fn builder() -> FlatBuilder<K> {
-        FlatBuilder {
-            starts: Vec::new(),
-            places: Vec::new(),
+    /// The networks of one family, as the tree walk yields them.
+    fn new(mut networks: Vec<(K, Place, u16)>) -> Flat<K> {
+        if !networks.is_sorted_by_key(|n| n.0) {
+            networks.sort_unstable_by_key(|n| n.0);
         }
-    }
-
-    fn new(starts: Box<[K]>, places: Box<[u32]>) -> Flat<K> {
+        let leaves: Vec<(K, u8, u16)> = networks
+            .iter()
+            .map(|&(s, p, i)| (s, p.prefix_len, i))
+            .collect();
+        let (around, starts_up) = wider::build(&leaves);
+        let starts: Box<[K]> = networks.iter().map(|n| n.0).collect();
         let index = (0..=1usize << 16)
             .map(|h| starts.partition_point(|s| s.top16() < h) as u32)
             .collect();
         Flat {
             starts,
-            places,
+            places: networks.iter().map(|n| pack(n.1)).collect(),
+            starts_up: starts_up.into_boxed_slice(),
+            around,
             index,
         }
     }
@@ -312,8 +350,10 @@ impl<K: Key> Flat<K> {
         let slice = self.starts.get(lo..hi)?;
         let i = lo + slice.partition_point(|s| *s <= ip).checked_sub(1)?;
         let place = self.places[i];
-        ip.within(self.starts[i], place as u8)
-            .then(|| unpack(place))
+        ip.within(self.starts[i], place as u8).then(|| Place {
+            start: self.starts_up[i],
+            ..unpack(place)
+        })
     }
 }
 
@@ -382,7 +422,11 @@ mod tests {
                 .map(|a| a.parse::<IpAddr>().unwrap()),
             );
             for &ip in &ips {
-                assert_eq!(geo.locate(ip), geo.walk(ip), "{db}: {ip}");
+                let flat = Place {
+                    start: Start::default(),
+                    ..geo.locate(ip)
+                };
+                assert_eq!(flat, geo.walk(ip), "{db}: {ip}");
             }
             // Every network's first address is answered by the tables, not the walk.
             assert!(!geo.v4.starts.is_empty(), "{db}: no IPv4 table");

@@ -2,13 +2,17 @@
 //!
 //! - [`countries`]: ISO 3166 countries and the continent of each;
 //! - [`geo`]: the geo database, an address to a [`geo::Place`] (country, continent, the
-//!   network that holds it);
+//!   network that holds it, and the origin AS when an ASN database is attached);
+//! - [`asn`]: the AS-number database (`--asn-db`);
+//! - [`wider`]: the places around each network, for the widest correct ECS scope;
 //! - [`Match`]: one entry of a policy's `match:` or `where:` list, and whether a client
 //!   falls in it ([`Match::covers`]): the one definition the policy, the plan, explain
 //!   and the drains use.
 
+pub mod asn;
 pub mod countries;
 pub mod geo;
+pub mod wider;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -29,6 +33,8 @@ pub enum Match {
     Continent(Continent),
     /// `81.2.69.0/24`, `2001:db8::/32` (a bare address is a /32 or /128).
     Net(IpNet),
+    /// `AS13335`: the client's origin AS, from the ASN database (`--asn-db`).
+    Asn(u32),
 }
 
 impl Match {
@@ -52,9 +58,10 @@ impl Match {
             && b[..2].eq_ignore_ascii_case(b"AS")
             && b[2..].iter().all(|c| c.is_ascii_digit())
         {
-            return Err(format!(
-                "`{s}`: AS-number matching needs an ASN database, which this version does not load"
-            ));
+            return s[2..]
+                .parse()
+                .map(Match::Asn)
+                .map_err(|_| format!("`{s}`: AS numbers go up to 4294967295"));
         }
         if s.contains('/') {
             let net: IpNet = s.parse().map_err(|_| {
@@ -94,6 +101,7 @@ impl fmt::Display for Match {
             Match::Country(c) => write!(f, "{c}"),
             Match::Continent(c) => write!(f, "continent:{}", c.code()),
             Match::Net(n) => write!(f, "{n}"),
+            Match::Asn(a) => write!(f, "AS{a}"),
         }
     }
 }
@@ -109,6 +117,19 @@ impl Match {
             Match::Country(c) => place.country == Some(c),
             Match::Continent(c) => place.continent == Some(c),
             Match::Net(n) => n.contains(&ip),
+            Match::Asn(a) => place.origin.asn == Some(a),
+        }
+    }
+
+    /// Whether every client located at `place` falls in this entry by its place
+    /// (false for CIDR blocks, which depend on the address).
+    pub fn covers_place(&self, place: &Place) -> bool {
+        match *self {
+            Match::Any => true,
+            Match::Country(c) => place.country == Some(c),
+            Match::Continent(c) => place.continent == Some(c),
+            // By address: narrowed to the network they hold.
+            Match::Net(_) | Match::Asn(_) => false,
         }
     }
 }

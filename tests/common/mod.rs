@@ -118,6 +118,7 @@ pub fn load_fixture(policy: &str, zones: &str, geo: &str) -> app::Loaded {
         zones: repo(zones),
         geo: repo(geo),
         probes: repo("tests/fixtures/no-probes"),
+        asn: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("fixture does not load: {e}"))
 }

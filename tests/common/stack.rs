@@ -106,6 +106,7 @@ impl Stack {
             zones: dir.join("zones"),
             geo: dir.join("geo.mmdb"),
             probes: dir.join("probes"),
+            asn: None,
         };
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
         let opts = ServeOptions {

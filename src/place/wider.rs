@@ -1,0 +1,518 @@
+//! Input (at load) and data plane (on lookup): how far an answer may reach past the
+//! network that holds an address.
+//!
+//! A resolver caches a tailored answer for the network in the echoed ECS scope, so the
+//! widest correct scope saves it (and its users) cache misses. The answer depends on the
+//! client's place only through the policy's regions: neighbouring networks of different
+//! countries that fall in the same region (both in `continent:EU`, both in the default)
+//! get the same answer, and the block that holds them all may be echoed.
+//!
+//! Which places count as "the same" differs per steered name, and a policy may have
+//! thousands of names, so what is built here is shared by all of them:
+//! - every distinct place of the database gets a small index ([`Places`] is a set of
+//!   them, one bit each);
+//! - every block of the search tree has the set of places it holds; going up from a
+//!   network, the set grows in *steps*, each the widest run of blocks with one set;
+//!   steps are shared by every network below them;
+//! - a steered name keeps, per answer, the set of places that get that answer
+//!   (`plan`). Widening is then: follow the steps up from the client's network while
+//!   each step's set lies within the answer's; stop at the first that does not.
+//!
+//! Space the tables do not describe (the IPv4 aliases in IPv6, anything a database
+//! leaves out) is never merged into. Unknown addresses (empty networks) are a place.
+
+use std::collections::HashMap;
+
+use super::countries::{Continent, Country};
+use super::geo::Place;
+
+/// Words of a [`Places`]: up to 511 distinct places (one cache line); a database with
+/// more has its extra places share the last index, which no answer ever allows.
+const WORDS: usize = 8;
+const _: () = assert!(
+    WORDS * 64 <= SET as usize,
+    "place indexes leave the SET bit free"
+);
+/// The index of places beyond the first 511.
+const OTHER: u16 = (WORDS * 64 - 1) as u16;
+
+/// A set of places, by index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Places([u64; WORDS]);
+
+impl Places {
+    pub fn insert(&mut self, i: u16) {
+        self.0[usize::from(i / 64)] |= 1 << (i % 64);
+    }
+
+    /// Whether place `i` is in the set.
+    ///
+    /// # Hot path
+    /// A shift and a mask.
+    fn has(&self, i: u16) -> bool {
+        self.0[usize::from(i / 64) % WORDS] >> (i % 64) & 1 == 1
+    }
+}
+
+/// The distinct places of a database, each with its index.
+#[derive(Debug, Default)]
+pub struct Index {
+    places: Vec<Place>,
+    by_place: HashMap<(Option<Country>, Option<Continent>), u16>,
+}
+
+impl Index {
+    /// The index of a place, given one if it has none yet.
+    pub fn of(&mut self, p: &Place) -> u16 {
+        let key = (p.country, p.continent);
+        if let Some(&i) = self.by_place.get(&key) {
+            return i;
+        }
+        if self.places.len() >= usize::from(OTHER) {
+            return OTHER;
+        }
+        let i = self.places.len() as u16;
+        self.places.push(Place {
+            country: p.country,
+            continent: p.continent,
+            ..Place::default()
+        });
+        self.by_place.insert(key, i);
+        i
+    }
+
+    /// Every place with an index, in index order.
+    pub fn places(&self) -> &[Place] {
+        &self.places
+    }
+}
+
+/// Where a network's steps start, set in the [`Place`] a lookup returns: the widest
+/// prefix whose block (around the network) holds only its own place, in the top 8
+/// bits, and its first step up in the low 24 (`NO_STEP`: none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Start(u32);
+
+/// Steps of a family are numbered in 24 bits (a few hundred thousand are seen).
+const NO_STEP: u32 = (1 << 24) - 1;
+
+impl Start {
+    fn new(top: u8, step: u32) -> Start {
+        Start(u32::from(top) << 24 | step.min(NO_STEP))
+    }
+
+    fn top(self) -> u8 {
+        (self.0 >> 24) as u8
+    }
+
+    fn step(self) -> u32 {
+        self.0 & NO_STEP
+    }
+}
+
+impl Default for Start {
+    /// No widening: the network alone.
+    fn default() -> Start {
+        Start::new(u8::MAX, NO_STEP)
+    }
+}
+
+/// One step up from a network: the widest run of blocks holding the same places.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    /// The places of the run's blocks: up to two inline (the usual first steps, so
+    /// that a walk ending there reads nothing else), `SPARE` filling; or, with `SET`
+    /// set in the first, the set's number in `Around::sets` in the other 31 bits.
+    places: [u16; 2],
+    /// The prefix of the run's widest block, and the next step up (`NO_STEP`: the
+    /// block above is not described), as a [`Start`].
+    up: Start,
+}
+
+/// Place indexes stay below 512: the top bit of `Step::places[0]` marks a set.
+const SET: u16 = 0x8000;
+const SPARE: u16 = u16::MAX;
+
+/// The steps of one address family.
+#[derive(Debug, Default)]
+pub struct Around {
+    steps: Box<[Step]>,
+    /// Per set of three places or more, where its places start in `places` (and the
+    /// next set's start is where they end).
+    sets: Box<[u32]>,
+    /// Every set's places (indexes), sorted, one after another.
+    places: Box<[u16]>,
+}
+
+impl Around {
+    /// The widest prefix around a network of `prefix` bits, starting its steps at
+    /// `start`, whose every address is at a place in `allowed` (which holds the
+    /// network's own).
+    ///
+    /// # Hot path
+    /// A test per new place per step; the first step with a place not allowed ends it.
+    pub fn widest(&self, prefix: u8, start: Start, allowed: &Places) -> u8 {
+        let mut widest = prefix.min(start.top());
+        let mut at = start.step();
+        while let Some(step) = self.steps.get(at as usize) {
+            let [a, b] = step.places;
+            let ok = if a & SET == 0 {
+                allowed.has(a) && (b == SPARE || allowed.has(b))
+            } else {
+                let set = (usize::from(a & !SET) << 16) | usize::from(b);
+                let (from, to) = (self.sets[set] as usize, self.sets[set + 1] as usize);
+                self.places[from..to].iter().all(|&p| allowed.has(p))
+            };
+            if !ok {
+                break;
+            }
+            widest = step.up.top();
+            at = step.up.step();
+        }
+        widest
+    }
+}
+
+/// An address family's addresses as unsigned integers.
+pub trait Bits: Copy + Ord {
+    const BITS: u8;
+    const ZERO: Self;
+    /// The address with only bit `q` (counted from the top, 0-based) set.
+    fn bit(q: u8) -> Self;
+    fn or(self, other: Self) -> Self;
+    /// The last address of the block of `prefix` bits holding `self`.
+    fn last(self, prefix: u8) -> Self;
+    /// The first address of the block of `prefix` bits holding `self`.
+    fn first(self, prefix: u8) -> Self;
+}
+
+impl Bits for u32 {
+    const BITS: u8 = 32;
+    const ZERO: u32 = 0;
+    fn bit(q: u8) -> u32 {
+        1 << (31 - u32::from(q))
+    }
+    fn or(self, other: u32) -> u32 {
+        self | other
+    }
+    fn last(self, prefix: u8) -> u32 {
+        self | u32::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
+    }
+    fn first(self, prefix: u8) -> u32 {
+        self & !u32::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
+    }
+}
+
+impl Bits for u128 {
+    const BITS: u8 = 128;
+    const ZERO: u128 = 0;
+    fn bit(q: u8) -> u128 {
+        1 << (127 - u32::from(q))
+    }
+    fn or(self, other: u128) -> u128 {
+        self | other
+    }
+    fn last(self, prefix: u8) -> u128 {
+        self | u128::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
+    }
+    fn first(self, prefix: u8) -> u128 {
+        self & !u128::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
+    }
+}
+
+/// Computes the steps of one family and each network's [`Start`]. `networks` are the
+/// search tree's leaves: sorted by start, aligned and disjoint, each with its prefix
+/// and place index. Networks that are not (a malformed database) get no widening.
+pub fn build<K: Bits>(networks: &[(K, u8, u16)]) -> (Around, Vec<Start>) {
+    let aligned = |&(s, p, _): &(K, u8, u16)| p <= K::BITS && s.first(p) == s;
+    let ordered = networks.windows(2).all(|w| w[0].0.last(w[0].1) < w[1].0);
+    if !networks.iter().all(aligned) || !ordered {
+        return (Around::default(), vec![Start::default(); networks.len()]);
+    }
+    let mut tree = Tree {
+        networks,
+        next: 0,
+        blocks: Vec::with_capacity(networks.len() * 2),
+        sets: Sets::default(),
+    };
+    tree.sets_of(0, K::ZERO);
+    let mut walk = Walk {
+        tree: &tree,
+        next: 0,
+        block: 0,
+        runs: Vec::new(),
+        starts: Vec::with_capacity(networks.len()),
+    };
+    walk.visit(0, K::ZERO, None);
+    // Sets of one or two places go inline; the others, once each, to the arena.
+    let mut sets = vec![0u32];
+    let mut places = Vec::new();
+    let mut numbers: HashMap<u32, u32> = HashMap::new();
+    let steps = walk
+        .runs
+        .iter()
+        .map(|&(set, up)| {
+            let all = &tree.sets.all[set as usize];
+            let places = match **all {
+                [a] => [a, SPARE],
+                [a, b] => [a, b],
+                _ => {
+                    let n = *numbers.entry(set).or_insert_with(|| {
+                        places.extend_from_slice(all);
+                        sets.push(places.len() as u32);
+                        (sets.len() - 2) as u32
+                    });
+                    [SET | (n >> 16) as u16, n as u16]
+                }
+            };
+            Step { places, up }
+        })
+        .collect();
+    let around = Around {
+        steps,
+        sets: sets.into_boxed_slice(),
+        places: places.into_boxed_slice(),
+    };
+    (around, walk.starts)
+}
+
+/// Distinct sets of places (sorted indexes), numbered as first seen.
+#[derive(Default)]
+struct Sets {
+    ids: HashMap<Box<[u16]>, u32>,
+    all: Vec<Box<[u16]>>,
+}
+
+impl Sets {
+    fn id(&mut self, set: Box<[u16]>) -> u32 {
+        if let Some(&id) = self.ids.get(&set) {
+            return id;
+        }
+        let id = self.all.len() as u32;
+        self.all.push(set.clone());
+        self.ids.insert(set, id);
+        id
+    }
+
+    fn union(&mut self, a: u32, b: u32) -> u32 {
+        if a == b {
+            return a;
+        }
+        let (x, y) = (&self.all[a as usize], &self.all[b as usize]);
+        let mut merged = Vec::with_capacity(x.len() + y.len());
+        let (mut i, mut j) = (0, 0);
+        while i < x.len() || j < y.len() {
+            let next = match (x.get(i), y.get(j)) {
+                (Some(&p), Some(&q)) if p == q => {
+                    i += 1;
+                    j += 1;
+                    p
+                }
+                (Some(&p), Some(&q)) if p < q => {
+                    i += 1;
+                    p
+                }
+                (Some(&p), None) => {
+                    i += 1;
+                    p
+                }
+                (_, Some(&q)) => {
+                    j += 1;
+                    q
+                }
+                (None, None) => break,
+            };
+            merged.push(next);
+        }
+        self.id(merged.into_boxed_slice())
+    }
+}
+
+/// The blocks of the search tree, in pre-order, each with its set of places (`None`:
+/// it holds space no network describes).
+struct Tree<'a, K> {
+    networks: &'a [(K, u8, u16)],
+    /// The next network not yet visited.
+    next: usize,
+    blocks: Vec<Option<u32>>,
+    sets: Sets,
+}
+
+/// What a block of the tree is, seen from a traversal that has visited every network
+/// before `next`.
+enum Block {
+    /// Network `next` is this block.
+    Network,
+    /// No network starts inside it: space the tables do not describe.
+    Gap,
+    /// Networks lie inside: look at both halves.
+    Split,
+}
+
+impl<K: Bits> Tree<'_, K> {
+    fn block(&self, next: usize, prefix: u8, start: K) -> Block {
+        match self.networks.get(next) {
+            Some(&(s, p, _)) if s == start && p == prefix => Block::Network,
+            Some(&(s, _, _)) if s <= start.last(prefix) && prefix < K::BITS => Block::Split,
+            _ => Block::Gap,
+        }
+    }
+
+    /// Fills `blocks` for the block and everything under it; returns the block's set.
+    fn sets_of(&mut self, prefix: u8, start: K) -> Option<u32> {
+        let id = self.blocks.len();
+        self.blocks.push(None);
+        let set = match self.block(self.next, prefix, start) {
+            Block::Network => {
+                let own = self.networks[self.next].2;
+                self.next += 1;
+                Some(self.sets.id(Box::new([own])))
+            }
+            Block::Gap => None,
+            Block::Split => {
+                let left = self.sets_of(prefix + 1, start);
+                let right = self.sets_of(prefix + 1, start.or(K::bit(prefix)));
+                left.zip(right).map(|(l, r)| self.sets.union(l, r))
+            }
+        };
+        self.blocks[id] = set;
+        set
+    }
+}
+
+/// The same traversal again, now that every block's set is known: the steps, and each
+/// network's start.
+struct Walk<'t, 'a, K> {
+    tree: &'t Tree<'a, K>,
+    next: usize,
+    /// The pre-order index of the block visited.
+    block: usize,
+    /// The steps: each run's set (in `Tree::sets`), and its widest prefix and next
+    /// step up.
+    runs: Vec<(u32, Start)>,
+    starts: Vec<Start>,
+}
+
+/// The block above the one visited: its set, and the step of its run (`None`: the
+/// block is not described).
+type Above = Option<(u32, u32)>;
+
+impl<K: Bits> Walk<'_, '_, K> {
+    fn visit(&mut self, prefix: u8, start: K, above: Above) {
+        let set = self.tree.blocks[self.block];
+        self.block += 1;
+        match self.tree.block(self.next, prefix, start) {
+            Block::Network => {
+                self.next += 1;
+                let start = match (above, set) {
+                    // The run above holds only this network's place: start past it.
+                    (Some((a, step)), Some(own)) if a == own => self.runs[step as usize].1,
+                    (Some((_, step)), _) => Start::new(prefix, step),
+                    (None, _) => Start::new(prefix, NO_STEP),
+                };
+                self.starts.push(start);
+            }
+            Block::Gap => {}
+            Block::Split => {
+                let here = set.map(|s| match above {
+                    // The same places as the block above: the same run.
+                    Some((a, step)) if a == s => (s, step),
+                    _ => {
+                        let next = above.map_or(NO_STEP, |(_, step)| step);
+                        self.runs.push((s, Start::new(prefix, next)));
+                        (s, (self.runs.len() - 1) as u32)
+                    }
+                });
+                self.visit(prefix + 1, start, here);
+                self.visit(prefix + 1, start.or(K::bit(prefix)), here);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 8-bit addresses in a u32's top byte, for readable trees; places by index.
+    fn net(a: u32, prefix: u8, place: u16) -> (u32, u8, u16) {
+        (a << 24, prefix, place)
+    }
+
+    fn set(places: &[u16]) -> Places {
+        let mut s = Places::default();
+        for &p in places {
+            s.insert(p);
+        }
+        s
+    }
+
+    fn widest(built: &(Around, Vec<Start>), nets: &[(u32, u8, u16)], i: usize, ok: &[u16]) -> u8 {
+        built.0.widest(nets[i].1, built.1[i], &set(ok))
+    }
+
+    #[test]
+    fn a_network_reaches_as_far_as_its_places_are_allowed() {
+        // 0/1 A, 128/2 B, 192/3 C, 224/3 D.
+        let nets = [net(0, 1, 0), net(128, 2, 1), net(192, 3, 2), net(224, 3, 3)];
+        let built = build(&nets);
+        assert_eq!(built.1.len(), 4);
+        assert_eq!(widest(&built, &nets, 2, &[2]), 3);
+        assert_eq!(widest(&built, &nets, 2, &[2, 3]), 2);
+        assert_eq!(widest(&built, &nets, 2, &[1, 2, 3]), 1);
+        assert_eq!(widest(&built, &nets, 2, &[0, 1, 2, 3]), 0);
+        // Allowing A but not D does not get C past D's /2.
+        assert_eq!(widest(&built, &nets, 2, &[0, 1, 2]), 3);
+        assert_eq!(widest(&built, &nets, 0, &[0, 1, 2]), 1);
+        assert_eq!(widest(&built, &nets, 0, &[0, 1, 2, 3]), 0);
+    }
+
+    #[test]
+    fn runs_of_one_place_are_one_step_and_gaps_end_the_walk() {
+        // 0/3 A, 32/3 A, 64/2 A: A's /1 holds only A. 128/2 not described; 192/2 B.
+        let nets = [net(0, 3, 0), net(32, 3, 0), net(64, 2, 0), net(192, 2, 1)];
+        let built = build(&nets);
+        assert_eq!(built.1.len(), 4);
+        assert_eq!(widest(&built, &nets, 0, &[0]), 1);
+        assert_eq!(widest(&built, &nets, 0, &[0, 1]), 1, "the gap stops it");
+        assert_eq!(widest(&built, &nets, 3, &[0, 1]), 2);
+    }
+
+    #[test]
+    fn many_places_in_one_block() {
+        // 64 networks of /8 bits... /6 each, all different places, then the same again.
+        let nets: Vec<(u32, u8, u16)> = (0..64u32).map(|i| net(i * 4, 6, i as u16)).collect();
+        let built = build(&nets);
+        let all: Vec<u16> = (0..64).collect();
+        assert_eq!(widest(&built, &nets, 5, &all), 0);
+        assert_eq!(widest(&built, &nets, 5, &all[..32]), 1);
+        assert_eq!(widest(&built, &nets, 5, &all[4..8]), 4);
+        assert_eq!(widest(&built, &nets, 40, &all[32..]), 1);
+    }
+
+    #[test]
+    fn malformed_tables_get_no_widening() {
+        let nets = [net(0, 1, 0), net(64, 2, 1)];
+        let built = build(&nets);
+        assert_eq!(widest(&built, &nets, 1, &[0, 1]), 2);
+    }
+
+    #[test]
+    fn places_beyond_the_index_are_never_allowed() {
+        let mut index = Index::default();
+        let gb = Place {
+            country: Country::parse("GB"),
+            ..Place::default()
+        };
+        assert_eq!(index.of(&gb), 0);
+        assert_eq!(index.of(&Place::default()), 1);
+        assert_eq!(index.of(&gb), 0);
+        assert_eq!(index.places().len(), 2);
+        let mut all = Places::default();
+        for i in 0..OTHER {
+            all.insert(i);
+        }
+        assert!(!all.has(OTHER));
+        assert!(all.has(OTHER - 1));
+    }
+}

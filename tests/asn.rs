@@ -1,0 +1,109 @@
+//! AS numbers in `match:` (`--asn-db`, GeoLite2-ASN format), over real sockets and the
+//! command line.
+//!
+//! - `check` refuses AS entries without an ASN database, naming the file and line, and
+//!   accepts them with one;
+//! - a client in a matched AS gets that region's answer, with an ECS scope no wider
+//!   than its AS network; others fall through to the next regions;
+//! - `explain` shows the origin AS and the entry that matched.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use hickory_proto::rr::RecordType;
+use steerdns::app;
+use steerdns::inputs::Inputs;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steerdns");
+const POLICY: &str = "tests/fixtures/steering-asn.yaml";
+const ASN_DB: &str = "tests/fixtures/geo/GeoLite2-ASN-Test.mmdb";
+const SHIPPED_GEO: &str = "geo/country.mmdb";
+
+fn steerdns(args: &[&str]) -> (bool, String) {
+    let out = Command::new(BIN)
+        .current_dir(repo("."))
+        .args(args)
+        .args(["--config", POLICY, "--probes", "tests/fixtures/no-probes"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn check_refuses_as_entries_without_an_asn_database() {
+    let (ok, out) = steerdns(&["check"]);
+    assert!(!ok, "{out}");
+    // The file, the line of `match: [AS1221]` (line 11) and the field.
+    assert!(
+        out.contains(&format!("{POLICY}:11")) && out.contains("regions[0].match[0]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("`AS1221`") && out.contains("--asn-db"),
+        "{out}"
+    );
+    assert!(out.contains("`AS15169`"), "every AS entry is named: {out}");
+    let (ok, out) = steerdns(&["check", "--asn-db", ASN_DB]);
+    assert!(ok, "{out}");
+    // Not an ASN database: refused, named.
+    let (ok, out) = steerdns(&["check", "--asn-db", SHIPPED_GEO]);
+    assert!(!ok && out.contains("autonomous_system_number"), "{out}");
+}
+
+#[tokio::test]
+async fn a_client_in_a_matched_as_gets_that_region() {
+    let inputs = Inputs {
+        config: repo(POLICY),
+        zones: repo("zones"),
+        geo: repo(SHIPPED_GEO),
+        probes: repo("tests/fixtures/no-probes"),
+        asn: Some(repo(ASN_DB)),
+    };
+    let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
+    let running = app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
+        .await
+        .unwrap();
+    let addr = running.addrs()[0];
+    // (client subnet, CNAME, narrowest scope allowed): AS1221 is 1.128.0.0/11, AS15169
+    // 1.0.0.0/24 in the test database; 81.2.69.0 is GB, in no AS of the policy.
+    let cases = [
+        ("1.128.0.0", 16, "telstra.cdn.example.net.", 11),
+        ("1.130.7.0", 24, "telstra.cdn.example.net.", 11),
+        ("1.0.0.0", 24, "google.cdn.example.net.", 24),
+        ("81.2.69.0", 24, "google.cdn.example.net.", 0),
+        ("216.160.83.0", 24, "world.cdn.example.net.", 0),
+    ];
+    for proto in [Proto::Udp, Proto::Tcp] {
+        for (client, source, want, at_least) in cases {
+            let q = query_edns("www.example.com.", RecordType::A, Some((client, source)));
+            let m = ask(addr, proto, &q).await;
+            assert_eq!(cname_of(&m), want, "{client}/{source} over {proto:?}");
+            let scope = ecs_of(&m).unwrap().scope_prefix();
+            assert!(
+                scope >= at_least,
+                "{client}: scope /{scope} is wider than its AS network"
+            );
+        }
+    }
+    running.stop().await.unwrap();
+}
+
+#[test]
+fn explain_shows_the_origin_as() {
+    let (ok, out) = steerdns(&[
+        "explain",
+        "www.example.com",
+        "--client",
+        "1.130.7.1",
+        "--asn-db",
+        ASN_DB,
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("origin:  AS1221 (network /11 in"), "{out}");
+    assert!(out.contains("first region matching `AS1221`"), "{out}");
+    assert!(out.contains("telstra.cdn.example.net."), "{out}");
+}
