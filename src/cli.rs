@@ -184,8 +184,18 @@ pub struct DnsArgs {
     /// A TCP connection idle this long, or this slow to send one message, is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     tcp_idle_timeout: f64,
-    /// Answers per TCP connection before it is closed (0: no limit).
-    #[arg(long, value_name = "N", default_value_t = 1000)]
+    /// Open DNS-over-TCP connections from one source prefix at most (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    tcp_max_per_source: usize,
+    /// The IPv4 prefix --tcp-max-per-source counts by.
+    #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=32))]
+    tcp_source_ipv4_prefix: u8,
+    /// The IPv6 prefix --tcp-max-per-source counts by.
+    #[arg(long, value_name = "BITS", default_value_t = 56, value_parser = clap::value_parser!(u8).range(16..=128))]
+    tcp_source_ipv6_prefix: u8,
+    /// Queries read per TCP connection before it is closed, after answering every query
+    /// already read (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = 0)]
     tcp_max_queries: u32,
     /// Response rate limit: UDP responses per second per client prefix (0: off).
     #[arg(long, value_name = "N", default_value_t = 1000)]
@@ -220,6 +230,9 @@ impl DnsArgs {
                 .map_or_else(crate::dns::listen::default_udp_sockets, usize::from),
             tcp: TcpLimits {
                 max_connections: self.tcp_max_connections,
+                max_per_source: self.tcp_max_per_source,
+                source_prefix_v4: self.tcp_source_ipv4_prefix,
+                source_prefix_v6: self.tcp_source_ipv6_prefix,
                 idle_timeout: Duration::from_secs_f64(self.tcp_idle_timeout),
                 max_queries: self.tcp_max_queries,
             },

@@ -101,11 +101,13 @@ struct Inner {
 /// Why a UDP datagram got no answer (besides rate limiting).
 pub const UDP_DROP_REASONS: [&str; 3] = ["oversized", "bad-source", "send-error"];
 /// Why steerdns closed a TCP connection (`client`: the client closed it).
-pub const TCP_CLOSE_REASONS: [&str; 5] = [
+pub const TCP_CLOSE_REASONS: [&str; 7] = [
     "client",
     "idle",
     "query-limit",
     "over-connection-limit",
+    "over-source-limit",
+    "no-answer",
     "error",
 ];
 
@@ -256,7 +258,8 @@ impl Metrics {
                     let v = reg.counters(
                         "tcp_closed_total",
                         "DNS-over-TCP connections ended, by reason: client, idle (timeout), \
-                         query-limit, over-connection-limit (refused at accept), error.",
+                         query-limit, over-connection-limit and over-source-limit (refused \
+                         at accept), no-answer (a frame that gets no answer), error.",
                         &["reason"],
                     );
                     TCP_CLOSE_REASONS.map(|r| v.with_label_values(&[r]))
