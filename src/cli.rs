@@ -243,6 +243,7 @@ impl DnsArgs {
                 ipv6_prefix: self.rrl_ipv6_prefix,
                 exempt: self.rrl_exempt,
             },
+            udp_panic_on: None,
         })
     }
 }

@@ -6,6 +6,12 @@
 //! the answer: at low rates that is one wakeup per query, at high rates one pair of
 //! system calls per batch.
 //!
+//! A panic in a thread (a bug) must not leave its socket in the `SO_REUSEPORT` group
+//! with nobody reading it, silently dropping the share of the flows the kernel hashes to
+//! it: each thread's loop is supervised, and a panic is logged, counted in
+//! `steerdns_udp_thread_restarts_total`, and the loop restarted on the same socket (the
+//! batch being answered is lost).
+//!
 //! Per datagram the thread drops what must not be answered (sources with port 0, an
 //! unspecified or broadcast address; datagrams larger than [`RECV_BUF`]), then asks the
 //! rate limiter, then answers. Nothing here allocates once the buffers have grown, unless
@@ -39,6 +45,10 @@ pub struct UdpThread {
     ended: tokio::sync::oneshot::Receiver<()>,
 }
 
+/// A fault injected for tests: a UDP thread that receives a query for this name (in
+/// wire form, as sent) panics. `None` in every real configuration.
+pub type PanicOn = Option<Arc<[u8]>>;
+
 /// Starts the thread serving `socket` until `shutdown` is cancelled and
 /// [`UdpThread::wake`] called. `runtime` runs the full path.
 pub fn spawn(
@@ -47,6 +57,7 @@ pub fn spawn(
     rrl: Option<Arc<Rrl>>,
     shutdown: CancellationToken,
     runtime: Handle,
+    panic_on: PanicOn,
 ) -> io::Result<UdpThread> {
     socket.set_nonblocking(false)?;
     mmsg::dont_fragment(&socket)?;
@@ -59,7 +70,14 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("steerdns-udp".into())
         .spawn(move || {
-            serve(&theirs, &handler, rrl.as_deref(), &shutdown, &runtime);
+            supervise(
+                &theirs,
+                &handler,
+                rrl.as_deref(),
+                &shutdown,
+                &runtime,
+                &panic_on,
+            );
             let _ = done.send(());
         })?;
     Ok(UdpThread { socket, ended })
@@ -81,12 +99,41 @@ impl UdpThread {
     }
 }
 
+/// Runs [`serve`] until shutdown, restarting it on the same socket after a panic.
+fn supervise(
+    socket: &UdpSocket,
+    handler: &Handler,
+    rrl: Option<&Rrl>,
+    shutdown: &CancellationToken,
+    runtime: &Handle,
+    panic_on: &PanicOn,
+) {
+    while !shutdown.is_cancelled() {
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve(socket, handler, rrl, shutdown, runtime, panic_on.as_deref())
+        }));
+        let Err(panic) = served else {
+            return;
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(panic = %what, "a UDP thread panicked; restarting it on its socket");
+        handler.metrics().udp_thread_restarted();
+        // A panic on every batch must not spin a CPU.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn serve(
     socket: &UdpSocket,
     handler: &Handler,
     rrl: Option<&Rrl>,
     shutdown: &CancellationToken,
     runtime: &Handle,
+    panic_on: Option<&[u8]>,
 ) {
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     let mut batch = mmsg::Batch::new();
@@ -130,6 +177,11 @@ fn serve(
             if !answerable(src) {
                 handler.metrics().dropped("bad-source");
                 continue;
+            }
+            if let Some(name) = panic_on {
+                if packet.get(12..12 + name.len()) == Some(name) {
+                    panic!("injected UDP thread panic (a test's panic_on name)");
+                }
             }
             if let Some(rrl) = rrl {
                 match rrl.check(src.ip()) {
