@@ -432,33 +432,6 @@ async fn a_frame_that_gets_no_answer_closes_the_connection() {
     }
 }
 
-/// Raises this process's open-file limit to its hard limit (the tests below hold
-/// hundreds of sockets, client and server side, in one process).
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
-    unsafe {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max.min(8192);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
-/// Opens `n` TCP connections from `from` to `server` and keeps them.
-async fn hold(server: SocketAddr, from: &str, n: usize) -> Vec<TcpStream> {
-    let mut held = Vec::with_capacity(n);
-    for _ in 0..n {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
-        held.push(sock.connect(server).await.expect("connect"));
-    }
-    held
-}
-
 #[tokio::test]
 async fn one_address_holding_300_connections_shuts_no_one_else_out_of_tcp() {
     raise_fd_limit();

@@ -116,7 +116,7 @@ up_after: 3
 YAML
 done
 TOKEN=soak-token-$RANDOM$RANDOM$RANDOM
-echo "$TOKEN" >"$S/api-token"
+(umask 077 && echo "$TOKEN" >"$S/api-token")
 
 # Writes policy number $1 to steering.yaml: even numbers are valid (the weights move
 # with the number), odd ones are broken (a YAML error, or an unknown CDN). Written to a
