@@ -36,8 +36,12 @@ use hickory_server::net::xfer::Protocol;
 pub const BATCH: usize = 64;
 /// The largest query read; longer datagrams are dropped (no DNS query is near it).
 pub const RECV_BUF: usize = 4096;
-/// How long a full send buffer may hold a batch of answers before they are dropped.
-const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long one send may wait for room in a full send buffer (the socket's
+/// `SO_SNDTIMEO`); a send that times out drops the rest of its batch.
+const SEND_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long sending one batch may take in all, retries after errors included; what is
+/// left then is dropped and counted, so that a thread is never held for long by egress.
+const SEND_BUDGET: Duration = Duration::from_millis(200);
 
 /// A running UDP thread.
 pub struct UdpThread {
@@ -237,8 +241,10 @@ fn serve(
     }
 }
 
-/// Sends every reply; a reply that cannot go (an unroutable source, a send buffer full
-/// for [`SEND_TIMEOUT`]) is dropped and counted.
+/// Sends every reply; a reply that cannot go is dropped and counted: an unroutable
+/// source (`send-error`, the others are still sent), a send buffer full for
+/// [`SEND_TIMEOUT`] or a batch past [`SEND_BUDGET`] (`send-timeout`, the rest of the
+/// batch with it).
 fn send_all(
     socket: &UdpSocket,
     batch: &mut mmsg::Batch,
@@ -246,18 +252,71 @@ fn send_all(
     replies: &[usize],
     handler: &Handler,
 ) {
+    let deadline = Instant::now() + SEND_BUDGET;
+    let sent = send_batch(
+        |from| batch.send(socket, out, &replies[from..]),
+        replies.len(),
+        deadline,
+        Instant::now,
+    );
+    for _ in 0..sent.failed {
+        handler.metrics().dropped("send-error");
+    }
+    for _ in 0..sent.timed_out {
+        handler.metrics().dropped("send-timeout");
+    }
+}
+
+/// What became of a batch of replies.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Sent {
+    sent: usize,
+    /// Refused one by one (an unroutable source, say).
+    failed: usize,
+    /// Dropped unsent: the send buffer stayed full, or the batch took too long.
+    timed_out: usize,
+}
+
+/// Sends `n` replies with `send(first)` (one `sendmmsg` from reply `first` on: how many
+/// went), until all are sent or `now()` passes `deadline`.
+fn send_batch(
+    mut send: impl FnMut(usize) -> io::Result<usize>,
+    n: usize,
+    deadline: Instant,
+    mut now: impl FnMut() -> Instant,
+) -> Sent {
+    let mut r = Sent::default();
     let mut done = 0;
-    while done < replies.len() {
-        match batch.send(socket, out, &replies[done..]) {
-            Ok(sent) => done += sent.max(1),
+    while done < n {
+        match send(done) {
+            Ok(k) => {
+                let k = k.clamp(1, n - done);
+                r.sent += k;
+                done += k;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // The buffer stayed full for SEND_TIMEOUT: the next ones would wait as long.
+                r.timed_out += n - done;
+                return r;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "UDP send error");
-                handler.metrics().dropped("send-error");
+                r.failed += 1;
                 done += 1;
             }
         }
+        if done < n && now() >= deadline {
+            r.timed_out += n - done;
+            return r;
+        }
     }
+    r
 }
 
 /// Whether a reply may be sent to `src` (hickory's rule): not port 0, not the
@@ -488,5 +547,76 @@ mod mmsg {
             socket.try_send_to(&out[slot], self.got.1)?;
             Ok(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_blocked_send_drops_the_rest_of_the_batch_at_once() {
+        // Before, each reply of the batch was retried alone, each waiting SEND_TIMEOUT:
+        // 64 blocked sends, a thread stalled for 64 timeouts.
+        let calls = Cell::new(0);
+        let start = Instant::now();
+        let sent = send_batch(
+            |from| {
+                calls.set(calls.get() + 1);
+                if from < 10 {
+                    Ok(10)
+                } else {
+                    Err(io::Error::from(io::ErrorKind::WouldBlock))
+                }
+            },
+            BATCH,
+            start + SEND_BUDGET,
+            || start,
+        );
+        assert_eq!(calls.get(), 2);
+        let want = Sent {
+            sent: 10,
+            failed: 0,
+            timed_out: BATCH - 10,
+        };
+        assert_eq!(sent, want);
+    }
+
+    #[test]
+    fn errors_one_by_one_stop_at_the_budget() {
+        // Every reply refused, each refusal taking 30 ms: past the 200 ms budget the rest
+        // of the batch is dropped instead of trying all 64.
+        let start = Instant::now();
+        let clock = Cell::new(start);
+        let calls = Cell::new(0);
+        let sent = send_batch(
+            |_| {
+                calls.set(calls.get() + 1);
+                clock.set(clock.get() + Duration::from_millis(30));
+                Err(io::Error::from(io::ErrorKind::PermissionDenied))
+            },
+            BATCH,
+            start + SEND_BUDGET,
+            || clock.get(),
+        );
+        assert_eq!(calls.get(), 7);
+        assert_eq!((sent.failed, sent.timed_out), (7, BATCH - 7));
+        // Quick refusals do not stop the others.
+        let mut n = 0;
+        let sent = send_batch(
+            |_| {
+                n += 1;
+                if n % 2 == 0 {
+                    Err(io::Error::from(io::ErrorKind::PermissionDenied))
+                } else {
+                    Ok(1)
+                }
+            },
+            BATCH,
+            start + SEND_BUDGET,
+            || start,
+        );
+        assert_eq!((sent.sent, sent.failed, sent.timed_out), (32, 32, 0));
     }
 }

@@ -101,7 +101,7 @@ struct Inner {
 }
 
 /// Why a UDP datagram got no answer (besides rate limiting).
-pub const UDP_DROP_REASONS: [&str; 3] = ["oversized", "bad-source", "send-error"];
+pub const UDP_DROP_REASONS: [&str; 4] = ["oversized", "bad-source", "send-error", "send-timeout"];
 /// Why steerdns closed a TCP connection (`client`: the client closed it).
 pub const TCP_CLOSE_REASONS: [&str; 7] = [
     "client",
@@ -242,7 +242,8 @@ impl Metrics {
                     let v = reg.counters(
                         "udp_dropped_total",
                         "UDP queries not answered: oversized (> 4096 bytes), bad-source (port 0, \
-                         unspecified or broadcast), send-error.",
+                         unspecified or broadcast), send-error, send-timeout (the send \
+                         buffer stayed full, or the batch took too long to send).",
                         &["reason"],
                     );
                     UDP_DROP_REASONS.map(|r| v.with_label_values(&[r]))
