@@ -328,7 +328,12 @@ fn answerable(src: SocketAddr) -> bool {
 }
 
 #[cfg(target_os = "linux")]
-mod mmsg {
+use linux as mmsg;
+#[cfg(not(target_os = "linux"))]
+use portable as mmsg;
+
+#[cfg(target_os = "linux")]
+mod linux {
     //! `recvmmsg`/`sendmmsg` over reused buffers. The only `unsafe` of the data plane:
     //! the kernel writes into buffers we own for the duration of each call.
 
@@ -502,10 +507,11 @@ mod mmsg {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
-mod mmsg {
-    //! One datagram per system call, where `recvmmsg` is not available.
-
+/// One datagram per system call, where `recvmmsg` is not available. Compiled on every
+/// platform (and tested on Linux, where [`linux`] serves instead), so that it cannot
+/// rot unseen.
+#[cfg_attr(target_os = "linux", allow(dead_code))]
+mod portable {
     use std::io;
     use std::net::{SocketAddr, UdpSocket};
 
@@ -516,35 +522,43 @@ mod mmsg {
     }
 
     pub struct Batch {
-        buf: Box<[u8; RECV_BUF]>,
+        /// One byte more than [`RECV_BUF`]: a datagram that fills it was longer.
+        buf: Box<[u8]>,
         got: (usize, SocketAddr),
     }
 
     impl Batch {
         pub fn new() -> Batch {
             Batch {
-                buf: Box::new([0u8; RECV_BUF]),
+                buf: vec![0u8; RECV_BUF + 1].into_boxed_slice(),
                 got: (0, SocketAddr::from(([0, 0, 0, 0], 0))),
             }
         }
 
+        /// The datagram of the last receive and its source; `None` if it was too long.
         pub fn get(&self, _i: usize) -> Option<(&[u8], SocketAddr)> {
-            Some((&self.buf[..self.got.0], self.got.1))
+            let (len, src) = self.got;
+            (len <= RECV_BUF).then(|| (&self.buf[..len], src))
         }
 
+        /// One `recv_from`: waits for one datagram.
         pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
-            self.got = socket.recv_from(&mut self.buf[..])?;
+            self.got = socket.recv_from(&mut self.buf)?;
             Ok(1)
         }
 
+        /// Sends the first reply of `replies` (there is one datagram per batch) to the
+        /// source of the last datagram: the number sent.
         pub fn send(
             &mut self,
             socket: &UdpSocket,
             out: &[Vec<u8>],
             replies: &[usize],
         ) -> io::Result<usize> {
-            let (_, buf) = replies[0];
-            socket.try_send_to(&out[slot], self.got.1)?;
+            let Some(&slot) = replies.first() else {
+                return Ok(0);
+            };
+            socket.send_to(&out[slot], self.got.1)?;
             Ok(1)
         }
     }
@@ -618,5 +632,37 @@ mod tests {
             || start,
         );
         assert_eq!((sent.sent, sent.failed, sent.timed_out), (32, 32, 0));
+    }
+
+    #[test]
+    fn the_portable_batch_answers_one_datagram_at_a_time() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        portable::dont_fragment(&server).unwrap();
+        let mut batch = portable::Batch::new();
+        client
+            .send_to(b"query", server.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(batch.recv(&server).unwrap(), 1);
+        let (packet, src) = batch.get(0).expect("a datagram");
+        assert_eq!((packet, src), (&b"query"[..], client.local_addr().unwrap()));
+        let out = vec![b"answer".to_vec()];
+        assert_eq!(batch.send(&server, &out, &[0]).unwrap(), 1);
+        assert_eq!(batch.send(&server, &out, &[]).unwrap(), 0);
+        let mut buf = [0u8; 16];
+        let (n, from) = client.recv_from(&mut buf).unwrap();
+        assert_eq!(
+            (&buf[..n], from),
+            (&b"answer"[..], server.local_addr().unwrap())
+        );
+        // Longer than RECV_BUF: dropped, as the recvmmsg batch does.
+        client
+            .send_to(&[0u8; RECV_BUF + 10], server.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(batch.recv(&server).unwrap(), 1);
+        assert!(batch.get(0).is_none());
     }
 }
