@@ -621,13 +621,7 @@ impl Controller {
         saved.overrides = self.drains.overrides.clone();
         saved.drains = self.drains.saved(now);
         saved.frozen = self.failover.frozen.clone();
-        // Two fsyncs: on the multi-threaded runtime (serve's), let the worker's other
-        // tasks move to another worker meanwhile instead of waiting behind the disk.
-        let write = || persist::save_to(&sf.dir, &saved, &sf.disk);
-        let result = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
-            _ => write(),
-        };
+        let result = persist::save_to(&sf.dir, &saved, &sf.disk);
         if let Some(m) = self.local.metrics() {
             m.state_saved(result.is_ok());
         }
