@@ -11,7 +11,9 @@
 #   LAT_QPS=10000
 #   QUERIES=20000   messages in the binary query files
 #   SERVERS="steerdns gdnsd pdns"   which servers, in interleaving order
-#   MIXES="plain ecs mix"
+#   MIXES="plain ecs mix tcp"   tcp: the ecs queries over TCP (dnsperf -m tcp: each of
+#                   the 4 clients keeps one connection with up to 200 queries pipelined,
+#                   as a resolver does; lost counts what a closed connection dropped)
 #   UDP_SOCKETS=    --udp-sockets for steerdns (default: its own default)
 #   STEERDNS_BIN    the binary (default: built with cargo build --release, in
 #                   CARGO_TARGET_DIR if set)
@@ -40,7 +42,7 @@ LAT_DURATION=${LAT_DURATION:-5}
 LAT_QPS=${LAT_QPS:-10000}
 QUERIES=${QUERIES:-20000}
 SERVERS=${SERVERS:-steerdns gdnsd pdns}
-MIXES=${MIXES:-plain ecs mix}
+MIXES=${MIXES:-plain ecs mix tcp}
 SHARED=${SHARED:-$REPO/../shared}
 GEODB=$SHARED/geo/GeoIP2-Country-bench.mmdb
 PREFIXES=$SHARED/geo/GeoIP2-Country-bench.prefixes.tsv
@@ -222,6 +224,7 @@ datafile() { # mix -> dnsperf args
     plain) echo "-d $TMP/plain.txt" ;;
     ecs) echo "-B -d $TMP/ecs.bin" ;;
     mix) echo "-B -d $TMP/mix.bin" ;;
+    tcp) echo "-B -d $TMP/ecs.bin -m tcp" ;;
     esac
 }
 

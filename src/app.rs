@@ -47,6 +47,10 @@ pub struct DnsOptions {
     pub udp_sockets: usize,
     pub tcp: TcpLimits,
     pub rrl: RrlConfig,
+    /// Tests only (no flag sets it): a UDP thread receiving a query for this name
+    /// (e.g. `panic.example.com.`) panics, to show that threads are supervised.
+    #[doc(hidden)]
+    pub udp_panic_on: Option<String>,
 }
 
 impl Default for DnsOptions {
@@ -55,6 +59,7 @@ impl Default for DnsOptions {
             udp_sockets: listen::default_udp_sockets(),
             tcp: TcpLimits::default(),
             rrl: RrlConfig::default(),
+            udp_panic_on: None,
         }
     }
 }
@@ -87,6 +92,15 @@ pub async fn start_with_options(
     let live = Arc::new(ArcSwap::new(snapshot));
     let handler = Handler::new(live.clone(), metrics);
     let rrl = Rrl::new(opts.rrl.clone()).map(Arc::new);
+    let panic_on: udp::PanicOn = opts.udp_panic_on.as_deref().map(|name| {
+        let mut wire = Vec::new();
+        for label in name.trim_end_matches('.').split('.') {
+            wire.push(label.len() as u8);
+            wire.extend_from_slice(label.as_bytes());
+        }
+        wire.push(0);
+        wire.into()
+    });
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let mut udp_threads = Vec::new();
@@ -101,6 +115,7 @@ pub async fn start_with_options(
                 rrl.clone(),
                 shutdown.clone(),
                 tokio::runtime::Handle::current(),
+                panic_on.clone(),
             )?);
         }
         tasks.spawn(tcp::serve(

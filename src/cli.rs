@@ -149,13 +149,33 @@ pub fn api_exposure(addr: SocketAddr, token: bool) -> Option<String> {
     })
 }
 
-/// The API token: from the file, else from STEERDNS_API_TOKEN; never empty.
+/// The API token: from the file, else from STEERDNS_API_TOKEN; never empty. A file
+/// that every user of the machine may read is refused (the token is a secret), one that
+/// its group may read is warned about.
 fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     let token = match file {
-        Some(f) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("--api-token-file {}", f.display()))?,
-        ),
+        Some(f) => {
+            let what = || format!("--api-token-file {}", f.display());
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(f)
+                    .with_context(what)?
+                    .permissions()
+                    .mode();
+                if mode & 0o004 != 0 {
+                    bail!(
+                        "{}: readable by every user (mode {:o}): chmod 600 it",
+                        what(),
+                        mode & 0o777
+                    );
+                }
+                if mode & 0o040 != 0 {
+                    tracing::warn!(file = %f.display(), mode = format!("{:o}", mode & 0o777), "the API token file is readable by its group");
+                }
+            }
+            Some(std::fs::read_to_string(f).with_context(what)?)
+        }
         None => std::env::var("STEERDNS_API_TOKEN").ok(),
     };
     match token.map(|t| t.trim().to_string()) {
@@ -187,8 +207,18 @@ pub struct DnsArgs {
     /// A TCP connection idle this long, or this slow to send one message, is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     tcp_idle_timeout: f64,
-    /// Answers per TCP connection before it is closed (0: no limit).
-    #[arg(long, value_name = "N", default_value_t = 1000)]
+    /// Open DNS-over-TCP connections from one source prefix at most (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    tcp_max_per_source: usize,
+    /// The IPv4 prefix --tcp-max-per-source counts by.
+    #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=32))]
+    tcp_source_ipv4_prefix: u8,
+    /// The IPv6 prefix --tcp-max-per-source counts by.
+    #[arg(long, value_name = "BITS", default_value_t = 56, value_parser = clap::value_parser!(u8).range(16..=128))]
+    tcp_source_ipv6_prefix: u8,
+    /// Queries read per TCP connection before it is closed, after answering every query
+    /// already read (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = 0)]
     tcp_max_queries: u32,
     /// Response rate limit: UDP responses per second per client prefix (0: off).
     #[arg(long, value_name = "N", default_value_t = 1000)]
@@ -223,6 +253,9 @@ impl DnsArgs {
                 .map_or_else(crate::dns::listen::default_udp_sockets, usize::from),
             tcp: TcpLimits {
                 max_connections: self.tcp_max_connections,
+                max_per_source: self.tcp_max_per_source,
+                source_prefix_v4: self.tcp_source_ipv4_prefix,
+                source_prefix_v6: self.tcp_source_ipv6_prefix,
                 idle_timeout: Duration::from_secs_f64(self.tcp_idle_timeout),
                 max_queries: self.tcp_max_queries,
             },
@@ -233,6 +266,7 @@ impl DnsArgs {
                 ipv6_prefix: self.rrl_ipv6_prefix,
                 exempt: self.rrl_exempt,
             },
+            udp_panic_on: None,
         })
     }
 }
@@ -594,5 +628,31 @@ mod tests {
             assert!(token.contains("in clear"), "{token}");
         }
         assert_eq!(api_exposure("[::1]:9153".parse().unwrap(), true), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_token_file_every_user_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("steerdns-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("token");
+        std::fs::write(&f, "0123456789abcdef0123\n").unwrap();
+        let chmod = |mode| std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode));
+        chmod(0o644).unwrap();
+        let e = api_token(Some(&f)).unwrap_err().to_string();
+        assert!(
+            e.contains("readable by every user") && e.contains("644"),
+            "{e}"
+        );
+        for mode in [0o600, 0o640, 0o400] {
+            chmod(mode).unwrap();
+            assert_eq!(
+                api_token(Some(&f)).unwrap().as_deref(),
+                Some("0123456789abcdef0123"),
+                "mode {mode:o}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -47,12 +47,21 @@ impl<T> Table<T> {
     /// An empty table with room for `cap` items.
     pub fn with_capacity(cap: usize) -> Table<T> {
         let small = || Table::Small(Vec::with_capacity(cap));
-        let Ok(layout) = Layout::array::<T>(cap).and_then(|l| l.align_to(HUGE_PAGE)) else {
+        let Ok(items) = Layout::array::<T>(cap) else {
             return small();
         };
-        if layout.size() < MIN_BYTES {
+        if items.size() < MIN_BYTES {
             return small();
         }
+        // Whole huge pages: the advice below covers exactly this allocation, never
+        // memory the allocator hands to someone else.
+        let Some(layout) = items
+            .size()
+            .checked_next_multiple_of(HUGE_PAGE)
+            .and_then(|size| Layout::from_size_align(size, HUGE_PAGE.max(items.align())).ok())
+        else {
+            return small();
+        };
         // SAFETY: the layout's size is at least MIN_BYTES, so not zero.
         let Some(ptr) = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<T>()) else {
             return small();
@@ -146,13 +155,13 @@ impl<T> Drop for Huge<T> {
     }
 }
 
-/// Asks for huge pages over `[start, start + len)`, which starts on a huge page.
+/// Asks for huge pages over `[start, start + len)`: an allocation of whole huge pages.
 #[cfg(target_os = "linux")]
 fn advise(start: *mut u8, len: usize) {
-    let len = len.next_multiple_of(HUGE_PAGE);
-    // SAFETY: advice about memory this process owns (a fresh allocation, which the
-    // allocator rounds to whole pages); MADV_HUGEPAGE never changes its contents, and
-    // failing leaves it as it was.
+    debug_assert!((start as usize).is_multiple_of(HUGE_PAGE) && len.is_multiple_of(HUGE_PAGE));
+    // SAFETY: advice about memory this process owns (a fresh allocation of exactly
+    // `len` bytes); MADV_HUGEPAGE never changes its contents, and failing leaves it as
+    // it was.
     unsafe {
         libc::madvise(
             start.cast(),
@@ -182,6 +191,21 @@ mod tests {
         assert_eq!(t.as_ptr() as usize % HUGE_PAGE, 0);
         assert_eq!(t.len(), n);
         assert_eq!(t.iter().sum::<u64>(), (n as u64 - 1) * n as u64 / 2);
+    }
+
+    #[test]
+    fn the_allocation_is_whole_huge_pages_so_the_advice_stays_inside_it() {
+        // Before, a 100 KiB table was a 100 KiB allocation advised over 2 MiB: the
+        // advice (and the huge page) covered memory of other allocations.
+        for bytes in [MIN_BYTES, 100 << 10, HUGE_PAGE, HUGE_PAGE + 8] {
+            let t = Table::<u64>::with_capacity(bytes / 8);
+            let Table::Huge(h) = &t else {
+                panic!("{bytes}: not huge")
+            };
+            assert_eq!(h.layout.size() % HUGE_PAGE, 0, "{bytes}");
+            assert!(h.layout.size() >= bytes, "{bytes}");
+            assert_eq!(h.ptr.as_ptr() as usize % HUGE_PAGE, 0, "{bytes}");
+        }
     }
 
     #[test]

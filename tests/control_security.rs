@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::stack::*;
+use common::*;
+use hickory_proto::rr::RecordType;
 use reqwest::Method;
 use serde_json::{json, Value};
 use steerdns::control::api::{self, ApiLimits, ApiState};
@@ -177,6 +179,51 @@ async fn every_mutation_needs_the_right_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_case_insensitive_and_a_huge_ttl_is_refused() {
+    let dir = scratch("sec-scheme");
+    policy(&dir, "[100]", 0.2);
+    let stack = Stack::start(&dir).await;
+    // RFC 9110 §11.1: the scheme name is case-insensitive.
+    for (i, scheme) in ["bearer", "BEARER", "BeArEr"].into_iter().enumerate() {
+        let body = format!(r#"{{"reason":"freeze {i}"}}"#);
+        let r = exchange(
+            stack.api,
+            format!(
+                "POST /v1/failover/freeze HTTP/1.1\r\nHost: x\r\nAuthorization: {scheme} {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{scheme}: {r}");
+    }
+    // ttl_seconds so large that now + ttl overflows: 400 naming it (before: a panic in
+    // a debug build, a drain "in the past" in a release build).
+    for ttl in [u64::MAX, u64::MAX / 1000, u64::MAX / 1000 - 1] {
+        let (status, body) = stack
+            .post(
+                "/v1/drains",
+                json!({"name": "www.example.com", "cdn": "a", "reason": "x", "ttl_seconds": ttl}),
+            )
+            .await;
+        assert_eq!(status, 400, "{ttl}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("ttl_seconds"),
+            "{ttl}: {body}"
+        );
+    }
+    // A long one that fits is fine.
+    let (status, body) = stack
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "a", "reason": "x", "ttl_seconds": 86_400 * 365}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_configured_token_mutations_are_forbidden() {
     let mut api = api(None, ApiLimits::default()).await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -337,8 +384,10 @@ async fn slow_loris_and_idle_clients_are_cut_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_closed_at_once() {
+    // No reserved slots here (the next tests cover them): the fifth is closed at once.
     let limits = ApiLimits {
         max_connections: 4,
+        reserved_for_loopback: 0,
         ..ApiLimits::default()
     };
     let api = api(Some(TOKEN), limits).await;
@@ -361,6 +410,96 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
     // The slots free up: served again.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !healthz(api.addr).await {
+        assert!(Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A drain of CDN `cdn` posted with the token from the loopback address `from`: the status.
+async fn drain_from(api: SocketAddr, from: &str, cdn: &str) -> u16 {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    http.post(format!("http://{api}/v1/drains"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(
+            json!({"name": "www.example.com", "cdn": cdn, "reason": "flooded", "immediate": true})
+                .to_string(),
+        )
+        .send()
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holding_300_connections_locks_no_one_out_of_dns_or_the_api() {
+    // The issue's "done when": from another loopback address, TCP queries and an API
+    // drain still succeed while one address holds 300 connections to each.
+    raise_fd_limit();
+    let dir = scratch("sec-flood");
+    policy(&dir, "[100]", 0.2);
+    let stack = Stack::start(&dir).await;
+    let dns = hold(stack.dns, "127.0.1.1", 300).await;
+    let api = hold(stack.api, "127.0.1.1", 300).await;
+    // Let the server accept (and refuse) them all: the last one is closed at once.
+    let mut last = hold(stack.api, "127.0.1.1", 1).await.pop().unwrap();
+    let mut buf = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), last.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+
+    for i in 0..10u8 {
+        let m = ask_from(
+            stack.dns,
+            format!("127.0.2.{}", i + 1).parse().unwrap(),
+            Proto::Tcp,
+            &query("www.example.com.", RecordType::A),
+        )
+        .await;
+        assert_eq!(m.answers.len(), 1, "{m:?}");
+    }
+    assert_eq!(drain_from(stack.api, "127.0.2.1", "a").await, 201);
+    let s = stack.state().await;
+    assert!(s["drains"].to_string().contains("flooded"), "{s:#}");
+    drop((dns, api));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_api_keeps_a_slot_for_loopback_mutations() {
+    // Eight addresses take all 256 connections (32 each, the per-source cap); a
+    // mutation from loopback still gets through on a reserved slot, a read does not.
+    raise_fd_limit();
+    let dir = scratch("sec-reserve");
+    policy(&dir, "[100]", 0.2);
+    let stack = Stack::start(&dir).await;
+    let mut held = Vec::new();
+    for i in 1..=8 {
+        held.extend(hold(stack.api, &format!("127.0.3.{i}"), 32).await);
+    }
+    // A ninth address finds no slot: closed at once (it is loopback, so it may take a
+    // reserved slot, where a read is refused).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = exchange(
+            stack.api,
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap_or_default();
+        if r.is_empty() || r.starts_with("HTTP/1.1 503") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still served: {r:.80}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(drain_from(stack.api, "127.0.0.1", "a").await, 201);
+    // Once the flood ends, reads are served again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !healthz(stack.api).await {
         assert!(Instant::now() < deadline, "never served again");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -590,3 +590,26 @@ async fn a_drain_written_in_the_policy_applies_on_reload() {
     assert!(only_b(&stack, GB).await);
     assert!(both(&stack, SE).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seventh_location_scope_is_refused_with_409() {
+    // Each distinct location scope doubles the plan's choices, so there are at most six
+    // per name; a seventh used to be accepted and silently applied everywhere.
+    let (stack, _m) = regional_stack("drain-seventh").await;
+    for c in ["FR", "DE", "JP", "CA", "AU", "BR"] {
+        let (status, body) = stack.post("/v1/drains", drain(&[c])).await;
+        assert_eq!(status, 201, "{c}: {body}");
+    }
+    let (status, body) = stack.post("/v1/drains", drain(&["SE"])).await;
+    assert_eq!(status, 409, "{body}");
+    let msg = body["error"].as_str().unwrap();
+    assert!(
+        msg.contains("7 different location scopes") && msg.contains("at most 6"),
+        "{msg}"
+    );
+    // Not applied anywhere: Sweden and the US still get both CDNs.
+    assert!(both(&stack, SE).await && both(&stack, US).await);
+    // A region name is not a location scope: still accepted.
+    let (status, body) = stack.post("/v1/drains", drain(&["uk"])).await;
+    assert_eq!(status, 201, "{body}");
+}

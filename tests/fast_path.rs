@@ -1,6 +1,7 @@
 //! The UDP fast path (`dns::wire`) against the full path (hickory decode, `Handler`):
-//! every plain form of a steered query is sent over UDP, where the fast path answers it,
-//! and over TCP, where the full path does, and the two answers must be the same message.
+//! every plain form of a steered query is sent over UDP and over TCP, where the fast path
+//! answers it, and to the full path in-process (as over TCP), and the answers must be the
+//! same message.
 //! That each form really takes the fast path is checked in-process on the same bytes.
 //!
 //! The multi-name policy pins each region to one CDN, so the answers are deterministic.
@@ -259,12 +260,15 @@ async fn fast_and_full_paths_give_the_same_answer() {
         );
         let udp = raw(srv.addr, Proto::Udp, &q).await.expect("UDP answer");
         let tcp = raw(srv.addr, Proto::Tcp, &q).await.expect("TCP answer");
+        let full = steerdns::dns::Handler::new(srv.running.live().clone(), Metrics::new())
+            .respond(&q, "127.0.0.1:5353".parse().unwrap(), Protocol::Tcp)
+            .await
+            .expect("full path answer");
         let udp = Message::from_vec(&udp).unwrap_or_else(|e| panic!("{what}: UDP: {e}"));
         let tcp = Message::from_vec(&tcp).unwrap_or_else(|e| panic!("{what}: TCP: {e}"));
-        assert_eq!(
-            udp, tcp,
-            "{what}: fast path (UDP) and full path (TCP) differ"
-        );
+        let full = Message::from_vec(&full).unwrap_or_else(|e| panic!("{what}: full: {e}"));
+        assert_eq!(udp, full, "{what}: fast path (UDP) and full path differ");
+        assert_eq!(tcp, full, "{what}: fast path (TCP) and full path differ");
         assert_eq!(udp.answers.len(), 1, "{what}: {udp:?}");
     }
 }

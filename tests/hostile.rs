@@ -629,9 +629,12 @@ const TEST_IDLE: Duration = Duration::from_millis(500);
 
 #[tokio::test]
 async fn silent_and_trickling_tcp_clients_are_closed_and_starve_no_one() {
+    // All from 127.0.0.1, as the client that must still be answered: no per-source cap
+    // (`tests/limits.rs` tests that one).
     let srv = TestServer::demo_with(&DnsOptions {
         tcp: TcpLimits {
             idle_timeout: TEST_IDLE,
+            max_per_source: 0,
             ..TcpLimits::default()
         },
         ..DnsOptions::default()

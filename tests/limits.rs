@@ -15,7 +15,7 @@ use steerdns::app::{self, DnsOptions};
 use steerdns::dns::rrl::RrlConfig;
 use steerdns::dns::tcp::TcpLimits;
 use steerdns::metrics::Metrics;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
 async fn server(opts: DnsOptions, metrics: Metrics) -> TestServer {
@@ -337,18 +337,24 @@ async fn tcp_connections_over_the_limit_are_closed_and_udp_keeps_answering() {
 }
 
 #[tokio::test]
-async fn pipelined_queries_are_all_answered_in_order_up_to_the_query_limit() {
+async fn at_the_query_limit_every_query_read_is_answered_then_the_close_is_graceful() {
+    // RFC 7766 §6.2.3: a server closing a connection answers what it has read first.
     let metrics = Metrics::new();
     let srv = server(tcp_limits(16, 5), metrics.clone()).await;
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
-    // Eight queries in one write: five answers, then the server closes.
+    // Eight queries in one write, read in one go: the limit (5) is reached inside the
+    // batch, and all eight are answered, in order, before the close.
     let batch: Vec<u8> = (100..108).flat_map(|id| framed(&www(id))).collect();
     s.write_all(&batch).await.unwrap();
     let mut ids = Vec::new();
-    while let Ok(Some(a)) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s)).await {
-        ids.push(Message::from_vec(&a).unwrap().metadata.id);
-    }
-    assert_eq!(ids, vec![100, 101, 102, 103, 104]);
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s)).await {
+            Ok(Some(a)) => ids.push(Message::from_vec(&a).unwrap().metadata.id),
+            Ok(None) => break "closed",
+            Err(_) => break "left open",
+        }
+    };
+    assert_eq!((ids, end), ((100..108).collect(), "closed"));
     wait_until("the close counted", || {
         metric(
             &metrics,
@@ -357,18 +363,117 @@ async fn pipelined_queries_are_all_answered_in_order_up_to_the_query_limit() {
     })
     .await;
 
-    // Without a query limit, a hundred pipelined queries all come back, in order.
-    let srv = server(tcp_limits(16, 0), Metrics::new()).await;
+    // At the limit exactly: five answers, then nothing more is read; a query sent after
+    // that gets no answer but a clean end of stream (FIN, not a reset).
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
-    let batch: Vec<u8> = (0..100).flat_map(|id| framed(&www(id))).collect();
+    let batch: Vec<u8> = (0..5).flat_map(|id| framed(&www(id))).collect();
     s.write_all(&batch).await.unwrap();
-    for id in 0..100 {
+    for id in 0..5 {
+        let a = read_frame(&mut s)
+            .await
+            .expect("an answer before the limit");
+        assert_eq!(Message::from_vec(&a).unwrap().metadata.id, id);
+    }
+    let _ = s.write_all(&framed(&www(5))).await;
+    let mut rest = Vec::new();
+    let got = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(got, Ok(Ok(0))),
+        "after the limit: {got:?}, {} bytes",
+        rest.len()
+    );
+
+    // Without a query limit (the default), a thousand pipelined queries all come back,
+    // in order, on one connection.
+    assert_eq!(TcpLimits::default().max_queries, 0, "no limit by default");
+    let srv = server(DnsOptions::default(), Metrics::new()).await;
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    let batch: Vec<u8> = (0..1000).flat_map(|id| framed(&www(id))).collect();
+    s.write_all(&batch).await.unwrap();
+    for id in 0..1000 {
         let a = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s))
             .await
             .unwrap()
             .expect("an answer");
         assert_eq!(Message::from_vec(&a).unwrap().metadata.id, id);
     }
+}
+
+#[tokio::test]
+async fn a_frame_that_gets_no_answer_closes_the_connection() {
+    // An empty frame, a frame shorter than a header and a response (QR=1) get no answer;
+    // before, each restarted the idle timer without counting, so `\0\0` every few
+    // seconds held a connection forever. Now each closes the connection at once, after
+    // the answers to the queries before it.
+    let metrics = Metrics::new();
+    let srv = server(DnsOptions::default(), metrics.clone()).await;
+    let mut response = www(9);
+    response[2] |= 0x80;
+    for (i, (what, bad)) in [
+        ("an empty frame", vec![]),
+        ("eleven bytes", vec![0; 11]),
+        ("a response", response),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        let bytes = [framed(&www(1)), framed(&bad), framed(&www(2))].concat();
+        s.write_all(&bytes).await.unwrap();
+        let a = read_frame(&mut s).await.expect("the query before");
+        assert_eq!(Message::from_vec(&a).unwrap().metadata.id, 1, "{what}");
+        // Well within the 10 s idle timeout.
+        let next = tokio::time::timeout(Duration::from_secs(3), read_frame(&mut s)).await;
+        assert!(matches!(next, Ok(None)), "{what}: not closed: {next:?}");
+        wait_until("the close counted", || {
+            metric(&metrics, "steerdns_tcp_closed_total{reason=\"no-answer\"}") == (i + 1) as f64
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn one_address_holding_300_connections_shuts_no_one_else_out_of_tcp() {
+    raise_fd_limit();
+    // The defaults: 256 connections, 32 per /24.
+    let metrics = Metrics::new();
+    let srv = server(DnsOptions::default(), metrics.clone()).await;
+    let mut held = hold(srv.addr, "127.0.1.1", 300).await;
+    wait_until("the source's connections counted", || {
+        metric(
+            &metrics,
+            "steerdns_tcp_closed_total{reason=\"over-source-limit\"}",
+        ) == 268.0
+    })
+    .await;
+    assert_eq!(metric(&metrics, "steerdns_tcp_connections"), 32.0);
+    // From another /24 on loopback: TCP answers, a fresh connection per query.
+    for i in 0..20u8 {
+        let m = ask_from(
+            srv.addr,
+            format!("127.0.2.{}", i + 1).parse().unwrap(),
+            Proto::Tcp,
+            &query("www.example.com.", RecordType::A),
+        )
+        .await;
+        assert_eq!(m.answers.len(), 1, "{m:?}");
+    }
+    // The held ones that were let in still answer.
+    held[0].write_all(&framed(&www(7))).await.unwrap();
+    let a = read_frame(&mut held[0]).await.expect("a held connection");
+    assert_eq!(Message::from_vec(&a).unwrap().metadata.id, 7);
+    // The cap is per prefix, and given back when a connection ends.
+    held.clear();
+    wait_until("the source's connections closed", || {
+        metric(&metrics, "steerdns_tcp_connections") == 0.0
+    })
+    .await;
+    let again = hold(srv.addr, "127.0.1.1", 32).await;
+    wait_until("32 open again", || {
+        metric(&metrics, "steerdns_tcp_connections") == 32.0
+    })
+    .await;
+    drop(again);
 }
 
 async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {

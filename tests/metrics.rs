@@ -283,7 +283,7 @@ async fn udp_datagrams_dropped_unanswered_are_counted() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    for reason in ["bad-source", "send-error"] {
+    for reason in ["bad-source", "send-error", "send-timeout"] {
         assert_eq!(dropped(reason), Some(0.0), "{reason}");
     }
     // 4,096 bytes is not over the limit: answered (FORMERR: trailing junk after the

@@ -7,7 +7,11 @@
 #   2. the mock "fastly" CDN flips between healthy and broken (its canary object answers
 #      404) every FLIP_EVERY seconds, so failover steps run (probes every 0.2 s, down
 #      after 2 bad rounds, up after 3 good ones, steps 0.5 s apart);
-#   3. a drain is added, then removed, over the admin API (POST/DELETE /v1/drains).
+#   3. a drain is added, then removed, over the admin API (POST/DELETE /v1/drains);
+#   4. (HOSTILE=1, the default) hostile traffic runs alongside for the whole time
+#      (tests/hostile-traffic.py, issue 14 item 11): a TCP slowloris of 300 connections
+#      from 127.66.0.1, UDP garbage from 127.67.0.1, an API connection flood of 300 from
+#      127.68.0.1; and every second dig asks over TCP from another address.
 #
 #   bash tests/soak.sh                # WARMUP=10 s, then DURATION=60 s of load
 #   DURATION=600 bash tests/soak.sh   # a long run
@@ -15,12 +19,15 @@
 # Environment:
 #   DURATION=60     seconds of load measured after the warm-up
 #   WARMUP=10       seconds of the same load and churn before the start RSS is taken
+#                   (30 with HOSTILE=1: the hostile connections raise the allocator's
+#                   high-water mark for about that long, then RSS is flat)
 #   QPS=20000       dnsperf -Q (moderate, so a 2-core CI machine copes)
 #   QUERIES=20000   messages in the binary query file (varied ECS, 20 % non-steered)
 #   FLIP_EVERY=2    seconds between flips of the mock CDN
 #   MAX_RSS_GROWTH=10   percent
 #   STEERDNS_BIN=target/release/steerdns (built with cargo build --release unless set)
 #   KEEP=1          keep the scratch directory (server log, dnsperf output, policies)
+#   HOSTILE=1       the hostile traffic of 4. (0: none)
 #
 # Reports queries sent, completed and lost, NOERROR and SERVFAIL counts (dnsperf's
 # rcode summary), the server's RSS (VmRSS) after the warm-up and at the end, reloads
@@ -31,7 +38,10 @@
 # queue, every dig answer one of the two CNAMEs (and at least 90 % answered), no
 # SERVFAIL, RSS growth under MAX_RSS_GROWTH %,
 # and enough reloads applied, reloads refused, health transitions and drain calls
-# happened (so that it cannot pass without having churned). Traffic goes to 127.0.0.1
+# happened (so that it cannot pass without having churned); with HOSTILE=1 also every
+# drain call and every TCP dig answered (one of the two CNAMEs) while the hostile
+# traffic ran, and the server's metrics show it at work (connections over the
+# per-source limit closed at accept, slowloris connections closed as idle). Traffic goes to 127.0.0.1
 # only; every process it starts is stopped on exit.
 set -euo pipefail
 
@@ -43,7 +53,8 @@ if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
 fi
 
 DURATION=${DURATION:-60}
-WARMUP=${WARMUP:-10}
+HOSTILE=${HOSTILE:-1}
+WARMUP=${WARMUP:-$((HOSTILE ? 30 : 10))}
 QPS=${QPS:-20000}
 QUERIES=${QUERIES:-20000}
 FLIP_EVERY=${FLIP_EVERY:-2}
@@ -116,7 +127,7 @@ up_after: 3
 YAML
 done
 TOKEN=soak-token-$RANDOM$RANDOM$RANDOM
-echo "$TOKEN" >"$S/api-token"
+(umask 077 && echo "$TOKEN" >"$S/api-token")
 
 # Writes policy number $1 to steering.yaml: even numbers are valid (the weights move
 # with the number), odd ones are broken (a YAML error, or an unknown CDN). Written to a
@@ -247,6 +258,22 @@ dnsperf -s 127.0.0.1 -p "$DNS_PORT" -B -d "$TMP/mix.bin" -c 4 -q 50 -Q "$QPS" -l
 DNSPERF_PID=$!
 PIDS+=("$DNSPERF_PID")
 
+if ((HOSTILE)); then
+    python3 tests/hostile-traffic.py "$DNS_PORT" "$API_PORT" "$TOTAL" >"$TMP/hostile.json" 2>"$TMP/hostile.log" &
+    HOSTILE_PID=$!
+    PIDS+=("$HOSTILE_PID")
+    log "hostile traffic alongside: TCP slowloris (127.66.0.1), UDP garbage (127.67.0.1), API flood (127.68.0.1)"
+fi
+tcp_ok=0 tcp_bad=0
+check_tcp() { # one query over TCP from a resolver of its own, as a slipped client retries
+    local out
+    out=$(dig @127.0.0.1 -p "$DNS_PORT" +tcp +short +time=2 +tries=2 -b "127.64.2.$((t % 200 + 1))" www.example.com +subnet=81.2.69.0/24 2>&1 | head -1)
+    case $out in
+    example.map.fastly.net. | example.cdn.cloudflare.net.) tcp_ok=$((tcp_ok + 1)) ;;
+    *) tcp_bad=$((tcp_bad + 1)) && echo "soak: TCP dig at t=$t: $out" >&2 ;;
+    esac
+}
+
 healthy=1 drain_id='' drain_ok=0 drain_failed=0 rss_start='' rss_max=0
 START=$(date +%s.%N)
 for ((t = 1; t <= TOTAL; t++)); do
@@ -280,6 +307,7 @@ for ((t = 1; t <= TOTAL; t++)); do
     fi
     # 4. what clients are answered: one of the two CNAMEs, whatever the churn
     check_cnames
+    ((HOSTILE)) && check_tcp
     kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$TMP/server.log" >&2; die "the server exited at t=$t s"; }
     # the end of this tick: one second after it started
     sleep "$(awk -v s="$START" -v t="$t" -v now="$(date +%s.%N)" 'BEGIN { d = s + t - now - 0.05; print (d > 0 ? d : 0) }')"
@@ -313,6 +341,14 @@ wait "$DNSPERF_PID" || die "dnsperf failed: $(cat "$TMP/dnsperf.txt")"
 # arrived (dnsperf's are gone with it, so theirs are the count read above).
 drops_server=$(udp_drops local)
 [[ -z ${rss_start:-} ]] && rss_start=$rss_end
+over_source=$(metric 'steerdns_tcp_closed_total{reason="over-source-limit"}')
+idle_closed=$(metric 'steerdns_tcp_closed_total{reason="idle"}')
+hostile='{}'
+if ((HOSTILE)); then
+    wait "$HOSTILE_PID" || die "the hostile traffic failed: $(cat "$TMP/hostile.log")"
+    hostile=$(cat "$TMP/hostile.json")
+fi
+hostile_stat() { python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get(sys.argv[2], 0))' "$hostile" "$1"; }
 
 # --- report --------------------------------------------------------------------------
 num() { # dnsperf label -> its number
@@ -345,6 +381,13 @@ printf '  %-28s %s\n' \
     "drain API calls ok / failed" "$drain_ok / $drain_failed" \
     "UDP drops server / dnsperf" "$drops_server / $drops_client (kernel, full receive queue)" \
     "dig answers ok / wrong / none" "$cnames_ok / $cnames_bad / $cnames_unanswered (one of the two CNAMEs)"
+if ((HOSTILE)); then
+    printf '  %-28s %s\n' \
+        "hostile traffic" "$hostile" \
+        "TCP digs ok / failed" "$tcp_ok / $tcp_bad (from 127.64.2.x, during the hostile traffic)" \
+        "TCP closed at accept" "$over_source (over the per-source limit)" \
+        "TCP closed idle" "$idle_closed"
+fi
 grep -E 'Response codes' "$TMP/dnsperf.txt" | sed 's/^ */  dnsperf: /'
 
 fail=()
@@ -366,6 +409,13 @@ awk -v g="$growth" -v m="$MAX_RSS_GROWTH" 'BEGIN { exit !(g < m) }' || fail+=("R
 ((refused >= MIN_EACH)) || fail+=("only $refused reloads refused (want $MIN_EACH)")
 ((transitions >= MIN_TRANSITIONS)) || fail+=("only $transitions health transitions (want $MIN_TRANSITIONS): the mock CDN flips did not fail over")
 ((drain_failed == 0 && drain_ok >= MIN_EACH)) || fail+=("drain API calls: $drain_ok ok, $drain_failed failed")
+if ((HOSTILE)); then
+    ((tcp_bad == 0 && tcp_ok == TOTAL)) || fail+=("TCP digs from another address: $tcp_ok ok, $tcp_bad failed")
+    ((over_source > 0)) || fail+=("no TCP connection closed over the per-source limit: was the slowloris running?")
+    ((idle_closed > 0)) || fail+=("no TCP connection closed as idle: was the slowloris running?")
+    (($(hostile_stat api_opened) > 0 && $(hostile_stat udp_garbage_sent) > 0)) ||
+        fail+=("the API flood or the UDP garbage did not run: $hostile")
+fi
 if ((${#fail[@]})); then
     for f in "${fail[@]}"; do log "FAIL: $f"; done
     tail -5 "$TMP/server.log" | sed 's/^/soak: server log: /'

@@ -65,24 +65,44 @@ async fn region_shares_follow_the_weights() {
     }
 }
 
-/// Over TCP, answered by the full path (the UDP fast path never sees these): the same
-/// weighted shares, region by region.
+/// Over TCP (the fast path, as over UDP), and through the full path in-process (which
+/// answers the steered queries of unusual forms): the same weighted shares, region by
+/// region.
 #[tokio::test]
-async fn weighted_answers_over_tcp_follow_the_weights() {
+async fn weighted_answers_over_tcp_and_the_full_path_follow_the_weights() {
     let srv = TestServer::demo().await;
+    let full = steerdns::dns::Handler::new(
+        srv.running.live().clone(),
+        steerdns::metrics::Metrics::new(),
+    );
     const N: usize = 2_000;
     for (addr, source, p, what) in [
-        ("81.2.69.160", 27, 0.90, "GB over TCP"),
-        ("2001:218::", 32, 0.10, "JP over TCP"),
+        ("81.2.69.160", 27, 0.90, "GB"),
+        ("2001:218::", 32, 0.10, "JP"),
     ] {
-        let counts = shares_over(&srv, Proto::Tcp, "www.example.com.", addr, source, N).await;
-        let fastly = counts.get(FASTLY).copied().unwrap_or(0);
-        assert_eq!(
-            fastly + counts.get(CLOUDFLARE).copied().unwrap_or(0),
-            N,
-            "{what}: {counts:?}"
-        );
-        assert_share(fastly, N, p, what);
+        let tcp = shares_over(&srv, Proto::Tcp, "www.example.com.", addr, source, N).await;
+        let q = query_edns("www.example.com.", RecordType::A, Some((addr, source)))
+            .to_vec()
+            .unwrap();
+        let mut full_path = HashMap::new();
+        for i in 0..N {
+            let src = std::net::SocketAddr::new(resolver(i), 5353);
+            let a = full
+                .respond(&q, src, hickory_server::net::xfer::Protocol::Tcp)
+                .await
+                .expect("a full-path answer");
+            let m = hickory_proto::op::Message::from_vec(&a).unwrap();
+            *full_path.entry(cname_of(&m)).or_insert(0) += 1;
+        }
+        for (how, counts) in [("over TCP", tcp), ("full path", full_path)] {
+            let fastly = counts.get(FASTLY).copied().unwrap_or(0);
+            assert_eq!(
+                fastly + counts.get(CLOUDFLARE).copied().unwrap_or(0),
+                N,
+                "{what} {how}: {counts:?}"
+            );
+            assert_share(fastly, N, p, &format!("{what} {how}"));
+        }
     }
 }
 

@@ -9,8 +9,12 @@
 //! Limits ([`ApiLimits`]), so that no client can hold the server's resources: the request
 //! line and headers at most 64 KiB (`431` beyond) and complete within 10 s, bodies at
 //! most 64 KiB (`413`) and complete within 10 s, a connection idle between requests is
-//! closed after the same 10 s, and at most 256 connections at once (further ones are
-//! closed at once). A slow-loris client sending a header a byte a second is cut off.
+//! closed after the same 10 s, and at most 256 connections at once, 32 from one source
+//! address (further ones are closed at once). A slow-loris client sending a header a
+//! byte a second is cut off. When every connection is taken, a few more (4) are kept for
+//! loopback sources, for mutations only: each serves one request within 2 s, and a read
+//! gets 503, so that an operator on the host can still drain a CDN while the API is
+//! flooded.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -51,7 +55,14 @@ pub struct ApiLimits {
     pub max_header_bytes: usize,
     /// Connections served at once; more are closed as soon as accepted.
     pub max_connections: usize,
+    /// Connections from one source address at once (0: no limit).
+    pub max_per_source: usize,
+    /// Connections kept beyond `max_connections` for loopback mutations.
+    pub reserved_for_loopback: usize,
 }
+
+/// How long a connection on a reserved slot has to send its request.
+const RESERVED_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Default for ApiLimits {
     fn default() -> Self {
@@ -60,6 +71,8 @@ impl Default for ApiLimits {
             body_timeout: std::time::Duration::from_secs(10),
             max_header_bytes: 64 * 1024,
             max_connections: 256,
+            max_per_source: 32,
+            reserved_for_loopback: 4,
         }
     }
 }
@@ -99,12 +112,14 @@ pub async fn spawn_with(
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let reserved = Arc::new(tokio::sync::Semaphore::new(limits.reserved_for_loopback));
+    let sources: Sources = Arc::default();
     tokio::spawn(async move {
         loop {
-            let stream = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 _ = stop.cancelled() => return,
                 accepted = listener.accept() => match accepted {
-                    Ok((s, _)) => s,
+                    Ok(s) => s,
                     Err(e) => {
                         tracing::debug!(error = %e, "api accept failed");
                         // Out of file descriptors, say: do not spin.
@@ -113,19 +128,48 @@ pub async fn spawn_with(
                     }
                 },
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::debug!("api: too many connections, closing a new one");
+            let ip = peer.ip().to_canonical();
+            let Some(source) = SourceSlot::take(&sources, ip, limits.max_per_source) else {
+                tracing::debug!(%ip, "api: too many connections from one source, closing a new one");
                 drop(stream);
                 continue;
             };
+            let (slot, mutations_only) = match slots.clone().try_acquire_owned() {
+                Ok(slot) => (slot, false),
+                Err(_) => match reserved.clone().try_acquire_owned() {
+                    Ok(slot) if ip.is_loopback() => (slot, true),
+                    _ => {
+                        tracing::debug!("api: too many connections, closing a new one");
+                        drop(stream);
+                        continue;
+                    }
+                },
+            };
             let (state, stop, limits) = (state.clone(), stop.clone(), limits.clone());
             tokio::spawn(async move {
-                let _slot = slot;
+                let _slots = (slot, source);
                 let body_timeout = limits.body_timeout;
-                let service = service_fn(move |req| route(req, state.clone(), body_timeout));
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let state = state.clone();
+                    async move {
+                        if mutations_only && req.method() == Method::GET {
+                            return Ok(error(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the API is at its connection limit: this connection, kept for loopback mutations, serves no reads",
+                            ));
+                        }
+                        route(req, state, body_timeout).await
+                    }
+                });
+                let header_timeout = if mutations_only {
+                    limits.header_timeout.min(RESERVED_HEADER_TIMEOUT)
+                } else {
+                    limits.header_timeout
+                };
                 let conn = http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout)
+                    .header_read_timeout(header_timeout)
+                    .keep_alive(!mutations_only)
                     .max_buf_size(limits.max_header_bytes.max(8192))
                     .max_header_size(limits.max_header_bytes)
                     .serve_connection(TokioIo::new(stream), service);
@@ -137,6 +181,43 @@ pub async fn spawn_with(
         }
     });
     Ok(bound)
+}
+
+/// Open connections by source address.
+type Sources = Arc<Mutex<std::collections::HashMap<IpAddr, usize>>>;
+
+/// One connection counted against its source address until dropped.
+struct SourceSlot {
+    sources: Sources,
+    ip: IpAddr,
+}
+
+impl SourceSlot {
+    /// Counts a connection from `ip`; `None` if it has `max` open already.
+    fn take(sources: &Sources, ip: IpAddr, max: usize) -> Option<SourceSlot> {
+        let mut open = sources.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_default();
+        if max > 0 && *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            sources: sources.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -183,8 +264,7 @@ async fn route(
     })
 }
 
-/// The refusal of a mutation without the right bearer token (compared in constant
-/// time), or `None` to go ahead.
+/// The refusal of a mutation without the right bearer token, or `None` to go ahead.
 fn refuse(req: &Request<Incoming>, state: &ApiState) -> Option<Reply> {
     let Some(token) = &state.token else {
         return Some(error(StatusCode::FORBIDDEN, "mutations are disabled: no API token is configured (--api-token-file or STEERDNS_API_TOKEN)"));
@@ -193,15 +273,30 @@ fn refuse(req: &Request<Incoming>, state: &ApiState) -> Option<Reply> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .unwrap_or("");
-    let same = given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    (!same).then(|| error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token"))
+    (!same_token(given.as_bytes(), token.as_bytes()))
+        .then(|| error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token"))
+}
+
+/// The token of an `Authorization` value of the Bearer scheme, whose name is
+/// case-insensitive (RFC 9110 §11.1).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
+/// Whether `given` is `token`, in a time that depends only on the length of `token`:
+/// every byte of the token is compared, whatever `given` is, and a length that differs
+/// is one more difference, not an early return.
+fn same_token(given: &[u8], token: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != token.len());
+    for (i, t) in token.iter().enumerate() {
+        diff |= given.get(i).copied().unwrap_or(!t) ^ t;
+    }
+    diff == 0
 }
 
 #[derive(Deserialize)]
@@ -269,7 +364,12 @@ async fn mutate(
                         )
                     }
                 },
-                (None, Some(s)) => Some(now_ms() + s.saturating_mul(1000)),
+                (None, Some(s)) => {
+                    match s.checked_mul(1000).and_then(|ms| now_ms().checked_add(ms)) {
+                        Some(until) => Some(until),
+                        None => return error(StatusCode::BAD_REQUEST, "ttl_seconds: too large"),
+                    }
+                }
                 (None, None) => None,
             };
             let mut name = r.name.trim().to_ascii_lowercase();
@@ -440,5 +540,35 @@ fn json_reply<T: serde::Serialize>(status: StatusCode, value: &T) -> Reply {
             r
         }
         Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_compared_whole() {
+        let t = b"0123456789abcdef";
+        assert!(same_token(t, t));
+        for given in [
+            &b"0123456789abcdeF"[..],
+            b"0123456789abcde",
+            b"0123456789abcdef0",
+            b"",
+            b"1123456789abcdef",
+        ] {
+            assert!(!same_token(given, t), "{given:?}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer tok", "bearer tok", "BEARER  tok", " Bearer tok"] {
+            assert_eq!(bearer(v), Some("tok"), "{v:?}");
+        }
+        for v in ["Basic tok", "Bearertok", "Token tok", ""] {
+            assert_ne!(bearer(v), Some("tok"), "{v:?}");
+        }
     }
 }

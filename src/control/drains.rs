@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 pub use crate::config::empties_a_region;
-use crate::config::{DrainScope, HostPolicy, Match, Policy};
+use crate::config::{DrainScope, HostPolicy, Match, Policy, MAX_DRAIN_SCOPES};
 use crate::control::planner::DrainCut;
 use crate::control::stepper::{Direction, Stepper};
 
@@ -66,13 +66,22 @@ pub enum DrainError {
     EmptiesRegion(String),
     #[error("no drain override `{0}`")]
     NoSuchOverride(String),
+    #[error("refused: {name} would have {scopes} different location scopes of drains, at most {max}: drain by region name, or reuse the `where` of a drain in force")]
+    TooManyScopes {
+        name: String,
+        scopes: usize,
+        max: usize,
+    },
 }
 
 impl DrainError {
     /// Whether the request conflicts with the drains in force (rather than being wrong
     /// on its own).
     pub fn is_conflict(&self) -> bool {
-        matches!(self, DrainError::EmptiesRegion(_))
+        matches!(
+            self,
+            DrainError::EmptiesRegion(_) | DrainError::TooManyScopes { .. }
+        )
     }
 }
 
@@ -342,6 +351,16 @@ impl Drains {
         if let Some(region) = empties_a_region(host, &all) {
             return Err(DrainError::EmptiesRegion(region));
         }
+        // The planner gives each distinct location scope its own choices, up to
+        // MAX_DRAIN_SCOPES; past that a drain would silently apply everywhere.
+        let scopes = location_scopes(all.iter().map(|(_, s)| s.as_slice()));
+        if scopes > MAX_DRAIN_SCOPES {
+            return Err(DrainError::TooManyScopes {
+                name: rule.name.clone(),
+                scopes,
+                max: MAX_DRAIN_SCOPES,
+            });
+        }
         if rule.until_unix_ms.is_some_and(|u| u <= now_ms) {
             return Err(DrainError::UntilPassed);
         }
@@ -496,6 +515,25 @@ impl DrainStatus {
     }
 }
 
+/// How many distinct location scopes (the `Match` entries of a scope, as the planner
+/// groups them) these drain scopes have.
+fn location_scopes<'s>(scopes: impl Iterator<Item = &'s [DrainScope]>) -> usize {
+    let mut groups: Vec<Vec<Match>> = Vec::new();
+    for scope in scopes {
+        let g: Vec<Match> = scope
+            .iter()
+            .filter_map(|s| match s {
+                DrainScope::Match(m) => Some(*m),
+                DrainScope::Region(_) => None,
+            })
+            .collect();
+        if !g.is_empty() && !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    groups.len()
+}
+
 fn scope_text(rule: &DrainRule) -> String {
     if rule.scope.is_empty() {
         "everywhere".into()
@@ -557,5 +595,39 @@ mod tests {
             matches!(e, DrainError::EmptiesRegion(_)) && e.is_conflict(),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_seventh_location_scope_is_refused_not_made_global() {
+        // Before, the seventh scope was accepted and the planner applied it everywhere.
+        let p = policy();
+        let mut d = Drains::default();
+        let scoped = |c: &str| {
+            let mut r = rule(2_000_000);
+            r.scope = vec![c.to_string()];
+            r
+        };
+        let countries = ["GB", "FR", "DE", "JP", "US", "CA"];
+        assert_eq!(countries.len(), MAX_DRAIN_SCOPES);
+        for c in countries {
+            d.add(&p, scoped(c), 1_000_000).unwrap();
+        }
+        let e = d.add(&p, scoped("AU"), 1_000_000).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DrainError::TooManyScopes {
+                    scopes: 7,
+                    max: 6,
+                    ..
+                }
+            ) && e.is_conflict(),
+            "{e}"
+        );
+        assert!(e.to_string().contains("at most 6"), "{e}");
+        // A scope already in force, a region name, or everywhere: still accepted.
+        d.add(&p, scoped("GB"), 1_000_000).unwrap();
+        d.add(&p, scoped("default"), 1_000_000).unwrap();
+        d.add(&p, rule(2_000_000), 1_000_000).unwrap();
     }
 }

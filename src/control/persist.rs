@@ -1,7 +1,10 @@
 //! Control plane: health and failover progress saved across restarts, so that a restart
 //! in the middle of a failover resumes the timeline instead of snapping back to the
-//! configured weights. The file is replaced atomically (write, fsync, rename); a state
-//! older than the configured maximum age is ignored.
+//! configured weights. The file is replaced atomically and durably (write, fsync,
+//! rename, fsync of the directory, so that the rename itself survives a power cut); a
+//! state older than the configured maximum age is ignored. Temporary files a crash left
+//! behind (`steerdns-state.json.<pid>.<n>.tmp` of a process no longer running) are
+//! removed at startup.
 //!
 //! Faults: a save that fails (unwritable directory, a directory where the file should
 //! be, a full disk) leaves the previous file as it was and no temporary file behind;
@@ -146,7 +149,64 @@ pub fn save_to(dir: &Path, saved: &Saved, disk: &DiskFull) -> std::io::Result<()
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written
+    written?;
+    sync_dir(dir)
+}
+
+/// Makes a rename in `dir` durable.
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Removes the temporary files of [`save_to`] left in `dir` by processes that are no
+/// longer running (a crash between create and rename); returns how many. A file of a
+/// running process (a restart overlapping the old one) is left alone.
+pub fn clean_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| {
+                n.strip_prefix(FILE)?
+                    .strip_prefix('.')?
+                    .strip_suffix(".tmp")
+            })
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(pid, n)| n.parse::<u64>().ok().and(pid.parse::<u32>().ok()))
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !running(pid) && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether process `pid` exists (signal 0: no signal is sent; EPERM means it exists).
+#[cfg(unix)]
+fn running(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks for the process.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(not(unix))]
+fn running(_pid: u32) -> bool {
+    true
 }
 
 /// Reads the state back; `Ok(None)` when there is none or it is older than `max_age`.
@@ -208,6 +268,10 @@ pub fn restore(
     dir: &Path,
     max_age: Duration,
 ) -> Result<Option<Saved>, (LoadFault, Option<PathBuf>)> {
+    let cleaned = clean_temporaries(dir);
+    if cleaned > 0 {
+        tracing::info!(dir = %dir.display(), files = cleaned, "removed temporary state files left by a crash");
+    }
     match read(dir, max_age) {
         Ok(s) => Ok(s),
         Err(e @ LoadFault::Unreadable(_)) => Err((e, None)),
@@ -367,5 +431,28 @@ mod tests {
         // Nothing left to restore: a fresh start.
         assert_eq!(restore(&dir, Duration::from_secs(60)), Ok(None));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn temporary_files_of_a_crash_are_removed_at_startup() {
+        let dir = scratch("tmp-clean");
+        save(&dir, &state(1)).unwrap();
+        // A crash between create and rename (a pid above any pid_max: not running), a
+        // write in flight by a running process (pid 1), and files that are not ours.
+        let dead = format!("{FILE}.999999999.3.tmp");
+        let live = format!("{FILE}.1.0.tmp");
+        for f in [
+            &dead,
+            &live,
+            &format!("{FILE}.x.tmp"),
+            &"other.1.tmp".to_string(),
+        ] {
+            std::fs::write(dir.join(f), b"{").unwrap();
+        }
+        assert!(restore(&dir, Duration::from_secs(60)).unwrap().is_some());
+        let left = files(&dir);
+        assert!(!left.contains(&dead), "{left:?}");
+        assert!(left.contains(&live), "{left:?}");
+        assert_eq!(left.len(), 4, "{left:?}");
     }
 }

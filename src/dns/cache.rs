@@ -12,7 +12,7 @@
 //!   when it reaches [`MAX_ENTRIES`].
 //!
 //! Steered names never enter it (their answers are drawn per query). `tests/fast_path.rs`
-//! compares cached answers with the full path's over TCP.
+//! compares cached answers with the full path's (called in-process).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -9,17 +9,19 @@
 //! kernel never accepts from the network) are never limited.
 //!
 //! The table is a fixed array of atomic counters indexed by a keyed hash of the prefix:
-//! constant memory whatever the flood, no locks, and two prefixes that share a slot
-//! share a budget (a hash key picked at start keeps an attacker from aiming at one).
+//! constant memory whatever the flood, no locks. Two prefixes that share a slot share
+//! its budget (a collision costs the attacker, never the limit: a flood spread over more
+//! prefixes than there are slots gets at most `rate` answers per slot and second in all),
+//! and a hash key picked at start keeps an attacker from aiming at a victim's slot.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use ipnet::IpNet;
 
 /// Slots in the table (512 KiB).
-const SLOTS: usize = 1 << 16;
+const SLOTS: usize = 1 << 17;
 
 /// How response rate limiting is set up (`--rrl-*` flags).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +70,9 @@ pub enum Verdict {
 
 pub struct Rrl {
     cfg: RrlConfig,
-    /// Per slot: hash tag (32 bits) | second (16 bits) | responses in it (16 bits).
-    table: Box<[AtomicU64]>,
+    /// Per slot: second (16 bits) | responses in it (16 bits), whichever prefixes
+    /// hash to it.
+    table: Box<[AtomicU32]>,
     key: u64,
     epoch: Instant,
     limited: AtomicU32,
@@ -88,7 +91,7 @@ impl Rrl {
                 ipv6_prefix: cfg.ipv6_prefix.min(128),
                 ..cfg
             },
-            table: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            table: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
             key: rand::random::<u64>() | 1,
             epoch: Instant::now(),
             limited: AtomicU32::new(0),
@@ -100,25 +103,25 @@ impl Rrl {
     /// # Hot path
     /// A hash and one compare-and-swap on one slot.
     pub fn check(&self, ip: IpAddr) -> Verdict {
+        self.check_at(ip, self.epoch.elapsed().as_secs())
+    }
+
+    /// [`Rrl::check`] in second `second` since the limiter started.
+    fn check_at(&self, ip: IpAddr, second: u64) -> Verdict {
         if self.cfg.exempt.iter().any(|n| n.contains(&ip)) {
             return Verdict::Answer;
         }
-        let prefix = self.prefix(ip);
-        let h = self.hash(prefix);
-        let slot = &self.table[(h as usize) & (SLOTS - 1)];
-        let tag = h >> 32;
-        let second = self.epoch.elapsed().as_secs() & 0xffff;
+        let slot = &self.table[self.slot(ip)];
+        let second = (second & 0xffff) as u32;
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
-            let count = if cur >> 32 == tag && (cur >> 16) & 0xffff == second {
-                cur & 0xffff
-            } else {
-                0
-            };
-            if count >= u64::from(self.cfg.rate) {
+            // Another second's count starts over; a count of this second is kept, whoever
+            // it was counted for.
+            let count = if cur >> 16 == second { cur & 0xffff } else { 0 };
+            if count >= self.cfg.rate {
                 break;
             }
-            let new = tag << 32 | second << 16 | (count + 1);
+            let new = second << 16 | (count + 1);
             match slot.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Verdict::Answer,
                 Err(now) => cur = now,
@@ -130,6 +133,11 @@ impl Rrl {
         } else {
             Verdict::Drop
         }
+    }
+
+    /// The table index of `ip`'s prefix.
+    fn slot(&self, ip: IpAddr) -> usize {
+        (self.hash(self.prefix(ip)) as usize) & (SLOTS - 1)
     }
 
     /// The client's prefix as one number, the family in the top bit.
@@ -243,5 +251,49 @@ mod tests {
             .count();
         assert!(answered <= 1, "{answered}");
         assert_eq!(r.check(other_56), Verdict::Answer);
+    }
+
+    /// Two /24s whose prefixes land in the same slot of `r`.
+    fn colliding(r: &Rrl) -> (IpAddr, IpAddr) {
+        let mut seen = std::collections::HashMap::new();
+        for i in 0u32.. {
+            let ip = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + (i << 8)));
+            if let Some(other) = seen.insert(r.slot(ip), ip) {
+                return (other, ip);
+            }
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn two_prefixes_in_one_slot_share_its_budget() {
+        // Before, a slot holding another prefix's count was reset: two colliding
+        // prefixes, alternating, reset each other and were never limited.
+        let r = rrl(10, 0);
+        let (a, b) = colliding(&r);
+        assert_ne!(r.prefix(a), r.prefix(b));
+        let answered = (0..100)
+            .filter(|i| r.check_at(if i % 2 == 0 { a } else { b }, 7) == Verdict::Answer)
+            .count();
+        assert_eq!(answered, 10, "one budget for the slot");
+        // The next second, a new budget.
+        assert_eq!(r.check_at(b, 8), Verdict::Answer);
+    }
+
+    #[test]
+    fn a_carpet_flood_is_limited_per_slot() {
+        // A spoofed flood spread over four times more /24s than there are slots, two
+        // queries each, within one second: at most `rate` answers per slot in all.
+        let r = rrl(1, 0);
+        let prefixes: Vec<IpAddr> = (0..(4 * SLOTS) as u32)
+            .map(|i| IpAddr::from(std::net::Ipv4Addr::from(i << 8)))
+            .collect();
+        let answered = (0..2)
+            .flat_map(|_| prefixes.iter())
+            .filter(|ip| r.check_at(**ip, 3) == Verdict::Answer)
+            .count();
+        assert!(answered <= SLOTS, "{answered} answers for {SLOTS} slots");
+        // Nearly every slot was used: the limit is per slot, not global.
+        assert!(answered > SLOTS * 9 / 10, "{answered}");
     }
 }

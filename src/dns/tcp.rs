@@ -1,52 +1,83 @@
-//! Data plane: DNS over TCP (RFC 7766). One task per connection; queries on a connection
-//! are answered in order, so pipelined queries all get their answers.
+//! Data plane: DNS over TCP (RFC 7766). One task per connection. A resolver pipelines
+//! its queries (§6.2.1.1), so the task reads whatever has arrived, answers every whole
+//! message in it (steered names by the fast path of `wire.rs`, the rest by the full
+//! handler), in order, and writes the answers back in one write: one read and one write
+//! per batch, as `udp.rs` does with `recvmmsg`/`sendmmsg`.
 //!
 //! Limits, each counted in `steerdns_tcp_closed_total{reason}`:
-//! - at most `max_connections` open at once; a connection past that is closed as soon
-//!   as it is accepted (the client retries, possibly elsewhere) instead of waiting in the
-//!   backlog;
-//! - a connection that is idle, or that takes longer than `idle_timeout` to send one
-//!   message (one byte a second, say), or to read one answer, is closed;
-//! - after `max_queries` answers a connection is closed (RFC 7766 §6.2.3 lets servers
-//!   close connections; clients reconnect).
+//! - at most `max_connections` open at once, and at most `max_per_source` from one
+//!   source prefix (`source_prefix_v4`/`_v6`); a connection past either is closed as
+//!   soon as it is accepted (the client retries, possibly elsewhere) instead of waiting
+//!   in the backlog, so that one host cannot hold every slot;
+//! - a connection that sends no whole message for `idle_timeout` (idle, or trickling a
+//!   byte a second), or that does not read its answers for as long, is closed;
+//! - every frame counts, answered or not: a frame that gets no answer (empty, shorter
+//!   than a header, a response) closes the connection, so nothing but real queries keeps
+//!   a connection open;
+//! - after `max_queries` frames (0, the default: no limit, as NSD and Knot) steerdns
+//!   reads no more, answers every message it has already read, then closes: the
+//!   graceful close of RFC 7766 §6.2.3 (FIN after the last answer, no reset that could
+//!   destroy answers in flight).
 //!
-//! UDP is served by other tasks on other sockets, so none of this can starve it.
+//! UDP is served by other threads on other sockets, so none of this can starve it.
 
-use std::io;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hickory_server::net::xfer::Protocol;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::timeout;
+use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::Handler;
+use super::{wire, Handler};
 
 /// How TCP clients are bounded (`--tcp-*` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpLimits {
     pub max_connections: usize,
-    /// Longest wait for the next message, or for one message to arrive whole.
+    /// Open connections from one source prefix at most; 0: no per-source limit.
+    pub max_per_source: usize,
+    /// The IPv4 prefix `max_per_source` counts by.
+    pub source_prefix_v4: u8,
+    /// The IPv6 prefix `max_per_source` counts by.
+    pub source_prefix_v6: u8,
+    /// Longest wait for the next whole message, or for the client to take an answer.
     pub idle_timeout: Duration,
-    /// Answers per connection before steerdns closes it; 0: no limit.
+    /// Frames read per connection before steerdns closes it; 0: no limit.
     pub max_queries: u32,
 }
 
 impl Default for TcpLimits {
-    /// As NSD, Knot and BIND ship: a few hundred connections, seconds of idleness.
+    /// As NSD, Knot and BIND ship: a few hundred connections, seconds of idleness, no
+    /// cap on queries per connection (resolvers keep their connections, RFC 7766 §6.2.1);
+    /// one /24 or /56 may hold an eighth of the connections.
     fn default() -> Self {
         TcpLimits {
             max_connections: 256,
+            max_per_source: 32,
+            source_prefix_v4: 24,
+            source_prefix_v6: 56,
             idle_timeout: Duration::from_secs(10),
-            max_queries: 1000,
+            max_queries: 0,
         }
     }
 }
+
+/// The largest read per system call; a resolver's 200 pipelined queries fit.
+const READ_CHUNK: usize = 16 * 1024;
+/// How long a closing connection may keep sending before it is dropped (its pending
+/// queries are discarded meanwhile, so that our FIN is not turned into a reset).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Open connections by source prefix.
+type Sources = Arc<Mutex<HashMap<u128, usize>>>;
 
 /// Serves `listener` until `shutdown` is cancelled; open connections are then dropped.
 pub async fn serve(
@@ -56,21 +87,31 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let sources: Sources = Arc::default();
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => match slots.clone().try_acquire_owned() {
-                    Ok(slot) => {
-                        conns.spawn(connection(stream, peer, handler.clone(), limits, slot));
-                    }
-                    Err(_) => {
-                        handler.metrics().tcp_closed("over-connection-limit");
+                Ok((stream, peer)) => {
+                    let Some(source) = SourceSlot::take(&sources, &limits, peer.ip()) else {
+                        handler.metrics().tcp_closed("over-source-limit");
                         drop(stream);
+                        continue;
+                    };
+                    match slots.clone().try_acquire_owned() {
+                        Ok(slot) => {
+                            conns.spawn(connection(
+                                stream, peer, handler.clone(), limits, (slot, source),
+                            ));
+                        }
+                        Err(_) => {
+                            handler.metrics().tcp_closed("over-connection-limit");
+                            drop(stream);
+                        }
                     }
-                },
+                }
                 Err(e) => {
                     // Out of file descriptors, typically: let some connections end.
                     tracing::warn!(error = %e, "cannot accept a TCP connection");
@@ -81,12 +122,64 @@ pub async fn serve(
     }
 }
 
+/// One connection counted against its source prefix until dropped.
+struct SourceSlot {
+    sources: Sources,
+    key: u128,
+}
+
+impl SourceSlot {
+    /// Counts a connection from `ip`; `None` if its prefix has `max_per_source` open.
+    fn take(sources: &Sources, limits: &TcpLimits, ip: IpAddr) -> Option<SourceSlot> {
+        let key = source_key(ip, limits);
+        let mut open = sources.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(key).or_default();
+        if limits.max_per_source > 0 && *n >= limits.max_per_source {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            sources: sources.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The source's prefix as one number, the family in the top bit (IPv4-mapped IPv6
+/// addresses count as IPv4).
+fn source_key(ip: IpAddr, limits: &TcpLimits) -> u128 {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => {
+            let bits = u32::from(limits.source_prefix_v4.min(32));
+            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+            u128::from(u32::from(a) & mask)
+        }
+        IpAddr::V6(a) => {
+            let bits = u32::from(limits.source_prefix_v6.min(128));
+            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            (u128::from(a) & mask) >> 1 | 1 << 127
+        }
+    }
+}
+
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     handler: Handler,
     limits: TcpLimits,
-    _slot: OwnedSemaphorePermit,
+    _slots: (OwnedSemaphorePermit, SourceSlot),
 ) {
     handler.metrics().tcp_connections(1);
     let reason = answer_all(stream, peer, &handler, limits).await;
@@ -96,54 +189,140 @@ async fn connection(
 
 /// Answers queries until the connection ends; returns why it ended.
 async fn answer_all(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     handler: &Handler,
     limits: TcpLimits,
 ) -> &'static str {
     let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::new(rd);
-    let mut message = Vec::new();
-    let mut frame = Vec::new();
-    let mut answered = 0u32;
+    let mut rng = SmallRng::seed_from_u64(rand::rng().random());
+    let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut output: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut reply = Vec::with_capacity(512);
+    let mut frames = 0u32;
+    // The next whole message must have arrived by then.
+    let mut deadline = Instant::now() + limits.idle_timeout;
     loop {
-        let mut len = [0u8; 2];
-        if let Err(reason) = within(limits.idle_timeout, rd.read_exact(&mut len)).await {
-            return reason;
+        if input.capacity() - input.len() < READ_CHUNK / 2 {
+            input.reserve(READ_CHUNK);
         }
-        message.resize(usize::from(u16::from_be_bytes(len)), 0);
-        if let Err(reason) = within(limits.idle_timeout, rd.read_exact(&mut message)).await {
-            return reason;
+        match timeout_at(deadline, stream.read_buf(&mut input)).await {
+            Err(_) => return "idle",
+            Ok(Ok(0)) => return "client",
+            Ok(Err(_)) => return "error",
+            Ok(Ok(_)) => {}
         }
-        let Some(response) = handler.respond(&message, peer, Protocol::Tcp).await else {
-            continue;
-        };
-        let Ok(len) = u16::try_from(response.len()) else {
-            return "error";
-        };
-        frame.clear();
-        frame.extend_from_slice(&len.to_be_bytes());
-        frame.extend_from_slice(&response);
-        if let Err(reason) = within(limits.idle_timeout, wr.write_all(&frame)).await {
-            return reason;
+        // Every whole message read so far, answered in order.
+        let snap = handler.live().load_full();
+        let now = crate::selection::unix_now();
+        let mut at = 0;
+        let mut end = None;
+        while let Some(message) = frame(&input[at..]) {
+            at += 2 + message.len();
+            frames = frames.saturating_add(1);
+            if let Some(steer) = wire::answer(&snap, message, peer.ip(), &mut reply, now, &mut rng)
+            {
+                handler.count_steered(&steer);
+            } else if let Some(full) = handler.respond(message, peer, Protocol::Tcp).await {
+                reply = full;
+            } else {
+                end = Some("no-answer");
+                break;
+            }
+            let Ok(len) = u16::try_from(reply.len()) else {
+                end = Some("error");
+                break;
+            };
+            output.extend_from_slice(&len.to_be_bytes());
+            output.extend_from_slice(&reply);
+            if limits.max_queries > 0 && frames >= limits.max_queries {
+                // Read no more; what is already read is still answered.
+                end.get_or_insert("query-limit");
+            }
         }
-        answered += 1;
-        if limits.max_queries > 0 && answered >= limits.max_queries {
-            return "query-limit";
+        drop(snap);
+        if at > 0 {
+            input.drain(..at);
+            deadline = Instant::now() + limits.idle_timeout;
+        }
+        if !output.is_empty() {
+            let wrote = timeout(limits.idle_timeout, stream.write_all(&output)).await;
+            output.clear();
+            match wrote {
+                Err(_) => return "idle",
+                Ok(Err(_)) => return "error",
+                Ok(Ok(())) => {}
+            }
+        }
+        if let Some(reason) = end {
+            close(stream, limits.idle_timeout.min(LINGER)).await;
+            return reason;
         }
     }
 }
 
-/// Runs one read or write with the idle timeout; the error is the close reason.
-async fn within<T>(
-    limit: Duration,
-    io: impl std::future::Future<Output = io::Result<T>>,
-) -> Result<T, &'static str> {
-    match timeout(limit, io).await {
-        Err(_) => Err("idle"),
-        Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Err("client"),
-        Ok(Err(_)) => Err("error"),
-        Ok(Ok(v)) => Ok(v),
+/// The message of the first frame of `buf` if it is whole.
+fn frame(buf: &[u8]) -> Option<&[u8]> {
+    let len = usize::from(u16::from_be_bytes([*buf.first()?, *buf.get(1)?]));
+    buf.get(2..2 + len)
+}
+
+/// Closes gracefully: FIN after the answers written, then reads and discards until the
+/// client closes its side (or `linger` passes), so that no unread query turns the close
+/// into a reset that would destroy answers still in flight.
+async fn close(mut stream: TcpStream, linger: Duration) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let _ = timeout(linger, async {
+        while let Ok(n) = stream.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_taken_whole() {
+        assert_eq!(frame(&[]), None);
+        assert_eq!(frame(&[0]), None);
+        assert_eq!(frame(&[0, 0]), Some(&[][..]));
+        assert_eq!(frame(&[0, 2, 7]), None);
+        assert_eq!(frame(&[0, 2, 7, 8, 9]), Some(&[7, 8][..]));
+    }
+
+    #[test]
+    fn sources_are_counted_by_prefix() {
+        let limits = TcpLimits::default();
+        let key = |s: &str| source_key(s.parse().unwrap(), &limits);
+        assert_eq!(key("192.0.2.1"), key("192.0.2.254"));
+        assert_ne!(key("192.0.2.1"), key("192.0.3.1"));
+        assert_eq!(key("::ffff:192.0.2.1"), key("192.0.2.9"));
+        assert_eq!(key("2001:db8:0:1::1"), key("2001:db8:0:ff::2"));
+        assert_ne!(key("2001:db8:0:1::1"), key("2001:db8:0:100::1"));
+        assert_ne!(key("0.0.0.0"), key("::"));
+    }
+
+    #[test]
+    fn a_source_slot_is_given_back() {
+        let limits = TcpLimits {
+            max_per_source: 2,
+            ..TcpLimits::default()
+        };
+        let sources: Sources = Arc::default();
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let a = SourceSlot::take(&sources, &limits, ip).unwrap();
+        let _b = SourceSlot::take(&sources, &limits, ip).unwrap();
+        assert!(SourceSlot::take(&sources, &limits, ip).is_none());
+        assert!(SourceSlot::take(&sources, &limits, "192.0.3.1".parse().unwrap()).is_some());
+        drop(a);
+        assert!(SourceSlot::take(&sources, &limits, ip).is_some());
     }
 }

@@ -6,6 +6,12 @@
 //! the answer: at low rates that is one wakeup per query, at high rates one pair of
 //! system calls per batch.
 //!
+//! A panic in a thread (a bug) must not leave its socket in the `SO_REUSEPORT` group
+//! with nobody reading it, silently dropping the share of the flows the kernel hashes to
+//! it: each thread's loop is supervised, and a panic is logged, counted in
+//! `steerdns_udp_thread_restarts_total`, and the loop restarted on the same socket (the
+//! batch being answered is lost).
+//!
 //! Per datagram the thread drops what must not be answered (sources with port 0, an
 //! unspecified or broadcast address; datagrams larger than [`RECV_BUF`]), then asks the
 //! rate limiter, then answers. Nothing here allocates once the buffers have grown, unless
@@ -30,14 +36,22 @@ use hickory_server::net::xfer::Protocol;
 pub const BATCH: usize = 64;
 /// The largest query read; longer datagrams are dropped (no DNS query is near it).
 pub const RECV_BUF: usize = 4096;
-/// How long a full send buffer may hold a batch of answers before they are dropped.
-const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long one send may wait for room in a full send buffer (the socket's
+/// `SO_SNDTIMEO`); a send that times out drops the rest of its batch.
+const SEND_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long sending one batch may take in all, retries after errors included; what is
+/// left then is dropped and counted, so that a thread is never held for long by egress.
+const SEND_BUDGET: Duration = Duration::from_millis(200);
 
 /// A running UDP thread.
 pub struct UdpThread {
     socket: Arc<UdpSocket>,
     ended: tokio::sync::oneshot::Receiver<()>,
 }
+
+/// A fault injected for tests: a UDP thread that receives a query for this name (in
+/// wire form, as sent) panics. `None` in every real configuration.
+pub type PanicOn = Option<Arc<[u8]>>;
 
 /// Starts the thread serving `socket` until `shutdown` is cancelled and
 /// [`UdpThread::wake`] called. `runtime` runs the full path.
@@ -47,6 +61,7 @@ pub fn spawn(
     rrl: Option<Arc<Rrl>>,
     shutdown: CancellationToken,
     runtime: Handle,
+    panic_on: PanicOn,
 ) -> io::Result<UdpThread> {
     socket.set_nonblocking(false)?;
     mmsg::dont_fragment(&socket)?;
@@ -59,7 +74,14 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("steerdns-udp".into())
         .spawn(move || {
-            serve(&theirs, &handler, rrl.as_deref(), &shutdown, &runtime);
+            supervise(
+                &theirs,
+                &handler,
+                rrl.as_deref(),
+                &shutdown,
+                &runtime,
+                &panic_on,
+            );
             let _ = done.send(());
         })?;
     Ok(UdpThread { socket, ended })
@@ -81,12 +103,41 @@ impl UdpThread {
     }
 }
 
+/// Runs [`serve`] until shutdown, restarting it on the same socket after a panic.
+fn supervise(
+    socket: &UdpSocket,
+    handler: &Handler,
+    rrl: Option<&Rrl>,
+    shutdown: &CancellationToken,
+    runtime: &Handle,
+    panic_on: &PanicOn,
+) {
+    while !shutdown.is_cancelled() {
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve(socket, handler, rrl, shutdown, runtime, panic_on.as_deref())
+        }));
+        let Err(panic) = served else {
+            return;
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(panic = %what, "a UDP thread panicked; restarting it on its socket");
+        handler.metrics().udp_thread_restarted();
+        // A panic on every batch must not spin a CPU.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn serve(
     socket: &UdpSocket,
     handler: &Handler,
     rrl: Option<&Rrl>,
     shutdown: &CancellationToken,
     runtime: &Handle,
+    panic_on: Option<&[u8]>,
 ) {
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     let mut batch = mmsg::Batch::new();
@@ -130,6 +181,11 @@ fn serve(
             if !answerable(src) {
                 handler.metrics().dropped("bad-source");
                 continue;
+            }
+            if let Some(name) = panic_on {
+                if packet.get(12..12 + name.len()) == Some(name) {
+                    panic!("injected UDP thread panic (a test's panic_on name)");
+                }
             }
             if let Some(rrl) = rrl {
                 match rrl.check(src.ip()) {
@@ -185,8 +241,10 @@ fn serve(
     }
 }
 
-/// Sends every reply; a reply that cannot go (an unroutable source, a send buffer full
-/// for [`SEND_TIMEOUT`]) is dropped and counted.
+/// Sends every reply; a reply that cannot go is dropped and counted: an unroutable
+/// source (`send-error`, the others are still sent), a send buffer full for
+/// [`SEND_TIMEOUT`] or a batch past [`SEND_BUDGET`] (`send-timeout`, the rest of the
+/// batch with it).
 fn send_all(
     socket: &UdpSocket,
     batch: &mut mmsg::Batch,
@@ -194,18 +252,71 @@ fn send_all(
     replies: &[usize],
     handler: &Handler,
 ) {
+    let deadline = Instant::now() + SEND_BUDGET;
+    let sent = send_batch(
+        |from| batch.send(socket, out, &replies[from..]),
+        replies.len(),
+        deadline,
+        Instant::now,
+    );
+    for _ in 0..sent.failed {
+        handler.metrics().dropped("send-error");
+    }
+    for _ in 0..sent.timed_out {
+        handler.metrics().dropped("send-timeout");
+    }
+}
+
+/// What became of a batch of replies.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Sent {
+    sent: usize,
+    /// Refused one by one (an unroutable source, say).
+    failed: usize,
+    /// Dropped unsent: the send buffer stayed full, or the batch took too long.
+    timed_out: usize,
+}
+
+/// Sends `n` replies with `send(first)` (one `sendmmsg` from reply `first` on: how many
+/// went), until all are sent or `now()` passes `deadline`.
+fn send_batch(
+    mut send: impl FnMut(usize) -> io::Result<usize>,
+    n: usize,
+    deadline: Instant,
+    mut now: impl FnMut() -> Instant,
+) -> Sent {
+    let mut r = Sent::default();
     let mut done = 0;
-    while done < replies.len() {
-        match batch.send(socket, out, &replies[done..]) {
-            Ok(sent) => done += sent.max(1),
+    while done < n {
+        match send(done) {
+            Ok(k) => {
+                let k = k.clamp(1, n - done);
+                r.sent += k;
+                done += k;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // The buffer stayed full for SEND_TIMEOUT: the next ones would wait as long.
+                r.timed_out += n - done;
+                return r;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "UDP send error");
-                handler.metrics().dropped("send-error");
+                r.failed += 1;
                 done += 1;
             }
         }
+        if done < n && now() >= deadline {
+            r.timed_out += n - done;
+            return r;
+        }
     }
+    r
 }
 
 /// Whether a reply may be sent to `src` (hickory's rule): not port 0, not the
@@ -217,7 +328,12 @@ fn answerable(src: SocketAddr) -> bool {
 }
 
 #[cfg(target_os = "linux")]
-mod mmsg {
+use linux as mmsg;
+#[cfg(not(target_os = "linux"))]
+use portable as mmsg;
+
+#[cfg(target_os = "linux")]
+mod linux {
     //! `recvmmsg`/`sendmmsg` over reused buffers. The only `unsafe` of the data plane:
     //! the kernel writes into buffers we own for the duration of each call.
 
@@ -391,10 +507,11 @@ mod mmsg {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
-mod mmsg {
-    //! One datagram per system call, where `recvmmsg` is not available.
-
+/// One datagram per system call, where `recvmmsg` is not available. Compiled on every
+/// platform (and tested on Linux, where [`linux`] serves instead), so that it cannot
+/// rot unseen.
+#[cfg_attr(target_os = "linux", allow(dead_code))]
+mod portable {
     use std::io;
     use std::net::{SocketAddr, UdpSocket};
 
@@ -405,36 +522,147 @@ mod mmsg {
     }
 
     pub struct Batch {
-        buf: Box<[u8; RECV_BUF]>,
+        /// One byte more than [`RECV_BUF`]: a datagram that fills it was longer.
+        buf: Box<[u8]>,
         got: (usize, SocketAddr),
     }
 
     impl Batch {
         pub fn new() -> Batch {
             Batch {
-                buf: Box::new([0u8; RECV_BUF]),
+                buf: vec![0u8; RECV_BUF + 1].into_boxed_slice(),
                 got: (0, SocketAddr::from(([0, 0, 0, 0], 0))),
             }
         }
 
+        /// The datagram of the last receive and its source; `None` if it was too long.
         pub fn get(&self, _i: usize) -> Option<(&[u8], SocketAddr)> {
-            Some((&self.buf[..self.got.0], self.got.1))
+            let (len, src) = self.got;
+            (len <= RECV_BUF).then(|| (&self.buf[..len], src))
         }
 
+        /// One `recv_from`: waits for one datagram.
         pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
-            self.got = socket.recv_from(&mut self.buf[..])?;
+            self.got = socket.recv_from(&mut self.buf)?;
             Ok(1)
         }
 
+        /// Sends the first reply of `replies` (there is one datagram per batch) to the
+        /// source of the last datagram: the number sent.
         pub fn send(
             &mut self,
             socket: &UdpSocket,
             out: &[Vec<u8>],
             replies: &[usize],
         ) -> io::Result<usize> {
-            let (_, buf) = replies[0];
-            socket.try_send_to(&out[slot], self.got.1)?;
+            let Some(&slot) = replies.first() else {
+                return Ok(0);
+            };
+            socket.send_to(&out[slot], self.got.1)?;
             Ok(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_blocked_send_drops_the_rest_of_the_batch_at_once() {
+        // Before, each reply of the batch was retried alone, each waiting SEND_TIMEOUT:
+        // 64 blocked sends, a thread stalled for 64 timeouts.
+        let calls = Cell::new(0);
+        let start = Instant::now();
+        let sent = send_batch(
+            |from| {
+                calls.set(calls.get() + 1);
+                if from < 10 {
+                    Ok(10)
+                } else {
+                    Err(io::Error::from(io::ErrorKind::WouldBlock))
+                }
+            },
+            BATCH,
+            start + SEND_BUDGET,
+            || start,
+        );
+        assert_eq!(calls.get(), 2);
+        let want = Sent {
+            sent: 10,
+            failed: 0,
+            timed_out: BATCH - 10,
+        };
+        assert_eq!(sent, want);
+    }
+
+    #[test]
+    fn errors_one_by_one_stop_at_the_budget() {
+        // Every reply refused, each refusal taking 30 ms: past the 200 ms budget the rest
+        // of the batch is dropped instead of trying all 64.
+        let start = Instant::now();
+        let clock = Cell::new(start);
+        let calls = Cell::new(0);
+        let sent = send_batch(
+            |_| {
+                calls.set(calls.get() + 1);
+                clock.set(clock.get() + Duration::from_millis(30));
+                Err(io::Error::from(io::ErrorKind::PermissionDenied))
+            },
+            BATCH,
+            start + SEND_BUDGET,
+            || clock.get(),
+        );
+        assert_eq!(calls.get(), 7);
+        assert_eq!((sent.failed, sent.timed_out), (7, BATCH - 7));
+        // Quick refusals do not stop the others.
+        let mut n = 0;
+        let sent = send_batch(
+            |_| {
+                n += 1;
+                if n % 2 == 0 {
+                    Err(io::Error::from(io::ErrorKind::PermissionDenied))
+                } else {
+                    Ok(1)
+                }
+            },
+            BATCH,
+            start + SEND_BUDGET,
+            || start,
+        );
+        assert_eq!((sent.sent, sent.failed, sent.timed_out), (32, 32, 0));
+    }
+
+    #[test]
+    fn the_portable_batch_answers_one_datagram_at_a_time() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        portable::dont_fragment(&server).unwrap();
+        let mut batch = portable::Batch::new();
+        client
+            .send_to(b"query", server.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(batch.recv(&server).unwrap(), 1);
+        let (packet, src) = batch.get(0).expect("a datagram");
+        assert_eq!((packet, src), (&b"query"[..], client.local_addr().unwrap()));
+        let out = vec![b"answer".to_vec()];
+        assert_eq!(batch.send(&server, &out, &[0]).unwrap(), 1);
+        assert_eq!(batch.send(&server, &out, &[]).unwrap(), 0);
+        let mut buf = [0u8; 16];
+        let (n, from) = client.recv_from(&mut buf).unwrap();
+        assert_eq!(
+            (&buf[..n], from),
+            (&b"answer"[..], server.local_addr().unwrap())
+        );
+        // Longer than RECV_BUF: dropped, as the recvmmsg batch does.
+        client
+            .send_to(&[0u8; RECV_BUF + 10], server.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(batch.recv(&server).unwrap(), 1);
+        assert!(batch.get(0).is_none());
     }
 }

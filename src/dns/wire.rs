@@ -3,10 +3,11 @@
 //! straight from the received bytes into a response buffer: no decode into hickory's
 //! types, no allocation, no task.
 //!
-//! Everything else (zone data, every error, every unusual form) returns `None` and goes
-//! the full way through [`super::Handler`], which also answers these same queries when
-//! they come over TCP. The answers of both paths are the same message: `tests/fast_path.rs`
-//! sends every form to both and compares, and so does the `request` fuzz target.
+//! It serves UDP (`udp.rs`) and TCP (`tcp.rs`) alike. Everything else (zone data, every
+//! error, every unusual form) returns `None` and goes the full way through
+//! [`super::Handler`], which would answer these same queries with the same message:
+//! `tests/fast_path.rs` sends every form to both and compares, and so does the `request`
+//! fuzz target.
 //!
 //! ```text
 //! query:    header | question (copied as received) | [OPT: payload, DO, ECS]

@@ -22,6 +22,7 @@
 //! | `state_save_errors_total` | | failed saves of the state file (each retried) |
 //! | `state_save_failing` | | 1 while the latest save of the state file failed |
 //! | `state_load_errors_total` | reason | saved state not restored at startup: `corrupt`, `unreadable` |
+//! | `udp_thread_restarts_total` | | UDP threads that panicked and were restarted on their socket |
 //!
 //! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
 //! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
@@ -94,18 +95,21 @@ struct Inner {
     tcp_closed: [IntCounter; TCP_CLOSE_REASONS.len()],
     peer_errors: IntCounterVec,
     state_save_errors: IntCounter,
+    udp_thread_restarts: IntCounter,
     state_save_failing: prometheus::IntGauge,
     state_load_errors: IntCounterVec,
 }
 
 /// Why a UDP datagram got no answer (besides rate limiting).
-pub const UDP_DROP_REASONS: [&str; 3] = ["oversized", "bad-source", "send-error"];
+pub const UDP_DROP_REASONS: [&str; 4] = ["oversized", "bad-source", "send-error", "send-timeout"];
 /// Why steerdns closed a TCP connection (`client`: the client closed it).
-pub const TCP_CLOSE_REASONS: [&str; 5] = [
+pub const TCP_CLOSE_REASONS: [&str; 7] = [
     "client",
     "idle",
     "query-limit",
     "over-connection-limit",
+    "over-source-limit",
+    "no-answer",
     "error",
 ];
 
@@ -165,6 +169,14 @@ impl Metrics {
         .expect("static counter");
         registry
             .register(Box::new(state_save_errors.clone()))
+            .expect("registered once");
+        let udp_thread_restarts = IntCounter::new(
+            "udp_thread_restarts_total",
+            "UDP threads that panicked and were restarted on their socket (a bug: see the log).",
+        )
+        .expect("static counter");
+        registry
+            .register(Box::new(udp_thread_restarts.clone()))
             .expect("registered once");
         let reloads = reg.counters(
             "config_reloads_total",
@@ -230,7 +242,8 @@ impl Metrics {
                     let v = reg.counters(
                         "udp_dropped_total",
                         "UDP queries not answered: oversized (> 4096 bytes), bad-source (port 0, \
-                         unspecified or broadcast), send-error.",
+                         unspecified or broadcast), send-error, send-timeout (the send \
+                         buffer stayed full, or the batch took too long to send).",
                         &["reason"],
                     );
                     UDP_DROP_REASONS.map(|r| v.with_label_values(&[r]))
@@ -256,7 +269,8 @@ impl Metrics {
                     let v = reg.counters(
                         "tcp_closed_total",
                         "DNS-over-TCP connections ended, by reason: client, idle (timeout), \
-                         query-limit, over-connection-limit (refused at accept), error.",
+                         query-limit, over-connection-limit and over-source-limit (refused \
+                         at accept), no-answer (a frame that gets no answer), error.",
                         &["reason"],
                     );
                     TCP_CLOSE_REASONS.map(|r| v.with_label_values(&[r]))
@@ -268,6 +282,7 @@ impl Metrics {
                     &["peer", "reason"],
                 ),
                 state_save_errors,
+                udp_thread_restarts,
                 state_save_failing,
                 state_load_errors: reg.counters(
                     "state_load_errors_total",
@@ -316,6 +331,11 @@ impl Metrics {
     /// Counts a query over the rate limit.
     pub fn rate_limited(&self, slipped: bool) {
         self.inner.rate_limited[usize::from(slipped)].inc();
+    }
+
+    /// Counts a UDP thread restarted after a panic.
+    pub fn udp_thread_restarted(&self) {
+        self.inner.udp_thread_restarts.inc();
     }
 
     /// One more (`+1`) or one fewer (`-1`) open TCP connection.

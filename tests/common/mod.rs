@@ -362,3 +362,30 @@ pub fn opt_record(payload: u16, dnssec_ok: bool, options: &[(u16, &[u8])]) -> Ve
 pub fn raw_rcode(answer: &[u8]) -> u8 {
     answer[3] & 0x0f
 }
+
+/// Raises this process's open-file limit towards its hard limit (at most 8,192), for
+/// tests that hold hundreds of sockets, client and server side, in one process.
+pub fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max.min(8192);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// Opens `n` TCP connections from `from` to `server` and keeps them.
+pub async fn hold(server: SocketAddr, from: &str, n: usize) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        held.push(sock.connect(server).await.expect("connect"));
+    }
+    held
+}

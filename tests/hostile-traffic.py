@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Hostile traffic for tests/soak.sh (issue 14, item 11), on loopback only.
+
+    hostile-traffic.py DNS_PORT API_PORT SECONDS
+
+For SECONDS, at the same time:
+  - a TCP slowloris from 127.66.0.1: up to 300 connections to the DNS port, each sending
+    one byte every 2 s of a message that never ends (a length of 257); the connections
+    the server closes are opened again (at most 50 a second);
+  - UDP garbage from 127.67.0.1: about 1,000 datagrams a second to the DNS port: random
+    bytes of random length (0 to 600), headers only, and responses (QR=1);
+  - an API connection flood from 127.68.0.1: up to 300 idle connections to the API port,
+    opened again when closed.
+Prints one JSON line of what it did. Every socket is closed on exit.
+"""
+
+import json
+import os
+import random
+import resource
+import socket
+import sys
+import threading
+import time
+
+HOLD = 300
+REOPEN_PER_SECOND = 50
+
+
+def raise_fd_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 4096) if hard != resource.RLIM_INFINITY else 4096
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def connect(src, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    return s
+
+
+def holder(name, src, port, until, stats, trickle):
+    """Keeps up to HOLD connections from src open; trickle: send a byte every 2 s."""
+    conns = []
+    last_trickle = 0.0
+    while time.monotonic() < until:
+        tick = time.monotonic()
+        for _ in range(min(REOPEN_PER_SECOND // 2, HOLD - len(conns))):
+            try:
+                conns.append(connect(src, port))
+                stats[name + "_opened"] += 1
+            except OSError:
+                stats[name + "_connect_failed"] += 1
+                break
+        alive = []
+        for s in conns:
+            try:
+                # A read of 0 bytes: the server closed it.
+                if s.recv(4096) == b"":
+                    stats[name + "_closed_by_server"] += 1
+                    s.close()
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                stats[name + "_closed_by_server"] += 1
+                s.close()
+                continue
+            alive.append(s)
+        conns = alive
+        if trickle and tick - last_trickle >= 2.0:
+            last_trickle = tick
+            for s in conns:
+                try:
+                    s.send(b"\x01")
+                except OSError:
+                    pass
+        stats[name + "_held_max"] = max(stats[name + "_held_max"], len(conns))
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
+    for s in conns:
+        s.close()
+
+
+def garbage(port, until, stats):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.67.0.1", 0))
+    s.setblocking(False)
+    rng = random.Random(14)
+    while time.monotonic() < until:
+        for _ in range(50):
+            kind = rng.randrange(3)
+            if kind == 0:
+                d = os.urandom(rng.randrange(0, 601))
+            elif kind == 1:
+                d = os.urandom(rng.randrange(0, 13))
+            else:
+                # A response (QR=1) with a random body.
+                d = os.urandom(2) + bytes([0x80 | rng.randrange(128), 0]) + os.urandom(rng.randrange(8, 100))
+            try:
+                s.sendto(d, ("127.0.0.1", port))
+                stats["udp_garbage_sent"] += 1
+            except OSError:
+                pass
+        # Answers (FORMERR) are read and thrown away.
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        time.sleep(0.05)
+    s.close()
+
+
+def main():
+    dns_port, api_port, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    raise_fd_limit()
+    until = time.monotonic() + seconds
+    stats = {
+        k: 0
+        for k in (
+            "tcp_opened", "tcp_connect_failed", "tcp_closed_by_server", "tcp_held_max",
+            "api_opened", "api_connect_failed", "api_closed_by_server", "api_held_max",
+            "udp_garbage_sent",
+        )
+    }
+    threads = [
+        threading.Thread(target=holder, args=("tcp", "127.66.0.1", dns_port, until, stats, True)),
+        threading.Thread(target=holder, args=("api", "127.68.0.1", api_port, until, stats, False)),
+        threading.Thread(target=garbage, args=(dns_port, until, stats)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(stats))
+
+
+if __name__ == "__main__":
+    main()
