@@ -22,6 +22,8 @@
 //! | `state_save_errors_total` | | failed saves of the state file (each retried) |
 //! | `state_save_failing` | | 1 while the latest save of the state file failed |
 //! | `state_load_errors_total` | reason | saved state not restored at startup: `corrupt`, `unreadable` |
+//! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
+//! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name): they do not count |
 //!
 //! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
 //! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
@@ -95,6 +97,8 @@ struct Inner {
     peer_errors: IntCounterVec,
     state_save_errors: IntCounter,
     state_save_failing: prometheus::IntGauge,
+    etcd_fail_static: prometheus::IntGauge,
+    etcd_refused: prometheus::IntGauge,
     state_load_errors: IntCounterVec,
 }
 
@@ -157,6 +161,24 @@ impl Metrics {
         .expect("static gauge");
         registry
             .register(Box::new(state_save_failing.clone()))
+            .expect("registered once");
+        let etcd_fail_static = prometheus::IntGauge::new(
+            "etcd_fail_static",
+            "1 while this node of a set (--etcd) cannot reach etcd: it keeps the last shared \
+             state and starts no demotion; 0 otherwise (and without --etcd).",
+        )
+        .expect("static gauge");
+        registry
+            .register(Box::new(etcd_fail_static.clone()))
+            .expect("registered once");
+        let etcd_refused = prometheus::IntGauge::new(
+            "etcd_refused_keys",
+            "Keys under the etcd prefix refused now (bad form, a CDN or name outside the policy): \
+             they do not count.",
+        )
+        .expect("static gauge");
+        registry
+            .register(Box::new(etcd_refused.clone()))
             .expect("registered once");
         let state_save_errors = IntCounter::new(
             "state_save_errors_total",
@@ -269,6 +291,8 @@ impl Metrics {
                 ),
                 state_save_errors,
                 state_save_failing,
+                etcd_fail_static,
+                etcd_refused,
                 state_load_errors: reg.counters(
                     "state_load_errors_total",
                     "Saved states not restored at startup (corrupt: set aside; unreadable): \
@@ -461,6 +485,18 @@ impl Metrics {
         self.inner.state_save_failing.set(i64::from(!ok));
     }
 
+    /// Whether this node fails static (a set's node without etcd).
+    pub fn etcd_fail_static(&self, on: bool) {
+        self.inner.etcd_fail_static.set(i64::from(on));
+    }
+
+    /// How many keys under the etcd prefix are refused now.
+    pub fn etcd_refused_keys(&self, n: u64) {
+        self.inner
+            .etcd_refused
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// Counts a saved state that could not be restored at startup (`corrupt`, `unreadable`).
     pub fn state_load_error(&self, reason: &str) {
         self.inner
@@ -611,6 +647,8 @@ mod tests {
             "steerdns_state_save_errors_total",
             "steerdns_state_save_failing",
             "steerdns_state_load_errors_total",
+            "steerdns_etcd_fail_static",
+            "steerdns_etcd_refused_keys",
         ] {
             assert!(
                 t.contains(&format!("# TYPE {family} ")),
