@@ -546,7 +546,7 @@ impl Controller {
         if let Some(c) = &self.cluster {
             c.rounds.notify_one();
         }
-        let peers = self.shared_views().unwrap_or_else(|| self.peers.views());
+        let peers = self.peer_views();
         self.note_unhappy_peers(&peers);
         views.extend(peers);
         // Three rounds, plus a second for a peer's reading to travel and a loaded machine.
@@ -701,8 +701,10 @@ impl Controller {
             for peer in now.keys() {
                 m.vantage_unhappy(peer, true);
             }
+            // A vantage point no longer unhappy loses its series: names come from peers,
+            // and a peer renaming itself each reading must not grow /metrics.
             for peer in self.unhappy_peers.keys().filter(|p| !now.contains_key(*p)) {
-                m.vantage_unhappy(peer, false);
+                m.forget_vantage(peer);
             }
         }
         for (peer, why) in &now {
@@ -823,8 +825,7 @@ impl Controller {
                 .collect(),
             cluster: self.cluster_doc(),
             peers: self
-                .shared_views()
-                .unwrap_or_else(|| self.peers.views())
+                .peer_views()
                 .iter()
                 .map(|v| PeerDoc {
                     name: v.name.clone(),
@@ -840,6 +841,18 @@ impl Controller {
 // === a node of a set (`--etcd`) ===
 
 impl Controller {
+    /// The other vantage points now: the set's from etcd, or the HTTP peers'. What a
+    /// peer reports of a CDN this policy does not probe counts for nothing, not even
+    /// towards "sees every CDN fail".
+    fn peer_views(&self) -> Vec<VantageView> {
+        let mut peers = self.shared_views().unwrap_or_else(|| self.peers.views());
+        for p in &mut peers {
+            p.latest
+                .retain(|cdn, _| self.loaded.probes.get(cdn).is_some());
+        }
+        peers
+    }
+
     /// The other vantage points of the set, from etcd (`None` for a single node).
     fn shared_views(&self) -> Option<Vec<VantageView>> {
         let c = self.cluster.as_ref()?;

@@ -445,6 +445,12 @@ impl Metrics {
             .set(i64::from(unhappy));
     }
 
+    /// Drops the `vantage_unhappy` series of another vantage point that is no longer
+    /// unhappy: the series of peers stay as many as the peers unhappy now.
+    pub fn forget_vantage(&self, vantage: &str) {
+        let _ = self.inner.vantage_unhappy.remove_label_values(&[vantage]);
+    }
+
     /// Counts a reload: applied, or refused (the last good configuration keeps serving).
     pub fn reload(&self, applied: bool) {
         match applied {
