@@ -505,3 +505,67 @@ async fn a_forged_observation_is_refused() {
     .await;
     let _ = &set.b;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freeze_posted_to_one_node_holds_every_node_and_a_resume_on_another_releases_them() {
+    if !require_etcd("a_freeze_posted_to_one_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "freeze",
+        SetUp {
+            step_seconds: 30.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let (status, body) = set.nodes[0]
+        .post("/v1/failover/freeze", json!({"reason": "CDN maintenance"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let t0 = Instant::now();
+    for n in &set.nodes[1..] {
+        n.wait_for("frozen by ns1", |s| {
+            s["failover_frozen"]
+                .as_str()
+                .is_some_and(|f| f.contains("CDN maintenance") && f.contains("ns1"))
+                && s["cluster"]["freeze"]["node"] == "ns1"
+        })
+        .await;
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t0.elapsed()
+    );
+    // a breaks while frozen: health is tracked, no node takes a step.
+    set.a.set(Mode::Status(503));
+    for n in &set.nodes {
+        n.wait_for("a down", |s| health(s, "a")["state"] == "down")
+            .await;
+    }
+    set.nodes[0].rounds("a", 10).await;
+    for n in &set.nodes {
+        let s = n.state().await;
+        assert_eq!(removed(&s, "a"), None, "frozen: {s:#}");
+        assert!(timelines(&s).is_empty(), "{s:#}");
+    }
+    // Resumed on ns2: every node starts the demotion of a, on one timeline.
+    let (status, body) = set.nodes[1]
+        .post("/v1/failover/resume", json!({"reason": "window over"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut since = Vec::new();
+    for n in &set.nodes {
+        let s = n
+            .wait_for("a demoted after the resume", |s| {
+                s["failover_frozen"].is_null() && removed(s, "a") == Some(50)
+            })
+            .await;
+        since.push(step_since(&s, "a").unwrap());
+        assert_eq!(timelines(&s)[0]["written_by"], "ns2", "{s:#}");
+    }
+    let spread = since.iter().max().unwrap() - since.iter().min().unwrap();
+    assert!(spread < 1000, "{since:?}");
+}
