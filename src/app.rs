@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::Probes;
 use crate::control::api::{self, ApiState};
-use crate::control::controller::{self, Controller, StateFile};
+use crate::control::cluster::{self, ClusterOptions, Etcd};
+use crate::control::controller::{self, ClusterLink, Controller, StateFile};
 use crate::control::peers::Peers;
 use crate::control::prober::Local;
 use crate::control::reload;
@@ -205,6 +206,29 @@ pub struct ServeOptions {
     pub state: Option<StateFile>,
     /// This vantage point's name (in observations, logs and the probe User-Agent).
     pub vantage: String,
+    /// A node of a set sharing observations, timelines and overrides through etcd
+    /// (`--etcd`); `None` for a single node.
+    pub cluster: Option<ClusterOptions>,
+}
+
+/// The etcd client of a set, or why it cannot be made.
+fn etcd_client(c: &ClusterOptions) -> io::Result<Etcd> {
+    if !cluster::sane_name(&c.node) {
+        return Err(io::Error::other(format!(
+            "--node {:?}: 1 to 128 letters, digits and ._-:@",
+            c.node
+        )));
+    }
+    if c.etcd.user.is_none() && c.etcd.cert_file.is_none() {
+        tracing::warn!("etcd without authentication (--etcd-user or --etcd-cert): whoever reaches etcd can write observations and overrides");
+    }
+    Etcd::new(&c.etcd, cluster::CALL_TIMEOUT).map_err(|e| io::Error::other(format!("--etcd: {e}")))
+}
+
+/// How long a vantage point's observations outlive it: three of its probe intervals
+/// (etcd lengthens a lease under about two seconds).
+fn observation_ttl(probes: &Probes) -> Duration {
+    (controller::peer_interval(probes) * 3).max(Duration::from_secs(2))
 }
 
 /// The whole server: DNS, prober, peers, controller and API. Dropping it stops it.
@@ -234,6 +258,27 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         peers.clone(),
         opts.state.clone(),
     );
+    if let Some(c) = &opts.cluster {
+        let etcd = etcd_client(c)?;
+        let shared = cluster::spawn_session(etcd.clone(), c.prefix.clone(), stop.clone());
+        let rounds = Arc::new(tokio::sync::Notify::new());
+        cluster::Publisher {
+            etcd: etcd.clone(),
+            prefix: c.prefix.clone(),
+            vantage: opts.vantage.clone(),
+            local: local.clone(),
+            probed: loaded.probes.specs.len(),
+            ttl: observation_ttl(&loaded.probes),
+        }
+        .spawn(rounds.clone(), stop.clone());
+        controller.join(ClusterLink::new(
+            etcd,
+            c.prefix.clone(),
+            opts.vantage.clone(),
+            shared,
+            rounds,
+        ));
+    }
     let dns = start_with_options(
         controller.snapshot(),
         &opts.listen,
@@ -304,6 +349,16 @@ pub struct Agent {
 
 /// Starts a prober-only vantage point publishing on `api`.
 pub async fn agent(probes: Probes, api_addr: SocketAddr, vantage: String) -> io::Result<Agent> {
+    agent_with(probes, api_addr, vantage, None).await
+}
+
+/// As [`agent`], also writing the observations to etcd for a set (`agent --etcd`).
+pub async fn agent_with(
+    probes: Probes,
+    api_addr: SocketAddr,
+    vantage: String,
+    cluster: Option<ClusterOptions>,
+) -> io::Result<Agent> {
     let stop = CancellationToken::new();
     let metrics = Metrics::new();
     let local = Local::with_metrics(metrics.clone());
@@ -317,8 +372,31 @@ pub async fn agent(probes: Probes, api_addr: SocketAddr, vantage: String) -> io:
     };
     let api = api::spawn(api_addr, state, stop.clone()).await?;
     let mut rounds = controller::spawn_prober(&probes, &vantage, &local, &stop);
-    // Nothing decides here; keep the channel drained.
-    tokio::spawn(async move { while rounds.recv().await.is_some() {} });
+    let notify = match &cluster {
+        Some(c) => {
+            let etcd = etcd_client(c)?;
+            let notify = Arc::new(tokio::sync::Notify::new());
+            cluster::Publisher {
+                etcd,
+                prefix: c.prefix.clone(),
+                vantage: vantage.clone(),
+                local: local.clone(),
+                probed: probes.specs.len(),
+                ttl: observation_ttl(&probes),
+            }
+            .spawn(notify.clone(), stop.clone());
+            Some(notify)
+        }
+        None => None,
+    };
+    // Nothing decides here; keep the channel drained (and tell the publisher).
+    tokio::spawn(async move {
+        while rounds.recv().await.is_some() {
+            if let Some(n) = &notify {
+                n.notify_one();
+            }
+        }
+    });
     Ok(Agent { api, metrics, stop })
 }
 

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use tracing::{info, warn};
 
 use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
+use crate::control::cluster::{ClusterOptions, EtcdOptions};
 use crate::control::controller::StateFile;
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
@@ -27,6 +28,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve DNS (UDP and TCP) from the policy, the zones and the geo database.
@@ -47,9 +50,12 @@ pub enum Command {
         /// A saved state older than this is ignored at startup.
         #[arg(long, value_name = "SECONDS", default_value_t = 900)]
         state_max_age_seconds: u64,
-        /// This vantage point's name (default: the host name).
-        #[arg(long, value_name = "NAME")]
+        /// This node's name: its vantage point in probes and in a set (default: the
+        /// host name).
+        #[arg(long, visible_alias = "node", value_name = "NAME")]
         vantage: Option<String>,
+        #[command(flatten)]
+        etcd: EtcdArgs,
         /// File holding the bearer token for the API's mutations (drains, freeze);
         /// or set STEERDNS_API_TOKEN. Without either, mutations are refused.
         #[arg(long, value_name = "FILE")]
@@ -67,8 +73,10 @@ pub enum Command {
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9153")]
         api: SocketAddr,
         /// This vantage point's name (default: the host name).
-        #[arg(long, value_name = "NAME")]
+        #[arg(long, visible_alias = "node", value_name = "NAME")]
         vantage: Option<String>,
+        #[command(flatten)]
+        etcd: EtcdArgs,
     },
     /// Validate the policy, the zones and the geo database; exit non-zero on any error.
     Check {
@@ -98,6 +106,79 @@ pub enum Command {
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
     },
+}
+
+/// A set of nameservers sharing one view through etcd.
+#[derive(Args, Debug, Clone)]
+pub struct EtcdArgs {
+    /// etcd client URLs (`http://` or `https://`), comma-separated: join a set of
+    /// nameservers that share observations, failover timelines and overrides.
+    #[arg(long, value_name = "URL[,URL…]", value_delimiter = ',')]
+    pub etcd: Vec<reqwest::Url>,
+    /// The key prefix of this set in etcd.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "/steerdns/",
+        requires = "etcd"
+    )]
+    pub etcd_prefix: String,
+    /// etcd user (its role limited to the prefix); the password comes from
+    /// --etcd-password-file or STEERDNS_ETCD_PASSWORD.
+    #[arg(long, value_name = "NAME", requires = "etcd")]
+    pub etcd_user: Option<String>,
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+    /// CA certificate(s), PEM, that sign the etcd members' certificates (https URLs).
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for members run with --client-cert-auth.
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+}
+
+impl EtcdArgs {
+    /// The set's options for `node`, or `None` without `--etcd`.
+    fn options(self, node: &str) -> anyhow::Result<Option<ClusterOptions>> {
+        if self.etcd.is_empty() {
+            return Ok(None);
+        }
+        let user = match self.etcd_user {
+            Some(u) => {
+                let password = match &self.etcd_password_file {
+                    Some(f) => std::fs::read_to_string(f)
+                        .map_err(|e| anyhow::anyhow!("--etcd-password-file {}: {e}", f.display()))?
+                        .trim_end_matches(['\n', '\r'])
+                        .to_string(),
+                    None => std::env::var("STEERDNS_ETCD_PASSWORD").map_err(|_| {
+                        anyhow::anyhow!(
+                            "--etcd-user needs --etcd-password-file or STEERDNS_ETCD_PASSWORD"
+                        )
+                    })?,
+                };
+                Some((u, password))
+            }
+            None => None,
+        };
+        let mut prefix = self.etcd_prefix;
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Ok(Some(ClusterOptions {
+            etcd: EtcdOptions {
+                endpoints: self.etcd,
+                user,
+                ca_file: self.etcd_ca,
+                cert_file: self.etcd_cert,
+                key_file: self.etcd_key,
+            },
+            node: node.to_string(),
+            prefix,
+        }))
+    }
 }
 
 /// The input files, relative to the working directory by default.
@@ -294,9 +375,18 @@ pub async fn run(cli: Cli) -> ExitCode {
             state_dir,
             state_max_age_seconds,
             vantage,
+            etcd,
             reload_poll_ms,
             api_token_file,
         } => {
+            let vantage = vantage.unwrap_or_else(host_name);
+            let cluster = match etcd.options(&vantage) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("steerdns: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let inputs: Inputs = inputs.into();
             let api_token = match api_token(api_token_file.as_deref()) {
                 Ok(t) => t,
@@ -323,7 +413,8 @@ pub async fn run(cli: Cli) -> ExitCode {
                     state_dir,
                     Duration::from_secs(state_max_age_seconds),
                 )),
-                vantage: vantage.unwrap_or_else(host_name),
+                vantage,
+                cluster,
             };
             serve(inputs, opts).await
         }
@@ -331,7 +422,17 @@ pub async fn run(cli: Cli) -> ExitCode {
             probes,
             api,
             vantage,
-        } => agent(probes, api, vantage.unwrap_or_else(host_name)).await,
+            etcd,
+        } => {
+            let vantage = vantage.unwrap_or_else(host_name);
+            match etcd.options(&vantage) {
+                Ok(cluster) => agent(probes, api, vantage, cluster).await,
+                Err(e) => {
+                    eprintln!("steerdns: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Check { inputs } => check(inputs.into()),
         Command::Explain {
             name,
@@ -424,7 +525,12 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
     }
 }
 
-async fn agent(dir: PathBuf, api: SocketAddr, vantage: String) -> ExitCode {
+async fn agent(
+    dir: PathBuf,
+    api: SocketAddr,
+    vantage: String,
+    cluster: Option<ClusterOptions>,
+) -> ExitCode {
     let probes = match crate::config::probes::load_dir(&dir, None) {
         Ok((p, warnings)) => {
             for w in warnings.warnings() {
@@ -437,10 +543,10 @@ async fn agent(dir: PathBuf, api: SocketAddr, vantage: String) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let agent = match app::agent(probes, api, vantage.clone()).await {
+    let agent = match app::agent_with(probes, api, vantage.clone(), cluster).await {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("steerdns: cannot listen on {api}: {e}");
+            eprintln!("steerdns: agent on {api}: {e}");
             return ExitCode::FAILURE;
         }
     };

@@ -53,7 +53,8 @@ pub struct ProbeSpec {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Probes {
     pub specs: Vec<ProbeSpec>,
-    /// Base URLs of the other vantage points (`http://ns2.example.net:9153`).
+    /// Base URLs of the other vantage points (`https://ns2.example.net:9443`; plain
+    /// http only on loopback).
     pub vantages: Vec<reqwest::Url>,
 }
 
@@ -277,6 +278,19 @@ fn probe(file: &Path, cdn: &str, text: &str, issues: &mut Issues) -> Option<Prob
     })
 }
 
+/// Whether `u` names this machine (a loopback address or `localhost`): plain http stays
+/// on it.
+fn loopback(u: &reqwest::Url) -> bool {
+    let Some(host) = u.host_str() else {
+        return false;
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(a) => a.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
 fn vantages(file: &Path, text: &str, issues: &mut Issues) -> Vec<reqwest::Url> {
     let raw: Option<Vec<String>> = match serde_yaml::from_str(text) {
         Ok(r) => r,
@@ -288,14 +302,28 @@ fn vantages(file: &Path, text: &str, issues: &mut Issues) -> Vec<reqwest::Url> {
     let mut out = Vec::new();
     for (i, v) in raw.unwrap_or_default().iter().enumerate() {
         match reqwest::Url::parse(v) {
-            Ok(u) if u.scheme() == "http" || u.scheme() == "https" => out.push(u),
+            Ok(u) if u.scheme() == "https" => out.push(u),
+            Ok(u) if u.scheme() == "http" && loopback(&u) => out.push(u),
+            Ok(u) if u.scheme() == "http" => {
+                let path = [Seg::Index(i)];
+                issues.push(ConfigIssue::error(
+                    file,
+                    line_of(text, &path),
+                    format!("[{i}]"),
+                    format!(
+                        "`{v}`: plain http to a peer on the network: anyone on the path could \
+                         forge its observations and demote a CDN; use https:// (a TLS proxy \
+                         in front of the peer's --api) or a set sharing etcd (--etcd)"
+                    ),
+                ));
+            }
             _ => {
                 let path = [Seg::Index(i)];
                 issues.push(ConfigIssue::error(
                     file,
                     line_of(text, &path),
                     format!("[{i}]"),
-                    format!("`{v}` is not a vantage point URL like http://ns2.example.net:9153"),
+                    format!("`{v}` is not a vantage point URL like https://ns2.example.net:9443"),
                 ));
             }
         }
@@ -315,6 +343,25 @@ mod tests {
             std::fs::write(d.join(name), text).unwrap();
         }
         d
+    }
+
+    #[test]
+    fn a_peer_on_the_network_needs_https() {
+        let (p, issues) = parse_file(
+            Path::new("probes/vantages.yaml"),
+            "- https://ns2.example.net:9443\n- http://127.0.0.2:9153\n- http://[::1]:9153\n- http://localhost:9153\n",
+        );
+        assert!(!issues.has_errors(), "{issues}");
+        assert_eq!(p.vantages.len(), 4);
+        for remote in [
+            "- http://ns2.example.net:9153\n",
+            "- http://10.0.0.2:9153\n",
+        ] {
+            let (p, issues) = parse_file(Path::new("probes/vantages.yaml"), remote);
+            assert!(issues.has_errors(), "{remote}");
+            assert!(issues.to_string().contains("plain http"), "{issues}");
+            assert!(p.vantages.is_empty());
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::control::controller::Command;
-use crate::control::drains::{now_ms, unix_ms, DrainRule};
+use crate::control::drains::{now_ms, unix_ms, DrainError, DrainRule};
 use crate::control::explain::ExplainError;
 use crate::control::peers::Published;
 use crate::control::prober::Local;
@@ -384,10 +384,15 @@ async fn mutate(
                 reason: r.reason,
                 until_unix_ms,
                 immediate: r.immediate,
+                written_by: None,
+                written_at_unix_ms: None,
             };
             match ask(commands, |tx| Command::Drain(rule, tx)).await {
                 Ok(Ok(rule)) => json_reply(StatusCode::CREATED, &rule),
                 Ok(Err(e)) if e.is_conflict() => error(StatusCode::CONFLICT, &e.to_string()),
+                Ok(Err(e @ DrainError::Unavailable(_))) => {
+                    error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+                }
                 Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
                 Err(reply) => *reply,
             }
@@ -396,6 +401,9 @@ async fn mutate(
             let id = p.trim_start_matches("/v1/drains/").to_string();
             match ask(commands, |tx| Command::Undrain(id, tx)).await {
                 Ok(Ok(rule)) => json_reply(StatusCode::OK, &rule),
+                Ok(Err(e @ DrainError::Unavailable(_))) => {
+                    error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+                }
                 Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e.to_string()),
                 Err(reply) => *reply,
             }
@@ -422,7 +430,8 @@ async fn mutate(
             })
             .await;
             match sent {
-                Ok(()) => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
+                Ok(Ok(())) => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
+                Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
                 Err(reply) => *reply,
             }
         }

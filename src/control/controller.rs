@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::probes::Probes;
+use crate::control::cluster::{
+    self, drain_key, freeze_key, timeline_key, Etcd, Freeze, Shared, SharedDrain, Timeline,
+};
 use crate::control::drains::{now_ms, DrainError, DrainRule, DrainState, Drains};
 use crate::control::explain::{self, ExplainError, Explanation};
 use crate::control::failover::{FailoverState, Step};
@@ -32,8 +35,10 @@ use crate::control::planner::Removed;
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
 use crate::control::state_doc::{
-    FailOpenDoc, HealthDoc, PeerDoc, ReloadOutcome, SaveStatus, StateDoc, StepDoc, VerdictCounts,
+    ClusterDoc, ClusterDrainDoc, FailOpenDoc, HealthDoc, PeerDoc, ReloadOutcome, SaveStatus,
+    StateDoc, StepDoc, TimelineDoc, VerdictCounts,
 };
+use crate::control::stepper::Direction;
 use crate::inputs::Loaded;
 use crate::plan::{Live, Snapshot};
 
@@ -95,6 +100,65 @@ pub struct Controller {
     save_retry_at: Option<Instant>,
     /// The document `/v1/state` serves.
     doc: Arc<Mutex<Option<StateDoc>>>,
+    /// In a set (`--etcd`): etcd, and what was last read from it.
+    cluster: Option<ClusterLink>,
+}
+
+/// A node's link to the set: where to write, what it read last.
+pub struct ClusterLink {
+    pub etcd: Etcd,
+    pub prefix: String,
+    /// This node's name (also its vantage name).
+    pub node: String,
+    /// The session's latest view and link state.
+    pub shared: tokio::sync::watch::Receiver<Shared>,
+    /// Woken after each probe round: the publisher writes the new observations.
+    pub rounds: Arc<tokio::sync::Notify>,
+    /// The view applied last.
+    latest: Option<Shared>,
+    /// Health changes this node could not write (etcd unreachable): written when it is
+    /// back, if the health still says so.
+    pending: BTreeMap<String, State>,
+    /// Serial of drain ids made here.
+    next_id: u64,
+    /// The timelines, drains and freeze applied last: a view that changes only
+    /// observations (each round of each vantage point) publishes nothing.
+    applied: Option<Applied>,
+    /// Keys refused in the latest view.
+    refused: u64,
+}
+
+type Applied = (
+    BTreeMap<(String, String), (Timeline, i64)>,
+    BTreeMap<String, SharedDrain>,
+    Option<Freeze>,
+);
+
+impl ClusterLink {
+    pub fn new(
+        etcd: Etcd,
+        prefix: String,
+        node: String,
+        shared: tokio::sync::watch::Receiver<Shared>,
+        rounds: Arc<tokio::sync::Notify>,
+    ) -> ClusterLink {
+        ClusterLink {
+            etcd,
+            prefix,
+            node,
+            shared,
+            rounds,
+            latest: None,
+            pending: BTreeMap::new(),
+            next_id: 0,
+            applied: None,
+            refused: 0,
+        }
+    }
+
+    fn connected(&self) -> bool {
+        self.latest.as_ref().is_some_and(|s| s.link.connected)
+    }
 }
 
 impl Controller {
@@ -126,6 +190,7 @@ impl Controller {
             save_failing: None,
             save_retry_at: None,
             doc: Arc::new(Mutex::new(None)),
+            cluster: None,
         };
         c.restore();
         c.drains.sync(&c.loaded.policy, Instant::now(), now_ms());
@@ -186,6 +251,14 @@ impl Controller {
         snapshot
     }
 
+    /// Makes this controller a node of a set: steps, drains and freeze follow etcd.
+    pub fn join(&mut self, link: ClusterLink) {
+        if let Some(m) = self.local.metrics() {
+            m.etcd_fail_static(true);
+        }
+        self.cluster = Some(link);
+    }
+
     /// The document `/v1/state` serves.
     pub fn doc(&self) -> Arc<Mutex<Option<StateDoc>>> {
         self.doc.clone()
@@ -206,6 +279,7 @@ impl Controller {
         // Without the API (`--api off`) every command sender is gone: stop polling the
         // closed channel, which would otherwise be ready at once, forever.
         let mut api_open = true;
+        let mut shared = self.cluster.as_ref().map(|c| c.shared.clone());
         loop {
             let now = Instant::now();
             let next = self
@@ -236,6 +310,21 @@ impl Controller {
                     }
                     None => return,
                 },
+                changed = async {
+                    match shared.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if changed {
+                        if let Some(rx) = &shared {
+                            let s = rx.borrow().clone();
+                            self.on_shared(s);
+                        }
+                    } else {
+                        shared = None;
+                    }
+                }
                 command = commands.recv(), if api_open => match command {
                     Some(c) => self.on_command(c),
                     None => api_open = false,
@@ -259,6 +348,15 @@ impl Controller {
 
     fn on_command(&mut self, command: Command) {
         let now = Instant::now();
+        if self.cluster.is_some() {
+            // Explain is answered here as in a single node.
+            if let Some(Command::Explain(name, ip, resolver, reply)) =
+                self.on_cluster_command(command)
+            {
+                let _ = reply.send(self.explain(&name, ip, resolver));
+            }
+            return;
+        }
         match command {
             Command::Drain(rule, reply) => {
                 let result = self.drains.add(&self.loaded.policy, rule, now_ms());
@@ -286,14 +384,14 @@ impl Controller {
                 self.failover.freeze(reason);
                 self.save();
                 self.update_doc();
-                let _ = reply.send(());
+                let _ = reply.send(Ok(()));
             }
             Command::Resume(reason, reply) => {
                 info!(reason = %reason, "automatic failover resumed");
                 let taken = self.failover.resume(&self.loaded.policy, now);
                 log_steps(&taken);
                 self.publish();
-                let _ = reply.send(());
+                let _ = reply.send(Ok(()));
             }
             Command::Explain(name, ip, resolver, reply) => {
                 let _ = reply.send(self.explain(&name, ip, resolver));
@@ -340,12 +438,16 @@ impl Controller {
     ) -> CancellationToken {
         let token = stop.child_token();
         self.peers.clear();
-        self.peers.spawn(
-            self.loaded.probes.vantages.clone(),
-            peer_interval(&self.loaded.probes),
-            token.clone(),
-            self.local.metrics().cloned(),
-        );
+        if self.cluster.is_none() {
+            self.peers.spawn(
+                self.loaded.probes.vantages.clone(),
+                peer_interval(&self.loaded.probes),
+                token.clone(),
+                self.local.metrics().cloned(),
+            );
+        } else if !self.loaded.probes.vantages.is_empty() {
+            warn!("probes/vantages.yaml is not read in a set (--etcd): observations are shared through etcd only");
+        }
         prober::spawn(
             self.loaded.probes.specs.clone(),
             self.vantage.clone(),
@@ -441,15 +543,22 @@ impl Controller {
             self.own_unhappy = unhappy;
         }
         let mut views = vec![own];
-        let peers = self.peers.views();
+        if let Some(c) = &self.cluster {
+            c.rounds.notify_one();
+        }
+        let peers = self.peer_views();
         self.note_unhappy_peers(&peers);
         views.extend(peers);
         // Three rounds, plus a second for a peer's reading to travel and a loaded machine.
         let fresh_ms = (spec.interval * 3).as_millis() as u64 + 1000;
         // With fewer vantage points configured than the quorum, all of them must agree.
-        let quorum = spec
-            .quorum
-            .min(1 + self.loaded.probes.vantages.len() as u32);
+        // In a set, the quorum counts vantage points of the whole set, as configured.
+        let quorum = match &self.cluster {
+            Some(_) => spec.quorum,
+            None => spec
+                .quorum
+                .min(1 + self.loaded.probes.vantages.len() as u32),
+        };
         let verdict = health::verdict(&round.cdn, &views, quorum, fresh_ms);
         let counts = self.verdict_counts.entry(round.cdn.clone()).or_default();
         match verdict.kind {
@@ -457,14 +566,20 @@ impl Controller {
             VerdictKind::Up => counts.up += 1,
             VerdictKind::Unknown => counts.unknown += 1,
         }
-        let changed = self.failover.observe(
-            &self.loaded.policy,
-            &round.cdn,
-            verdict.kind,
-            spec.down_after,
-            spec.up_after,
-            Instant::now(),
-        );
+        let changed = match &self.cluster {
+            Some(_) => {
+                self.failover
+                    .track(&round.cdn, verdict.kind, spec.down_after, spec.up_after)
+            }
+            None => self.failover.observe(
+                &self.loaded.policy,
+                &round.cdn,
+                verdict.kind,
+                spec.down_after,
+                spec.up_after,
+                Instant::now(),
+            ),
+        };
         self.verdicts.insert(
             round.cdn.clone(),
             format!("{:?}: {}", verdict.kind, verdict.summary()),
@@ -476,6 +591,13 @@ impl Controller {
             info!(cdn = %t.cdn, scope = "global", from = %t.from, to = %t.to, quorum, evidence = %verdict.summary(), "health changed");
             if self.failover.frozen.is_some() {
                 warn!(cdn = %t.cdn, to = %t.to, "failover frozen: not acting on the health change");
+                self.save();
+                self.update_doc();
+                return;
+            }
+            if self.cluster.is_some() {
+                self.propose(&t.cdn, t.to);
+                self.export();
                 self.save();
                 self.update_doc();
                 return;
@@ -579,8 +701,10 @@ impl Controller {
             for peer in now.keys() {
                 m.vantage_unhappy(peer, true);
             }
+            // A vantage point no longer unhappy loses its series: names come from peers,
+            // and a peer renaming itself each reading must not grow /metrics.
             for peer in self.unhappy_peers.keys().filter(|p| !now.contains_key(*p)) {
-                m.vantage_unhappy(peer, false);
+                m.forget_vantage(peer);
             }
         }
         for (peer, why) in &now {
@@ -699,9 +823,9 @@ impl Controller {
                     region: region.clone(),
                 })
                 .collect(),
+            cluster: self.cluster_doc(),
             peers: self
-                .peers
-                .views()
+                .peer_views()
                 .iter()
                 .map(|v| PeerDoc {
                     name: v.name.clone(),
@@ -712,6 +836,438 @@ impl Controller {
         };
         *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = Some(doc);
     }
+}
+
+// === a node of a set (`--etcd`) ===
+
+impl Controller {
+    /// The other vantage points now: the set's from etcd, or the HTTP peers'. What a
+    /// peer reports of a CDN this policy does not probe counts for nothing, not even
+    /// towards "sees every CDN fail".
+    fn peer_views(&self) -> Vec<VantageView> {
+        let mut peers = self.shared_views().unwrap_or_else(|| self.peers.views());
+        for p in &mut peers {
+            p.latest
+                .retain(|cdn, _| self.loaded.probes.get(cdn).is_some());
+        }
+        peers
+    }
+
+    /// The other vantage points of the set, from etcd (`None` for a single node).
+    fn shared_views(&self) -> Option<Vec<VantageView>> {
+        let c = self.cluster.as_ref()?;
+        let shared = c.latest.as_ref()?;
+        let probes = &self.loaded.probes;
+        Some(
+            shared
+                .view
+                .vantage_views(&c.node, |cdn| probes.get(cdn).is_some()),
+        )
+    }
+
+    /// A new view or link state from the session.
+    fn on_shared(&mut self, shared: Shared) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        let was_connected = c.connected();
+        let connected = shared.link.connected;
+        if let Some(m) = self.local.metrics() {
+            m.etcd_fail_static(!connected);
+        }
+        if !connected {
+            // Fail static: keep what was applied last; its timelines go on by the clock.
+            c.latest = Some(match c.latest.take() {
+                Some(mut old) => {
+                    old.link = shared.link;
+                    old
+                }
+                None => shared,
+            });
+            self.update_doc();
+            return;
+        }
+        c.latest = Some(shared.clone());
+        let refused = refused_keys(&shared.view, &self.loaded);
+        if refused != c.refused {
+            c.refused = refused;
+            if let Some(m) = self.local.metrics() {
+                m.etcd_refused_keys(refused);
+            }
+            if let Some(why) = &shared.view.last_refused {
+                warn!(refused, last = %why, "etcd: keys refused (they do not count)");
+            }
+            self.update_doc();
+        }
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        let overrides: Applied = (
+            shared.view.timelines.clone(),
+            shared.view.drains.clone(),
+            shared.view.freeze.clone(),
+        );
+        if was_connected && c.applied.as_ref() == Some(&overrides) {
+            return;
+        }
+        c.applied = Some(overrides);
+        let pending = if was_connected {
+            BTreeMap::new()
+        } else {
+            std::mem::take(&mut c.pending)
+        };
+        let now = Instant::now();
+        let wall = now_ms();
+        let view = &shared.view;
+        let policy = &self.loaded.policy;
+        // The freeze holds every timeline where it stood when it was set.
+        let t = match &view.freeze {
+            Some(f) => wall.min(f.at_unix_ms),
+            None => wall,
+        };
+        let mut steps = BTreeMap::new();
+        for ((name, cdn), (tl, _)) in &view.timelines {
+            let Some(host) = policy
+                .hosts
+                .iter()
+                .find(|h| h.name.to_string() == *name && h.cdns.iter().any(|x| x.name == *cdn))
+            else {
+                continue;
+            };
+            let top = host.failover.steps.len();
+            let interval = host.failover.step_interval.as_millis() as u64;
+            let s = tl.stepper(top, interval, t, now);
+            if s.is_active() {
+                steps.insert((name.clone(), cdn.clone()), s);
+            }
+        }
+        self.failover.steps = steps;
+        let frozen = view
+            .freeze
+            .as_ref()
+            .map(|f| format!("{} (by {})", f.reason, f.node));
+        if frozen != self.failover.frozen {
+            match &frozen {
+                Some(why) => warn!(reason = %why, "automatic failover frozen for the whole set"),
+                None => info!("automatic failover resumed for the whole set"),
+            }
+        }
+        self.failover.frozen = frozen;
+        self.drains.overrides = view
+            .drains
+            .values()
+            .filter(|d| d.rule.resolve(policy).is_ok())
+            .map(|d| d.rule.clone())
+            .collect();
+        self.drains.sync(policy, now, wall);
+        self.note_steps(now);
+        self.publish();
+        // Back in touch: what this node's health decided meanwhile is written now.
+        for (cdn, state) in pending {
+            if self.failover.health.get(&cdn).map(|t| t.state) == Some(state) {
+                info!(cdn = %cdn, to = %state, "etcd back: writing the health change made while it was unreachable");
+                self.propose(&cdn, state);
+            }
+        }
+    }
+
+    /// This node's health of `cdn` changed: start (or turn around) the shared timeline
+    /// of every name that uses it, unless another node did first.
+    fn propose(&mut self, cdn: &str, to: State) {
+        let frozen = self.failover.frozen.is_some();
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        if frozen {
+            warn!(cdn = %cdn, to = %to, "failover frozen: not acting on the health change");
+            return;
+        }
+        if !c.connected() {
+            warn!(cdn = %cdn, to = %to, "etcd unreachable: failing static, this node starts no failover on its own evidence (written when etcd is back)");
+            c.pending.insert(cdn.to_string(), to);
+            return;
+        }
+        let Some(shared) = &c.latest else { return };
+        for host in self
+            .loaded
+            .policy
+            .hosts
+            .iter()
+            .filter(|h| h.cdns.iter().any(|x| x.name == cdn))
+        {
+            let name = host.name.to_string();
+            let key = (name.clone(), cdn.to_string());
+            let level = self.failover.steps.get(&key).map_or(0, |s| s.level);
+            let existing = shared.view.timelines.get(&key).cloned();
+            let direction = match to {
+                State::Down => Direction::Demote,
+                State::Up => Direction::Promote,
+            };
+            let write = match (&existing, direction) {
+                (None, Direction::Demote) => Some(None),
+                (Some((t, rev)), d) if t.direction != d => Some(Some(*rev)),
+                _ => None,
+            };
+            let Some(compare) = write else { continue };
+            let timeline = Timeline {
+                direction,
+                from_level: level,
+                start_unix_ms: now_ms(),
+                node: c.node.clone(),
+                reason: format!("{cdn} marked {to} by {}", c.node),
+            };
+            let (etcd, k) = (c.etcd.clone(), timeline_key(&c.prefix, &name, cdn));
+            let value = serde_json::to_vec(&timeline).unwrap_or_default();
+            tokio::spawn(async move {
+                let r = match compare {
+                    None => etcd.create(&k, &value).await,
+                    Some(rev) => etcd.replace(&k, rev, &value).await,
+                };
+                match r {
+                    Ok(true) => {
+                        info!(key = %k, direction = ?timeline.direction, from_level = timeline.from_level, "failover timeline written for the set")
+                    }
+                    Ok(false) => {
+                        info!(key = %k, "another node wrote the failover timeline first: following it")
+                    }
+                    Err(e) => warn!(key = %k, error = %e, "cannot write the failover timeline"),
+                }
+            });
+        }
+    }
+
+    /// The API's commands in a set: overrides go to etcd, and apply (here too) from the
+    /// watch. Returns the commands answered as in a single node.
+    fn on_cluster_command(&mut self, command: Command) -> Option<Command> {
+        let policy = self.loaded.policy.clone();
+        let c = self.cluster.as_mut()?;
+        let connected = c.connected();
+        let unreachable = || {
+            c.latest
+                .as_ref()
+                .and_then(|s| s.link.error.clone())
+                .unwrap_or_else(|| "not connected".into())
+        };
+        match command {
+            Command::Drain(rule, reply) => {
+                if !connected {
+                    let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
+                    return None;
+                }
+                let mut scratch = self.drains.clone();
+                let wall = now_ms();
+                let mut rule = match scratch.add(&policy, rule, wall) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return None;
+                    }
+                };
+                c.next_id += 1;
+                rule.id = format!("api-{}-{}-{}", c.node, wall, c.next_id);
+                rule.written_by = Some(c.node.clone());
+                rule.written_at_unix_ms = Some(wall);
+                let record = SharedDrain {
+                    rule: rule.clone(),
+                    node: c.node.clone(),
+                    at_unix_ms: wall,
+                };
+                let (etcd, key) = (c.etcd.clone(), drain_key(&c.prefix, &rule.id));
+                // The key ends by itself a little after `until`.
+                let ttl = rule.until_unix_ms.map(|u| {
+                    Duration::from_millis(u.saturating_sub(wall)) + Duration::from_secs(10)
+                });
+                tokio::spawn(async move {
+                    let value = serde_json::to_vec(&record).unwrap_or_default();
+                    let r = async {
+                        let lease = match ttl {
+                            Some(t) => Some(etcd.grant(t).await?),
+                            None => None,
+                        };
+                        etcd.put(&key, &value, lease).await
+                    }
+                    .await;
+                    let _ = reply.send(match r {
+                        Ok(()) => {
+                            info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, reason = %rule.reason, "drain override written to etcd for the set");
+                            Ok(rule)
+                        }
+                        Err(e) => Err(DrainError::Unavailable(e.to_string())),
+                    });
+                });
+                None
+            }
+            Command::Undrain(id, reply) => {
+                let found = c
+                    .latest
+                    .as_ref()
+                    .and_then(|s| s.view.drains.get(&id))
+                    .map(|d| d.rule.clone());
+                let Some(rule) = found else {
+                    let _ = reply.send(Err(DrainError::NoSuchOverride(id)));
+                    return None;
+                };
+                if !connected {
+                    let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
+                    return None;
+                }
+                let (etcd, key) = (c.etcd.clone(), drain_key(&c.prefix, &id));
+                tokio::spawn(async move {
+                    let _ = reply.send(match etcd.delete(&key).await {
+                        Ok(()) => {
+                            info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, "drain override removed from etcd for the set");
+                            Ok(rule)
+                        }
+                        Err(e) => Err(DrainError::Unavailable(e.to_string())),
+                    });
+                });
+                None
+            }
+            Command::Freeze(reason, reply) => {
+                if !connected {
+                    let _ = reply.send(Err(unreachable()));
+                    return None;
+                }
+                let record = Freeze {
+                    reason,
+                    node: c.node.clone(),
+                    at_unix_ms: now_ms(),
+                };
+                let (etcd, key) = (c.etcd.clone(), freeze_key(&c.prefix));
+                tokio::spawn(async move {
+                    let value = serde_json::to_vec(&record).unwrap_or_default();
+                    let _ = reply.send(
+                        etcd.put(&key, &value, None)
+                            .await
+                            .map_err(|e| e.to_string()),
+                    );
+                });
+                None
+            }
+            Command::Resume(reason, reply) => {
+                if !connected {
+                    let _ = reply.send(Err(unreachable()));
+                    return None;
+                }
+                // Every timeline starts again from where the freeze held it, in the
+                // direction this node's health says; then the freeze is lifted.
+                let wall = now_ms();
+                let mut writes = Vec::new();
+                for host in &policy.hosts {
+                    for cdn in &host.cdns {
+                        let key = (host.name.to_string(), cdn.name.clone());
+                        let level = self.failover.steps.get(&key).map_or(0, |s| s.level);
+                        let down = self
+                            .failover
+                            .health
+                            .get(&cdn.name)
+                            .is_some_and(|t| t.state == State::Down);
+                        if level == 0 && !down {
+                            continue;
+                        }
+                        let t = Timeline {
+                            direction: if down {
+                                Direction::Demote
+                            } else {
+                                Direction::Promote
+                            },
+                            from_level: level,
+                            start_unix_ms: wall,
+                            node: c.node.clone(),
+                            reason: format!("resumed: {reason}"),
+                        };
+                        writes.push((timeline_key(&c.prefix, &key.0, &key.1), t));
+                    }
+                }
+                let (etcd, freeze) = (c.etcd.clone(), freeze_key(&c.prefix));
+                tokio::spawn(async move {
+                    let r = async {
+                        for (k, t) in &writes {
+                            etcd.put(k, &serde_json::to_vec(t).unwrap_or_default(), None)
+                                .await?;
+                        }
+                        etcd.delete(&freeze).await
+                    }
+                    .await;
+                    let _ = reply.send(r.map_err(|e| e.to_string()));
+                });
+                None
+            }
+            explain @ Command::Explain(..) => Some(explain),
+        }
+    }
+
+    /// The set, for `/v1/state` (`None` for a single node).
+    fn cluster_doc(&self) -> Option<ClusterDoc> {
+        let c = self.cluster.as_ref()?;
+        let shared = c.latest.as_ref();
+        let view = shared.map(|s| s.view.clone()).unwrap_or_default();
+        let link = shared.map(|s| s.link.clone());
+        Some(ClusterDoc {
+            node: c.node.clone(),
+            prefix: c.prefix.clone(),
+            connected: link.as_ref().is_some_and(|l| l.connected),
+            fail_static: !link.as_ref().is_some_and(|l| l.connected),
+            since_unix_ms: link.as_ref().map(|l| l.since_unix_ms),
+            error: link.as_ref().and_then(|l| l.error.clone()),
+            endpoint: link.map(|l| l.endpoint).unwrap_or_default(),
+            vantages: view.observations.keys().cloned().collect(),
+            timelines: view
+                .timelines
+                .iter()
+                .map(|((name, cdn), (t, _))| TimelineDoc {
+                    name: name.clone(),
+                    cdn: cdn.clone(),
+                    direction: t.direction,
+                    from_level: t.from_level,
+                    start_unix_ms: t.start_unix_ms,
+                    written_by: t.node.clone(),
+                    reason: t.reason.clone(),
+                })
+                .collect(),
+            drains: view
+                .drains
+                .values()
+                .map(|d| ClusterDrainDoc {
+                    id: d.rule.id.clone(),
+                    written_by: d.node.clone(),
+                    written_at_unix_ms: d.at_unix_ms,
+                    reason: d.rule.reason.clone(),
+                })
+                .collect(),
+            freeze: view.freeze.clone(),
+            refused_keys: c.refused,
+            last_refused: view.last_refused.clone(),
+        })
+    }
+}
+
+/// Keys of `view` that do not count: of a bad form, observations of CDNs not probed,
+/// timelines and drains of names or CDNs outside the policy.
+fn refused_keys(view: &cluster::SharedView, loaded: &Loaded) -> u64 {
+    let policy = &loaded.policy;
+    let cdns = view
+        .observations
+        .values()
+        .flat_map(|cdns| cdns.keys())
+        .filter(|cdn| loaded.probes.get(cdn).is_none())
+        .count();
+    let timelines = view
+        .timelines
+        .keys()
+        .filter(|(name, cdn)| {
+            !policy
+                .hosts
+                .iter()
+                .any(|h| h.name.to_string() == *name && h.cdns.iter().any(|x| x.name == *cdn))
+        })
+        .count();
+    let drains = view
+        .drains
+        .values()
+        .filter(|d| d.rule.resolve(policy).is_err())
+        .count();
+    view.refused + (cdns + timelines + drains) as u64
 }
 
 /// Logs the steps time took.
@@ -725,8 +1281,9 @@ fn log_steps(taken: &[Step]) {
 pub enum Command {
     Drain(DrainRule, oneshot::Sender<Result<DrainRule, DrainError>>),
     Undrain(String, oneshot::Sender<Result<DrainRule, DrainError>>),
-    Freeze(String, oneshot::Sender<()>),
-    Resume(String, oneshot::Sender<()>),
+    /// Answered with why it could not be done (in a set: etcd unreachable).
+    Freeze(String, oneshot::Sender<Result<(), String>>),
+    Resume(String, oneshot::Sender<Result<(), String>>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
     /// the client itself, without ECS).
     Explain(

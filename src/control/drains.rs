@@ -39,6 +39,12 @@ pub struct DrainRule {
     pub until_unix_ms: Option<u64>,
     #[serde(default)]
     pub immediate: bool,
+    /// In a set (`--etcd`): the node whose API took it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_by: Option<String>,
+    /// In a set: when that node wrote it to etcd (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_at_unix_ms: Option<u64>,
 }
 
 /// Why a drain is refused. The API answers 400 for a request that names what the
@@ -72,6 +78,9 @@ pub enum DrainError {
         scopes: usize,
         max: usize,
     },
+    /// In a set: etcd cannot take it now (the set must agree on every override).
+    #[error("etcd unreachable, the set cannot take an override now: {0}")]
+    Unavailable(String),
 }
 
 impl DrainError {
@@ -166,6 +175,8 @@ impl DrainRule {
                     reason: d.reason.clone(),
                     until_unix_ms: d.until.map(unix_ms),
                     immediate: d.immediate,
+                    written_by: None,
+                    written_at_unix_ms: None,
                 });
             }
         }
@@ -494,6 +505,11 @@ pub struct DrainStatus {
     pub reason: String,
     pub until_unix_ms: Option<u64>,
     pub immediate: bool,
+    /// In a set: the node whose API took it, and when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written_at_unix_ms: Option<u64>,
     pub status: DrainState,
     /// Percent of the CDN's share moved away now.
     pub removed_percent: u8,
@@ -509,6 +525,8 @@ impl DrainStatus {
             reason: rule.reason.clone(),
             until_unix_ms: rule.until_unix_ms,
             immediate: rule.immediate,
+            written_by: rule.written_by.clone(),
+            written_at_unix_ms: rule.written_at_unix_ms,
             status,
             removed_percent,
         }
@@ -563,6 +581,8 @@ mod tests {
             reason: "test".into(),
             until_unix_ms: Some(until),
             immediate: true,
+            written_by: None,
+            written_at_unix_ms: None,
         }
     }
 

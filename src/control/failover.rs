@@ -89,6 +89,26 @@ impl FailoverState {
         })
     }
 
+    /// Records a round's verdict for `cdn` in its health alone, starting no step: in a
+    /// set (`--etcd`) the steps come from the shared timelines. Returns the change.
+    pub fn track(
+        &mut self,
+        cdn: &str,
+        verdict: VerdictKind,
+        down_after: u32,
+        up_after: u32,
+    ) -> Option<Transition> {
+        let tracker = self.health.entry(cdn.to_string()).or_default();
+        let from = tracker.state;
+        let to = tracker.observe(verdict, down_after, up_after)?;
+        Some(Transition {
+            cdn: cdn.to_string(),
+            from,
+            to,
+            steps: Vec::new(),
+        })
+    }
+
     /// Applies every step due by `now` (none while frozen); returns the steps taken.
     pub fn tick(&mut self, policy: &Policy, now: Instant) -> Vec<Step> {
         let mut taken = Vec::new();

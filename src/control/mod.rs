@@ -2,6 +2,7 @@
 //! on the query path.
 
 pub mod api;
+pub mod cluster;
 pub mod controller;
 pub mod drains;
 pub mod explain;

@@ -129,8 +129,10 @@ impl Peers {
     ) {
         // Generous even for fast probes: a loaded peer is slow, not down.
         let timeout = every.clamp(Duration::from_secs(1), Duration::from_secs(2));
+        // A peer's answer is its own: a redirect to elsewhere is not followed.
         let Ok(client) = reqwest::Client::builder()
             .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .build()
         else {

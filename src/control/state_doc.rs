@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::control::cluster::Freeze;
 use crate::control::drains::DrainStatus;
 use crate::control::stepper::Direction;
 
@@ -31,6 +32,56 @@ pub struct StateDoc {
     /// (name, region) pairs failing open.
     pub fail_open: Vec<FailOpenDoc>,
     pub peers: Vec<PeerDoc>,
+    /// In a set (`--etcd`): the link to etcd and what the set shares; absent for a
+    /// single node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterDoc>,
+}
+
+/// A node of a set: is it in touch, and who wrote what.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterDoc {
+    pub node: String,
+    pub prefix: String,
+    /// In touch with etcd (a quorum answers).
+    pub connected: bool,
+    /// Serving the last shared state, starting no demotion (etcd unreachable).
+    pub fail_static: bool,
+    /// Since when connected or not (Unix ms).
+    pub since_unix_ms: Option<u64>,
+    /// Why not connected.
+    pub error: Option<String>,
+    /// The member spoken to last.
+    pub endpoint: String,
+    /// Vantage points with observations in etcd.
+    pub vantages: Vec<String>,
+    pub timelines: Vec<TimelineDoc>,
+    pub drains: Vec<ClusterDrainDoc>,
+    pub freeze: Option<Freeze>,
+    /// Keys under the prefix refused for their form (they do not count).
+    pub refused_keys: u64,
+    pub last_refused: Option<String>,
+}
+
+/// A shared failover timeline and who started it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimelineDoc {
+    pub name: String,
+    pub cdn: String,
+    pub direction: Direction,
+    pub from_level: usize,
+    pub start_unix_ms: u64,
+    pub written_by: String,
+    pub reason: String,
+}
+
+/// A drain override of the set: who wrote it, when, why.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterDrainDoc {
+    pub id: String,
+    pub written_by: String,
+    pub written_at_unix_ms: u64,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Serialize)]

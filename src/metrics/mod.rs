@@ -23,6 +23,8 @@
 //! | `state_save_failing` | | 1 while the latest save of the state file failed |
 //! | `state_load_errors_total` | reason | saved state not restored at startup: `corrupt`, `unreadable` |
 //! | `udp_thread_restarts_total` | | UDP threads that panicked and were restarted on their socket |
+//! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
+//! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name): they do not count |
 //!
 //! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
 //! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
@@ -97,6 +99,8 @@ struct Inner {
     state_save_errors: IntCounter,
     udp_thread_restarts: IntCounter,
     state_save_failing: prometheus::IntGauge,
+    etcd_fail_static: prometheus::IntGauge,
+    etcd_refused: prometheus::IntGauge,
     state_load_errors: IntCounterVec,
 }
 
@@ -161,6 +165,24 @@ impl Metrics {
         .expect("static gauge");
         registry
             .register(Box::new(state_save_failing.clone()))
+            .expect("registered once");
+        let etcd_fail_static = prometheus::IntGauge::new(
+            "etcd_fail_static",
+            "1 while this node of a set (--etcd) cannot reach etcd: it keeps the last shared \
+             state and starts no demotion; 0 otherwise (and without --etcd).",
+        )
+        .expect("static gauge");
+        registry
+            .register(Box::new(etcd_fail_static.clone()))
+            .expect("registered once");
+        let etcd_refused = prometheus::IntGauge::new(
+            "etcd_refused_keys",
+            "Keys under the etcd prefix refused now (bad form, a CDN or name outside the policy): \
+             they do not count.",
+        )
+        .expect("static gauge");
+        registry
+            .register(Box::new(etcd_refused.clone()))
             .expect("registered once");
         let state_save_errors = IntCounter::new(
             "state_save_errors_total",
@@ -284,6 +306,8 @@ impl Metrics {
                 state_save_errors,
                 udp_thread_restarts,
                 state_save_failing,
+                etcd_fail_static,
+                etcd_refused,
                 state_load_errors: reg.counters(
                     "state_load_errors_total",
                     "Saved states not restored at startup (corrupt: set aside; unreadable): \
@@ -441,6 +465,12 @@ impl Metrics {
             .set(i64::from(unhappy));
     }
 
+    /// Drops the `vantage_unhappy` series of another vantage point that is no longer
+    /// unhappy: the series of peers stay as many as the peers unhappy now.
+    pub fn forget_vantage(&self, vantage: &str) {
+        let _ = self.inner.vantage_unhappy.remove_label_values(&[vantage]);
+    }
+
     /// Counts a reload: applied, or refused (the last good configuration keeps serving).
     pub fn reload(&self, applied: bool) {
         match applied {
@@ -479,6 +509,18 @@ impl Metrics {
             self.inner.state_save_errors.inc();
         }
         self.inner.state_save_failing.set(i64::from(!ok));
+    }
+
+    /// Whether this node fails static (a set's node without etcd).
+    pub fn etcd_fail_static(&self, on: bool) {
+        self.inner.etcd_fail_static.set(i64::from(on));
+    }
+
+    /// How many keys under the etcd prefix are refused now.
+    pub fn etcd_refused_keys(&self, n: u64) {
+        self.inner
+            .etcd_refused
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts a saved state that could not be restored at startup (`corrupt`, `unreadable`).
@@ -631,6 +673,8 @@ mod tests {
             "steerdns_state_save_errors_total",
             "steerdns_state_save_failing",
             "steerdns_state_load_errors_total",
+            "steerdns_etcd_fail_static",
+            "steerdns_etcd_refused_keys",
         ] {
             assert!(
                 t.contains(&format!("# TYPE {family} ")),

@@ -2,7 +2,9 @@
 //! client (hickory-proto messages over tokio sockets, UDP and TCP).
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod mock_cdn;
+pub mod relay;
 pub mod stack;
 
 use std::net::{IpAddr, SocketAddr};

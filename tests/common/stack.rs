@@ -101,6 +101,24 @@ impl Stack {
     /// As [`Stack::start`], saving the state through `disk_full` (a simulated full
     /// disk the test can switch on and off).
     pub async fn start_with_disk(dir: &Path, disk_full: DiskFull) -> Stack {
+        Stack::start_full(dir, disk_full, "test", None).await
+    }
+
+    /// A node `name` of a set sharing one view through etcd (`serve --etcd`).
+    pub async fn start_node(
+        dir: &Path,
+        name: &str,
+        cluster: steerdns::control::cluster::ClusterOptions,
+    ) -> Stack {
+        Stack::start_full(dir, DiskFull::default(), name, Some(cluster)).await
+    }
+
+    async fn start_full(
+        dir: &Path,
+        disk_full: DiskFull,
+        vantage: &str,
+        cluster: Option<steerdns::control::cluster::ClusterOptions>,
+    ) -> Stack {
         let inputs = Inputs {
             config: dir.join("steering.yaml"),
             zones: dir.join("zones"),
@@ -124,7 +142,8 @@ impl Stack {
                 max_age: Duration::from_secs(60),
                 disk: disk_full.clone(),
             }),
-            vantage: "test".into(),
+            vantage: vantage.into(),
+            cluster,
         };
         let svc = app::serve(loaded, &opts).await.unwrap();
         Stack {

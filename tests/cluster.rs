@@ -1,0 +1,571 @@
+//! A set of nameservers sharing one view through a real etcd (three members on
+//! loopback, started and stopped by PID): three steerdns nodes in this process, two
+//! mock CDNs, and a cuttable relay between each node and each etcd member, so that one
+//! node can lose etcd while the others keep it.
+//!
+//! Needs `etcd` and `etcdctl`: skipped with a message without them, failed under CI.
+//! The tests take turns (one etcd set at a time) to keep the timing honest on a small
+//! machine.
+
+mod common;
+
+use std::time::Duration;
+
+use common::etcd::{require_etcd, EtcdSet};
+use common::mock_cdn::{MockCdn, Mode};
+use common::relay::Relay;
+use common::stack::*;
+use serde_json::{json, Value};
+use steerdns::control::cluster::{ClusterOptions, EtcdOptions};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+const PREFIX: &str = "/steerdns/";
+
+struct Set {
+    nodes: Vec<Stack>,
+    /// Per node, one relay per etcd member.
+    relays: Vec<Vec<Relay>>,
+    a: MockCdn,
+    b: MockCdn,
+    _dead: MockCdn,
+    etcd: EtcdSet,
+}
+
+#[derive(Default)]
+struct SetUp {
+    /// Node whose probes reach no CDN.
+    no_cdns: Option<usize>,
+    /// etcd authentication on, nodes with this user and password.
+    auth: Option<(&'static str, &'static str)>,
+    /// Failover step interval, seconds.
+    step_seconds: f64,
+}
+
+async fn set_up(tag: &str, how: SetUp) -> Set {
+    let mut etcd = EtcdSet::start(tag).await;
+    if let Some((user, pw)) = how.auth {
+        etcd.enable_auth(user, pw, PREFIX);
+    }
+    let a = MockCdn::start(Mode::Healthy).await;
+    let b = MockCdn::start(Mode::Healthy).await;
+    let dead = MockCdn::start(Mode::Refused).await;
+    let mut nodes = Vec::new();
+    let mut relays = Vec::new();
+    for i in 0..3 {
+        let dir = scratch(&format!("{tag}-ns{}", i + 1));
+        policy(&dir, "[50, 100]", how.step_seconds.max(0.5));
+        let (ua, ub) = if how.no_cdns == Some(i) {
+            (dead.url("/a"), dead.url("/b"))
+        } else {
+            (a.url("/a"), b.url("/b"))
+        };
+        probe(&dir, "a", &ua, 1);
+        probe(&dir, "b", &ub, 1);
+        let mut rs = Vec::new();
+        for m in 0..3 {
+            rs.push(Relay::start(etcd.client_addr(m)).await);
+        }
+        let opts = ClusterOptions {
+            etcd: EtcdOptions {
+                endpoints: rs.iter().map(|r| r.url().parse().unwrap()).collect(),
+                user: how.auth.map(|(u, p)| (u.to_string(), p.to_string())),
+                ..EtcdOptions::default()
+            },
+            node: format!("ns{}", i + 1),
+            prefix: PREFIX.into(),
+        };
+        nodes.push(Stack::start_node(&dir, &format!("ns{}", i + 1), opts).await);
+        relays.push(rs);
+    }
+    let set = Set {
+        nodes,
+        relays,
+        a,
+        b,
+        _dead: dead,
+        etcd,
+    };
+    for n in &set.nodes {
+        n.wait_for("connected to etcd", |s| s["cluster"]["connected"] == true)
+            .await;
+    }
+    set
+}
+
+fn cdns_of(counts: &std::collections::HashMap<String, usize>) -> Vec<String> {
+    let mut v: Vec<String> = counts.keys().cloned().collect();
+    v.sort();
+    v
+}
+
+/// Polls `pred` on the answers of node `i` (40 resolvers) until it holds; the time
+/// it took from `since`.
+async fn answers_until(
+    set: &Set,
+    i: usize,
+    since: Instant,
+    what: &str,
+    pred: impl Fn(&[String]) -> bool,
+) -> Duration {
+    let deadline = since + Duration::from_secs(10);
+    loop {
+        let (counts, _) = set.nodes[i].answers(40).await;
+        if pred(&cdns_of(&counts)) {
+            return since.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {}: {what}: answers {counts:?}",
+            i + 1
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn timelines(s: &Value) -> Vec<Value> {
+    s["cluster"]["timelines"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// When node `s` took the current step of (www, `cdn`): Unix ms.
+fn step_since(s: &Value, cdn: &str) -> Option<u64> {
+    s["failover"]
+        .as_array()?
+        .iter()
+        .find(|f| f["cdn"] == cdn && f["name"] == "www.example.com.")?["since_unix_ms"]
+        .as_u64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second() {
+    if !require_etcd("a_drain_posted_to_one_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up("drain", SetUp::default()).await;
+    for i in 0..3 {
+        answers_until(&set, i, Instant::now(), "both CDNs answer", |c| {
+            c == ["a", "b"]
+        })
+        .await;
+    }
+    let t0 = Instant::now();
+    let (status, rule) = set.nodes[0]
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "a", "reason": "INC-7 a drained", "immediate": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{rule}");
+    assert_eq!(rule["written_by"], "ns1");
+    for i in [1, 2] {
+        let took = answers_until(&set, i, t0, "only b after the drain", |c| c == ["b"]).await;
+        assert!(
+            took < Duration::from_secs(1),
+            "node {} answered the drain after {took:?}",
+            i + 1
+        );
+    }
+    // Who wrote it, when and why, on another node.
+    let s = set.nodes[2].state().await;
+    let d = &s["drains"][0];
+    assert_eq!(d["written_by"], "ns1", "{s:#}");
+    assert_eq!(d["reason"], "INC-7 a drained");
+    assert!(d["written_at_unix_ms"].as_u64().is_some());
+    assert_eq!(s["cluster"]["drains"][0]["written_by"], "ns1");
+    // Removed on node 3: every node answers with both again.
+    let id = rule["id"].as_str().unwrap();
+    let (status, _) = set.nodes[2]
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/v1/drains/{id}"),
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let t1 = Instant::now();
+    for i in 0..3 {
+        answers_until(&set, i, t1, "both CDNs after the drain ended", |c| {
+            c == ["a", "b"]
+        })
+        .await;
+    }
+    drop(set.etcd);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdn_broken_for_every_vantage_point_steps_every_node_together() {
+    if !require_etcd("a_cdn_broken_for_every_vantage_point…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "steps",
+        SetUp {
+            step_seconds: 1.5,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    set.a.set(Mode::Status(503));
+    for pct in [50, 100] {
+        let mut since = Vec::new();
+        for n in &set.nodes {
+            let s = n
+                .wait_for(&format!("a {pct}% removed"), |s| {
+                    removed(s, "a") == Some(pct)
+                })
+                .await;
+            since.push(step_since(&s, "a").expect("the step's time"));
+        }
+        let spread = since.iter().max().unwrap() - since.iter().min().unwrap();
+        assert!(
+            spread < 1000,
+            "step {pct}%: nodes took it at {since:?} (Unix ms)"
+        );
+    }
+    // One timeline, written by one node, seen by all.
+    let writers: Vec<Value> = {
+        let mut w = Vec::new();
+        for n in &set.nodes {
+            let t = timelines(&n.state().await);
+            assert_eq!(t.len(), 1, "{t:?}");
+            w.push(t[0]["written_by"].clone());
+        }
+        w
+    };
+    assert!(writers.iter().all(|w| *w == writers[0]), "{writers:?}");
+    // Recovery: every node back to the configured weights.
+    set.a.set(Mode::Healthy);
+    for n in &set.nodes {
+        n.wait_for("a back to normal", |s| removed(s, "a").is_none())
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_the_cdns_demotes_nothing() {
+    if !require_etcd("a_node_cut_off_from_the_cdns…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "nocdn",
+        SetUp {
+            no_cdns: Some(2),
+            ..SetUp::default()
+        },
+    )
+    .await;
+    // ns3 sees every CDN fail; the others see them healthy.
+    set.nodes[2]
+        .wait_for("ns3 unhappy", |s| !s["vantage_unhappy"].is_null())
+        .await;
+    set.nodes[0]
+        .wait_for("ns1 sees ns3 unhappy", |s| {
+            s["peers"].as_array().is_some_and(|p| {
+                p.iter()
+                    .any(|p| p["name"] == "ns3" && !p["unhappy"].is_null())
+            })
+        })
+        .await;
+    // Many rounds later, nothing is demoted anywhere.
+    set.nodes[2].rounds("a", 20).await;
+    for n in &set.nodes {
+        let s = n.state().await;
+        assert_eq!(removed(&s, "a"), None, "{s:#}");
+        assert_eq!(removed(&s, "b"), None, "{s:#}");
+        assert!(timelines(&s).is_empty(), "{s:#}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_etcd_fails_static_then_catches_up() {
+    if !require_etcd("a_node_cut_off_from_etcd…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "cut",
+        SetUp {
+            step_seconds: 30.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    for r in &set.relays[2] {
+        r.cut();
+    }
+    let s = set.nodes[2]
+        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
+        .await;
+    assert!(s["cluster"]["error"].is_string(), "{s:#}");
+    assert_eq!(
+        set.nodes[2].metric("steerdns_etcd_fail_static").await,
+        Some(1.0)
+    );
+    assert_eq!(
+        set.nodes[0].metric("steerdns_etcd_fail_static").await,
+        Some(0.0)
+    );
+    // a breaks: ns1 and ns2 demote it together; ns3, alone with its own evidence,
+    // keeps the last shared state (and keeps answering).
+    set.a.set(Mode::Status(503));
+    for n in &set.nodes[..2] {
+        n.wait_for("a demoted", |s| removed(s, "a") == Some(50))
+            .await;
+    }
+    set.nodes[2]
+        .wait_for("ns3's own health says down", |s| {
+            health(s, "a")["state"] == "down"
+        })
+        .await;
+    set.nodes[2].rounds("a", 10).await;
+    let s = set.nodes[2].state().await;
+    assert_eq!(
+        removed(&s, "a"),
+        None,
+        "fail static: no demotion on its own: {s:#}"
+    );
+    let (counts, _) = set.nodes[2].answers(40).await;
+    assert_eq!(
+        cdns_of(&counts),
+        ["a", "b"],
+        "ns3 keeps answering from the last shared state"
+    );
+    // Back in touch: it follows the set's timeline, at the same step.
+    for r in &set.relays[2] {
+        r.join();
+    }
+    let s = set.nodes[2]
+        .wait_for("ns3 caught up", |s| {
+            s["cluster"]["connected"] == true && removed(s, "a") == Some(50)
+        })
+        .await;
+    assert_eq!(timelines(&s).len(), 1, "{s:#}");
+    assert_ne!(timelines(&s)[0]["written_by"], "ns3");
+    assert_eq!(
+        set.nodes[2].metric("steerdns_etcd_fail_static").await,
+        Some(0.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_etcd_member_lost_changes_nothing_two_make_every_node_fail_static() {
+    if !require_etcd("one_etcd_member_lost…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let mut set = set_up("members", SetUp::default()).await;
+    set.etcd.kill(0);
+    // The set still agrees: a drain posted to ns1 reaches ns3.
+    let (status, body) = set.nodes[0]
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "a", "reason": "one member down", "immediate": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    answers_until(
+        &set,
+        2,
+        Instant::now(),
+        "the drain with a member down",
+        |c| c == ["b"],
+    )
+    .await;
+    set.nodes[0].rounds("a", 10).await;
+    for n in &set.nodes {
+        let s = n.state().await;
+        assert_eq!(s["cluster"]["connected"], true, "one member down: {s:#}");
+    }
+    // Two down: no quorum; every node fails static, keeps the drain, refuses new ones.
+    set.etcd.kill(1);
+    for n in &set.nodes {
+        n.wait_for("fail static", |s| s["cluster"]["fail_static"] == true)
+            .await;
+    }
+    for i in 0..3 {
+        let (counts, _) = set.nodes[i].answers(20).await;
+        assert_eq!(cdns_of(&counts), ["b"], "node {}: last shared state", i + 1);
+    }
+    let (status, _) = set.nodes[1]
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "b", "reason": "no quorum", "immediate": true}),
+        )
+        .await;
+    assert_eq!(status, 503);
+    // Members back: every node rejoins.
+    set.etcd.restart(0);
+    set.etcd.restart(1);
+    for n in &set.nodes {
+        n.wait_for("rejoined", |s| s["cluster"]["connected"] == true)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_observation_is_refused() {
+    if !require_etcd("a_forged_observation_is_refused") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "auth",
+        SetUp {
+            auth: Some(("steerdns", "node-pw-4567")),
+            ..SetUp::default()
+        },
+    )
+    .await;
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let forged = r#"{"round":99,"ok":false,"reason":"status 503","settled":true}"#;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let endpoint = &set.etcd.endpoints()[0];
+    // Without credentials: etcd refuses the write.
+    let answer = http
+        .post(format!("{endpoint}/v3/kv/put"))
+        .body(json!({"key": b64("/steerdns/obs/forger/a"), "value": b64(forged)}).to_string())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(answer.contains("user name is empty"), "{answer}");
+    // With a user's credentials, what does not fit is refused by every node: a CDN
+    // outside the policy, a record that is not one, an invented vantage name.
+    let token: Value = serde_json::from_str(
+        &http
+            .post(format!("{endpoint}/v3/auth/authenticate"))
+            .body(json!({"name": "steerdns", "password": "node-pw-4567"}).to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let token = token["token"].as_str().unwrap().to_string();
+    for (key, value) in [
+        ("/steerdns/obs/forger/zzz", forged),
+        ("/steerdns/obs/forger/b", r#"{"round":"x"}"#),
+        ("/steerdns/obs/bad vantage/a", forged),
+    ] {
+        let r = http
+            .post(format!("{endpoint}/v3/kv/put"))
+            .header("authorization", &token)
+            .body(json!({"key": b64(key), "value": b64(value)}).to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(!r.contains("error"), "{r}");
+    }
+    for n in &set.nodes {
+        let s = n
+            .wait_for("three keys refused", |s| s["cluster"]["refused_keys"] == 3)
+            .await;
+        assert!(
+            s["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| p["name"] != "bad vantage"),
+            "{s:#}"
+        );
+        assert_eq!(n.metric("steerdns_etcd_refused_keys").await, Some(3.0));
+    }
+    // Nothing was demoted, and the nodes themselves (authenticated) still agree.
+    set.nodes[0].rounds("a", 5).await;
+    for n in &set.nodes {
+        assert_eq!(removed(&n.state().await, "a"), None);
+    }
+    let (status, body) = set.nodes[1]
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "b", "reason": "auth works", "immediate": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    answers_until(&set, 0, Instant::now(), "the drain through auth", |c| {
+        c == ["a"]
+    })
+    .await;
+    let _ = &set.b;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freeze_posted_to_one_node_holds_every_node_and_a_resume_on_another_releases_them() {
+    if !require_etcd("a_freeze_posted_to_one_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "freeze",
+        SetUp {
+            step_seconds: 30.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let (status, body) = set.nodes[0]
+        .post("/v1/failover/freeze", json!({"reason": "CDN maintenance"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let t0 = Instant::now();
+    for n in &set.nodes[1..] {
+        n.wait_for("frozen by ns1", |s| {
+            s["failover_frozen"]
+                .as_str()
+                .is_some_and(|f| f.contains("CDN maintenance") && f.contains("ns1"))
+                && s["cluster"]["freeze"]["node"] == "ns1"
+        })
+        .await;
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t0.elapsed()
+    );
+    // a breaks while frozen: health is tracked, no node takes a step.
+    set.a.set(Mode::Status(503));
+    for n in &set.nodes {
+        n.wait_for("a down", |s| health(s, "a")["state"] == "down")
+            .await;
+    }
+    set.nodes[0].rounds("a", 10).await;
+    for n in &set.nodes {
+        let s = n.state().await;
+        assert_eq!(removed(&s, "a"), None, "frozen: {s:#}");
+        assert!(timelines(&s).is_empty(), "{s:#}");
+    }
+    // Resumed on ns2: every node starts the demotion of a, on one timeline.
+    let (status, body) = set.nodes[1]
+        .post("/v1/failover/resume", json!({"reason": "window over"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut since = Vec::new();
+    for n in &set.nodes {
+        let s = n
+            .wait_for("a demoted after the resume", |s| {
+                s["failover_frozen"].is_null() && removed(s, "a") == Some(50)
+            })
+            .await;
+        since.push(step_since(&s, "a").unwrap());
+        assert_eq!(timelines(&s)[0]["written_by"], "ns2", "{s:#}");
+    }
+    let spread = since.iter().max().unwrap() - since.iter().min().unwrap();
+    assert!(spread < 1000, "{since:?}");
+}

@@ -1,0 +1,240 @@
+//! A real etcd for the tests of a set of nameservers: three members on loopback ports,
+//! data in a temporary directory, each started and stopped by PID (also when a test
+//! fails: `Drop`). Needs `etcd` and `etcdctl` (Debian `etcd-server`, `etcd-client`);
+//! without them a test skips with a message, except under CI (`CI=true`), where it
+//! fails.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Whether `program` runs (is on PATH).
+pub fn have(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+/// `None` (and a message) when `etcd` is missing here; a failure under CI.
+pub fn require_etcd(test: &str) -> bool {
+    if have("etcd") && have("etcdctl") {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: etcd and etcdctl are required in CI (apt-get install -y etcd-server etcd-client)");
+    }
+    eprintln!(
+        "SKIPPED {test}: etcd/etcdctl not installed (apt-get install -y etcd-server etcd-client)"
+    );
+    false
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+/// Three etcd members on loopback.
+pub struct EtcdSet {
+    dir: PathBuf,
+    members: Vec<Member>,
+    cluster: String,
+    /// `root`'s password once authentication is on.
+    pub root_password: Option<String>,
+}
+
+impl EtcdSet {
+    /// Starts three members and waits until they answer with a leader.
+    pub async fn start(tag: &str) -> EtcdSet {
+        let dir = std::env::temp_dir().join(format!("steerdns-etcd-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let members: Vec<Member> = (1..=3)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client: free_port(),
+                peer: free_port(),
+                child: None,
+            })
+            .collect();
+        let cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut set = EtcdSet {
+            dir,
+            members,
+            cluster,
+            root_password: None,
+        };
+        for i in 0..3 {
+            set.spawn(i);
+        }
+        set.wait_healthy(Duration::from_secs(30)).await;
+        set
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let m = &self.members[i];
+        let log = std::fs::File::create(self.dir.join(format!("{}.log", m.name))).unwrap();
+        let child = Command::new("etcd")
+            .args([
+                "--name",
+                &m.name,
+                "--data-dir",
+                &self.dir.join(&m.name).display().to_string(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{}", m.client),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{}", m.client),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{}", m.peer),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{}", m.peer),
+                "--initial-cluster",
+                &self.cluster,
+                "--initial-cluster-state",
+                "new",
+                // Fast elections on loopback; generous enough for a loaded machine.
+                "--heartbeat-interval",
+                "100",
+                "--election-timeout",
+                "1000",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd starts");
+        self.members[i].child = Some(child);
+    }
+
+    /// The client URLs of the members.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect()
+    }
+
+    pub fn client_addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.members[i].client))
+    }
+
+    /// Kills member `i` (by PID, SIGKILL) and reaps it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data directory.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+    }
+
+    /// Waits until a linearizable read succeeds on some member.
+    pub async fn wait_healthy(&self, within: Duration) {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            for e in self.endpoints() {
+                let r = http
+                    .post(format!("{e}/v3/kv/range"))
+                    .body(r#"{"key":"AA=="}"#)
+                    .send()
+                    .await;
+                if let Ok(r) = r {
+                    if let Ok(t) = r.text().await {
+                        if t.contains("\"header\"") {
+                            return;
+                        }
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not become healthy; logs in {}",
+                self.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn etcdctl(&self, args: &[&str]) {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints().join(",")));
+        if let Some(pw) = &self.root_password {
+            cmd.arg(format!("--user=root:{pw}"));
+        }
+        let out = cmd.args(args).output().expect("etcdctl runs");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Turns authentication on: `root`, and `user` with read-write on `prefix` only.
+    pub fn enable_auth(&mut self, user: &str, password: &str, prefix: &str) {
+        let root = "root-pw-0123";
+        self.etcdctl(&[
+            "user",
+            "add",
+            &format!("root:{root}"),
+            "--interactive=false",
+        ]);
+        self.etcdctl(&["user", "grant-role", "root", "root"]);
+        self.etcdctl(&["role", "add", "steerdns"]);
+        self.etcdctl(&[
+            "role",
+            "grant-permission",
+            "steerdns",
+            "--prefix=true",
+            "readwrite",
+            prefix,
+        ]);
+        self.etcdctl(&[
+            "user",
+            "add",
+            &format!("{user}:{password}"),
+            "--interactive=false",
+        ]);
+        self.etcdctl(&["user", "grant-role", user, "steerdns"]);
+        self.etcdctl(&["auth", "enable"]);
+        self.root_password = Some(root.into());
+    }
+}
+
+impl Drop for EtcdSet {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
