@@ -143,7 +143,7 @@ down_after: 2
 up_after: 3
 YAML
 done
-echo "drill-token-$RANDOM$RANDOM" >"$TMP/api-token"
+(umask 077 && echo "drill-token-$RANDOM$RANDOM" >"$TMP/api-token")
 ETCD_ARGS=(--etcd "$ENDPOINTS" --etcd-user steerdns --etcd-password-file "$TMP/etcd-password")
 for n in 1 2 3; do
     NO_COLOR=1 ip netns exec "sd-n$n" "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" \
