@@ -74,8 +74,9 @@ async fn a_client_in_a_matched_as_gets_that_region() {
         ("1.128.0.0", 16, "telstra.cdn.example.net.", 11),
         ("1.130.7.0", 24, "telstra.cdn.example.net.", 11),
         ("1.0.0.0", 24, "google.cdn.example.net.", 24),
-        ("81.2.69.0", 24, "google.cdn.example.net.", 0),
-        ("216.160.83.0", 24, "world.cdn.example.net.", 0),
+        // No AS of the policy: still a tailored answer, no wider than the AS network.
+        ("81.2.69.0", 24, "google.cdn.example.net.", 1),
+        ("216.160.83.0", 24, "world.cdn.example.net.", 1),
     ];
     for proto in [Proto::Udp, Proto::Tcp] {
         for (client, source, want, at_least) in cases {

@@ -86,11 +86,7 @@ impl AsnDb {
     /// # Hot path
     /// A walk of the search tree and a decode of one number; no allocation.
     pub fn origin(&self, ip: IpAddr) -> Origin {
-        let Ok(found) = self.reader.lookup(ip) else {
-            return Origin::default();
-        };
-        let prefix_len = found.network().map(|n| n.prefix()).unwrap_or(0);
-        let rec: Record = found.decode().ok().flatten().unwrap_or_default();
+        let (rec, prefix_len): (Record, u8) = super::geo::walk(&self.reader, ip);
         Origin {
             asn: rec.autonomous_system_number,
             prefix_len,

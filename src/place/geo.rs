@@ -231,16 +231,29 @@ impl GeoDb {
 
     /// The reference lookup: a walk of the search tree and a decode of the record.
     fn walk(&self, ip: IpAddr) -> Place {
-        let Ok(found) = self.reader.lookup(ip) else {
-            return Place::default();
-        };
-        let prefix_len = found.network().map(|n| n.prefix()).unwrap_or(0);
-        let rec: Record = found.decode().ok().flatten().unwrap_or_default();
+        let (rec, prefix_len): (Record, u8) = walk(&self.reader, ip);
         Place {
             prefix_len,
             ..place_of(&rec)
         }
     }
+}
+
+/// A walk of a database's search tree for `ip`: its record (the default when there is
+/// none or it does not decode) and the prefix of the network, or empty block, holding
+/// it. The reference lookup of the geo database, and the ASN database's only one.
+pub(super) fn walk<'de, T: Deserialize<'de> + Default>(
+    reader: &'de Reader<Vec<u8>>,
+    ip: IpAddr,
+) -> (T, u8) {
+    let Ok(found) = reader.lookup(ip) else {
+        return (T::default(), 0);
+    };
+    let prefix_len = found.network().map(|n| n.prefix()).unwrap_or(0);
+    (
+        found.decode().ok().flatten().unwrap_or_default(),
+        prefix_len,
+    )
 }
 
 fn place_of(rec: &Record) -> Place {
