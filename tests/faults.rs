@@ -588,7 +588,7 @@ async fn a_full_disk_loses_nothing_when_it_clears() {
     // No probes: no round saves the state, so only the retry timer can.
     let dir = scratch("fault-diskfull");
     policy(&dir, "[100]", 0.2);
-    let disk = DiskFull::default();
+    let disk = DiskFaults::default();
     let stack = Stack::start_with_disk(&dir, disk.clone()).await;
     let (status, _) = stack
         .post(
@@ -600,7 +600,7 @@ async fn a_full_disk_loses_nothing_when_it_clears() {
     wait_file(&state_file(&dir)).await;
     let flow = Flow::start(stack.dns);
 
-    disk.set(true);
+    disk.set_full(true);
     let (status, rule) = stack.post("/v1/drains", drain_a()).await;
     assert_eq!(status, 201, "{rule}");
     let id = rule["id"].as_str().unwrap().to_string();
@@ -631,7 +631,7 @@ async fn a_full_disk_loses_nothing_when_it_clears() {
     flow.more(10).await;
 
     // Space again: the retry saves the drain without any other event.
-    disk.set(false);
+    disk.set_full(false);
     stack
         .wait_for("saved again", |s| s["state_save"]["ok"] == true)
         .await;
@@ -648,6 +648,70 @@ async fn a_full_disk_loses_nothing_when_it_clears() {
         stack.state().await["failover_frozen"],
         "before the disk fills"
     );
+}
+
+/// A hung disk (a dying drive, a lost network mount) stalls the state save before its
+/// fsync. The save runs on a thread of its own: the controller keeps steering and
+/// answering the API meanwhile, and the change is saved and shown once the disk is back.
+/// With the save on the controller's task, the drain below gets no answer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_disk_holds_up_neither_the_controller_nor_the_api() {
+    let dir = scratch("fault-hungdisk");
+    policy(&dir, "[100]", 0.2);
+    let disk = DiskFaults::default();
+    let stack = Stack::start_with_disk(&dir, disk.clone()).await;
+    let (status, _) = stack
+        .post(
+            "/v1/failover/freeze",
+            json!({"reason": "before the disk hangs"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    wait_file(&state_file(&dir)).await;
+
+    disk.set_stalled(true);
+    // Should the drain or explain wait for the disk, a watchdog thread ends the stall
+    // after 15 s (the controller's runtime would not fire a timer) and the test fails.
+    let (finished, watching) = std::sync::mpsc::channel::<()>();
+    let watchdog = {
+        let disk = disk.clone();
+        std::thread::spawn(move || {
+            let hung = watching.recv_timeout(Duration::from_secs(15)).is_err();
+            if hung {
+                disk.set_stalled(false);
+            }
+            hung
+        })
+    };
+    let (status, rule) = stack.post("/v1/drains", drain_a()).await;
+    assert_eq!(status, 201, "{rule}");
+    let id = rule["id"].as_str().unwrap().to_string();
+    // It serves at once, and the controller still answers what goes through it.
+    all_to(&stack, "b", 50).await;
+    let explained = stack
+        .get("/v1/explain?name=www.example.com&client=192.0.2.1")
+        .await;
+    assert!(explained.to_string().contains(&id), "{explained:#}");
+    let _ = finished.send(());
+    assert!(
+        !watchdog.join().unwrap(),
+        "the drain or explain waited for the hung disk"
+    );
+    // Not saved yet, so neither in the file nor in /v1/state.
+    assert!(!std::fs::read_to_string(state_file(&dir))
+        .unwrap()
+        .contains(&id));
+    assert!(!stack.state().await["drains"].to_string().contains(&id));
+
+    disk.set_stalled(false);
+    stack
+        .wait_for("the drain saved and shown", |s| {
+            s["drains"].to_string().contains(&id) && s["state_save"]["ok"] == true
+        })
+        .await;
+    assert!(std::fs::read_to_string(state_file(&dir))
+        .unwrap()
+        .contains(&id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,10 +30,11 @@ use crate::control::explain::{self, ExplainError, Explanation};
 use crate::control::failover::{FailoverState, Step};
 use crate::control::health::{self, State, VantageView, VerdictKind};
 use crate::control::peers::Peers;
-use crate::control::persist;
+use crate::control::persist::{self, Saved};
 use crate::control::planner::Removed;
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
+use crate::control::saver::{self, Saver};
 use crate::control::state_doc::{
     ClusterDoc, ClusterDrainDoc, FailOpenDoc, HealthDoc, PeerDoc, ReloadOutcome, SaveStatus,
     StateDoc, StepDoc, TimelineDoc, VerdictCounts,
@@ -47,9 +48,9 @@ use crate::plan::{Live, Snapshot};
 pub struct StateFile {
     pub dir: PathBuf,
     pub max_age: Duration,
-    /// A simulated full disk, for the fault tests (see [`persist::DiskFull`]); off by
-    /// default.
-    pub disk: persist::DiskFull,
+    /// Simulated disk faults, for the fault tests (see [`persist::DiskFaults`]); off
+    /// by default.
+    pub disk: persist::DiskFaults,
 }
 
 impl StateFile {
@@ -58,14 +59,14 @@ impl StateFile {
         StateFile {
             dir,
             max_age,
-            disk: persist::DiskFull::default(),
+            disk: persist::DiskFaults::default(),
         }
     }
 }
 
-/// How long after a failed save of the state it is tried again (it is also tried at
-/// every change and every probe round).
-const SAVE_RETRY: Duration = Duration::from_secs(1);
+/// How long an API call that changed the state waits for the save before it is
+/// answered anyway (see [`Controller::reply`]).
+const REPLY_WAIT: Duration = Duration::from_secs(2);
 
 pub struct Controller {
     loaded: Arc<Loaded>,
@@ -93,11 +94,11 @@ pub struct Controller {
     /// (name, CDN) pairs whose `drains_active` gauge is set.
     drain_gauges: BTreeSet<(String, String)>,
     state_file: Option<StateFile>,
-    /// Why the latest save of the state failed, and how many saves in a row did; the
-    /// state is kept in memory and saved again at the next change or retry.
-    save_failing: Option<(String, u64)>,
-    /// When to try a failed save again (nothing else may change for a while).
-    save_retry_at: Option<Instant>,
+    /// The thread that saves the state and then shows `/v1/state` (with a state file).
+    saver: Option<Saver>,
+    /// The generation of the latest hand-over to the saver: an API call is answered
+    /// once it is saved and shown.
+    handed: Option<u64>,
     /// The document `/v1/state` serves.
     doc: Arc<Mutex<Option<StateDoc>>>,
     /// In a set (`--etcd`): etcd, and what was last read from it.
@@ -187,11 +188,20 @@ impl Controller {
             drains: Drains::default(),
             drain_gauges: BTreeSet::new(),
             state_file,
-            save_failing: None,
-            save_retry_at: None,
+            saver: None,
+            handed: None,
             doc: Arc::new(Mutex::new(None)),
             cluster: None,
         };
+        if let Some(sf) = &c.state_file {
+            let metrics = c.local.metrics().cloned();
+            match Saver::start(sf.dir.clone(), sf.disk.clone(), metrics, c.doc.clone()) {
+                Ok(saver) => c.saver = Some(saver),
+                Err(e) => {
+                    error!(error = %e, "cannot start the state saver thread: the state is not saved")
+                }
+            }
+        }
         c.restore();
         c.drains.sync(&c.loaded.policy, Instant::now(), now_ms());
         c
@@ -287,7 +297,6 @@ impl Controller {
                 .next_due()
                 .into_iter()
                 .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
-                .chain(self.save_retry_at)
                 .min();
             let due = async {
                 match next {
@@ -338,8 +347,7 @@ impl Controller {
                     if changed {
                         self.publish();
                     } else {
-                        self.save();
-                        self.update_doc();
+                        self.persist();
                     }
                 }
             }
@@ -365,7 +373,7 @@ impl Controller {
                     self.drains.sync(&self.loaded.policy, now, now_ms());
                     self.publish();
                 }
-                let _ = reply.send(result);
+                self.reply(reply, result);
             }
             Command::Undrain(id, reply) => {
                 let result = self
@@ -377,21 +385,20 @@ impl Controller {
                     self.drains.sync(&self.loaded.policy, now, now_ms());
                     self.publish();
                 }
-                let _ = reply.send(result);
+                self.reply(reply, result);
             }
             Command::Freeze(reason, reply) => {
                 warn!(reason = %reason, "automatic failover frozen: health is tracked, no step is taken");
                 self.failover.freeze(reason);
-                self.save();
-                self.update_doc();
-                let _ = reply.send(Ok(()));
+                self.persist();
+                self.reply(reply, Ok(()));
             }
             Command::Resume(reason, reply) => {
                 info!(reason = %reason, "automatic failover resumed");
                 let taken = self.failover.resume(&self.loaded.policy, now);
                 log_steps(&taken);
                 self.publish();
-                let _ = reply.send(Ok(()));
+                self.reply(reply, Ok(()));
             }
             Command::Explain(name, ip, resolver, reply) => {
                 let _ = reply.send(self.explain(&name, ip, resolver));
@@ -591,15 +598,13 @@ impl Controller {
             info!(cdn = %t.cdn, scope = "global", from = %t.from, to = %t.to, quorum, evidence = %verdict.summary(), "health changed");
             if self.failover.frozen.is_some() {
                 warn!(cdn = %t.cdn, to = %t.to, "failover frozen: not acting on the health change");
-                self.save();
-                self.update_doc();
+                self.persist();
                 return;
             }
             if self.cluster.is_some() {
                 self.propose(&t.cdn, t.to);
                 self.export();
-                self.save();
-                self.update_doc();
+                self.persist();
                 return;
             }
             for (name, pct) in &t.steps {
@@ -607,8 +612,7 @@ impl Controller {
             }
             self.publish();
         } else {
-            self.save();
-            self.update_doc();
+            self.persist();
         }
     }
 
@@ -649,8 +653,7 @@ impl Controller {
             }
             live.store(snapshot);
         }
-        self.save();
-        self.update_doc();
+        self.persist();
     }
 
     /// Sets the gauges that describe the plan: health, removed percentages, drains.
@@ -734,54 +737,77 @@ impl Controller {
         self.fail_open = now;
     }
 
-    /// Saves the state. A failure is counted and logged (once per distinct error, and
-    /// again when it clears), and the save is tried again at the next change, probe
-    /// round or [`SAVE_RETRY`], so that nothing is lost when the fault clears: the
-    /// state stays in memory meanwhile and serving goes on.
-    fn save(&mut self) {
-        let Some(sf) = &self.state_file else { return };
-        let now = Instant::now();
-        let mut saved = persist::capture(&self.failover.health, &self.failover.steps, now);
-        saved.overrides = self.drains.overrides.clone();
-        saved.drains = self.drains.saved(now);
-        saved.frozen = self.failover.frozen.clone();
-        let result = persist::save_to(&sf.dir, &saved, &sf.disk);
-        if let Some(m) = self.local.metrics() {
-            m.state_saved(result.is_ok());
-        }
-        match (result, self.save_failing.take()) {
-            (Ok(()), None) => self.save_retry_at = None,
-            (Ok(()), Some((_, failures))) => {
-                info!(dir = %sf.dir.display(), failed_saves = failures, "state saved again: nothing was lost");
-                self.save_retry_at = None;
-            }
-            (Err(e), before) => {
-                let error = e.to_string();
-                let failures = before.as_ref().map_or(0, |(_, n)| *n) + 1;
-                if before.as_ref().map(|(e, _)| e) != Some(&error) {
-                    warn!(dir = %sf.dir.display(), error = %error, retry_in_ms = SAVE_RETRY.as_millis() as u64, "cannot save state: serving goes on from memory, the save is retried");
-                }
-                self.save_failing = Some((error, failures));
-                self.save_retry_at = Some(now + SAVE_RETRY);
-            }
-        }
+    /// Saves the state and then shows it in `/v1/state` (see [`saver`]).
+    fn persist(&mut self) {
+        let saved = self.state_file.is_some().then(|| {
+            let now = Instant::now();
+            let mut saved = persist::capture(&self.failover.health, &self.failover.steps, now);
+            saved.overrides = self.drains.overrides.clone();
+            saved.drains = self.drains.saved(now);
+            saved.frozen = self.failover.frozen.clone();
+            saved
+        });
+        self.show(saved);
     }
 
-    fn update_doc(&self) {
+    /// Shows what changed in `/v1/state`, nothing of it saved state.
+    fn update_doc(&mut self) {
+        self.show(None);
+    }
+
+    /// Shows the document now, or through the saver once `saved` is written.
+    fn show(&mut self, saved: Option<Saved>) {
+        let mut doc = self.doc_now();
+        if let Some(saver) = &self.saver {
+            match saver.submit(saved, doc) {
+                Ok(generation) => {
+                    self.handed = Some(generation);
+                    return;
+                }
+                Err(back) => {
+                    saver::gone();
+                    self.saver = None;
+                    doc = *back;
+                }
+            }
+        }
+        doc.state_save = self.state_file.as_ref().map(|sf| SaveStatus {
+            dir: sf.dir.display().to_string(),
+            ok: false,
+            error: Some("the state saver thread has stopped".into()),
+            failed_saves: None,
+        });
+        *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = Some(doc);
+    }
+
+    /// Answers an API call once what it changed is saved and shown, without holding up
+    /// the controller meanwhile, and at the latest after [`REPLY_WAIT`]: on a hung disk
+    /// the change serves and is answered, and `/v1/state` shows it once it is saved.
+    fn reply<T: Send + 'static>(&mut self, reply: oneshot::Sender<T>, value: T) {
+        let (Some(saver), Some(generation)) = (&self.saver, self.handed) else {
+            let _ = reply.send(value);
+            return;
+        };
+        let mut written = saver.written();
+        tokio::spawn(async move {
+            let saved = written.wait_for(|&w| w >= generation);
+            let _ = tokio::time::timeout(REPLY_WAIT, saved).await;
+            let _ = reply.send(value);
+        });
+    }
+
+    /// The `/v1/state` document for the state now.
+    fn doc_now(&self) -> StateDoc {
         let f = &self.failover;
-        let doc = StateDoc {
+        StateDoc {
             config_version: self.loaded.version.clone(),
             failover_frozen: f.frozen.clone(),
             drains: self.drains.report(&self.loaded.policy, now_ms()),
             last_reload: self.last_reload.clone(),
             vantage: self.vantage.clone(),
             vantage_unhappy: self.own_unhappy.clone(),
-            state_save: self.state_file.as_ref().map(|sf| SaveStatus {
-                dir: sf.dir.display().to_string(),
-                ok: self.save_failing.is_none(),
-                error: self.save_failing.as_ref().map(|(e, _)| e.clone()),
-                failed_saves: self.save_failing.as_ref().map(|(_, n)| *n),
-            }),
+            // Filled in by the saver, which knows how the save went.
+            state_save: None,
             health: f
                 .health
                 .iter()
@@ -833,8 +859,7 @@ impl Controller {
                     unhappy: health::unhappy(v).map(|u| u.to_string()),
                 })
                 .collect(),
-        };
-        *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = Some(doc);
+        }
     }
 }
 

@@ -13,5 +13,6 @@ pub mod persist;
 pub mod planner;
 pub mod prober;
 pub mod reload;
+pub mod saver;
 pub mod state_doc;
 pub mod stepper;

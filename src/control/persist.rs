@@ -95,33 +95,51 @@ pub fn capture(
     }
 }
 
-/// A full disk, simulated: while on, every save writes the first half of the document
-/// and then fails with `StorageFull` (ENOSPC), as a write to a full disk does. The code
-/// after the failed write (cleanup, counting, retry) is the real one. A disk cannot be
-/// filled in CI, and a tiny tmpfs needs privileges CI may not have; this switch is the
-/// seam the fault tests use. Off unless a test turns it on; nothing else does.
+/// Disk faults, simulated, for the fault tests: a disk cannot be filled or hung in CI,
+/// and a tiny tmpfs needs privileges CI may not have; these switches are the seam. Off
+/// unless a test turns them on; nothing else does.
+///
+/// - *Full*: every save writes the first half of the document and then fails with
+///   `StorageFull` (ENOSPC), as a write to a full disk does. The code after the failed
+///   write (cleanup, counting, retry) is the real one.
+/// - *Stalled*: a save waits before its fsync until the stall ends, as a save to a hung
+///   disk (a dying drive, a lost network mount) does.
 #[derive(Clone, Debug, Default)]
-pub struct DiskFull(Arc<AtomicBool>);
+pub struct DiskFaults {
+    full: Arc<AtomicBool>,
+    stalled: Arc<AtomicBool>,
+}
 
-impl DiskFull {
+impl DiskFaults {
     /// Turns the simulated full disk on or off.
-    pub fn set(&self, full: bool) {
-        self.0.store(full, Ordering::Relaxed);
+    pub fn set_full(&self, full: bool) {
+        self.full.store(full, Ordering::Relaxed);
+    }
+
+    /// Turns the simulated hung disk on or off.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::Relaxed);
     }
 
     fn is_full(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.full.load(Ordering::Relaxed)
+    }
+
+    fn wait_while_stalled(&self) {
+        while self.stalled.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
 /// Writes the state atomically.
 pub fn save(dir: &Path, saved: &Saved) -> std::io::Result<()> {
-    save_to(dir, saved, &DiskFull::default())
+    save_to(dir, saved, &DiskFaults::default())
 }
 
-/// Writes the state atomically, through `disk` (see [`DiskFull`]). On an error the
+/// Writes the state atomically, through `disk` (see [`DiskFaults`]). On an error the
 /// previous file is untouched and the temporary file is removed.
-pub fn save_to(dir: &Path, saved: &Saved, disk: &DiskFull) -> std::io::Result<()> {
+pub fn save_to(dir: &Path, saved: &Saved, disk: &DiskFaults) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let bytes = serde_json::to_vec_pretty(saved).map_err(std::io::Error::other)?;
     // A name of its own per write: two writers (a restart overlapping the old process)
@@ -143,6 +161,7 @@ pub fn save_to(dir: &Path, saved: &Saved, disk: &DiskFull) -> std::io::Result<()
             ));
         }
         f.write_all(&bytes)?;
+        disk.wait_while_stalled();
         f.sync_all()?;
         std::fs::rename(&tmp, path(dir))
     })();
@@ -384,13 +403,13 @@ mod tests {
         let dir = scratch("full");
         save(&dir, &state(1)).unwrap();
         let before = std::fs::read(path(&dir)).unwrap();
-        let disk = DiskFull::default();
-        disk.set(true);
+        let disk = DiskFaults::default();
+        disk.set_full(true);
         let e = save_to(&dir, &state(2), &disk).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::StorageFull);
         assert_eq!(std::fs::read(path(&dir)).unwrap(), before);
         assert_eq!(files(&dir), [FILE]);
-        disk.set(false);
+        disk.set_full(false);
         save_to(&dir, &state(3), &disk).unwrap();
         let back = load(&dir, Duration::from_secs(60)).unwrap().unwrap();
         assert_eq!(back.frozen.as_deref(), Some("saved 3 ms ago"));

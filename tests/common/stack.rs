@@ -11,7 +11,7 @@ use hickory_proto::rr::RecordType;
 use serde_json::Value;
 use steerdns::app::{self, Inputs, ServeOptions, Service};
 use steerdns::control::controller::StateFile;
-pub use steerdns::control::persist::DiskFull;
+pub use steerdns::control::persist::DiskFaults;
 use tokio::time::Instant;
 
 use super::mock_cdn::{MockCdn, Mode};
@@ -95,13 +95,13 @@ pub fn vantages(dir: &Path, urls: &[String]) {
 
 impl Stack {
     pub async fn start(dir: &Path) -> Stack {
-        Stack::start_with_disk(dir, DiskFull::default()).await
+        Stack::start_with_disk(dir, DiskFaults::default()).await
     }
 
-    /// As [`Stack::start`], saving the state through `disk_full` (a simulated full
-    /// disk the test can switch on and off).
-    pub async fn start_with_disk(dir: &Path, disk_full: DiskFull) -> Stack {
-        Stack::start_full(dir, disk_full, "test", None).await
+    /// As [`Stack::start`], saving the state through `disk` (simulated disk faults
+    /// the test can switch on and off).
+    pub async fn start_with_disk(dir: &Path, disk: DiskFaults) -> Stack {
+        Stack::start_full(dir, disk, "test", None).await
     }
 
     /// A node `name` of a set sharing one view through etcd (`serve --etcd`).
@@ -110,12 +110,12 @@ impl Stack {
         name: &str,
         cluster: steerdns::control::cluster::ClusterOptions,
     ) -> Stack {
-        Stack::start_full(dir, DiskFull::default(), name, Some(cluster)).await
+        Stack::start_full(dir, DiskFaults::default(), name, Some(cluster)).await
     }
 
     async fn start_full(
         dir: &Path,
-        disk_full: DiskFull,
+        disk: DiskFaults,
         vantage: &str,
         cluster: Option<steerdns::control::cluster::ClusterOptions>,
     ) -> Stack {
@@ -140,7 +140,7 @@ impl Stack {
             state: Some(StateFile {
                 dir: dir.join("state"),
                 max_age: Duration::from_secs(60),
-                disk: disk_full.clone(),
+                disk: disk.clone(),
             }),
             vantage: vantage.into(),
             cluster,
