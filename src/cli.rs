@@ -433,7 +433,10 @@ pub async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Check { inputs } => check(inputs.into()),
+        Command::Check { inputs } => {
+            end_quietly_on_a_closed_pipe();
+            check(inputs.into())
+        }
         Command::Explain {
             name,
             client,
@@ -443,6 +446,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             inputs,
             state_dir,
         } => {
+            end_quietly_on_a_closed_pipe();
             let asker = resolver.map(|r| {
                 (
                     r,
@@ -451,6 +455,18 @@ pub async fn run(cli: Cli) -> ExitCode {
             });
             explain(inputs.into(), &name, client, asker, &state_dir, json)
         }
+    }
+}
+
+/// `steerdns explain … | head` ends as other Unix tools do when the reader goes away
+/// (killed by SIGPIPE), rather than panicking in `println!` on EPIPE. Only for the
+/// commands that print and exit: `serve` and `agent` keep SIGPIPE ignored, so that a
+/// peer closing a socket is an error on that socket, not the end of the server.
+fn end_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal, before any output.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

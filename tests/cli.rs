@@ -280,6 +280,32 @@ fn explain_shows_region_weights_and_scope() {
     }
 }
 
+/// `steerdns explain … | head -0`: the reader is gone before anything is written. The
+/// command ends as `cat` would (SIGPIPE), not with a panic on EPIPE.
+#[cfg(unix)]
+#[test]
+fn explain_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(BIN)
+        .current_dir(repo("."))
+        .args(["explain", "www.example.com", "--client", "81.2.69.142"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed while the geo database loads, long before the first line is printed.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}
+
 #[tokio::test]
 async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
     // The default inputs, but not the default API port or state directory: another
