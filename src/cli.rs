@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
 use crate::control::cluster::{ClusterOptions, EtcdOptions};
+use crate::control::content::SteeringOptions;
 use crate::control::controller::StateFile;
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
@@ -63,6 +64,14 @@ pub enum Command {
         /// How often the inputs are checked for changes; 0 = reload on SIGHUP only.
         #[arg(long, value_name = "MS", default_value_t = 250)]
         reload_poll_ms: u64,
+        /// Content steering for HLS and DASH players: `GET /steer/hls/{name}` and
+        /// `/steer/dash/{name}` (`off` to disable).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8053")]
+        steering_http: ApiAddr,
+        /// Proxies (CIDR blocks) whose X-Forwarded-For locates a player on
+        /// --steering-http; repeat for several. Default: none, the peer is the client.
+        #[arg(long, value_name = "CIDR", num_args = 1..)]
+        trusted_proxies: Vec<ipnet::IpNet>,
     },
     /// Run only the prober, publishing observations for the servers on --api.
     Agent {
@@ -378,6 +387,8 @@ pub async fn run(cli: Cli) -> ExitCode {
             etcd,
             reload_poll_ms,
             api_token_file,
+            steering_http,
+            trusted_proxies,
         } => {
             let vantage = vantage.unwrap_or_else(host_name);
             let cluster = match etcd.options(&vantage) {
@@ -415,6 +426,9 @@ pub async fn run(cli: Cli) -> ExitCode {
                 )),
                 vantage,
                 cluster,
+                steering: steering_http
+                    .0
+                    .map(|addr| SteeringOptions::new(addr, trusted_proxies)),
             };
             serve(inputs, opts).await
         }
@@ -502,6 +516,9 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
     };
     for addr in service.dns.addrs() {
         info!(%addr, udp_sockets = opts.dns.udp_sockets, "listening (udp, tcp)");
+    }
+    if let Some(addr) = service.steering {
+        info!(%addr, "content steering listening (http): /steer/hls/{{name}}, /steer/dash/{{name}}");
     }
     if let Some(addr) = service.api {
         info!(%addr, "api listening (http)");
