@@ -106,6 +106,10 @@ pub enum Command {
         /// The ECS source prefix the resolver sends (default 24 for IPv4, 56 for IPv6).
         #[arg(long, value_name = "BITS", requires = "resolver")]
         source: Option<u8>,
+        /// A content steering session key (16 hex digits, `session=` in a player's
+        /// RELOAD-URI), to show the order of pathways that session gets.
+        #[arg(long, value_name = "KEY", value_parser = parse_session)]
+        session: Option<u64>,
         /// Print the explanation as JSON, as `/v1/explain` serves it.
         #[arg(long)]
         json: bool,
@@ -208,6 +212,10 @@ pub struct InputArgs {
     /// An AS-number database (MaxMind DB: GeoLite2-ASN), for `match: [AS13335]`.
     #[arg(long = "asn-db", value_name = "FILE")]
     pub asn: Option<PathBuf>,
+}
+
+fn parse_session(s: &str) -> Result<u64, String> {
+    crate::control::content::manifest::parse_session(s)
 }
 
 /// `--api ADDR`, or `off`.
@@ -453,6 +461,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             client,
             resolver,
             source,
+            session,
             json,
             inputs,
             state_dir,
@@ -463,7 +472,15 @@ pub async fn run(cli: Cli) -> ExitCode {
                     source.unwrap_or(crate::selection::default_source(client)),
                 )
             });
-            explain(inputs.into(), &name, client, asker, &state_dir, json)
+            explain(
+                inputs.into(),
+                &name,
+                client,
+                asker,
+                session,
+                &state_dir,
+                json,
+            )
         }
     }
 }
@@ -628,6 +645,7 @@ fn explain(
     name: &str,
     client: IpAddr,
     resolver: Option<(IpAddr, u8)>,
+    session: Option<u64>,
     state_dir: &std::path::Path,
     json: bool,
 ) -> ExitCode {
@@ -692,6 +710,7 @@ fn explain(
         client,
         resolver,
         now: crate::selection::unix_now(),
+        session,
     };
     match crate::control::explain::explain(&facts, &question) {
         Ok(e) if json => match serde_json::to_string_pretty(&e) {

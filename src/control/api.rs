@@ -1,7 +1,7 @@
 //! Control plane: the HTTP API on `--api` (loopback by default).
 //!
 //! Read-only, open: `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
-//! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=]`.
+//! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=&session=]`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
 //! Without a configured token every mutation is refused.
@@ -488,12 +488,14 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
     let mut client = None;
     let mut resolver = None;
     let mut source = None;
+    let mut session = None;
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some(("name", v)) => name = Some(v.to_string()),
             Some(("client", v)) => client = Some(v.replace("%3A", ":").replace("%3a", ":")),
             Some(("resolver", v)) => resolver = Some(v.replace("%3A", ":").replace("%3a", ":")),
             Some(("source", v)) => source = Some(v.to_string()),
+            Some(("session", v)) => session = Some(v.to_string()),
             _ => {}
         }
     }
@@ -523,10 +525,19 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
         }
     };
     let resolver = resolver.map(|r| (r, source));
+    let session = match session.map(|s| crate::control::content::manifest::parse_session(&s)) {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, &e),
+    };
     let Some(commands) = &state.commands else {
         return error(StatusCode::NOT_FOUND, "not available in this mode");
     };
-    match ask(commands, |tx| Command::Explain(name, ip, resolver, tx)).await {
+    match ask(commands, |tx| {
+        Command::Explain(name, ip, resolver, session, tx)
+    })
+    .await
+    {
         Ok(Ok(doc)) => json_reply(StatusCode::OK, &doc),
         Ok(Err(e @ ExplainError::NotServing)) => {
             error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())

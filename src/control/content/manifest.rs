@@ -36,7 +36,7 @@ use std::net::IpAddr;
 
 use crate::config::valid_pathway;
 use crate::place::geo::GeoDb;
-use crate::plan::{Reason, Steered};
+use crate::plan::{Choice, Reason, Steered};
 use crate::selection;
 
 /// Pathways or throughput values one request may list (more is a bad request).
@@ -335,10 +335,9 @@ pub fn pathway<'p>(steered: Steered<'p>, t: usize) -> &'p str {
         .map_or_else(|| &*steered.target(t).cdn, String::as_str)
 }
 
-/// The percent of sessions that get each serving target first in `region` (for
-/// clients outside every location-scoped drain), as `explain` shows it.
-pub fn first_shares(steered: Steered, region: usize) -> Vec<(usize, f64)> {
-    let choice = steered.choice(region);
+/// The percent of sessions that get each serving target of `choice` (one of
+/// `steered`'s) first, as `explain` shows it.
+pub fn first_shares<'p>(steered: Steered<'p>, choice: &'p Choice) -> Vec<(usize, f64)> {
     let weighted: Vec<(usize, u64)> = steered.weighted(choice).collect();
     let total: u64 = weighted.iter().map(|(_, w)| w).sum();
     weighted
