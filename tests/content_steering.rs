@@ -157,13 +157,14 @@ async fn both_formats_serve_a_manifest_with_cors_and_cache_control() {
         let mut o = order(&m, key);
         o.sort();
         assert_eq!(o, ["b", "c", "cdn-a"], "every pathway, a mapped to cdn-a");
-        let other = if format == "hls" {
-            "SERVICE-LOCATION-PRIORITY"
+        if format == "hls" {
+            assert!(m.get("SERVICE-LOCATION-PRIORITY").is_none());
+            assert_eq!(m.as_object().unwrap().len(), 4, "{m}");
         } else {
-            "PATHWAY-PRIORITY"
-        };
-        assert!(m.get(other).is_none());
-        assert_eq!(m.as_object().unwrap().len(), 4, "{m}");
+            // Also under the key dash.js reads.
+            assert_eq!(order(&m, "PATHWAY-PRIORITY"), order(&m, key));
+            assert_eq!(m.as_object().unwrap().len(), 5, "{m}");
+        }
     }
     // No content_steering block: the CDN names, the DNS TTL; any case, trailing dot.
     let g = s.get("/steer/hls/WWW.Example.COM.").await;

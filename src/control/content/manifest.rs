@@ -352,6 +352,10 @@ pub fn first_shares<'p>(steered: Steered<'p>, choice: &'p Choice) -> Vec<(usize,
 /// {"VERSION":1,"TTL":15,"RELOAD-URI":"www.example.com?session=00c0ffee00c0ffee","PATHWAY-PRIORITY":["a","b"]}
 /// ```
 ///
+/// A DASH manifest lists the order twice: as `SERVICE-LOCATION-PRIORITY` (the DASH-IF
+/// name) and as `PATHWAY-PRIORITY`, the key dash.js reads for DASH as well; a player
+/// ignores the key it does not know.
+///
 /// `RELOAD-URI` is relative (to the manifest's own URL, so it survives a proxy that
 /// mounts the server under another path): the name, the session key, and the
 /// session's demotions.
@@ -367,16 +371,25 @@ pub fn write(format: Format, steered: Steered, order: &Order, session: u64, out:
     }
     let _ = write!(out, "{{\"VERSION\":1,\"TTL\":{},\"RELOAD-URI\":", order.ttl);
     json_string(&uri, out);
-    out.push_str(",\"");
-    out.push_str(format.priority_key());
-    out.push_str("\":[");
-    for (i, &t) in order.targets.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
+    let keys: &[&str] = match format {
+        Format::Hls => &["PATHWAY-PRIORITY"],
+        // DASH: the DASH-IF name, and the HLS one, which is what dash.js (4.7 and 5.2
+        // checked) reads for DASH too.
+        Format::Dash => &["SERVICE-LOCATION-PRIORITY", "PATHWAY-PRIORITY"],
+    };
+    for key in keys {
+        out.push_str(",\"");
+        out.push_str(key);
+        out.push_str("\":[");
+        for (i, &t) in order.targets.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            json_string(pathway(steered, t), out);
         }
-        json_string(pathway(steered, t), out);
+        out.push(']');
     }
-    out.push_str("]}");
+    out.push('}');
 }
 
 /// `s` as a JSON string (RFC 8259 §7).

@@ -15,6 +15,9 @@
 //!   manifest's bytes. `explain` uses it too, so that it says what a player gets.
 //! - [`server`]: the HTTP server: routes, CORS, `Cache-Control`, errors, metrics.
 //!
+//! A DASH manifest carries its list under both `SERVICE-LOCATION-PRIORITY` (DASH-IF)
+//! and `PATHWAY-PRIORITY`, which is the key dash.js reads for DASH.
+//!
 //! Specifications: HLS Content Steering (Apple, `EXT-X-CONTENT-STEERING`,
 //! `PATHWAY-PRIORITY`, `_HLS_pathway`, `_HLS_throughput`), DASH-IF Content Steering
 //! (`<ContentSteering>`, `SERVICE-LOCATION-PRIORITY`, `_DASH_pathway`,
