@@ -235,10 +235,25 @@ fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String
 
 /// The player driver's stdout lines, read on a thread.
 struct Driver {
-    /// Kept to stop it by PID when the test ends.
-    _proc: Proc,
-    stdin: ChildStdin,
+    /// Stopped by PID when the test ends (after it was asked to close Chromium).
+    proc: Proc,
+    stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
+}
+
+impl Drop for Driver {
+    /// Closes the driver's stdin, which makes it close Chromium and exit; waits 10 s
+    /// at most for that, so that no browser outlives the test, then `Proc` kills it.
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if !matches!(self.proc.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Driver {
@@ -259,8 +274,9 @@ impl Driver {
         }
     }
     fn say(&mut self, line: &str) {
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().expect("the driver's stdin");
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
     }
 }
 
@@ -442,11 +458,11 @@ http://127.0.0.1:{pb}/hls/media.m3u8
         }
     });
     let mut driver = Driver {
-        _proc: Proc {
+        proc: Proc {
             name: "node play.mjs",
             child,
         },
-        stdin,
+        stdin: Some(stdin),
         lines,
     };
     driver.expect("PLAYING", Duration::from_secs(60));
@@ -516,7 +532,6 @@ http://127.0.0.1:{pb}/hls/media.m3u8
     driver.expect("SHOT", Duration::from_secs(10));
     driver.say("state");
     let state = driver.expect("STATE", Duration::from_secs(10));
-    driver.say("quit");
     eprintln!(
         "players: moved to B after {moved:?} s, back to A after {back:?} s (bound {:.1} s); {state}; screenshot {}",
         bound.as_secs_f64(),
