@@ -13,7 +13,7 @@
 //!
 //! Needs `chromium`, `node` (with `npm ci` run in `tests/players/`), `ffmpeg` and
 //! `python3`; without them the test is skipped with a message, except under CI
-//! (`CI=true`), where it fails. Takes about 30 s.
+//! (`CI=true`), where it fails. Takes about 15 s.
 
 mod common;
 
