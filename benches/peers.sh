@@ -108,7 +108,7 @@ YAML
 # The peers' zone without the steered name.
 grep -v -E '^(www|[[:space:]]+")' "$SHARED/peers/pdns/example.com.zone" >"$S/zones/example.com.zone"
 STEERDNS_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$GEODB"
-    --probes "$S/probes" --state-dir "$S/state" --api off --reload-poll-ms 0
+    --probes "$S/probes" --state-dir "$S/state" --api off --reload-poll-ms 0 --steering-http off
     --listen "127.0.0.1:$PORT_STEERDNS")
 [[ -n ${UDP_SOCKETS:-} ]] && STEERDNS_ARGS+=(--udp-sockets "$UDP_SOCKETS")
 

@@ -55,7 +55,7 @@ start() { # demo|scale
     mkdir -p "$d/state"
     taskset -c 1 "$STEERDNS_BIN" serve --config "$d/steering.yaml" --zones "$d/zones" \
         --geo "$REPO/geo/country.mmdb" --probes "$d/no-probes" --state-dir "$d/state" \
-        --listen "127.0.0.1:${PORT[$1]}" --api "127.0.0.1:$(free_port)" --reload-poll-ms 0 \
+        --listen "127.0.0.1:${PORT[$1]}" --api "127.0.0.1:$(free_port)" --reload-poll-ms 0 --steering-http off \
         >"$TMP/$1.log" 2>&1 &
     SPID[$1]=$!
     track $!

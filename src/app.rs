@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::probes::Probes;
 use crate::control::api::{self, ApiState};
 use crate::control::cluster::{self, ClusterOptions, Etcd};
+use crate::control::content::{self, SteeringOptions};
 use crate::control::controller::{self, ClusterLink, Controller, StateFile};
 use crate::control::peers::Peers;
 use crate::control::prober::Local;
@@ -209,6 +210,9 @@ pub struct ServeOptions {
     /// A node of a set sharing observations, timelines and overrides through etcd
     /// (`--etcd`); `None` for a single node.
     pub cluster: Option<ClusterOptions>,
+    /// Content steering for HLS and DASH players (`--steering-http`); `None` to run
+    /// without.
+    pub steering: Option<SteeringOptions>,
 }
 
 /// The etcd client of a set, or why it cannot be made.
@@ -235,6 +239,8 @@ fn observation_ttl(probes: &Probes) -> Duration {
 pub struct Service {
     pub dns: Running,
     pub api: Option<SocketAddr>,
+    /// Where content steering manifests are served (`--steering-http`).
+    pub steering: Option<SocketAddr>,
     /// What `/metrics` serves; the DNS handler and the prober count into it.
     pub metrics: Metrics,
     stop: CancellationToken,
@@ -303,6 +309,19 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         }
         None => None,
     };
+    let steering = match &opts.steering {
+        Some(s) => Some(
+            content::spawn(s.clone(), dns.live().clone(), metrics.clone(), stop.clone())
+                .await
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {} (--steering-http): {e}", s.addr),
+                    )
+                })?,
+        ),
+        None => None,
+    };
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
     reload::spawn(
         opts.inputs.clone(),
@@ -314,6 +333,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     Ok(Service {
         dns,
         api,
+        steering,
         metrics,
         stop,
     })

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
 use crate::control::cluster::{ClusterOptions, EtcdOptions};
+use crate::control::content::SteeringOptions;
 use crate::control::controller::StateFile;
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
@@ -63,6 +64,14 @@ pub enum Command {
         /// How often the inputs are checked for changes; 0 = reload on SIGHUP only.
         #[arg(long, value_name = "MS", default_value_t = 250)]
         reload_poll_ms: u64,
+        /// Content steering for HLS and DASH players: `GET /steer/hls/{name}` and
+        /// `/steer/dash/{name}` (`off` to disable).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8053")]
+        steering_http: ApiAddr,
+        /// Proxies (CIDR blocks) whose X-Forwarded-For locates a player on
+        /// --steering-http; repeat for several. Default: none, the peer is the client.
+        #[arg(long, value_name = "CIDR", num_args = 1..)]
+        trusted_proxies: Vec<ipnet::IpNet>,
     },
     /// Run only the prober, publishing observations for the servers on --api.
     Agent {
@@ -97,6 +106,10 @@ pub enum Command {
         /// The ECS source prefix the resolver sends (default 24 for IPv4, 56 for IPv6).
         #[arg(long, value_name = "BITS", requires = "resolver")]
         source: Option<u8>,
+        /// A content steering session key (16 hex digits, `session=` in a player's
+        /// RELOAD-URI), to show the order of pathways that session gets.
+        #[arg(long, value_name = "KEY", value_parser = parse_session)]
+        session: Option<u64>,
         /// Print the explanation as JSON, as `/v1/explain` serves it.
         #[arg(long)]
         json: bool,
@@ -199,6 +212,10 @@ pub struct InputArgs {
     /// An AS-number database (MaxMind DB: GeoLite2-ASN), for `match: [AS13335]`.
     #[arg(long = "asn-db", value_name = "FILE")]
     pub asn: Option<PathBuf>,
+}
+
+fn parse_session(s: &str) -> Result<u64, String> {
+    crate::control::content::manifest::parse_session(s)
 }
 
 /// `--api ADDR`, or `off`.
@@ -378,6 +395,8 @@ pub async fn run(cli: Cli) -> ExitCode {
             etcd,
             reload_poll_ms,
             api_token_file,
+            steering_http,
+            trusted_proxies,
         } => {
             let vantage = vantage.unwrap_or_else(host_name);
             let cluster = match etcd.options(&vantage) {
@@ -415,6 +434,9 @@ pub async fn run(cli: Cli) -> ExitCode {
                 )),
                 vantage,
                 cluster,
+                steering: steering_http
+                    .0
+                    .map(|addr| SteeringOptions::new(addr, trusted_proxies)),
             };
             serve(inputs, opts).await
         }
@@ -442,6 +464,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             client,
             resolver,
             source,
+            session,
             json,
             inputs,
             state_dir,
@@ -453,7 +476,15 @@ pub async fn run(cli: Cli) -> ExitCode {
                     source.unwrap_or(crate::selection::default_source(client)),
                 )
             });
-            explain(inputs.into(), &name, client, asker, &state_dir, json)
+            explain(
+                inputs.into(),
+                &name,
+                client,
+                asker,
+                session,
+                &state_dir,
+                json,
+            )
         }
     }
 }
@@ -518,6 +549,9 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
     };
     for addr in service.dns.addrs() {
         info!(%addr, udp_sockets = opts.dns.udp_sockets, "listening (udp, tcp)");
+    }
+    if let Some(addr) = service.steering {
+        info!(%addr, "content steering listening (http): /steer/hls/{{name}}, /steer/dash/{{name}}");
     }
     if let Some(addr) = service.api {
         info!(%addr, "api listening (http)");
@@ -627,6 +661,7 @@ fn explain(
     name: &str,
     client: IpAddr,
     resolver: Option<(IpAddr, u8)>,
+    session: Option<u64>,
     state_dir: &std::path::Path,
     json: bool,
 ) -> ExitCode {
@@ -691,6 +726,7 @@ fn explain(
         client,
         resolver,
         now: crate::selection::unix_now(),
+        session,
     };
     match crate::control::explain::explain(&facts, &question) {
         Ok(e) if json => match serde_json::to_string_pretty(&e) {

@@ -22,6 +22,8 @@
 //! - [`plan`]: the immutable snapshot behind an `ArcSwap`; one atomic load per query.
 //! - [`selection`]: the weighted pick (rendezvous hashing) and its consistent key.
 //! - [`control`]: builds plans ([`control::planner`]).
+//! - [`control::content`]: the same plans served to HLS and DASH players as content
+//!   steering manifests (`--steering-http`).
 //! - [`config`], [`zones`]: inputs, validated with file, line and field.
 //! - [`metrics`]: Prometheus families both planes update, served on `/metrics`.
 //! - [`app`]: lifecycle: load, bind, serve, stop.

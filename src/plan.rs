@@ -26,7 +26,7 @@ use hickory_server::zone_handler::Catalog;
 use ipnet::IpNet;
 use rand::{Rng, RngExt};
 
-use crate::config::Selection;
+use crate::config::{ContentSteering, Selection};
 use crate::selection;
 
 use crate::config::Match;
@@ -119,6 +119,8 @@ struct Labels {
     drain_scopes: Box<[Box<[Match]>]>,
     /// AS entries of the regions, with the first region listing each. Usually empty.
     asns: Box<[(u32, u16)]>,
+    /// Content steering for players: pathway ids by target, TTL, throughput floor.
+    content: ContentSteering,
 }
 
 /// One steered name of a plan: what the data plane looks up and answers from.
@@ -143,6 +145,8 @@ pub struct NameSpec {
     /// `2^drain_scopes.len()` choices per region (index `region << drain_scopes.len()
     /// | mask`), each built from indexes into `targets`.
     pub choices: Vec<ChoiceSpec>,
+    /// Content steering: `pathways` has one id per target.
+    pub content: ContentSteering,
 }
 
 /// What a region answers: the CDNs that may serve it now, their weights, and how many
@@ -435,6 +439,7 @@ impl Plan {
             targets: spec.targets.into_boxed_slice(),
             drain_scopes: spec.drain_scopes.into_boxed_slice(),
             asns: spec.index.asns.into_boxed_slice(),
+            content: spec.content,
         };
         (header, labels)
     }
@@ -772,6 +777,27 @@ impl<'p> Steered<'p> {
             prev = sum;
             (&self.labels.targets[t], w)
         })
+    }
+
+    /// (index into the targets, weight) of each CDN of a choice; zero weights are left
+    /// out. Allocates: not for the DNS hot path.
+    pub fn weighted(self, choice: &'p Choice) -> impl Iterator<Item = (usize, u64)> + 'p {
+        let mut prev = 0;
+        self.entries(choice).into_iter().map(move |(t, sum, _)| {
+            let w = sum - prev;
+            prev = sum;
+            (t, w)
+        })
+    }
+
+    /// The rendezvous salt of target `i` ([`selection::salt`] of its CDN name).
+    pub fn salt(self, i: usize) -> u64 {
+        self.plan.salts[self.header.salts as usize + i]
+    }
+
+    /// Content steering of the name: pathway ids by target, TTL, throughput floor.
+    pub fn content(self) -> &'p ContentSteering {
+        &self.labels.content
     }
 
     /// (region name, CDN name, answers) for every CDN of every choice, for the
@@ -1162,6 +1188,7 @@ mod tests {
             targets,
             drain_scopes: Vec::new(),
             choices: specs,
+            content: ContentSteering::default(),
         }
     }
 

@@ -275,9 +275,30 @@ fn explain_shows_region_weights_and_scope() {
         "ECS scope /18",
         "90.0 %",
         "10.0 %",
+        "players: pathway first for sessions: fastly 90.0 %, cloudflare 10.0 %; TTL 30",
     ] {
         assert!(stdout.contains(words), "{words}: {stdout}");
     }
+    // A player's session: the order it gets.
+    let explain = |session: &str| {
+        Command::new(BIN)
+            .current_dir(repo("."))
+            .args(["explain", "www.example.com", "--client", "81.2.69.142"])
+            .args(["--session", session])
+            .output()
+            .unwrap()
+    };
+    let out = explain("00000000000000ff");
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("session: 00000000000000ff: fastly, cloudflare")
+            || stdout.contains("session: 00000000000000ff: cloudflare, fastly"),
+        "{stdout}"
+    );
+    let out = explain("not-a-session");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("16 hexadecimal digits"));
 }
 
 /// `steerdns explain … | head -0`: the reader is gone before anything is written. The
@@ -318,6 +339,10 @@ async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
             "127.0.0.1:0",
             "--api",
             "127.0.0.1:0",
+            "--steering-http",
+            "127.0.0.1:0",
+            "--trusted-proxies",
+            "127.0.0.1/32",
             "--state-dir",
             state.to_str().unwrap(),
             "--zones",
@@ -337,6 +362,41 @@ async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
         let target = cname_of(&m);
         assert!(target == FASTLY || target == CLOUDFLARE);
     }
+    // Content steering on the address it logs; the trusted proxy's X-Forwarded-For
+    // locates the player (the region in the metrics).
+    let logged = |line: String| -> std::net::SocketAddr {
+        let addr = line.split("addr=").nth(1).unwrap();
+        addr.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let steering = logged(served.next_line("content steering listening"));
+    let api = logged(served.next_line("api listening"));
+    let get = |addr: std::net::SocketAddr, path: &str, extra: &str| {
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n");
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        }
+    };
+    let reply = get(
+        steering,
+        "/steer/hls/www.example.com",
+        "x-forwarded-for: 81.2.69.160\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("\"PATHWAY-PRIORITY\":["), "{reply}");
+    let metrics = get(api, "/metrics", "").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("steerdns_steering_responses_total{")
+                && l.contains("region=\"GB,IE,DE,FR,NL,ES,IT\"")),
+        "{metrics}"
+    );
     served.stop();
 }
 
@@ -497,6 +557,8 @@ async fn sighup_reloads_the_configuration() {
             "127.0.0.1:0",
             "--api",
             "off",
+            "--steering-http",
+            "off",
             "--reload-poll-ms",
             "0",
             "--state-dir",
@@ -566,6 +628,8 @@ async fn limit_options_are_wired_to_the_server() {
             "--listen",
             "127.0.0.1:0",
             "--api",
+            "off",
+            "--steering-http",
             "off",
             "--probes",
             "tests/fixtures/no-probes",

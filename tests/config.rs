@@ -316,3 +316,67 @@ fn the_policy_fuzz_seeds_keep_the_planners_invariants() {
         dir.display()
     );
 }
+
+#[test]
+fn content_steering_is_validated_with_its_line_and_field() {
+    let text = format!(
+        "{GOOD}content_steering:
+  pathways: {{ fastly: cdn/a, akamai: x, cloudflare: cdn-b }}
+  ttl: 0
+  throughput_floor_bps: -5
+"
+    );
+    let issues = errors(&text);
+    has(
+        &issues,
+        12,
+        "content_steering.pathways.fastly",
+        "not a pathway id",
+    );
+    has(
+        &issues,
+        12,
+        "content_steering.pathways.akamai",
+        "unknown CDN `akamai`",
+    );
+    has(&issues, 13, "content_steering.ttl", "not a steering TTL");
+    has(
+        &issues,
+        14,
+        "content_steering.throughput_floor_bps",
+        "not a throughput floor",
+    );
+    assert_eq!(issues.errors().count(), 4, "{issues}");
+
+    let issues = errors(&format!(
+        "{GOOD}content_steering:\n  pathways: {{ fastly: same, cloudflare: same }}\n"
+    ));
+    has(
+        &issues,
+        12,
+        "content_steering.pathways",
+        "given to both fastly and cloudflare",
+    );
+    let issues = errors(&format!("{GOOD}content_steering:\n  ttls: 5\n"));
+    assert!(
+        issues.to_string().contains("unknown field `ttls`"),
+        "{issues}"
+    );
+
+    // Accepted: the mapping, and the defaults (CDN names, the DNS TTL, no floor).
+    let (policy, _) = config::parse(
+        Path::new("steering.yaml"),
+        format!(
+            "{GOOD}content_steering: {{ pathways: {{ fastly: cdn-a }}, ttl: 15, throughput_floor_bps: 800000 }}\n"
+        ),
+    )
+    .unwrap();
+    let c = &policy.hosts[0].content;
+    assert_eq!(c.pathways, ["cdn-a", "cloudflare"]);
+    assert_eq!(c.ttl, Some(15));
+    assert_eq!(c.throughput_floor_bps, Some(800_000));
+    let (policy, _) = config::parse(Path::new("steering.yaml"), GOOD.to_string()).unwrap();
+    let c = &policy.hosts[0].content;
+    assert_eq!(c.pathways, ["fastly", "cloudflare"]);
+    assert_eq!((c.ttl, c.throughput_floor_bps), (None, None));
+}

@@ -44,6 +44,7 @@ done
 
 NO_COLOR=1 "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" --probes "$TMP/probes" \
     --listen "127.0.0.1:$DNS_PORT" --api "127.0.0.1:$API_PORT" --state-dir "$TMP/state" \
+    --steering-http off \
     >"$TMP/server.log" 2>&1 &
 track $!
 if ! wait_for_dns -p $! "$DNS_PORT"; then

@@ -149,7 +149,7 @@ for n in 1 2 3; do
     NO_COLOR=1 ip netns exec "sd-n$n" "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" \
         --zones zones --probes "$TMP/probes" --state-dir "$TMP/state-ns$n" \
         --listen "10.213.0.2$n:5353" --api "10.213.0.2$n:9153" --api-token-file "$TMP/api-token" \
-        --rrl-exempt 10.213.0.0/24 \
+        --rrl-exempt 10.213.0.0/24 --steering-http off \
         --node "ns$n" "${ETCD_ARGS[@]}" >"$TMP/ns$n.log" 2>&1 &
     track $!
 done

@@ -39,7 +39,7 @@ for PORT in $ports; do
         echo "smoke: 127.0.0.1:$PORT already answers DNS, skipping it" >&2
         continue
     fi
-    NO_COLOR=1 "$STEERDNS_BIN" serve --listen "127.0.0.1:$PORT" >"$TMP/server.log" 2>&1 &
+    NO_COLOR=1 "$STEERDNS_BIN" serve --listen "127.0.0.1:$PORT" --steering-http off >"$TMP/server.log" 2>&1 &
     PID=$!
     track "$PID"
     if wait_for_dns -p "$PID" "$PORT"; then

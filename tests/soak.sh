@@ -172,7 +172,7 @@ policy 0
 # (--rrl-exempt), so the soak measures the server, not the limiter.
 SERVER_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$REPO/geo/country.mmdb"
     --probes "$S/probes" --state-dir "$S/state" --listen "127.0.0.1:$DNS_PORT"
-    --api "127.0.0.1:$API_PORT" --api-token-file "$S/api-token" --reload-poll-ms 250)
+    --api "127.0.0.1:$API_PORT" --api-token-file "$S/api-token" --reload-poll-ms 250 --steering-http off)
 # glibc's default allocator settings, as operators run it (the geo database is reused
 # across reloads while its file is unchanged, so reloads do not churn megabytes).
 SERVER_ENV=(NO_COLOR=1)

@@ -161,7 +161,7 @@ for addr in $NS1 $NS2; do
     n=$((n + 1))
     NO_COLOR=1 "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" --zones "$TMP/zones" \
         --geo "$REPO/geo/country.mmdb" --probes "$TMP/probes" --listen "$addr:53" \
-        --api "127.0.0.1:$(free_port)" --state-dir "$TMP/state$n" --vantage "ns$n" \
+        --api "127.0.0.1:$(free_port)" --state-dir "$TMP/state$n" --vantage "ns$n" --steering-http off \
         >"$OUT/steerdns-ns$n.log" 2>&1 &
     track $!
 done

@@ -17,6 +17,7 @@
 //!     weights: { fastly: 90, cloudflare: 10 }
 //! failover: { steps: [50, 100], step_interval_seconds: 90 }
 //! drain: [{ cdn: fastly, where: [GB], reason: "...", until: 2026-12-01T12:00:00Z }]
+//! content_steering: { pathways: { fastly: cdn-a }, ttl: 15, throughput_floor_bps: 800000 }
 //! ```
 
 mod locate;
@@ -71,6 +72,33 @@ pub struct HostPolicy {
     pub regions: Vec<Region>,
     pub failover: Failover,
     pub drains: Vec<Drain>,
+    /// How HLS and DASH players are steered (`content_steering:`); defaults when absent.
+    pub content: ContentSteering,
+}
+
+/// Content steering of one name for HLS and DASH players (`content_steering:`, beside
+/// `ttl`): what the steering manifests on `--steering-http` call each CDN, how long a
+/// player keeps a manifest, and when a player's measured throughput demotes a pathway.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContentSteering {
+    /// The pathway id (HLS `PATHWAY-ID`, DASH `serviceLocation`) of each CDN, by CDN
+    /// index: the CDN's name unless `pathways:` maps it.
+    pub pathways: Vec<String>,
+    /// The manifest's `TTL`; `None`: the name's DNS TTL (the incident TTL during one).
+    pub ttl: Option<u32>,
+    /// A player reporting less than this (bits per second) on its current pathway gets
+    /// that pathway moved down for its session; `None`: never.
+    pub throughput_floor_bps: Option<u64>,
+}
+
+/// Whether `id` may be a pathway id: 1 to 64 of `[A-Za-z0-9._-]` (the HLS content
+/// steering specification's `PATHWAY-ID` characters), so that it needs no escaping in
+/// a playlist, an MPD, JSON or a URL.
+pub fn valid_pathway(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
 }
 
 /// How the weighted pick is made (`selection:`, beside `ttl`).
@@ -158,6 +186,7 @@ struct RawFile {
     regions: Option<Vec<RawRegion>>,
     failover: Option<RawFailover>,
     drain: Option<Vec<RawDrain>>,
+    content_steering: Option<RawContent>,
 }
 
 #[derive(Deserialize)]
@@ -170,6 +199,15 @@ struct RawHost {
     regions: Option<Vec<RawRegion>>,
     failover: Option<RawFailover>,
     drain: Option<Vec<RawDrain>>,
+    content_steering: Option<RawContent>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawContent {
+    pathways: Option<OrderedMap<Scalar>>,
+    ttl: Option<i64>,
+    throughput_floor_bps: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -370,6 +408,7 @@ fn parse_path(s: &str) -> Vec<Seg> {
             .or_else(|| host.find(".regions"))
             .or_else(|| host.find(".drain"))
             .or_else(|| host.find(".failover"))
+            .or_else(|| host.find(".content_steering"))
             .unwrap_or(host.len());
         out.push(Seg::Key(host[..end].to_string()));
         rest = host[end..].trim_start_matches('.');

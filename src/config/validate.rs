@@ -9,8 +9,9 @@ use std::time::Duration;
 use hickory_proto::rr::Name;
 
 use super::{
-    locate, Cdn, Drain, DrainScope, Failover, HostPolicy, Match, OrderedMap, Policy, RawCdn,
-    RawDrain, RawFailover, RawFile, RawHost, RawRegion, Region, Seg,
+    locate, valid_pathway, Cdn, ContentSteering, Drain, DrainScope, Failover, HostPolicy, Match,
+    OrderedMap, Policy, RawCdn, RawContent, RawDrain, RawFailover, RawFile, RawHost, RawRegion,
+    Region, Seg,
 };
 use crate::error::{ConfigIssue, Issues};
 use crate::zones::Zones;
@@ -75,7 +76,8 @@ pub(super) fn validate(
         || raw.cdns.is_some()
         || raw.regions.is_some()
         || raw.failover.is_some()
-        || raw.drain.is_some();
+        || raw.drain.is_some()
+        || raw.content_steering.is_some();
     match (raw.hostname, raw.hostnames) {
         (Some(_), Some(_)) => cx.error(
             &[key("hostnames")],
@@ -91,6 +93,7 @@ pub(super) fn validate(
                 regions: raw.regions,
                 failover: raw.failover,
                 drain: raw.drain,
+                content_steering: raw.content_steering,
             };
             if let Some(h) = host_policy(&mut cx, &[], &[key("hostname")], &name, host) {
                 hosts.push(h);
@@ -100,7 +103,7 @@ pub(super) fn validate(
             if single_keys {
                 cx.error(
                     &[key("hostnames")],
-                    "with `hostnames:`, put ttl, selection, cdns, regions, failover and drain under each name",
+                    "with `hostnames:`, put ttl, selection, cdns, regions, failover, drain and content_steering under each name",
                 );
             }
             if map.0.is_empty() {
@@ -169,6 +172,12 @@ fn host_policy(
     let failover = failover(cx, &at(base, &[key("failover")]), raw.failover);
     let drains = drains(cx, base, raw.drain, &cdns, &regions);
     check_drains(cx, base, &cdns, &regions, &drains);
+    let content = content(
+        cx,
+        &at(base, &[key("content_steering")]),
+        raw.content_steering,
+        &cdns,
+    );
 
     if cx.issues.errors().count() > errors_before {
         return None;
@@ -183,7 +192,90 @@ fn host_policy(
         regions,
         failover,
         drains,
+        content,
     })
+}
+
+/// `content_steering:`: pathway ids (default: the CDN names) that are valid and
+/// distinct, a TTL, a throughput floor.
+fn content(cx: &mut Ctx, path: &[Seg], raw: Option<RawContent>, cdns: &[Cdn]) -> ContentSteering {
+    let mut out = ContentSteering {
+        pathways: cdns.iter().map(|c| c.name.clone()).collect(),
+        ..ContentSteering::default()
+    };
+    let Some(raw) = raw else {
+        for (c, id) in cdns.iter().zip(&out.pathways) {
+            if !valid_pathway(id) {
+                // Not an error: the policy may predate content steering.
+                cx.warn(
+                    &at(path, &[]),
+                    format!("CDN name `{}` is a poor pathway id for players (use 1 to 64 of A-Z a-z 0-9 . - _): map it under content_steering: pathways: {{ {}: <id> }}", c.name, c.name),
+                );
+            }
+        }
+        return out;
+    };
+    let mut mapped = vec![false; cdns.len()];
+    for (cdn, id) in raw.pathways.map(|m| m.0).unwrap_or_default() {
+        let ppath = at(path, &[key("pathways"), key(&cdn)]);
+        let Some(i) = cdns.iter().position(|c| c.name == cdn) else {
+            cx.error(
+                &ppath,
+                format!("unknown CDN `{cdn}` (defined under cdns: {})", names(cdns)),
+            );
+            continue;
+        };
+        if !valid_pathway(&id.0) {
+            cx.error(
+                &ppath,
+                format!(
+                    "`{}` is not a pathway id: 1 to 64 of A-Z a-z 0-9 . - _",
+                    id.0
+                ),
+            );
+            continue;
+        }
+        out.pathways[i] = id.0;
+        mapped[i] = true;
+    }
+    for (i, id) in out.pathways.iter().enumerate() {
+        if !mapped[i] && !valid_pathway(id) {
+            cx.error(
+                &at(path, &[key("pathways")]),
+                format!("CDN name `{id}` cannot be a pathway id (1 to 64 of A-Z a-z 0-9 . - _): map it here"),
+            );
+        }
+        if let Some(j) = out.pathways[..i].iter().position(|o| o == id) {
+            cx.error(
+                &at(path, &[key("pathways")]),
+                format!(
+                    "pathway id `{id}` is given to both {} and {}: a player could not tell them apart",
+                    cdns[j].name, cdns[i].name
+                ),
+            );
+        }
+    }
+    if let Some(t) = raw.ttl {
+        if (1..=86_400).contains(&t) {
+            out.ttl = Some(t as u32);
+        } else {
+            cx.error(
+                &at(path, &[key("ttl")]),
+                format!("{t} is not a steering TTL (1 to 86400 seconds)"),
+            );
+        }
+    }
+    if let Some(f) = raw.throughput_floor_bps {
+        if f > 0 {
+            out.throughput_floor_bps = Some(f as u64);
+        } else {
+            cx.error(
+                &at(path, &[key("throughput_floor_bps")]),
+                format!("{f} is not a throughput floor (bits per second, above 0)"),
+            );
+        }
+    }
+    out
 }
 
 /// A steered or target name: valid, made absolute and lowercase.
@@ -638,6 +730,7 @@ fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], dr
         regions: regions.to_vec(),
         failover: Failover::default(),
         drains: Vec::new(),
+        content: ContentSteering::default(),
     };
     if let Some(region) = empties_a_region(&probe, &active) {
         cx.error(

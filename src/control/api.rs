@@ -1,7 +1,7 @@
 //! Control plane: the HTTP API on `--api` (loopback by default).
 //!
 //! Read-only, open: `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
-//! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=]`.
+//! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=&session=]`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
 //! Without a configured token every mutation is refused.
@@ -59,6 +59,9 @@ pub struct ApiLimits {
     pub max_per_source: usize,
     /// Connections kept beyond `max_connections` for loopback mutations.
     pub reserved_for_loopback: usize,
+    /// Sources that `max_per_source` does not apply to (the content steering server's
+    /// trusted proxies, which carry many clients each).
+    pub unlimited_sources: Vec<ipnet::IpNet>,
 }
 
 /// How long a connection on a reserved slot has to send its request.
@@ -73,6 +76,7 @@ impl Default for ApiLimits {
             max_connections: 256,
             max_per_source: 32,
             reserved_for_loopback: 4,
+            unlimited_sources: Vec::new(),
         }
     }
 }
@@ -111,6 +115,49 @@ pub async fn spawn_with(
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let body_timeout = limits.body_timeout;
+    serve_http(
+        listener,
+        limits,
+        stop,
+        move |req: Request<Incoming>, conn: Conn| {
+            let state = state.clone();
+            async move {
+                if conn.reserved && req.method() == Method::GET {
+                    return Ok(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the API is at its connection limit: this connection, kept for loopback mutations, serves no reads",
+                ));
+                }
+                route(req, state, body_timeout).await
+            }
+        },
+    );
+    Ok(bound)
+}
+
+/// One accepted connection, as a request handler of [`serve_http`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Conn {
+    /// The TCP peer.
+    pub peer: SocketAddr,
+    /// A connection on a slot kept for loopback sources (`reserved_for_loopback`):
+    /// one request, no keep-alive, a short header timeout.
+    pub reserved: bool,
+}
+
+/// Serves HTTP/1.1 on `listener` under `limits` until `stop`: the accept loop of the
+/// admin API, shared with the content steering server (`control::content`). Each
+/// request goes to `handle` with its connection.
+pub(super) fn serve_http<F, Fut>(
+    listener: TcpListener,
+    limits: ApiLimits,
+    stop: CancellationToken,
+    handle: F,
+) where
+    F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Reply, Infallible>> + Send + 'static,
+{
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let reserved = Arc::new(tokio::sync::Semaphore::new(limits.reserved_for_loopback));
     let sources: Sources = Arc::default();
@@ -121,7 +168,7 @@ pub async fn spawn_with(
                 accepted = listener.accept() => match accepted {
                     Ok(s) => s,
                     Err(e) => {
-                        tracing::debug!(error = %e, "api accept failed");
+                        tracing::debug!(error = %e, "http accept failed");
                         // Out of file descriptors, say: do not spin.
                         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                         continue;
@@ -129,58 +176,55 @@ pub async fn spawn_with(
                 },
             };
             let ip = peer.ip().to_canonical();
-            let Some(source) = SourceSlot::take(&sources, ip, limits.max_per_source) else {
-                tracing::debug!(%ip, "api: too many connections from one source, closing a new one");
+            let per_source = if limits.unlimited_sources.iter().any(|n| n.contains(&ip)) {
+                0
+            } else {
+                limits.max_per_source
+            };
+            let Some(source) = SourceSlot::take(&sources, ip, per_source) else {
+                tracing::debug!(%ip, "http: too many connections from one source, closing a new one");
                 drop(stream);
                 continue;
             };
-            let (slot, mutations_only) = match slots.clone().try_acquire_owned() {
+            let (slot, on_reserve) = match slots.clone().try_acquire_owned() {
                 Ok(slot) => (slot, false),
                 Err(_) => match reserved.clone().try_acquire_owned() {
                     Ok(slot) if ip.is_loopback() => (slot, true),
                     _ => {
-                        tracing::debug!("api: too many connections, closing a new one");
+                        tracing::debug!("http: too many connections, closing a new one");
                         drop(stream);
                         continue;
                     }
                 },
             };
-            let (state, stop, limits) = (state.clone(), stop.clone(), limits.clone());
+            let (stop, limits, handle) = (stop.clone(), limits.clone(), handle.clone());
             tokio::spawn(async move {
                 let _slots = (slot, source);
-                let body_timeout = limits.body_timeout;
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let state = state.clone();
-                    async move {
-                        if mutations_only && req.method() == Method::GET {
-                            return Ok(error(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "the API is at its connection limit: this connection, kept for loopback mutations, serves no reads",
-                            ));
-                        }
-                        route(req, state, body_timeout).await
-                    }
-                });
-                let header_timeout = if mutations_only {
+                let conn = Conn {
+                    peer,
+                    reserved: on_reserve,
+                };
+                let service = service_fn(move |req: Request<Incoming>| handle(req, conn));
+                let header_timeout = if on_reserve {
                     limits.header_timeout.min(RESERVED_HEADER_TIMEOUT)
                 } else {
                     limits.header_timeout
                 };
+                let _ = stream.set_nodelay(true);
                 let conn = http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(header_timeout)
-                    .keep_alive(!mutations_only)
+                    .keep_alive(!on_reserve)
                     .max_buf_size(limits.max_header_bytes.max(8192))
                     .max_header_size(limits.max_header_bytes)
                     .serve_connection(TokioIo::new(stream), service);
                 tokio::select! {
                     _ = stop.cancelled() => {}
-                    r = conn => if let Err(e) = r { tracing::debug!(error = %e, "api connection error") },
+                    r = conn => if let Err(e) = r { tracing::debug!(error = %e, "http connection error") },
                 }
             });
         }
     });
-    Ok(bound)
 }
 
 /// Open connections by source address.
@@ -220,7 +264,7 @@ impl Drop for SourceSlot {
     }
 }
 
-type Reply = Response<Full<Bytes>>;
+pub(super) type Reply = Response<Full<Bytes>>;
 
 async fn route(
     req: Request<Incoming>,
@@ -444,12 +488,14 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
     let mut client = None;
     let mut resolver = None;
     let mut source = None;
+    let mut session = None;
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some(("name", v)) => name = Some(v.to_string()),
             Some(("client", v)) => client = Some(v.replace("%3A", ":").replace("%3a", ":")),
             Some(("resolver", v)) => resolver = Some(v.replace("%3A", ":").replace("%3a", ":")),
             Some(("source", v)) => source = Some(v.to_string()),
+            Some(("session", v)) => session = Some(v.to_string()),
             _ => {}
         }
     }
@@ -479,10 +525,19 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
         }
     };
     let resolver = resolver.map(|r| (r, source));
+    let session = match session.map(|s| crate::control::content::manifest::parse_session(&s)) {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, &e),
+    };
     let Some(commands) = &state.commands else {
         return error(StatusCode::NOT_FOUND, "not available in this mode");
     };
-    match ask(commands, |tx| Command::Explain(name, ip, resolver, tx)).await {
+    match ask(commands, |tx| {
+        Command::Explain(name, ip, resolver, session, tx)
+    })
+    .await
+    {
         Ok(Ok(doc)) => json_reply(StatusCode::OK, &doc),
         Ok(Err(e @ ExplainError::NotServing)) => {
             error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
@@ -506,7 +561,7 @@ async fn ask<T>(
         .map_err(|_| unavailable("the controller did not answer"))
 }
 
-fn text(status: StatusCode, body: &'static str) -> Reply {
+pub(super) fn text(status: StatusCode, body: &'static str) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -533,7 +588,7 @@ fn prometheus_text(m: &Metrics) -> Reply {
     }
 }
 
-fn error(status: StatusCode, message: &str) -> Reply {
+pub(super) fn error(status: StatusCode, message: &str) -> Reply {
     json_reply(status, &json!({ "error": message }))
 }
 

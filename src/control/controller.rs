@@ -358,10 +358,10 @@ impl Controller {
         let now = Instant::now();
         if self.cluster.is_some() {
             // Explain is answered here as in a single node.
-            if let Some(Command::Explain(name, ip, resolver, reply)) =
+            if let Some(Command::Explain(name, ip, resolver, session, reply)) =
                 self.on_cluster_command(command)
             {
-                let _ = reply.send(self.explain(&name, ip, resolver));
+                let _ = reply.send(self.explain(&name, ip, resolver, session));
             }
             return;
         }
@@ -400,8 +400,8 @@ impl Controller {
                 self.publish();
                 self.reply(reply, Ok(()));
             }
-            Command::Explain(name, ip, resolver, reply) => {
-                let _ = reply.send(self.explain(&name, ip, resolver));
+            Command::Explain(name, ip, resolver, session, reply) => {
+                let _ = reply.send(self.explain(&name, ip, resolver, session));
             }
         }
     }
@@ -412,6 +412,7 @@ impl Controller {
         name: &str,
         ip: IpAddr,
         resolver: Option<(IpAddr, u8)>,
+        session: Option<u64>,
     ) -> Result<Explanation, ExplainError> {
         let live = self
             .live
@@ -432,6 +433,7 @@ impl Controller {
             client: ip,
             resolver,
             now: crate::selection::unix_now(),
+            session,
         };
         explain::explain(&facts, &question)
     }
@@ -1310,11 +1312,12 @@ pub enum Command {
     Freeze(String, oneshot::Sender<Result<(), String>>),
     Resume(String, oneshot::Sender<Result<(), String>>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
-    /// the client itself, without ECS).
+    /// the client itself, without ECS), and a content steering session key.
     Explain(
         String,
         IpAddr,
         Option<(IpAddr, u8)>,
+        Option<u64>,
         oneshot::Sender<Result<Explanation, ExplainError>>,
     ),
 }

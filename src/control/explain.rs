@@ -16,6 +16,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use hickory_proto::rr::{LowerName, Name};
 use serde::Serialize;
 
+use crate::control::content::manifest::{self, Params};
 use crate::control::drains::DrainStatus;
 use crate::control::health::Tracker;
 use crate::control::planner::{removed_of, Removed};
@@ -47,6 +48,8 @@ pub struct Question<'q> {
     pub resolver: Option<(IpAddr, u8)>,
     /// Unix seconds (the selection window).
     pub now: u64,
+    /// A player's content steering session key, for the order it gets.
+    pub session: Option<u64>,
 }
 
 /// Why a question is not explained.
@@ -92,6 +95,8 @@ pub struct Explanation {
     pub reason_text: &'static str,
     pub cdns: Vec<CdnShare>,
     pub answer: Answer,
+    /// What HLS and DASH players get on `--steering-http`.
+    pub content_steering: SteeringFound,
     pub drains: Vec<DrainStatus>,
     pub failover_frozen: Option<String>,
     pub state: String,
@@ -135,6 +140,29 @@ pub struct Answer {
     /// Until when (Unix seconds) the answer holds: then it is drawn again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until_unix: Option<u64>,
+}
+
+/// What content steering tells a player of this client.
+#[derive(Debug, Serialize)]
+pub struct SteeringFound {
+    /// The manifests' `TTL`.
+    pub ttl: u32,
+    /// The pathways serving here, each with the percent of sessions that get it first.
+    pub first: Vec<PathwayShare>,
+    /// Pathways listed after them (no weight here now: down or drained).
+    pub last: Vec<String>,
+    /// The session asked about (16 hex digits), and its order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PathwayShare {
+    pub cdn: String,
+    pub pathway: String,
+    pub first_percent: f64,
 }
 
 /// Explains `q` over `facts`.
@@ -218,6 +246,36 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
             until_unix: None,
         },
     };
+    let shares = manifest::first_shares(steered, choice);
+    let content_steering = SteeringFound {
+        ttl: steered.content().ttl.unwrap_or_else(|| steered.ttl()),
+        first: shares
+            .iter()
+            .map(|&(t, p)| PathwayShare {
+                cdn: steered.target(t).cdn.to_string(),
+                pathway: manifest::pathway(steered, t).to_string(),
+                first_percent: p,
+            })
+            .collect(),
+        last: (0..steered.targets().len())
+            .filter(|t| !shares.iter().any(|(s, _)| s == t))
+            .map(|t| manifest::pathway(steered, t).to_string())
+            .collect(),
+        session: q.session.map(|s| format!("{s:016x}")),
+        order: q.session.map(|s| {
+            let o = manifest::order(
+                steered,
+                &facts.snapshot.geo,
+                q.client,
+                s,
+                &Params::default(),
+            );
+            o.targets
+                .iter()
+                .map(|&t| manifest::pathway(steered, t).to_string())
+                .collect()
+        }),
+    };
     let host_name = host.name.to_string();
     Ok(Explanation {
         name: host_name.clone(),
@@ -242,6 +300,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
         reason_text: reason_text(choice.reason),
         cdns,
         answer,
+        content_steering,
         drains: facts
             .drains
             .iter()
@@ -334,6 +393,26 @@ impl fmt::Display for Explanation {
                 f,
                 "pick:    a random draw per query by the shares above (selection: random)"
             )?,
+        }
+        let s = &self.content_steering;
+        let first: Vec<String> = s
+            .first
+            .iter()
+            .map(|p| format!("{} {:.1} %", p.pathway, p.first_percent))
+            .collect();
+        let last = if s.last.is_empty() {
+            String::new()
+        } else {
+            format!(", then {} (no weight here now)", s.last.join(", "))
+        };
+        writeln!(
+            f,
+            "players: pathway first for sessions: {}{last}; TTL {}",
+            first.join(", "),
+            s.ttl
+        )?;
+        if let (Some(session), Some(order)) = (&s.session, &s.order) {
+            writeln!(f, "session: {session}: {}", order.join(", "))?;
         }
         for d in &self.drains {
             let until = d.until_unix_ms.map_or("no expiry".to_string(), |u| {

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod cluster;
+pub mod content;
 pub mod controller;
 pub mod drains;
 pub mod explain;

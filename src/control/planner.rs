@@ -219,6 +219,7 @@ fn steered(
         targets,
         drain_scopes: scopes,
         choices,
+        content: host.content.clone(),
     }
 }
 

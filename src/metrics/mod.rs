@@ -25,6 +25,8 @@
 //! | `udp_thread_restarts_total` | | UDP threads that panicked and were restarted on their socket |
 //! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
 //! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name): they do not count |
+//! | `steering_responses_total` | name, region, pathway | content steering manifests served, by the pathway listed first |
+//! | `steering_refused_total` | status | content steering requests refused: 400, 404 or 405 |
 //!
 //! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
 //! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
@@ -102,6 +104,8 @@ struct Inner {
     etcd_fail_static: prometheus::IntGauge,
     etcd_refused: prometheus::IntGauge,
     state_load_errors: IntCounterVec,
+    steering_responses: IntCounterVec,
+    steering_refused: IntCounterVec,
 }
 
 /// Why a UDP datagram got no answer (besides rate limiting).
@@ -314,6 +318,18 @@ impl Metrics {
                      the server started from the configured weights.",
                     &["reason"],
                 ),
+                steering_responses: reg.counters(
+                    "steering_responses_total",
+                    "Content steering manifests served (--steering-http), by name, the client's \
+                     region and the pathway listed first.",
+                    &["name", "region", "pathway"],
+                ),
+                steering_refused: reg.counters(
+                    "steering_refused_total",
+                    "Content steering requests refused, by status: 400 (malformed), 404 (not a \
+                     steered name, another path), 405 (another method).",
+                    &["status"],
+                ),
                 registry,
             }),
         }
@@ -397,6 +413,29 @@ impl Metrics {
     /// One bucket search and atomic adds.
     pub fn observe(&self, elapsed: Duration) {
         self.inner.duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a content steering manifest of `name` for a client in `region` that
+    /// lists `pathway` first.
+    pub fn steering_response(&self, name: &str, region: &str, pathway: &str) {
+        self.inner
+            .steering_responses
+            .with_label_values(&[name, region, pathway])
+            .inc();
+    }
+
+    /// Counts a refused content steering request (4xx).
+    pub fn steering_refused(&self, status: u16) {
+        let status = match status {
+            400 => "400",
+            404 => "404",
+            405 => "405",
+            _ => "other",
+        };
+        self.inner
+            .steering_refused
+            .with_label_values(&[status])
+            .inc();
     }
 
     // --- control plane ---

@@ -27,6 +27,8 @@ pub struct Stack {
     pub svc: Service,
     pub dns: SocketAddr,
     pub api: SocketAddr,
+    /// Content steering (`--steering-http`).
+    pub steering: SocketAddr,
     pub http: reqwest::Client,
 }
 
@@ -144,12 +146,17 @@ impl Stack {
             }),
             vantage: vantage.into(),
             cluster,
+            steering: Some(steerdns::control::content::SteeringOptions::new(
+                "127.0.0.1:0".parse().unwrap(),
+                Vec::new(),
+            )),
         };
         let svc = app::serve(loaded, &opts).await.unwrap();
         Stack {
             dir: dir.to_path_buf(),
             dns: svc.dns.addrs()[0],
             api: svc.api.unwrap(),
+            steering: svc.steering.unwrap(),
             svc,
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
         }

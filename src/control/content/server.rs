@@ -1,0 +1,297 @@
+//! Control plane, content steering: the HTTP server on `--steering-http`.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /steer/hls/{name}` | 200, the HLS steering manifest (`PATHWAY-PRIORITY`) |
+//! | `GET /steer/dash/{name}` | 200, the DASH steering manifest (`SERVICE-LOCATION-PRIORITY`) |
+//! | `HEAD` of either | 200, the same headers, no body |
+//! | `OPTIONS` of any path | 204, CORS preflight (`GET, HEAD, OPTIONS`, any header) |
+//! | a name that is not a DNS name, a malformed parameter | 400, `{"error": …}` |
+//! | a name that is not steered, another path | 404, `{"error": …}` |
+//! | another method | 405, `Allow: GET, HEAD, OPTIONS` |
+//!
+//! Every answer carries `Access-Control-Allow-Origin: *` (players fetch cross-origin);
+//! a manifest carries `Cache-Control: max-age=TTL`, an error `no-store`.
+//!
+//! The client is the connection's peer, or, when the peer is one of
+//! `--trusted-proxies`, the last address of `X-Forwarded-For` that is not one of them
+//! (the rightmost entries were added by our own proxies; the leftmost are whatever the
+//! client claimed). A peer outside the trusted proxies cannot choose its region.
+//!
+//! Limits are the admin API's (`api::serve_http`, [`ApiLimits`]): headers at most
+//! 64 KiB and within 10 s, idle connections closed after 10 s, at most 4096 connections
+//! and 64 per source address (trusted proxies excepted). Requests have no body: none
+//! is read.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use ipnet::IpNet;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::manifest::{self, Format};
+use crate::control::api::{error, serve_http, ApiLimits, Conn, Reply};
+use crate::metrics::Metrics;
+use crate::plan::Live;
+
+/// How the steering server runs.
+#[derive(Clone, Debug)]
+pub struct SteeringOptions {
+    pub addr: SocketAddr,
+    /// Peers whose `X-Forwarded-For` is believed (`--trusted-proxies`).
+    pub trusted_proxies: Vec<IpNet>,
+    pub limits: ApiLimits,
+}
+
+impl SteeringOptions {
+    /// The default limits for players: more connections than the admin API, none
+    /// kept for loopback mutations.
+    pub fn new(addr: SocketAddr, trusted_proxies: Vec<IpNet>) -> SteeringOptions {
+        let limits = ApiLimits {
+            max_connections: 4096,
+            max_per_source: 64,
+            reserved_for_loopback: 0,
+            unlimited_sources: trusted_proxies.clone(),
+            ..ApiLimits::default()
+        };
+        SteeringOptions {
+            addr,
+            trusted_proxies,
+            limits,
+        }
+    }
+}
+
+struct Shared {
+    live: Arc<Live>,
+    metrics: Metrics,
+    trusted: Vec<IpNet>,
+}
+
+/// Binds `opts.addr` and serves steering manifests from `live` until `stop`; returns
+/// the bound address.
+pub async fn spawn(
+    opts: SteeringOptions,
+    live: Arc<Live>,
+    metrics: Metrics,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(opts.addr).await?;
+    let bound = listener.local_addr()?;
+    let shared = Arc::new(Shared {
+        live,
+        metrics,
+        trusted: opts.trusted_proxies,
+    });
+    serve_http(listener, opts.limits, stop, move |req, conn: Conn| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(answer(&shared, &req, conn.peer.ip().to_canonical())) }
+    });
+    Ok(bound)
+}
+
+const ALLOW: &str = "GET, HEAD, OPTIONS";
+
+/// The answer to one request. Never panics, never waits.
+fn answer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
+    let mut reply = match *req.method() {
+        Method::GET | Method::HEAD => steer(shared, req, peer),
+        Method::OPTIONS => {
+            let mut r = Response::new(Full::new(Bytes::new()));
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            let h = r.headers_mut();
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static(ALLOW),
+            );
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static("*"),
+            );
+            h.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("86400"),
+            );
+            r
+        }
+        _ => {
+            let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "GET, HEAD or OPTIONS only");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+            r
+        }
+    };
+    let status = reply.status();
+    if status.is_client_error() {
+        shared.metrics.steering_refused(status.as_u16());
+        reply
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    reply.headers_mut().insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    reply
+}
+
+/// A `GET` or `HEAD` of `/steer/{format}/{name}`.
+fn steer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
+    let Some((format, name)) = req
+        .uri()
+        .path()
+        .strip_prefix("/steer/")
+        .and_then(|rest| rest.split_once('/'))
+        .and_then(|(f, name)| Some((Format::from_segment(f)?, name)))
+    else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not found: ask /steer/hls/{name} or /steer/dash/{name}",
+        );
+    };
+    if name.is_empty() || name.contains('/') {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not found: ask /steer/hls/{name} or /steer/dash/{name}",
+        );
+    }
+    let Ok(mut dns_name) = hickory_proto::rr::Name::from_ascii(name) else {
+        return error(StatusCode::BAD_REQUEST, "the name is not a DNS name");
+    };
+    dns_name.set_fqdn(true);
+    let params = match manifest::parse_query(format, req.uri().query().unwrap_or("")) {
+        Ok(p) => p,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
+    let client = match client_of(peer, req.headers(), &shared.trusted) {
+        Ok(ip) => ip,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let snapshot = shared.live.load();
+    let Some(steered) = snapshot.plan.get(&dns_name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("{dns_name} is not a steered name"),
+        );
+    };
+    let session = params.session.unwrap_or_else(rand::random);
+    let order = manifest::order(steered, &snapshot.geo, client, session, &params);
+    let mut body = String::with_capacity(192);
+    manifest::write(format, steered, &order, session, &mut body);
+    if let Some(&first) = order.targets.first() {
+        shared.metrics.steering_response(
+            steered.text(),
+            steered.region_name(order.region),
+            manifest::pathway(steered, first),
+        );
+    }
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("max-age={}", order.ttl)) {
+        h.insert(header::CACHE_CONTROL, v);
+    }
+    r
+}
+
+/// The client of a request from `peer`: `peer` itself, or, from a trusted proxy, the
+/// rightmost address of `X-Forwarded-For` that is not a trusted proxy (all of them
+/// trusted: the leftmost).
+pub fn client_of(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+) -> Result<IpAddr, &'static str> {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(&peer) {
+        return Ok(peer);
+    }
+    let mut hops = Vec::new();
+    for value in headers.get_all("x-forwarded-for") {
+        let text = value.to_str().map_err(|_| "X-Forwarded-For: not ASCII")?;
+        for hop in text.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+            if hops.len() >= 64 {
+                return Err("X-Forwarded-For: more than 64 addresses");
+            }
+            let ip = parse_hop(hop).ok_or("X-Forwarded-For: not a list of IP addresses")?;
+            hops.push(ip.to_canonical());
+        }
+    }
+    Ok(hops
+        .iter()
+        .rev()
+        .find(|ip| !is_trusted(ip))
+        .or(hops.first())
+        .copied()
+        .unwrap_or(peer))
+}
+
+/// One `X-Forwarded-For` entry: an address, maybe with a port (`1.2.3.4:5678`,
+/// `[2001:db8::1]:443`).
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    if let Ok(ip) = hop.parse() {
+        return Some(ip);
+    }
+    hop.parse::<SocketAddr>().ok().map(|s| s.ip())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(xff: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in xff {
+            h.append("x-forwarded-for", HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_from_trusted_proxies_only() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let h = headers(&["81.2.69.142, 10.1.1.1"]);
+        assert_eq!(
+            client_of(ip("10.0.0.1"), &h, &trusted),
+            Ok(ip("81.2.69.142"))
+        );
+        // A spoofed leftmost entry does not win over what our proxy saw.
+        let h = headers(&["1.1.1.1, 81.2.69.142"]);
+        assert_eq!(
+            client_of(ip("10.0.0.1"), &h, &trusted),
+            Ok(ip("81.2.69.142"))
+        );
+        // Two header lines are one list; ports and brackets are allowed.
+        let h = headers(&["[2001:db8::1]:443", "10.2.2.2:80"]);
+        assert_eq!(
+            client_of(ip("10.0.0.1"), &h, &trusted),
+            Ok(ip("2001:db8::1"))
+        );
+        // Everyone trusted: the leftmost.
+        let h = headers(&["10.9.9.9, 10.1.1.1"]);
+        assert_eq!(client_of(ip("10.0.0.1"), &h, &trusted), Ok(ip("10.9.9.9")));
+        // Untrusted peer: the header is ignored, even malformed.
+        let h = headers(&["81.2.69.142", "garbage"]);
+        assert_eq!(
+            client_of(ip("192.0.2.1"), &h, &trusted),
+            Ok(ip("192.0.2.1"))
+        );
+        // Trusted peer, no header: the peer.
+        assert_eq!(
+            client_of(ip("10.0.0.1"), &HeaderMap::new(), &trusted),
+            Ok(ip("10.0.0.1"))
+        );
+        assert!(client_of(ip("10.0.0.1"), &headers(&["garbage"]), &trusted).is_err());
+    }
+}
