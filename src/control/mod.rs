@@ -14,4 +14,5 @@ pub mod planner;
 pub mod prober;
 pub mod reload;
 pub mod state_doc;
+pub mod status;
 pub mod stepper;
