@@ -246,6 +246,8 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let stop = CancellationToken::new();
     let metrics = Metrics::new();
     metrics.config_version(&loaded.version);
+    // This vantage point's series exists from the start (0: happy), for dashboards.
+    metrics.vantage_unhappy(&opts.vantage, false);
     for spec in &loaded.probes.specs {
         metrics.cdn_probed(&spec.cdn);
     }
