@@ -124,7 +124,7 @@ fn look(browser: &str, url: &str, name: &str) -> String {
         url,
         &[
             format!("--screenshot={}", png.display()),
-            "--window-size=1280,1400".into(),
+            "--window-size=1100,1000".into(),
         ],
     );
     let bytes = std::fs::read(&png).expect("a screenshot");
@@ -132,7 +132,7 @@ fn look(browser: &str, url: &str, name: &str) -> String {
     assert_eq!(&bytes[1..4], b"PNG");
     let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
     let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
-    assert_eq!((width, height), (1280, 1400), "{}", png.display());
+    assert_eq!((width, height), (1100, 1000), "{}", png.display());
     eprintln!("status_page: {} ({} bytes)", png.display(), bytes.len());
     dom
 }
