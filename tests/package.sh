@@ -139,7 +139,12 @@ for server in 127.0.0.1 ::1; do
     esac
 done
 soa=$(dig @127.0.0.1 -p "$DNS_PORT" +short +tcp example.com SOA)
-if [[ -n $soa ]]; then ok "dig +tcp example.com SOA"; else fail "dig +tcp example.com SOA" "no answer"; fi
+# MNAME RNAME SERIAL REFRESH RETRY EXPIRE MINIMUM (dig +short prints errors on stdout too).
+if [[ $soa =~ ^[a-z0-9.-]+\ [a-z0-9.-]+(\ [0-9]+){5}$ ]]; then
+    ok "dig +tcp example.com SOA: $soa"
+else
+    fail "dig +tcp example.com SOA" "got: $soa"
+fi
 metrics=$(curl -fsS "http://127.0.0.1:$API_PORT/metrics")
 if grep -q '^steerdns_build_info{commit="[^"]*",version="[^"]*"} 1$' <<<"$metrics" &&
     grep -q '^process_resident_memory_bytes ' <<<"$metrics"; then
