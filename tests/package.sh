@@ -66,10 +66,11 @@ if zcat /usr/share/man/man1/steerdns-serve.1.gz | grep -q 'state\\-dir'; then
 else
     fail "man page" "steerdns-serve.1 has no --state-dir"
 fi
-if grep -q -- '--listen' /usr/share/bash-completion/completions/steerdns; then
-    ok "bash completion"
+if bash -n /usr/share/bash-completion/completions/steerdns &&
+    grep -q -- '--listen' /usr/share/bash-completion/completions/steerdns; then
+    ok "bash completion (parses, offers --listen)"
 else
-    fail "bash completion" "no --listen in it"
+    fail "bash completion" "does not parse, or no --listen in it"
 fi
 if grep -qx '/etc/steerdns/steering.yaml' /var/lib/dpkg/info/steerdns.conffiles; then
     ok "the files in /etc/steerdns are conffiles"
