@@ -18,6 +18,7 @@ use crate::control::controller::{self, ClusterLink, Controller, StateFile};
 use crate::control::peers::Peers;
 use crate::control::prober::Local;
 use crate::control::reload;
+use crate::control::status::{self, History, StatusSource};
 use crate::dns::rrl::{Rrl, RrlConfig};
 use crate::dns::tcp::{self, TcpLimits};
 use crate::dns::{listen, udp, Handler};
@@ -251,6 +252,8 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let stop = CancellationToken::new();
     let metrics = Metrics::new();
     metrics.config_version(&loaded.version);
+    // This vantage point's series exists from the start (0: happy), for dashboards.
+    metrics.vantage_unhappy(&opts.vantage, false);
     for spec in &loaded.probes.specs {
         metrics.cdn_probed(&spec.cdn);
     }
@@ -295,6 +298,8 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let (command_tx, command_rx) = tokio::sync::mpsc::channel(16);
     let api = match opts.api {
         Some(addr) => {
+            let history = Arc::new(std::sync::Mutex::new(History::default()));
+            status::spawn_sampler(dns.live().clone(), history.clone(), stop.clone());
             let state = ApiState {
                 vantage: opts.vantage.clone(),
                 local: local.clone(),
@@ -302,6 +307,10 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
                 commands: Some(command_tx.clone()),
                 token: opts.api_token.clone(),
                 metrics: metrics.clone(),
+                status: Some(StatusSource {
+                    live: dns.live().clone(),
+                    history,
+                }),
             };
             Some(api::spawn(addr, state, stop.clone()).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot listen on {addr} (--api): {e}"))
@@ -389,6 +398,7 @@ pub async fn agent_with(
         commands: None,
         token: None,
         metrics: metrics.clone(),
+        status: None,
     };
     let api = api::spawn(api_addr, state, stop.clone()).await?;
     let mut rounds = controller::spawn_prober(&probes, &vantage, &local, &stop);

@@ -1,5 +1,7 @@
-//! The command line: `serve`, `check`, `explain`. Parsing with clap; each command
-//! returns an exit code, and problems are printed for a person to read.
+//! The command line: `serve`, `check`, `explain`, `agent`. Parsing with clap; each command
+//! returns an exit code, and problems are printed for a person to read. Two hidden
+//! commands write the manual pages and the shell completions from this definition
+//! (`steerdns man DIR`, `steerdns completions SHELL`), for packages.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -8,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use tracing::{info, warn};
 
 use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
@@ -18,10 +20,18 @@ use crate::control::controller::StateFile;
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
 
+/// `steerdns --version`: the crate version and the commit built.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("STEERDNS_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "steerdns",
-    version,
+    version = VERSION,
     about = "Authoritative DNS server that steers a hostname across CDNs"
 )]
 pub struct Cli {
@@ -119,6 +129,13 @@ pub enum Command {
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
     },
+    /// Write the manual pages (steerdns.1, steerdns-serve.1, ...) into DIR, or
+    /// steerdns.1 to standard output.
+    #[command(hide = true)]
+    Man { dir: Option<PathBuf> },
+    /// Write the completion script for SHELL to standard output.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
 }
 
 /// A set of nameservers sharing one view through etcd.
@@ -485,6 +502,35 @@ pub async fn run(cli: Cli) -> ExitCode {
                 &state_dir,
                 json,
             )
+        }
+        Command::Man { dir } => man(dir.as_deref()),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "steerdns",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// The manual pages, from the command-line definition: every visible subcommand gets
+/// its own page in `dir`; without `dir`, the main page goes to standard output.
+fn man(dir: Option<&std::path::Path>) -> ExitCode {
+    let written = match dir {
+        Some(dir) => clap_mangen::generate_to(Cli::command(), dir)
+            .with_context(|| format!("cannot write the manual pages into {}", dir.display())),
+        None => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .context("cannot write the manual page"),
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("steerdns: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

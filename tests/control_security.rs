@@ -49,6 +49,7 @@ async fn api(token: Option<&str>, limits: ApiLimits) -> Api {
         commands: Some(tx),
         token: token.map(Into::into),
         metrics: Metrics::new(),
+        status: None,
     };
     let stop = CancellationToken::new();
     let addr = api::spawn_with("127.0.0.1:0".parse().unwrap(), state, limits, stop.clone())

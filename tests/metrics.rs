@@ -511,3 +511,164 @@ async fn steered_counts_carry_over_into_new_plans() {
     let a3 = third.get("a").copied().unwrap_or(0);
     counted((a + a3, b + 30 + third.get("b").copied().unwrap_or(0))).await;
 }
+
+/// The open-file limit the binary is started with.
+const MAX_FDS: u32 = 1537;
+
+/// The real binary, serving the demo on ephemeral loopback ports; killed when dropped.
+struct Binary {
+    child: std::process::Child,
+    api: std::net::SocketAddr,
+}
+
+impl Binary {
+    fn start(state: &std::path::Path) -> Binary {
+        use std::io::{BufRead, BufReader};
+        // A file limit of its own (`MAX_FDS`), so that its process metrics cannot be
+        // mistaken for the test's.
+        let mut child = std::process::Command::new("sh")
+            .current_dir(repo("."))
+            .arg("-c")
+            .arg(format!("ulimit -n {MAX_FDS} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_steerdns"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--api", "127.0.0.1:0"])
+            .args(["--zones", TEST_ZONES, "--geo", TEST_GEO, "--state-dir"])
+            .arg(state)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn steerdns");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("addr=").nth(1) {
+                    if line.contains("api listening") {
+                        let _ = tx.send(addr.split_whitespace().next().unwrap().to_string());
+                    }
+                }
+            }
+        });
+        let mut served = Binary {
+            child,
+            api: "0.0.0.0:0".parse().unwrap(),
+        };
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no `api listening` line from steerdns serve");
+        served.api = addr.parse().unwrap();
+        served
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The commit `build_info` must carry: what git says HEAD is, `unknown` outside a
+/// checkout, or what the build was told (`STEERDNS_COMMIT`).
+fn expected_commit() -> String {
+    if let Some(c) = std::env::var("STEERDNS_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+    {
+        return c;
+    }
+    std::process::Command::new("git")
+        .current_dir(repo("."))
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or("unknown".into(), |o| {
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        })
+}
+
+/// A /proc/PID/status field, in its unit (kB for memory).
+fn proc_status(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} not in /proc/{pid}/status"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_build_info_and_its_own_process_metrics() {
+    let state = std::env::temp_dir().join(format!("steerdns-buildinfo-{}", std::process::id()));
+    let spawned = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let server = Binary::start(&state);
+    let pid = server.child.id();
+    let text = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{}/metrics", server.api))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let s = parse(&text);
+
+    let commit = expected_commit();
+    assert_eq!(
+        value(
+            &s,
+            "steerdns_build_info",
+            &[("version", env!("CARGO_PKG_VERSION")), ("commit", &commit)]
+        ),
+        Some(1.0),
+        "build_info with commit {commit}:\n{text}"
+    );
+    assert_eq!(
+        s.iter().filter(|x| x.name == "steerdns_build_info").count(),
+        1
+    );
+
+    // The process metrics are the server's, not this test's: its file limit, start
+    // time, memory, threads and files.
+    let get =
+        |name: &str| value(&s, name, &[]).unwrap_or_else(|| panic!("{name} missing from:\n{text}"));
+    let started = get("process_start_time_seconds");
+    assert!(
+        (started - spawned).abs() <= 3.0,
+        "started at {started}, spawned at {spawned}"
+    );
+    let rss = get("process_resident_memory_bytes");
+    let vm_rss = proc_status(pid, "VmRSS:") * 1024.0;
+    assert!(
+        rss > 1e6 && rss / vm_rss > 0.5 && rss / vm_rss < 2.0,
+        "resident {rss} bytes, /proc/{pid}/status says {vm_rss}"
+    );
+    assert_eq!(get("process_max_fds"), f64::from(MAX_FDS));
+    let threads = get("process_threads");
+    assert!(
+        (threads - proc_status(pid, "Threads:")).abs() <= 2.0 && threads >= 2.0,
+        "{threads} threads; /proc/{pid}/status says {}",
+        proc_status(pid, "Threads:")
+    );
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as f64;
+    assert!(
+        (get("process_open_fds") - fds).abs() <= 4.0,
+        "{} open fds; /proc/{pid}/fd has {fds}",
+        get("process_open_fds")
+    );
+    assert!(get("process_cpu_seconds_total") >= 0.0);
+    assert!(get("process_virtual_memory_bytes") >= rss);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&state);
+}

@@ -1,6 +1,6 @@
 //! Control plane: the HTTP API on `--api` (loopback by default).
 //!
-//! Read-only, open: `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
+//! Read-only, open: `/` (the status page, HTML: [`crate::control::status`]), `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
 //! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=&session=]`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
@@ -39,6 +39,7 @@ use crate::control::explain::ExplainError;
 use crate::control::peers::Published;
 use crate::control::prober::Local;
 use crate::control::state_doc::StateDoc;
+use crate::control::status::{self, StatusSource};
 use crate::metrics::{self, Metrics};
 
 const MAX_BODY: usize = 64 * 1024;
@@ -94,6 +95,9 @@ pub struct ApiState {
     pub token: Option<String>,
     /// What `/metrics` serves.
     pub metrics: Metrics,
+    /// The plan being served and the history of its shares, for the status page
+    /// (`serve` only).
+    pub status: Option<StatusSource>,
 }
 
 /// Binds `addr` and serves until `stop` with the default [`ApiLimits`]; returns the
@@ -274,6 +278,7 @@ async fn route(
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     Ok(match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/") => status_page(&state),
         (Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (Method::GET, "/metrics") => prometheus_text(&state.metrics),
         (Method::GET, "/v1/observations") => json_reply(
@@ -301,7 +306,7 @@ async fn route(
             }
             mutate(req, &state, &path, body_timeout).await
         }
-        (_, "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain") => {
+        (_, "/" | "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n")
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
@@ -567,6 +572,42 @@ pub(super) fn text(status: StatusCode, body: &'static str) -> Reply {
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// The status page: from the latest state document and the plan being served.
+fn status_page(state: &ApiState) -> Reply {
+    let body = match &state.status {
+        Some(source) => {
+            let doc = state
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default();
+            let snapshot = source.live.load_full();
+            let history = source.history.lock().unwrap_or_else(|e| e.into_inner());
+            status::page(&doc, &snapshot.plan, &history, now_ms())
+        }
+        None => status::agent_page(&state.vantage),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let headers = r.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    // Nothing but what the page carries itself: no script, no fetch, no frame.
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'",
+        ),
     );
     r
 }

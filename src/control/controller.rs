@@ -665,8 +665,15 @@ impl Controller {
             return;
         };
         let removed = self.removed();
-        for (cdn, t) in &self.failover.health {
-            m.health(cdn, t.state == State::Up);
+        // Every probed CDN, the ones without a verdict yet too (up until shown down):
+        // its series exists from the start.
+        for spec in &self.loaded.probes.specs {
+            let up = self
+                .failover
+                .health
+                .get(&spec.cdn)
+                .is_none_or(|t| t.state == State::Up);
+            m.health(&spec.cdn, up);
         }
         for host in &self.loaded.policy.hosts {
             let name = host.name.to_string();

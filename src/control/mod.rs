@@ -16,4 +16,5 @@ pub mod prober;
 pub mod reload;
 pub mod saver;
 pub mod state_doc;
+pub mod status;
 pub mod stepper;

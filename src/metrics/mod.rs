@@ -27,6 +27,8 @@
 //! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name): they do not count |
 //! | `steering_responses_total` | name, region, pathway | content steering manifests served, by the pathway listed first |
 //! | `steering_refused_total` | status | content steering requests refused: 400, 404 or 405 |
+//! | `build_info` | version, commit | 1; the crate version and the git commit built (`unknown` outside a checkout) |
+//! | `process_*` (no prefix) | | the standard process metrics (Linux): CPU seconds, resident and virtual memory, open and max fds, threads, start time |
 //!
 //! (¹) Every answer our handler gives. A packet hickory cannot decode at all (e.g. an
 //! ECS option of unknown family) is answered `FORMERR` by hickory before any handler
@@ -73,6 +75,9 @@ struct Inner {
     /// Our own registry (not the global default), so tests and several servers in one
     /// process each have theirs.
     registry: Registry,
+    /// The standard `process_*` families, which carry no `steerdns_` prefix (dashboards
+    /// and alerts written for any exporter read them by these names).
+    process: Registry,
     queries: IntCounterVec,
     /// The steered part of `queries_total`, added at scrape time.
     tally: Mutex<Tally>,
@@ -107,6 +112,12 @@ struct Inner {
     steering_responses: IntCounterVec,
     steering_refused: IntCounterVec,
 }
+
+/// The crate version, as in `steerdns_build_info{version}`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit built (`build.rs`: `STEERDNS_COMMIT`, else `git rev-parse`, else
+/// `unknown`), as in `steerdns_build_info{commit}`.
+pub const COMMIT: &str = env!("STEERDNS_COMMIT");
 
 /// Why a UDP datagram got no answer (besides rate limiting).
 pub const UDP_DROP_REASONS: [&str; 4] = ["oversized", "bad-source", "send-error", "send-timeout"];
@@ -204,6 +215,13 @@ impl Metrics {
         registry
             .register(Box::new(udp_thread_restarts.clone()))
             .expect("registered once");
+        reg.gauges(
+            "build_info",
+            "1; the version and the git commit of the steerdns binary.",
+            &["version", "commit"],
+        )
+        .with_label_values(&[VERSION, COMMIT])
+        .set(1);
         let reloads = reg.counters(
             "config_reloads_total",
             "Configuration reloads by result (applied, or refused: the last good one keeps serving).",
@@ -331,6 +349,7 @@ impl Metrics {
                     &["status"],
                 ),
                 registry,
+                process: process_registry(),
             }),
         }
     }
@@ -573,14 +592,15 @@ impl Metrics {
     /// Every family in the Prometheus text format.
     pub fn encode(&self) -> Result<Vec<u8>, String> {
         let mut families = self.inner.registry.gather();
+        families.extend(self.inner.process.gather());
         let (steered, serving) = {
             let mut tally = self.inner.tally.lock().unwrap_or_else(|e| e.into_inner());
             (tally.counts(), tally.held.last().cloned())
         };
         if let Some(snapshot) = serving {
             families.push(effective_weights(&snapshot.plan));
-            families.sort_by(|a, b| a.name().cmp(b.name()));
         }
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         if let Some(f) = families
             .iter_mut()
             .find(|f| f.name() == "steerdns_queries_total")
@@ -606,6 +626,19 @@ impl Metrics {
             .map_err(|e| format!("cannot encode metrics: {e}"))?;
         Ok(buf)
     }
+}
+
+/// A registry without prefix holding the `process_*` collector (Linux only: it reads
+/// `/proc/self`; elsewhere the registry stays empty).
+fn process_registry() -> Registry {
+    let registry = Registry::new();
+    #[cfg(target_os = "linux")]
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("registered once");
+    registry
 }
 
 /// Registers families in one registry; every definition is static, so a failure is a
@@ -714,6 +747,7 @@ mod tests {
             "steerdns_state_load_errors_total",
             "steerdns_etcd_fail_static",
             "steerdns_etcd_refused_keys",
+            "steerdns_build_info",
         ] {
             assert!(
                 t.contains(&format!("# TYPE {family} ")),
@@ -747,6 +781,28 @@ mod tests {
                 t.lines().any(|l| l == line),
                 "line `{line}` missing from:\n{t}"
             );
+        }
+    }
+
+    #[test]
+    fn build_info_and_the_process_families_are_served() {
+        let t = text(&Metrics::new());
+        let info = format!(r#"steerdns_build_info{{commit="{COMMIT}",version="{VERSION}"}} 1"#);
+        assert!(t.lines().any(|l| l == info), "`{info}` missing from:\n{t}");
+        assert!(!COMMIT.is_empty() && VERSION == env!("CARGO_PKG_VERSION"));
+        #[cfg(target_os = "linux")]
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            // The standard names, without our prefix.
+            assert!(
+                t.contains(&format!("\n{family} ")),
+                "{family} missing from:\n{t}"
+            );
+            assert!(!t.contains(&format!("steerdns_{family}")), "{t}");
         }
     }
 
