@@ -222,10 +222,13 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_during_a_dril
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // Queries flow the whole time: steered and not, from many resolvers.
+    // Queries flow the whole time: steered and not, from many resolvers; and players
+    // ask for steering manifests (and one for a name that is not steered: a 404).
     let stop = Arc::new(AtomicBool::new(false));
     let traffic = {
-        let (stop, dns) = (stop.clone(), stack.dns);
+        let (stop, dns, http) = (stop.clone(), stack.dns, stack.http.clone());
+        let manifest = format!("http://{}/steer/hls/www.example.com", stack.steering);
+        let unknown = format!("http://{}/steer/hls/nope.example.com", stack.steering);
         tokio::spawn(async move {
             let steered = query("www.example.com.", RecordType::A);
             let zone = query("nope.example.com.", RecordType::A);
@@ -234,6 +237,12 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_during_a_dril
                 ask_from(dns, resolver(i), Proto::Udp, &steered).await;
                 if i % 4 == 0 {
                     ask(dns, Proto::Udp, &zone).await;
+                }
+                if i % 8 == 0 {
+                    let ok = http.get(&manifest).send().await.map(|r| r.status());
+                    assert_eq!(ok.ok(), Some(reqwest::StatusCode::OK));
+                    let refused = http.get(&unknown).send().await.map(|r| r.status());
+                    assert_eq!(refused.ok(), Some(reqwest::StatusCode::NOT_FOUND));
                 }
                 i += 1;
                 tokio::time::sleep(Duration::from_millis(5)).await;
