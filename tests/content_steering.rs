@@ -144,7 +144,11 @@ async fn both_formats_serve_a_manifest_with_cors_and_cache_control() {
         let g = s.get(&format!("/steer/{format}/video.example.com")).await;
         assert_eq!(g.status, 200, "{}", g.body);
         assert_eq!(g.header("content-type"), "application/json");
-        assert_eq!(g.header("cache-control"), "max-age=7", "the configured TTL");
+        assert_eq!(
+            g.header("cache-control"),
+            "private, max-age=7",
+            "the configured TTL"
+        );
         assert_eq!(g.header("access-control-allow-origin"), "*");
         let m = g.json();
         assert_eq!(m["VERSION"], 1);
@@ -169,7 +173,7 @@ async fn both_formats_serve_a_manifest_with_cors_and_cache_control() {
     // No content_steering block: the CDN names, the DNS TTL; any case, trailing dot.
     let g = s.get("/steer/hls/WWW.Example.COM.").await;
     assert_eq!(g.status, 200, "{}", g.body);
-    assert_eq!(g.header("cache-control"), "max-age=20");
+    assert_eq!(g.header("cache-control"), "private, max-age=20");
     let mut o = order(&g.json(), "PATHWAY-PRIORITY");
     o.sort();
     assert_eq!(o, ["cloudflare", "fastly"]);
@@ -187,7 +191,7 @@ async fn both_formats_serve_a_manifest_with_cors_and_cache_control() {
     )
     .await;
     assert_eq!(g.status, 200);
-    assert_eq!(g.header("cache-control"), "max-age=7");
+    assert_eq!(g.header("cache-control"), "private, max-age=7");
     assert_eq!(g.header("access-control-allow-origin"), "*");
     assert!(g.body.is_empty());
     // A CORS preflight, as a browser sends it.

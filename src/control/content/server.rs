@@ -11,7 +11,9 @@
 //! | another method | 405, `Allow: GET, HEAD, OPTIONS` |
 //!
 //! Every answer carries `Access-Control-Allow-Origin: *` (players fetch cross-origin);
-//! a manifest carries `Cache-Control: max-age=TTL`, an error `no-store`.
+//! a manifest carries `Cache-Control: private, max-age=TTL` (its order is for one client
+//! region and one session: a shared cache must not hand it to others), an error
+//! `no-store`.
 //!
 //! The client is the connection's peer, or, when the peer is one of
 //! `--trusted-proxies`, the last address of `X-Forwarded-For` that is not one of them
@@ -198,7 +200,7 @@ fn steer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if let Ok(v) = HeaderValue::from_str(&format!("max-age={}", order.ttl)) {
+    if let Ok(v) = HeaderValue::from_str(&format!("private, max-age={}", order.ttl)) {
         h.insert(header::CACHE_CONTROL, v);
     }
     r
