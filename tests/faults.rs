@@ -583,21 +583,25 @@ async fn an_unwritable_state_file_loses_nothing_when_it_clears() {
     drop((a, b, c));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_disk_loses_nothing_when_it_clears() {
-    // No probes: no round saves the state, so only the retry timer can.
-    let dir = scratch("fault-diskfull");
+/// A stack (no probes) saving through simulated disk faults, frozen for `reason` and
+/// with that state saved while the disk is still good.
+async fn frozen_on_disk_faults(tag: &str, reason: &str) -> (PathBuf, DiskFaults, Stack) {
+    let dir = scratch(tag);
     policy(&dir, "[100]", 0.2);
     let disk = DiskFaults::default();
     let stack = Stack::start_with_disk(&dir, disk.clone()).await;
     let (status, _) = stack
-        .post(
-            "/v1/failover/freeze",
-            json!({"reason": "before the disk fills"}),
-        )
+        .post("/v1/failover/freeze", json!({ "reason": reason }))
         .await;
     assert_eq!(status, 200);
     wait_file(&state_file(&dir)).await;
+    (dir, disk, stack)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_loses_nothing_when_it_clears() {
+    // No probes: no round saves the state, so only the retry timer can.
+    let (dir, disk, stack) = frozen_on_disk_faults("fault-diskfull", "before the disk fills").await;
     let flow = Flow::start(stack.dns);
 
     disk.set_full(true);
@@ -656,18 +660,7 @@ async fn a_full_disk_loses_nothing_when_it_clears() {
 /// With the save on the controller's task, the drain below gets no answer at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_disk_holds_up_neither_the_controller_nor_the_api() {
-    let dir = scratch("fault-hungdisk");
-    policy(&dir, "[100]", 0.2);
-    let disk = DiskFaults::default();
-    let stack = Stack::start_with_disk(&dir, disk.clone()).await;
-    let (status, _) = stack
-        .post(
-            "/v1/failover/freeze",
-            json!({"reason": "before the disk hangs"}),
-        )
-        .await;
-    assert_eq!(status, 200);
-    wait_file(&state_file(&dir)).await;
+    let (dir, disk, stack) = frozen_on_disk_faults("fault-hungdisk", "before the disk hangs").await;
 
     disk.set_stalled(true);
     // Should the drain or explain wait for the disk, a watchdog thread ends the stall
