@@ -180,14 +180,7 @@ async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second(
     assert_eq!(s["cluster"]["drains"][0]["written_by"], "ns1");
     // Removed on node 3: every node answers with both again.
     let id = rule["id"].as_str().unwrap();
-    let (status, _) = set.nodes[2]
-        .call(
-            reqwest::Method::DELETE,
-            &format!("/v1/drains/{id}"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
+    let status = set.nodes[2].undrain(id).await;
     assert_eq!(status, 200);
     let t1 = Instant::now();
     for i in 0..3 {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::stack::{scratch, Stack, TOKEN};
+use common::stack::{scratch, Stack};
 use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -708,14 +708,7 @@ async fn drains_and_steps_move_only_the_drained_pathways_sessions_and_bring_them
     assert!(drained.iter().all(|o| o == &["pb", "pa"]));
     // Its end: the same sessions come back to pa.
     let id = rule["id"].as_str().unwrap();
-    let (status, _) = stack
-        .call(
-            Method::DELETE,
-            &format!("/v1/drains/{id}"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
+    let status = stack.undrain(id).await;
     assert_eq!(status, 200);
     let after = orders_until(&stack, www, &sessions, "drain ended", |o| {
         o == before.as_slice()
@@ -751,14 +744,7 @@ async fn drains_and_steps_move_only_the_drained_pathways_sessions_and_bring_them
     // The drain's end returns traffic in steps too; the first step back (to the 50 %
     // plateau) is where it was, so here nothing moves yet, and it is no worse.
     let id = rule["id"].as_str().unwrap();
-    let (status, _) = stack
-        .call(
-            Method::DELETE,
-            &format!("/v1/drains/{id}"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
+    let status = stack.undrain(id).await;
     assert_eq!(status, 200);
     let back = orders(&stack, slow, &sessions).await;
     for ((b, s), k) in before.iter().zip(&step).zip(&back) {

@@ -168,14 +168,7 @@ async fn every_mutation_needs_the_right_token() {
     let (counts, _) = stack.answers(30).await;
     assert_eq!(counts.get("b"), Some(&30), "{counts:?}");
     // With the token, the same requests work.
-    let (status, _) = stack
-        .call(
-            Method::DELETE,
-            &format!("/v1/drains/{id}"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
+    let status = stack.undrain(&id).await;
     assert_eq!(status, 200);
 }
 

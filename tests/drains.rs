@@ -123,14 +123,7 @@ async fn drains_apply_to_exactly_their_scope() {
             );
         }
         let id = rule["id"].as_str().unwrap();
-        let (status, _) = stack
-            .call(
-                Method::DELETE,
-                &format!("/v1/drains/{id}"),
-                None,
-                Some(TOKEN),
-            )
-            .await;
+        let status = stack.undrain(id).await;
         assert_eq!(status, 200);
         // Undrained in steps: wait until everyone has a back.
         stack
@@ -211,14 +204,7 @@ async fn a_drain_moves_in_steps_unless_immediate_and_expires_by_itself() {
         Some(50),
         "still the plateau"
     );
-    let (status, _) = stack
-        .call(
-            Method::DELETE,
-            &format!("/v1/drains/{id}"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
+    let status = stack.undrain(&id).await;
     assert_eq!(status, 200);
     stack
         .wait_for("the drain gone", |s| drain_entry(s, &id).is_null())
@@ -238,14 +224,7 @@ async fn a_drain_moves_in_steps_unless_immediate_and_expires_by_itself() {
         .wait_for("second step", |s| pct(s, &id) == Some(100))
         .await;
     assert!(only_b(&stack, US).await);
-    let (status, _) = stack
-        .call(
-            Method::DELETE,
-            &format!("/v1/drains/{id}"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
+    let status = stack.undrain(&id).await;
     assert_eq!(status, 200);
     let s = stack.state().await;
     assert_eq!(

@@ -498,14 +498,7 @@ async fn steered_counts_carry_over_into_new_plans() {
     counted((a, b + 30)).await;
 
     let id = rule["id"].as_str().unwrap();
-    let (status, _) = stack
-        .call(
-            reqwest::Method::DELETE,
-            &format!("/v1/drains/{id}"),
-            None,
-            Some(TOKEN),
-        )
-        .await;
+    let status = stack.undrain(id).await;
     assert_eq!(status, 200);
     let (third, _) = stack.answers(20).await;
     let a3 = third.get("a").copied().unwrap_or(0);

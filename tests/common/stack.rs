@@ -253,6 +253,14 @@ impl Stack {
 }
 
 impl Stack {
+    /// Ends the drain override `id` (with the token); the status.
+    pub async fn undrain(&self, id: &str) -> u16 {
+        let path = format!("/v1/drains/{id}");
+        self.call(reqwest::Method::DELETE, &path, None, Some(TOKEN))
+            .await
+            .0
+    }
+
     /// A request to the admin API with `token` (if any); (status, JSON body).
     pub async fn call(
         &self,
