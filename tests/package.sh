@@ -36,6 +36,9 @@ make_tmp package
 build_release
 DEB=$(STEERDNS_BIN=$STEERDNS_BIN OUT=$TMP bash deploy/debian/build-deb.sh) || die "the package did not build"
 log "built $DEB ($(du -k "$DEB" | cut -f1) KiB)"
+# Kept, as the screenshots are: the package CI built is the one a fresh machine installs.
+ARTIFACTS=${CARGO_TARGET_DIR:-$REPO/target}/artifacts
+mkdir -p "$ARTIFACTS" && cp "$DEB" "$ARTIFACTS/" && log "kept in $ARTIFACTS/$(basename "$DEB")"
 
 # Whatever happens below, the package does not outlive the script.
 PURGED=0
