@@ -32,6 +32,8 @@ use rand::{RngExt, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::dns::rrl;
 use tokio::task::JoinSet;
 use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
@@ -157,21 +159,9 @@ impl Drop for SourceSlot {
     }
 }
 
-/// The source's prefix as one number, the family in the top bit (IPv4-mapped IPv6
-/// addresses count as IPv4).
+/// The source's prefix as one number ([`rrl::prefix_key`]).
 fn source_key(ip: IpAddr, limits: &TcpLimits) -> u128 {
-    match ip.to_canonical() {
-        IpAddr::V4(a) => {
-            let bits = u32::from(limits.source_prefix_v4.min(32));
-            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
-            u128::from(u32::from(a) & mask)
-        }
-        IpAddr::V6(a) => {
-            let bits = u32::from(limits.source_prefix_v6.min(128));
-            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
-            (u128::from(a) & mask) >> 1 | 1 << 127
-        }
-    }
+    rrl::prefix_key(ip, limits.source_prefix_v4, limits.source_prefix_v6)
 }
 
 async fn connection(
