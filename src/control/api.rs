@@ -185,17 +185,21 @@ pub(super) fn serve_http<F, Fut>(
             } else {
                 limits.max_per_source
             };
-            let Some(source) = SourceSlot::take(&sources, ip, per_source) else {
-                tracing::debug!(%ip, "http: too many connections from one source, closing a new one");
-                drop(stream);
-                continue;
-            };
-            let (slot, on_reserve) = match slots.clone().try_acquire_owned() {
-                Ok(slot) => (slot, false),
-                Err(_) => match reserved.clone().try_acquire_owned() {
+            // A source at its cap, or every slot taken: only loopback goes on, to the
+            // reserve (short header timeout, no keep-alive, so a flood cannot sit on
+            // it). A local flood from 127.0.0.1 itself must not lock out the operator's
+            // curl from the same address.
+            let source = SourceSlot::take(&sources, ip, per_source);
+            let main = source
+                .is_some()
+                .then(|| slots.clone().try_acquire_owned().ok())
+                .flatten();
+            let (slot, on_reserve) = match main {
+                Some(slot) => (slot, false),
+                None => match reserved.clone().try_acquire_owned() {
                     Ok(slot) if ip.is_loopback() => (slot, true),
                     _ => {
-                        tracing::debug!("http: too many connections, closing a new one");
+                        tracing::debug!(%ip, "http: too many connections (from this source, or in all), closing a new one");
                         drop(stream);
                         continue;
                     }
