@@ -135,6 +135,26 @@ pub struct Region {
 /// precomputed choices of the plan.
 pub const MAX_DRAIN_SCOPES: usize = 6;
 
+/// How many distinct location scopes (the `Match` entries of a scope, as the planner
+/// groups them) these drain scopes have: what [`MAX_DRAIN_SCOPES`] limits, for the
+/// policy's drains (`check`) and the API's (409).
+pub fn location_scopes<'s>(scopes: impl Iterator<Item = &'s [DrainScope]>) -> usize {
+    let mut groups: Vec<Vec<Match>> = Vec::new();
+    for scope in scopes {
+        let g: Vec<Match> = scope
+            .iter()
+            .filter_map(|s| match s {
+                DrainScope::Match(m) => Some(*m),
+                DrainScope::Region(_) => None,
+            })
+            .collect();
+        if !g.is_empty() && !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    groups.len()
+}
+
 /// How a demoted CDN's weight is taken away, and given back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failover {

@@ -738,25 +738,13 @@ fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], dr
             format!("these drains take every CDN out of region `{region}`: refused, traffic would have nowhere to go"),
         );
     }
-    let mut groups: Vec<Vec<Match>> = Vec::new();
-    for (_, scope) in &active {
-        let g: Vec<Match> = scope
-            .iter()
-            .filter_map(|s| match s {
-                DrainScope::Match(m) => Some(*m),
-                _ => None,
-            })
-            .collect();
-        if !g.is_empty() && !groups.contains(&g) {
-            groups.push(g);
-        }
-    }
-    if groups.len() > super::MAX_DRAIN_SCOPES {
+    let groups = super::location_scopes(active.iter().map(|(_, s)| s.as_slice()));
+    if groups > super::MAX_DRAIN_SCOPES {
         cx.error(
             &at(base, &[key("drain")]),
             format!(
                 "{} different location scopes in drains: at most {} (use region names)",
-                groups.len(),
+                groups,
                 super::MAX_DRAIN_SCOPES
             ),
         );

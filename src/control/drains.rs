@@ -364,7 +364,7 @@ impl Drains {
         }
         // The planner gives each distinct location scope its own choices, up to
         // MAX_DRAIN_SCOPES; past that a drain would silently apply everywhere.
-        let scopes = location_scopes(all.iter().map(|(_, s)| s.as_slice()));
+        let scopes = crate::config::location_scopes(all.iter().map(|(_, s)| s.as_slice()));
         if scopes > MAX_DRAIN_SCOPES {
             return Err(DrainError::TooManyScopes {
                 name: rule.name.clone(),
@@ -531,25 +531,6 @@ impl DrainStatus {
             removed_percent,
         }
     }
-}
-
-/// How many distinct location scopes (the `Match` entries of a scope, as the planner
-/// groups them) these drain scopes have.
-fn location_scopes<'s>(scopes: impl Iterator<Item = &'s [DrainScope]>) -> usize {
-    let mut groups: Vec<Vec<Match>> = Vec::new();
-    for scope in scopes {
-        let g: Vec<Match> = scope
-            .iter()
-            .filter_map(|s| match s {
-                DrainScope::Match(m) => Some(*m),
-                DrainScope::Region(_) => None,
-            })
-            .collect();
-        if !g.is_empty() && !groups.contains(&g) {
-            groups.push(g);
-        }
-    }
-    groups.len()
 }
 
 fn scope_text(rule: &DrainRule) -> String {
