@@ -95,14 +95,11 @@ pub async fn start_with_options(
     let live = Arc::new(ArcSwap::new(snapshot));
     let handler = Handler::new(live.clone(), metrics);
     let rrl = Rrl::new(opts.rrl.clone()).map(Arc::new);
-    let panic_on: udp::PanicOn = opts.udp_panic_on.as_deref().map(|name| {
-        let mut wire = Vec::new();
-        for label in name.trim_end_matches('.').split('.') {
-            wire.push(label.len() as u8);
-            wire.extend_from_slice(label.as_bytes());
-        }
-        wire.push(0);
-        wire.into()
+    let panic_on: udp::PanicOn = opts.udp_panic_on.as_deref().and_then(|name| {
+        let name = hickory_proto::rr::Name::from_ascii(name).ok()?;
+        let mut buf = [0; 255];
+        let wire: Option<Arc<[u8]>> = crate::plan::wire_name(&name, &mut buf).map(Into::into);
+        wire
     });
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();

@@ -582,6 +582,7 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
         zones = %zones.join(" "),
         geo = %loaded.geo.path().display(),
         geo_networks = loaded.geo.networks(),
+        asn_networks = loaded.geo.asn().map(|a| a.networks()),
         "loaded"
     );
     let probed: Vec<&str> = loaded.probes.specs.iter().map(|s| s.cdn.as_str()).collect();

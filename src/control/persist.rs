@@ -132,8 +132,10 @@ impl DiskFaults {
     }
 }
 
-/// Writes the state atomically.
-pub fn save(dir: &Path, saved: &Saved) -> std::io::Result<()> {
+/// Writes the state atomically (the tests' shorthand; the saver thread calls
+/// [`save_to`]).
+#[cfg(test)]
+fn save(dir: &Path, saved: &Saved) -> std::io::Result<()> {
     save_to(dir, saved, &DiskFaults::default())
 }
 
@@ -186,7 +188,7 @@ fn sync_dir(_dir: &Path) -> std::io::Result<()> {
 /// Removes the temporary files of [`save_to`] left in `dir` by processes that are no
 /// longer running (a crash between create and rename); returns how many. A file of a
 /// running process (a restart overlapping the old one) is left alone.
-pub fn clean_temporaries(dir: &Path) -> usize {
+fn clean_temporaries(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };

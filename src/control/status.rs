@@ -276,7 +276,10 @@ fn write_page(
             if charted < MAX_CHARTED_REGIONS {
                 chart(h, history, name, region, &shares, now)?;
             } else {
-                h.push_str("(no chart: only the first 200 regions are charted)");
+                write!(
+                    h,
+                    "(no chart: only the first {MAX_CHARTED_REGIONS} regions are charted)"
+                )?;
             }
             charted += 1;
             h.push_str("</td></tr>\n");

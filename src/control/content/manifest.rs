@@ -36,7 +36,7 @@ use std::net::IpAddr;
 
 use crate::config::valid_pathway;
 use crate::place::geo::GeoDb;
-use crate::plan::{Choice, Reason, Steered};
+use crate::plan::{Choice, Steered};
 use crate::selection;
 
 /// Pathways or throughput values one request may list (more is a bad request).
@@ -59,22 +59,6 @@ impl Format {
             "hls" => Some(Format::Hls),
             "dash" => Some(Format::Dash),
             _ => None,
-        }
-    }
-
-    /// The path segment and metric label.
-    pub fn segment(self) -> &'static str {
-        match self {
-            Format::Hls => "hls",
-            Format::Dash => "dash",
-        }
-    }
-
-    /// The manifest's key for the ordered list.
-    pub fn priority_key(self) -> &'static str {
-        match self {
-            Format::Hls => "PATHWAY-PRIORITY",
-            Format::Dash => "SERVICE-LOCATION-PRIORITY",
         }
     }
 
@@ -254,14 +238,10 @@ fn decode<'v>(key: &str, value: &'v str) -> Result<std::borrow::Cow<'v, str>, St
 pub struct Order {
     /// The client's region (index in the policy).
     pub region: usize,
-    /// Why the region's weights are what they are (as in the DNS answer).
-    pub reason: Reason,
     /// Every target (CDN index) of the name, best first: those serving the region in
     /// the session's weighted order, demoted ones after them, then those with no
     /// weight there now, in policy order.
     pub targets: Vec<usize>,
-    /// How many of `targets` serve the region now.
-    pub serving: usize,
     /// Targets demoted for this session (policy order), carried in `RELOAD-URI`.
     pub demoted: Vec<usize>,
     /// The manifest's TTL: `content_steering.ttl`, else the name's DNS TTL.
@@ -318,9 +298,7 @@ pub fn order(
     targets.extend((0..n).filter(|t| !serving.contains(t)));
     Order {
         region: d.region,
-        reason: choice.reason,
         targets,
-        serving: serving.len(),
         demoted: (0..n).filter(|&t| demoted[t]).collect(),
         ttl: content.ttl.unwrap_or_else(|| steered.ttl()),
     }
