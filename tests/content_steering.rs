@@ -285,13 +285,16 @@ async fn a_session_keeps_its_order_across_reloads() {
 async fn a_throughput_below_the_floor_demotes_the_pathway_for_the_session() {
     let s = steering(&[], None).await;
     // A session that starts on cdn-a.
-    let (session, o) = loop {
+    let mut first_on_a = None;
+    for _ in 0..200 {
         let m = s.get("/steer/hls/video.example.com").await.json();
         let o = order(&m, "PATHWAY-PRIORITY");
         if o[0] == "cdn-a" {
-            break (session_of(&m), o);
+            first_on_a = Some((session_of(&m), o));
+            break;
         }
-    };
+    }
+    let (session, o) = first_on_a.expect("no new session in 200 started on cdn-a");
     let base = format!("/steer/hls/video.example.com?session={session}");
     // At or above the floor (1 Mbit/s): nothing changes.
     let m = s

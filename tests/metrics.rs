@@ -660,7 +660,24 @@ async fn the_binary_serves_build_info_and_its_own_process_metrics() {
         "{} open fds; /proc/{pid}/fd has {fds}",
         get("process_open_fds")
     );
-    assert!(get("process_cpu_seconds_total") >= 0.0);
+    // The prometheus crate counts CPU time in whole seconds: the server's own, from
+    // /proc/PID/stat (utime and stime, in clock ticks), read just after the scrape.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf only reads a system constant.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = get("process_cpu_seconds_total");
+    assert!(
+        cpu <= ticks / per_second && cpu >= (ticks / per_second).floor() - 1.0,
+        "{cpu} s of CPU; /proc/{pid}/stat says {} s",
+        ticks / per_second
+    );
     assert!(get("process_virtual_memory_bytes") >= rss);
     drop(server);
     let _ = std::fs::remove_dir_all(&state);

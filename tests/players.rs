@@ -506,9 +506,12 @@ http://127.0.0.1:{pb}/hls/media.m3u8
         artifacts().join("players-drained.png").display()
     ));
     driver.expect("SHOT", Duration::from_secs(10));
-    // Settled on B: nothing more from A.
+    // Settled on B: while each player fetches two more segments from B, nothing from A.
     let settled = unix_now();
-    std::thread::sleep(Duration::from_millis(1500));
+    for player in ["hls", "dash"] {
+        first_after(&log_b, player, settled, 2, Duration::from_secs(15))
+            .unwrap_or_else(|| panic!("{player}: stopped fetching from B"));
+    }
     for player in ["hls", "dash"] {
         let late: Vec<_> = segments(&log_a, player)
             .into_iter()
