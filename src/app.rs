@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::Probes;
-use crate::control::api::{self, ApiState};
+use crate::control::api::{self, ApiLimits, ApiState};
 use crate::control::cluster::{self, ClusterOptions, Etcd};
 use crate::control::content::{self, SteeringOptions};
 use crate::control::controller::{self, ClusterLink, Controller, StateFile};
@@ -50,6 +50,9 @@ pub struct DnsOptions {
     pub udp_sockets: usize,
     pub tcp: TcpLimits,
     pub rrl: RrlConfig,
+    /// Bytes of cached full-path answers for the whole process, split evenly between
+    /// the UDP threads (`--answer-cache-bytes`).
+    pub answer_cache_bytes: usize,
     /// Tests only (no flag sets it): a UDP thread receiving a query for this name
     /// (e.g. `panic.example.com.`) panics, to show that threads are supervised.
     #[doc(hidden)]
@@ -62,6 +65,7 @@ impl Default for DnsOptions {
             udp_sockets: listen::default_udp_sockets(),
             tcp: TcpLimits::default(),
             rrl: RrlConfig::default(),
+            answer_cache_bytes: crate::dns::cache::DEFAULT_BUDGET,
             udp_panic_on: None,
         }
     }
@@ -105,6 +109,8 @@ pub async fn start_with_options(
     let mut tasks = JoinSet::new();
     let mut udp_threads = Vec::new();
     let mut addrs = Vec::new();
+    let threads = (listen.len() * opts.udp_sockets).max(1);
+    let cache_bytes = opts.answer_cache_bytes / threads;
     for &addr in listen {
         let bound = listen::bind(addr, opts.udp_sockets)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
@@ -116,6 +122,7 @@ pub async fn start_with_options(
                 shutdown.clone(),
                 tokio::runtime::Handle::current(),
                 panic_on.clone(),
+                cache_bytes,
             )?);
         }
         tasks.spawn(tcp::serve(
@@ -201,6 +208,9 @@ pub struct ServeOptions {
     pub api: Option<SocketAddr>,
     /// Bearer token for the API's mutations; `None` refuses them.
     pub api_token: Option<String>,
+    /// Names a read's `Host` may carry besides the API's address and `localhost`
+    /// (`--api-host`).
+    pub api_hosts: Vec<String>,
     /// Where health and failover progress are saved; `None` to keep nothing.
     pub state: Option<StateFile>,
     /// This vantage point's name (in observations, logs and the probe User-Agent).
@@ -309,9 +319,17 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
                     history,
                 }),
             };
-            Some(api::spawn(addr, state, stop.clone()).await.map_err(|e| {
-                io::Error::new(e.kind(), format!("cannot listen on {addr} (--api): {e}"))
-            })?)
+            let limits = ApiLimits {
+                hosts: opts.api_hosts.clone(),
+                ..ApiLimits::default()
+            };
+            Some(
+                api::spawn_with(addr, state, limits, stop.clone())
+                    .await
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("cannot listen on {addr} (--api): {e}"))
+                    })?,
+            )
         }
         None => None,
     };

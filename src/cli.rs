@@ -55,6 +55,11 @@ pub enum Command {
         /// HTTP API: observations for peers, state (`off` to disable).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9153")]
         api: ApiAddr,
+        /// A name the API may be reached by, besides its address and `localhost`: a
+        /// read whose `Host` is another name gets 421 (DNS rebinding); repeat for
+        /// several.
+        #[arg(long = "api-host", value_name = "NAME")]
+        api_hosts: Vec<String>,
         /// Where health and failover progress are saved across restarts.
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
@@ -299,11 +304,19 @@ fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     }
 }
 
-/// The machine's host name, the default vantage point name.
+/// The machine's host name, the default vantage point name. From `uname(2)`, not
+/// `/proc/sys`, which the systemd unit hides (`ProcSubset=pid`).
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
+    // SAFETY: `uname` fills the zeroed struct it is given; `nodename` is NUL-terminated.
+    let node = unsafe {
+        let mut u: libc::utsname = std::mem::zeroed();
+        (libc::uname(&mut u) == 0).then(|| {
+            std::ffi::CStr::from_ptr(u.nodename.as_ptr())
+                .to_string_lossy()
+                .into_owned()
+        })
+    };
+    node.map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "local".into())
@@ -352,6 +365,10 @@ pub struct DnsArgs {
     /// (loopback), e.g. `--rrl-exempt 127.0.0.0/8 --rrl-exempt 192.0.2.53/32`.
     #[arg(long, value_name = "CIDR", default_values = ["127.0.0.0/8", "::1/128"])]
     rrl_exempt: Vec<ipnet::IpNet>,
+    /// Bytes of cached answers (zone data, NXDOMAIN: names that are not steered) for
+    /// the whole process, split between the UDP sockets (0: no cache).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::dns::cache::DEFAULT_BUDGET)]
+    answer_cache_bytes: usize,
 }
 
 impl DnsArgs {
@@ -381,6 +398,7 @@ impl DnsArgs {
                 ipv6_prefix: self.rrl_ipv6_prefix,
                 exempt: self.rrl_exempt,
             },
+            answer_cache_bytes: self.answer_cache_bytes,
             udp_panic_on: None,
         })
     }
@@ -406,6 +424,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             listen,
             dns,
             api,
+            api_hosts,
             state_dir,
             state_max_age_seconds,
             vantage,
@@ -445,6 +464,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 listen,
                 dns,
                 api: api.0,
+                api_hosts,
                 state: Some(StateFile::new(
                     state_dir,
                     Duration::from_secs(state_max_age_seconds),

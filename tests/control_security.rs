@@ -474,7 +474,7 @@ async fn one_address_holding_300_connections_locks_no_one_out_of_dns_or_the_api(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_api_keeps_a_slot_for_loopback_mutations() {
-    // Eight addresses take all 256 connections (32 each, the per-source cap); a
+    // Eight /24s take all 256 connections (32 each, the per-source cap); a
     // mutation from loopback still gets through on a reserved slot, a read does not.
     raise_fd_limit();
     let dir = scratch("sec-reserve");
@@ -482,9 +482,9 @@ async fn a_full_api_keeps_a_slot_for_loopback_mutations() {
     let stack = Stack::start(&dir).await;
     let mut held = Vec::new();
     for i in 1..=8 {
-        held.extend(hold(stack.api, &format!("127.0.3.{i}"), 32).await);
+        held.extend(hold(stack.api, &format!("127.0.{}.1", 2 + i), 32).await);
     }
-    // A ninth address finds no slot: closed at once (it is loopback, so it may take a
+    // A ninth /24 finds no slot: closed at once (it is loopback, so it may take a
     // reserved slot, where a read is refused).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

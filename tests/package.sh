@@ -98,6 +98,17 @@ unit_line() {
 EXEC=$(unit_line steerdns.service ExecStart)
 RELOAD=$(unit_line steerdns.service ExecReload)
 AGENT=$(unit_line steerdns-agent.service ExecStart)
+
+# Bounded memory (a restart, not the host's OOM killer) and a /proc of processes only.
+for unit in steerdns.service steerdns-agent.service; do
+    high=$(unit_line "$unit" MemoryHigh) max=$(unit_line "$unit" MemoryMax)
+    if [[ $high =~ ^[0-9]+M$ && $max =~ ^[0-9]+M$ ]] && ((${high%M} < ${max%M})) &&
+        [[ $(unit_line "$unit" ProcSubset) == pid ]]; then
+        ok "$unit: MemoryHigh=$high MemoryMax=$max ProcSubset=pid"
+    else
+        fail "$unit memory bounds" "MemoryHigh=$high MemoryMax=$max ProcSubset=$(unit_line "$unit" ProcSubset)"
+    fi
+done
 log "ExecStart: $EXEC"
 
 # `steerdns check` on the inputs the unit serves.

@@ -11,7 +11,9 @@
 #   4. (HOSTILE=1, the default) hostile traffic runs alongside for the whole time
 #      (tests/hostile-traffic.py, issue 14 item 11): a TCP slowloris of 300 connections
 #      from 127.66.0.1, UDP garbage from 127.67.0.1, an API connection flood of 300 from
-#      127.68.0.1; and every second dig asks over TCP from another address.
+#      127.68.0.1, the same flood spread over the addresses of one /24 (127.70.0.x), a
+#      DNS-over-TCP amplification of 64 connections pipelining queries without reading
+#      (127.69.0-2.x); and every second dig asks over TCP from another address.
 #
 #   bash tests/soak.sh                # WARMUP=10 s, then DURATION=60 s of load
 #   DURATION=600 bash tests/soak.sh   # a long run
@@ -415,6 +417,10 @@ if ((HOSTILE)); then
     ((idle_closed > 0)) || fail+=("no TCP connection closed as idle: was the slowloris running?")
     (($(hostile_stat api_opened) > 0 && $(hostile_stat udp_garbage_sent) > 0)) ||
         fail+=("the API flood or the UDP garbage did not run: $hostile")
+    (($(hostile_stat api_spread_closed_by_server) > 0)) ||
+        fail+=("the API flood spread over one /24 was never cut at 32: $hostile")
+    (($(hostile_stat amplify_rounds) > 0 && $(hostile_stat amplify_incomplete) == 0)) ||
+        fail+=("the TCP amplification lost answers or did not run: $hostile")
 fi
 if ((${#fail[@]})); then
     for f in "${fail[@]}"; do log "FAIL: $f"; done

@@ -10,7 +10,7 @@
 //! line and headers at most 64 KiB (`431` beyond) and complete within 10 s, bodies at
 //! most 64 KiB (`413`) and complete within 10 s, a connection idle between requests is
 //! closed after the same 10 s, and at most 256 connections at once, 32 from one source
-//! address (further ones are closed at once). A slow-loris client sending a header a
+//! (one /24 or /56: [`crate::dns::sources`]; further ones are closed at once). A slow-loris client sending a header a
 //! byte a second is cut off. When every connection is taken, a few more (4) are kept for
 //! loopback sources, for mutations only: each serves one request within 2 s, and a read
 //! gets 503, so that an operator on the host can still drain a CDN while the API is
@@ -40,6 +40,8 @@ use crate::control::peers::Published;
 use crate::control::prober::Local;
 use crate::control::state_doc::StateDoc;
 use crate::control::status::{self, StatusSource};
+use crate::control::times::{MAX_TIME_MS, TOO_LATE};
+use crate::dns::sources::Sources;
 use crate::metrics::{self, Metrics};
 
 const MAX_BODY: usize = 64 * 1024;
@@ -56,10 +58,17 @@ pub struct ApiLimits {
     pub max_header_bytes: usize,
     /// Connections served at once; more are closed as soon as accepted.
     pub max_connections: usize,
-    /// Connections from one source address at once (0: no limit).
+    /// Connections from one source at once (0: no limit).
     pub max_per_source: usize,
+    /// The IPv4 prefix a source is counted by (one /24 by default).
+    pub source_prefix_v4: u8,
+    /// The IPv6 prefix a source is counted by (one /56 by default).
+    pub source_prefix_v6: u8,
     /// Connections kept beyond `max_connections` for loopback mutations.
     pub reserved_for_loopback: usize,
+    /// Names a read's `Host` may carry besides the listening address and `localhost`
+    /// (`--api-host`; admin API only).
+    pub hosts: Vec<String>,
     /// Sources that `max_per_source` does not apply to (the content steering server's
     /// trusted proxies, which carry many clients each).
     pub unlimited_sources: Vec<ipnet::IpNet>,
@@ -76,7 +85,10 @@ impl Default for ApiLimits {
             max_header_bytes: 64 * 1024,
             max_connections: 256,
             max_per_source: 32,
+            source_prefix_v4: 24,
+            source_prefix_v6: 56,
             reserved_for_loopback: 4,
+            hosts: Vec::new(),
             unlimited_sources: Vec::new(),
         }
     }
@@ -120,13 +132,17 @@ pub async fn spawn_with(
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let body_timeout = limits.body_timeout;
+    let hosts = Arc::new(limits.hosts.clone());
     serve_http(
         listener,
         limits,
         stop,
         move |req: Request<Incoming>, conn: Conn| {
-            let state = state.clone();
+            let (state, hosts) = (state.clone(), hosts.clone());
             async move {
+                if let Some(refusal) = misdirected(&req, bound, &hosts) {
+                    return Ok(refusal);
+                }
                 if conn.reserved && req.method() == Method::GET {
                     return Ok(error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -138,6 +154,48 @@ pub async fn spawn_with(
         },
     );
     Ok(bound)
+}
+
+/// The refusal of a read whose `Host` is not one of the API's own names, or `None` to
+/// go ahead. A page on a name its owner points at this address (DNS rebinding) reads
+/// nothing through a browser on the host: the browser sends that name as `Host`. The
+/// API's names are its listening address (any address of the host when it listens
+/// on all of them), `localhost` and `hosts` (`--api-host`). Mutations need the
+/// bearer token, which no such page has; `/healthz` says nothing; a request without
+/// `Host` is not a browser's.
+fn misdirected(req: &Request<Incoming>, bound: SocketAddr, hosts: &[String]) -> Option<Reply> {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) || req.uri().path() == "/healthz" {
+        return None;
+    }
+    let host = req.headers().get(header::HOST)?;
+    let name = host.to_str().map(host_name).unwrap_or_default();
+    let ours = match name.parse::<IpAddr>() {
+        Ok(ip) => ip.to_canonical() == bound.ip().to_canonical() || bound.ip().is_unspecified(),
+        Err(_) => {
+            let name = name.strip_suffix('.').unwrap_or(name);
+            name.eq_ignore_ascii_case("localhost")
+                || hosts
+                    .iter()
+                    .any(|h| h.strip_suffix('.').unwrap_or(h).eq_ignore_ascii_case(name))
+        }
+    };
+    (!ours).then(|| {
+        error(
+            StatusCode::MISDIRECTED_REQUEST,
+            &format!(
+                "Host {:?} is not this API's address, localhost or a name given with --api-host",
+                String::from_utf8_lossy(host.as_bytes())
+            ),
+        )
+    })
+}
+
+/// The name or address of a `Host` value, without its port.
+fn host_name(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    }
 }
 
 /// One accepted connection, as a request handler of [`serve_http`] sees it.
@@ -164,7 +222,7 @@ pub(super) fn serve_http<F, Fut>(
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let reserved = Arc::new(tokio::sync::Semaphore::new(limits.reserved_for_loopback));
-    let sources: Sources = Arc::default();
+    let sources = Sources::new(limits.source_prefix_v4, limits.source_prefix_v6);
     tokio::spawn(async move {
         loop {
             let (stream, peer) = tokio::select! {
@@ -189,7 +247,7 @@ pub(super) fn serve_http<F, Fut>(
             // reserve (short header timeout, no keep-alive, so a flood cannot sit on
             // it). A local flood from 127.0.0.1 itself must not lock out the operator's
             // curl from the same address.
-            let source = SourceSlot::take(&sources, ip, per_source);
+            let source = sources.take(ip, per_source);
             let main = source
                 .is_some()
                 .then(|| slots.clone().try_acquire_owned().ok())
@@ -233,43 +291,6 @@ pub(super) fn serve_http<F, Fut>(
             });
         }
     });
-}
-
-/// Open connections by source address.
-type Sources = Arc<Mutex<std::collections::HashMap<IpAddr, usize>>>;
-
-/// One connection counted against its source address until dropped.
-struct SourceSlot {
-    sources: Sources,
-    ip: IpAddr,
-}
-
-impl SourceSlot {
-    /// Counts a connection from `ip`; `None` if it has `max` open already.
-    fn take(sources: &Sources, ip: IpAddr, max: usize) -> Option<SourceSlot> {
-        let mut open = sources.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.entry(ip).or_default();
-        if max > 0 && *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
-            sources: sources.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut open = self.sources.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
 }
 
 pub(super) type Reply = Response<Full<Bytes>>;
@@ -409,6 +430,9 @@ async fn mutate(
             }
             let until_unix_ms = match (&r.until, r.ttl_seconds) {
                 (Some(u), _) => match humantime::parse_rfc3339_weak(u) {
+                    Ok(t) if unix_ms(t) > MAX_TIME_MS => {
+                        return error(StatusCode::BAD_REQUEST, &format!("until: {TOO_LATE}"))
+                    }
                     Ok(t) => Some(unix_ms(t)),
                     Err(_) => {
                         return error(
@@ -419,8 +443,13 @@ async fn mutate(
                 },
                 (None, Some(s)) => {
                     match s.checked_mul(1000).and_then(|ms| now_ms().checked_add(ms)) {
-                        Some(until) => Some(until),
-                        None => return error(StatusCode::BAD_REQUEST, "ttl_seconds: too large"),
+                        Some(until) if until <= MAX_TIME_MS => Some(until),
+                        _ => {
+                            return error(
+                                StatusCode::BAD_REQUEST,
+                                &format!("ttl_seconds: too large: the drain would end {TOO_LATE}"),
+                            )
+                        }
                     }
                 }
                 (None, None) => None,

@@ -17,6 +17,7 @@ pub use crate::config::empties_a_region;
 use crate::config::{DrainScope, HostPolicy, Match, Policy, MAX_DRAIN_SCOPES};
 use crate::control::planner::DrainCut;
 use crate::control::stepper::{Direction, Stepper};
+use crate::control::times;
 
 /// Runtime overrides expire by default after this long, so a forgotten one reverts.
 pub const DEFAULT_OVERRIDE_TTL: Duration = Duration::from_secs(2 * 3600);
@@ -35,7 +36,7 @@ pub struct DrainRule {
     #[serde(default)]
     pub reason: String,
     /// Milliseconds since the Unix epoch; `None` = until removed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "times::bounded_opt")]
     pub until_unix_ms: Option<u64>,
     #[serde(default)]
     pub immediate: bool,
@@ -43,7 +44,11 @@ pub struct DrainRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_by: Option<String>,
     /// In a set: when that node wrote it to etcd (Unix ms).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "times::bounded_opt"
+    )]
     pub written_at_unix_ms: Option<u64>,
 }
 

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::time::{Duration, UNIX_EPOCH};
 
 use hickory_proto::rr::{LowerName, Name};
 use serde::Serialize;
@@ -20,6 +19,7 @@ use crate::control::content::manifest::{self, Params};
 use crate::control::drains::DrainStatus;
 use crate::control::health::Tracker;
 use crate::control::planner::{removed_of, Removed};
+use crate::control::times;
 use crate::inputs::Loaded;
 use crate::plan::{Asker, Reason, Snapshot};
 
@@ -387,7 +387,7 @@ impl fmt::Display for Explanation {
             (Some(cdn), Some(cname), Some(until)) => writeln!(
                 f,
                 "pick:    {cdn} ({cname}) {asked}, until {} (consistent selection: then drawn again)",
-                humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(until))
+                times::rfc3339(until.saturating_mul(1000))
             )?,
             _ => writeln!(
                 f,
@@ -416,10 +416,7 @@ impl fmt::Display for Explanation {
         }
         for d in &self.drains {
             let until = d.until_unix_ms.map_or("no expiry".to_string(), |u| {
-                format!(
-                    "until {}",
-                    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(u))
-                )
+                format!("until {}", times::rfc3339(u))
             });
             let scope = if d.scope.is_empty() {
                 "everywhere".to_string()

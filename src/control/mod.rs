@@ -18,3 +18,4 @@ pub mod saver;
 pub mod state_doc;
 pub mod status;
 pub mod stepper;
+pub mod times;

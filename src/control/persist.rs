@@ -33,6 +33,7 @@ const FILE: &str = "steerdns-state.json";
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Saved {
     /// Wall-clock time of the save, milliseconds since the Unix epoch.
+    #[serde(deserialize_with = "crate::control::times::bounded")]
     pub saved_unix_ms: u64,
     pub health: BTreeMap<String, Tracker>,
     pub steps: Vec<SavedStep>,

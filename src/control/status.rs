@@ -22,12 +22,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::control::drains::now_ms;
 use crate::control::state_doc::StateDoc;
+use crate::control::times;
 use crate::plan::{Live, Plan, Snapshot, Steered};
 
 /// How often the page reloads itself.
@@ -577,9 +578,7 @@ fn human(s: u64) -> String {
 }
 
 fn time(ms: u64) -> String {
-    let t = UNIX_EPOCH + Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(t)
-        .to_string()
+    times::rfc3339(ms)
         .replace('T', " ")
         .trim_end_matches('Z')
         .to_string()

@@ -9,7 +9,10 @@
 //!   client's ECS option, whose echo in these answers always has scope 0, is appended on
 //!   the way out (what the full path does for the original query).
 //! - Dropped whole when the snapshot changes (any reload, health change or drain), and
-//!   when it reaches [`MAX_ENTRIES`].
+//!   when it reaches its byte budget: the process's budget (`--answer-cache-bytes`,
+//!   [`DEFAULT_BUDGET`]) split evenly between the UDP threads, so that neither a flood
+//!   of unique names nor many `--udp-sockets` can grow the caches past it, and no
+//!   thread waits for another.
 //!
 //! Steered names never enter it (their answers are drawn per query). `tests/fast_path.rs`
 //! compares cached answers with the full path's (called in-process).
@@ -21,17 +24,30 @@ use super::edns::MAX_UDP_PAYLOAD;
 use super::wire::{self, Query};
 use crate::plan::Snapshot;
 
-/// Entries per thread before the cache starts over (a flood of unique names cannot
-/// grow it further).
-pub const MAX_ENTRIES: usize = 16_384;
+/// Bytes of cached answers for the whole process by default (`--answer-cache-bytes`).
+pub const DEFAULT_BUDGET: usize = 16 << 20;
 
-#[derive(Default)]
+/// What an entry costs beyond its key and answer: the table's slot, two boxes' heap
+/// headers.
+const ENTRY_OVERHEAD: usize = 64;
+
 pub struct AnswerCache {
     /// The snapshot the entries were answered from, held so that its address cannot be
     /// reused by a newer one while the entries live.
     snapshot: Option<Arc<Snapshot>>,
     entries: HashMap<Box<[u8]>, Box<[u8]>>,
     key: Vec<u8>,
+    /// Bytes the entries may take ([`AnswerCache::cost`]); the cache starts over past it.
+    budget: usize,
+    /// Bytes the entries take.
+    bytes: usize,
+}
+
+impl Default for AnswerCache {
+    /// A cache with the whole default budget (one UDP thread).
+    fn default() -> Self {
+        AnswerCache::new(DEFAULT_BUDGET)
+    }
 }
 
 /// What to do with a query the fast path did not take.
@@ -50,6 +66,28 @@ pub struct Miss<'q> {
 }
 
 impl AnswerCache {
+    /// An empty cache whose entries take at most `budget` bytes (0: caches nothing).
+    pub fn new(budget: usize) -> AnswerCache {
+        AnswerCache {
+            snapshot: None,
+            entries: HashMap::new(),
+            key: Vec::new(),
+            budget,
+            bytes: 0,
+        }
+    }
+
+    /// Bytes the entries take, as counted against the budget.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Drops every entry and gives their memory back.
+    fn start_over(&mut self) {
+        self.entries = HashMap::new();
+        self.bytes = 0;
+    }
+
     /// Looks `packet` up; on a hit the answer is in `out`, on a miss the query to ask the
     /// full path is in `stripped`.
     ///
@@ -63,7 +101,7 @@ impl AnswerCache {
         stripped: &mut Vec<u8>,
     ) -> Lookup<'q> {
         if !self.snapshot.as_ref().is_some_and(|s| Arc::ptr_eq(s, snap)) {
-            self.entries.clear();
+            self.start_over();
             self.snapshot = Some(snap.clone());
         }
         let mut lower = [0u8; 255];
@@ -98,11 +136,19 @@ impl AnswerCache {
         if !replayable(&miss.query, answer) {
             return false;
         }
-        if self.entries.len() >= MAX_ENTRIES {
-            self.entries.clear();
+        let cost = self.key.len() + answer.len() + ENTRY_OVERHEAD;
+        if self.bytes + cost > self.budget {
+            self.start_over();
         }
-        self.entries
-            .insert(Box::from(self.key.as_slice()), Box::from(answer));
+        if cost <= self.budget {
+            let old = self
+                .entries
+                .insert(Box::from(self.key.as_slice()), Box::from(answer));
+            self.bytes += cost;
+            if let Some(old) = old {
+                self.bytes -= self.key.len() + old.len() + ENTRY_OVERHEAD;
+            }
+        }
         finish(&miss.query, answer, out)
     }
 }

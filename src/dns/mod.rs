@@ -22,6 +22,7 @@ pub mod cache;
 pub mod edns;
 pub mod listen;
 pub mod rrl;
+pub mod sources;
 pub mod tcp;
 pub mod udp;
 pub mod wire;

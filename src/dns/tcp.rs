@@ -2,11 +2,15 @@
 //! its queries (§6.2.1.1), so the task reads whatever has arrived, answers every whole
 //! message in it (steered names by the fast path of `wire.rs`, the rest by the full
 //! handler), in order, and writes the answers back in one write: one read and one write
-//! per batch, as `udp.rs` does with `recvmmsg`/`sendmmsg`.
+//! per batch, as `udp.rs` does with `recvmmsg`/`sendmmsg`. A batch's answers are
+//! written as soon as they pass `OUTPUT_BUDGET` (64 KiB), and the rest of it is answered
+//! only once those are taken: a client that pipelines thousands of queries for large
+//! answers and reads none holds 64 KiB of answers, not all of them. Buffers grown by a
+//! large frame shrink back once it is answered.
 //!
 //! Limits, each counted in `steerdns_tcp_closed_total{reason}`:
 //! - at most `max_connections` open at once, and at most `max_per_source` from one
-//!   source prefix (`source_prefix_v4`/`_v6`); a connection past either is closed as
+//!   source prefix (`source_prefix_v4`/`_v6`, [`super::sources`]); a connection past either is closed as
 //!   soon as it is accepted (the client retries, possibly elsewhere) instead of waiting
 //!   in the backlog, so that one host cannot hold every slot;
 //! - a connection that sends no whole message for `idle_timeout` (idle, or trickling a
@@ -21,9 +25,8 @@
 //!
 //! UDP is served by other threads on other sockets, so none of this can starve it.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_server::net::xfer::Protocol;
@@ -33,11 +36,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::dns::rrl;
 use tokio::task::JoinSet;
 use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::sources::{SourceSlot, Sources};
 use super::{wire, Handler};
 
 /// How TCP clients are bounded (`--tcp-*` flags).
@@ -74,12 +77,13 @@ impl Default for TcpLimits {
 
 /// The largest read per system call; a resolver's 200 pipelined queries fit.
 const READ_CHUNK: usize = 16 * 1024;
+/// Answers waiting past this many bytes are written before more queries are answered.
+const OUTPUT_BUDGET: usize = 64 * 1024;
+/// A buffer grown past this (by a large frame or answer) shrinks back once drained.
+const KEEP_CAPACITY: usize = 2 * READ_CHUNK;
 /// How long a closing connection may keep sending before it is dropped (its pending
 /// queries are discarded meanwhile, so that our FIN is not turned into a reset).
 const LINGER: Duration = Duration::from_secs(2);
-
-/// Open connections by source prefix.
-type Sources = Arc<Mutex<HashMap<u128, usize>>>;
 
 /// Serves `listener` until `shutdown` is cancelled; open connections are then dropped.
 pub async fn serve(
@@ -89,7 +93,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let sources: Sources = Arc::default();
+    let sources = Sources::new(limits.source_prefix_v4, limits.source_prefix_v6);
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -97,7 +101,7 @@ pub async fn serve(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let Some(source) = SourceSlot::take(&sources, &limits, peer.ip()) else {
+                    let Some(source) = sources.take(peer.ip(), limits.max_per_source) else {
                         handler.metrics().tcp_closed("over-source-limit");
                         drop(stream);
                         continue;
@@ -122,46 +126,6 @@ pub async fn serve(
             },
         }
     }
-}
-
-/// One connection counted against its source prefix until dropped.
-struct SourceSlot {
-    sources: Sources,
-    key: u128,
-}
-
-impl SourceSlot {
-    /// Counts a connection from `ip`; `None` if its prefix has `max_per_source` open.
-    fn take(sources: &Sources, limits: &TcpLimits, ip: IpAddr) -> Option<SourceSlot> {
-        let key = source_key(ip, limits);
-        let mut open = sources.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.entry(key).or_default();
-        if limits.max_per_source > 0 && *n >= limits.max_per_source {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
-            sources: sources.clone(),
-            key,
-        })
-    }
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut open = self.sources.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.key);
-            }
-        }
-    }
-}
-
-/// The source's prefix as one number ([`rrl::prefix_key`]).
-fn source_key(ip: IpAddr, limits: &TcpLimits) -> u128 {
-    rrl::prefix_key(ip, limits.source_prefix_v4, limits.source_prefix_v6)
 }
 
 async fn connection(
@@ -223,6 +187,12 @@ async fn answer_all(
                 end = Some("error");
                 break;
             };
+            if output.len() + 2 + reply.len() > OUTPUT_BUDGET {
+                // Taken by the client before more is answered.
+                if let Err(reason) = flush(&mut stream, &mut output, limits.idle_timeout).await {
+                    return reason;
+                }
+            }
             output.extend_from_slice(&len.to_be_bytes());
             output.extend_from_slice(&reply);
             if limits.max_queries > 0 && frames >= limits.max_queries {
@@ -235,19 +205,41 @@ async fn answer_all(
             input.drain(..at);
             deadline = Instant::now() + limits.idle_timeout;
         }
-        if !output.is_empty() {
-            let wrote = timeout(limits.idle_timeout, stream.write_all(&output)).await;
-            output.clear();
-            match wrote {
-                Err(_) => return "idle",
-                Ok(Err(_)) => return "error",
-                Ok(Ok(())) => {}
-            }
+        if let Err(reason) = flush(&mut stream, &mut output, limits.idle_timeout).await {
+            return reason;
         }
+        shrink(&mut input);
+        shrink(&mut reply);
         if let Some(reason) = end {
             close(stream, limits.idle_timeout.min(LINGER)).await;
             return reason;
         }
+    }
+}
+
+/// Writes `output` (within `wait`) and empties it; why the connection ends if it fails.
+async fn flush(
+    stream: &mut TcpStream,
+    output: &mut Vec<u8>,
+    wait: Duration,
+) -> Result<(), &'static str> {
+    if output.is_empty() {
+        return Ok(());
+    }
+    let wrote = timeout(wait, stream.write_all(output)).await;
+    output.clear();
+    shrink(output);
+    match wrote {
+        Err(_) => Err("idle"),
+        Ok(Err(_)) => Err("error"),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// Gives back what a large frame or answer made `buf` grow by, once it is drained.
+fn shrink(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEEP_CAPACITY && buf.len() < READ_CHUNK {
+        buf.shrink_to(READ_CHUNK);
     }
 }
 
@@ -286,33 +278,5 @@ mod tests {
         assert_eq!(frame(&[0, 0]), Some(&[][..]));
         assert_eq!(frame(&[0, 2, 7]), None);
         assert_eq!(frame(&[0, 2, 7, 8, 9]), Some(&[7, 8][..]));
-    }
-
-    #[test]
-    fn sources_are_counted_by_prefix() {
-        let limits = TcpLimits::default();
-        let key = |s: &str| source_key(s.parse().unwrap(), &limits);
-        assert_eq!(key("192.0.2.1"), key("192.0.2.254"));
-        assert_ne!(key("192.0.2.1"), key("192.0.3.1"));
-        assert_eq!(key("::ffff:192.0.2.1"), key("192.0.2.9"));
-        assert_eq!(key("2001:db8:0:1::1"), key("2001:db8:0:ff::2"));
-        assert_ne!(key("2001:db8:0:1::1"), key("2001:db8:0:100::1"));
-        assert_ne!(key("0.0.0.0"), key("::"));
-    }
-
-    #[test]
-    fn a_source_slot_is_given_back() {
-        let limits = TcpLimits {
-            max_per_source: 2,
-            ..TcpLimits::default()
-        };
-        let sources: Sources = Arc::default();
-        let ip: IpAddr = "192.0.2.1".parse().unwrap();
-        let a = SourceSlot::take(&sources, &limits, ip).unwrap();
-        let _b = SourceSlot::take(&sources, &limits, ip).unwrap();
-        assert!(SourceSlot::take(&sources, &limits, ip).is_none());
-        assert!(SourceSlot::take(&sources, &limits, "192.0.3.1".parse().unwrap()).is_some());
-        drop(a);
-        assert!(SourceSlot::take(&sources, &limits, ip).is_some());
     }
 }

@@ -62,6 +62,7 @@ pub fn spawn(
     shutdown: CancellationToken,
     runtime: Handle,
     panic_on: PanicOn,
+    cache_bytes: usize,
 ) -> io::Result<UdpThread> {
     socket.set_nonblocking(false)?;
     mmsg::dont_fragment(&socket)?;
@@ -81,6 +82,7 @@ pub fn spawn(
                 &shutdown,
                 &runtime,
                 &panic_on,
+                cache_bytes,
             );
             let _ = done.send(());
         })?;
@@ -111,10 +113,19 @@ fn supervise(
     shutdown: &CancellationToken,
     runtime: &Handle,
     panic_on: &PanicOn,
+    cache_bytes: usize,
 ) {
     while !shutdown.is_cancelled() {
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            serve(socket, handler, rrl, shutdown, runtime, panic_on.as_deref())
+            serve(
+                socket,
+                handler,
+                rrl,
+                shutdown,
+                runtime,
+                panic_on.as_deref(),
+                cache_bytes,
+            )
         }));
         let Err(panic) = served else {
             return;
@@ -138,12 +149,13 @@ fn serve(
     shutdown: &CancellationToken,
     runtime: &Handle,
     panic_on: Option<&[u8]>,
+    cache_bytes: usize,
 ) {
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     let mut batch = mmsg::Batch::new();
     let mut out: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
     let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
-    let mut cache = AnswerCache::default();
+    let mut cache = AnswerCache::new(cache_bytes);
     let mut stripped = Vec::with_capacity(512);
     while !shutdown.is_cancelled() {
         let n = match batch.recv(socket) {

@@ -43,8 +43,7 @@ impl AsnDb {
             reason,
         };
         let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        let reader =
-            Reader::from_source(bytes).map_err(|e| err(format!("not a MaxMind DB: {e}")))?;
+        let reader = super::tree::open(bytes).map_err(err)?;
         let mut networks = 0usize;
         let mut with_asn = 0usize;
         let iter = reader

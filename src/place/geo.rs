@@ -107,7 +107,7 @@ impl GeoDb {
 
     /// Validates a database held in memory.
     pub fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<GeoDb, String> {
-        let reader = Reader::from_source(bytes).map_err(|e| format!("not a MaxMind DB: {e}"))?;
+        let reader = super::tree::open(bytes)?;
         // Walk the whole search tree: a broken tree opens fine and then answers "not
         // found" for everyone, which would silently send all clients to the default.
         let mut networks = 0usize;

@@ -5,6 +5,7 @@
 //!   network that holds it, and the origin AS when an ASN database is attached);
 //! - [`asn`]: the AS-number database (`--asn-db`);
 //! - [`wider`]: the places around each network, for the widest correct ECS scope;
+//! - [`tree`]: the bound on a database walk, checked before it;
 //! - [`Match`]: one entry of a policy's `match:` or `where:` list, and whether a client
 //!   falls in it ([`Match::covers`]): the one definition the policy, the plan, explain
 //!   and the drains use.
@@ -12,6 +13,7 @@
 pub mod asn;
 pub mod countries;
 pub mod geo;
+pub mod tree;
 pub mod wider;
 
 use std::fmt;

@@ -130,6 +130,7 @@ impl Stack {
         };
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
         let opts = ServeOptions {
+            api_hosts: Vec::new(),
             inputs: inputs.clone(),
             reload_poll: Duration::from_millis(50),
             listen: vec!["127.0.0.1:0".parse().unwrap()],

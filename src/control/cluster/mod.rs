@@ -43,6 +43,7 @@ use crate::control::drains::{now_ms, DrainRule};
 use crate::control::health::{Observation, VantageView};
 use crate::control::prober::Local;
 use crate::control::stepper::{Direction, Stepper};
+use crate::control::times;
 
 pub use etcd::{Etcd, EtcdError, EtcdOptions};
 
@@ -98,6 +99,7 @@ pub struct Timeline {
     pub from_level: usize,
     /// When it started (Unix ms): the first step applies then, each next one a step
     /// interval later.
+    #[serde(deserialize_with = "times::bounded")]
     pub start_unix_ms: u64,
     pub node: String,
     pub reason: String,
@@ -109,6 +111,7 @@ pub struct Timeline {
 pub struct SharedDrain {
     pub rule: DrainRule,
     pub node: String,
+    #[serde(deserialize_with = "times::bounded")]
     pub at_unix_ms: u64,
 }
 
@@ -118,6 +121,7 @@ pub struct SharedDrain {
 pub struct Freeze {
     pub reason: String,
     pub node: String,
+    #[serde(deserialize_with = "times::bounded")]
     pub at_unix_ms: u64,
 }
 

@@ -22,7 +22,7 @@
 //!
 //! Limits are the admin API's (`api::serve_http`, [`ApiLimits`]): headers at most
 //! 64 KiB and within 10 s, idle connections closed after 10 s, at most 4096 connections
-//! and 64 per source address (trusted proxies excepted). Requests have no body: none
+//! and 64 per source, one /24 or /56 (trusted proxies excepted). Requests have no body: none
 //! is read.
 
 use std::convert::Infallible;

@@ -1,0 +1,119 @@
+//! Input (loading): a bound on the walk of a MaxMind DB search tree, checked before
+//! the walk. A tree of `node_count` nodes has at most `node_count + 1` networks, and
+//! a walk visits each node once (the IPv4 subtree of an IPv6 database a few times more,
+//! through its aliases). A crafted file whose nodes share children, or point back up
+//! the tree, describes exponentially many networks in a few hundred bytes: walking it
+//! would take the memory of every network and hours, or never end. So the nodes a walk
+//! would visit are counted first, without decoding anything, and a tree past
+//! [`visit_bound`] (derived from its node count, itself bounded by the file's size,
+//! and never above [`MAX_NETWORKS`] networks) is refused at once.
+
+use maxminddb::Reader;
+
+/// Opens a database held in memory once its tree passes [`check`].
+pub fn open(bytes: Vec<u8>) -> Result<Reader<Vec<u8>>, String> {
+    let (node_count, record_size, ip_version) = {
+        let probe =
+            Reader::from_source(&bytes[..]).map_err(|e| format!("not a MaxMind DB: {e}"))?;
+        let m = probe.metadata();
+        (m.node_count as usize, m.record_size, m.ip_version)
+    };
+    check(&bytes, node_count, record_size, ip_version)?;
+    Reader::from_source(bytes).map_err(|e| format!("not a MaxMind DB: {e}"))
+}
+
+/// More networks than any real geo or ASN database holds (GeoIP2 City: about 10 M).
+pub const MAX_NETWORKS: usize = 50_000_000;
+
+/// The node visits a walk of a sound tree of `node_count` nodes can make: each node
+/// once, the IPv4 subtree through up to three aliases more, and slack.
+pub fn visit_bound(node_count: usize) -> usize {
+    node_count
+        .saturating_mul(4)
+        .saturating_add(256)
+        .min(2 * MAX_NETWORKS)
+}
+
+/// Counts the node visits of a walk of the search tree at the start of `bytes` (the
+/// whole file, as `maxminddb` validated it: the tree lies within it); an error when
+/// they pass [`visit_bound`].
+pub fn check(
+    bytes: &[u8],
+    node_count: usize,
+    record_size: u16,
+    ip_version: u16,
+) -> Result<usize, String> {
+    let node_bytes = usize::from(record_size) / 4;
+    let depth = if ip_version == 6 { 128 } else { 32 };
+    let bound = visit_bound(node_count);
+    let record = |node: usize, right: bool| -> Option<usize> {
+        let at = node.checked_mul(node_bytes)?;
+        let b = bytes.get(at..at + node_bytes)?;
+        let value = match (record_size, right) {
+            (24, false) => u32::from_be_bytes([0, b[0], b[1], b[2]]),
+            (24, true) => u32::from_be_bytes([0, b[3], b[4], b[5]]),
+            (28, false) => u32::from_be_bytes([b[3] >> 4, b[0], b[1], b[2]]),
+            (28, true) => u32::from_be_bytes([b[3] & 0x0f, b[4], b[5], b[6]]),
+            (32, false) => u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+            (32, true) => u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
+            _ => return None,
+        };
+        usize::try_from(value).ok()
+    };
+    let mut visits = 0usize;
+    let mut stack: Vec<(usize, u8)> = vec![(0, 0)];
+    while let Some((node, bit)) = stack.pop() {
+        visits += 1;
+        if visits > bound {
+            return Err(format!(
+                "the search tree's {node_count} nodes lead to more than {bound} steps of a \
+                 walk: its nodes share children or loop (a crafted or corrupt file), refused \
+                 before walking it"
+            ));
+        }
+        for right in [false, true] {
+            let Some(next) = record(node, right) else {
+                return Err(format!("search tree node {node} is not in the file"));
+            };
+            if next < node_count && bit + 1 < depth {
+                stack.push((next, bit + 1));
+            }
+        }
+    }
+    Ok(visits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tree of 24-bit records: `nodes[i] = (left, right)`.
+    fn tree(nodes: &[(u32, u32)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for &(l, r) in nodes {
+            b.extend_from_slice(&l.to_be_bytes()[1..]);
+            b.extend_from_slice(&r.to_be_bytes()[1..]);
+        }
+        b
+    }
+
+    #[test]
+    fn a_sound_tree_is_walked_once() {
+        // 3 nodes, 4 networks: 0 -> (1, 2), 1 and 2 -> leaves (3 = empty).
+        let b = tree(&[(1, 2), (3, 3), (3, 3)]);
+        assert_eq!(check(&b, 3, 24, 4), Ok(3));
+    }
+
+    #[test]
+    fn shared_children_and_loops_are_refused() {
+        // Each node's two children are the next node: 2^24 networks from 24 nodes.
+        let shared: Vec<(u32, u32)> = (1..=24).map(|i| (i, i)).collect();
+        let e = check(&tree(&shared), 24, 24, 4).unwrap_err();
+        assert!(e.contains("share children or loop"), "{e}");
+        // A node pointing to itself: 2^128 paths.
+        let e = check(&tree(&[(0, 0)]), 1, 24, 6).unwrap_err();
+        assert!(e.contains("share children or loop"), "{e}");
+        // A record past the file.
+        assert!(check(&tree(&[(1, 1)]), 2, 24, 4).is_err());
+    }
+}
