@@ -624,12 +624,22 @@ fn crafted_databases_whose_walk_explodes_are_refused_at_once() {
     // An ASN database (IPv6) whose 100 nodes share children: 2^100 networks of /100;
     // and one whose two nodes point at each other, both sides: 2^128 paths.
     let shared_v6: Vec<(u32, u32)> = (0..100u32)
-        .map(|i| if i < 99 { (i + 1, i + 1) } else { (100 + 16, 100) })
+        .map(|i| {
+            if i < 99 {
+                (i + 1, i + 1)
+            } else {
+                (100 + 16, 100)
+            }
+        })
         .collect();
     let asn = dir.join("shared-asn.mmdb");
     std::fs::write(&asn, mmdb(&shared_v6, 6, "GeoLite2-ASN", AS13335)).unwrap();
     let looping = dir.join("looping-asn.mmdb");
-    std::fs::write(&looping, mmdb(&[(1, 1), (0, 0)], 6, "GeoLite2-ASN", AS13335)).unwrap();
+    std::fs::write(
+        &looping,
+        mmdb(&[(1, 1), (0, 0)], 6, "GeoLite2-ASN", AS13335),
+    )
+    .unwrap();
     // A sound one built the same way loads: 0/1 -> US, 128/1 -> nothing.
     let sound = dir.join("sound.mmdb");
     let one = [(1, 2), (3 + 16, 3), (3, 3)];
