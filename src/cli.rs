@@ -614,6 +614,7 @@ async fn serve(inputs: Inputs, opts: ServeOptions) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    crate::huge::give_back();
     for addr in service.dns.addrs() {
         info!(%addr, udp_sockets = opts.dns.udp_sockets, "listening (udp, tcp)");
     }

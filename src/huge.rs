@@ -9,10 +9,24 @@
 //! pages in `madvise` mode, Debian's default; with THP off it stays on small pages).
 //!
 //! [`Table`] is a vector of fixed capacity that does this when it is large.
+//! [`give_back`] returns the memory a load freed to the system.
 
 use std::alloc::{self, Layout};
 use std::ops::Deref;
 use std::ptr::NonNull;
+
+/// Returns to the system the heap memory freed since the last call: a load (the
+/// first, or a reload) builds its tables through temporaries many times their size,
+/// which glibc's allocator keeps for reuse, in the middle of its heap and arenas,
+/// where only `malloc_trim` can release it. Called by the control plane after each
+/// load, never on the query path.
+pub fn give_back() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 /// The size of a huge page on x86-64 and most arm64 kernels.
 const HUGE_PAGE: usize = 2 << 20;

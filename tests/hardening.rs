@@ -36,14 +36,14 @@ struct Binary {
 }
 
 impl Binary {
-    fn start(dir: &Path, extra: &[&str]) -> Binary {
+    fn start(dir: &Path, geo: &str, extra: &[&str]) -> Binary {
         let mut child = Command::new("sh")
             .current_dir(repo("."))
             .arg("-c")
             .arg("ulimit -n 4096 && exec \"$0\" \"$@\"")
             .arg(env!("CARGO_BIN_EXE_steerdns"))
             .args(["serve", "--listen", "127.0.0.1:0", "--api", "off"])
-            .args(["--steering-http", "off", "--geo", TEST_GEO, "--zones"])
+            .args(["--steering-http", "off", "--geo", geo, "--zones"])
             .arg(dir.join("zones"))
             .arg("--state-dir")
             .arg(dir.join("state"))
@@ -144,7 +144,7 @@ async fn pipelined_queries_for_large_answers_hold_little_memory_and_all_are_answ
     let dir = zones_with_a_large_txt("tcp-amplify");
     // Long enough an idle timeout that no connection is closed while the test waits
     // for the attack to reach its peak: every answer must arrive.
-    let server = Binary::start(&dir, &["--tcp-idle-timeout", "120"]);
+    let server = Binary::start(&dir, TEST_GEO, &["--tcp-idle-timeout", "120"]);
     // Warm up: the large answer over TCP, as the attack will ask it.
     let mut s = TcpStream::connect(server.dns).await.unwrap();
     s.write_all(&framed(&txt4k(7))).await.unwrap();
@@ -238,6 +238,23 @@ async fn pipelined_queries_for_large_answers_hold_little_memory_and_all_are_answ
     for w in writers {
         drop(w.await.unwrap());
     }
+}
+
+// === memory at rest ===
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_demo_server_gives_back_what_its_load_freed() {
+    // The shipped database (the whole Internet): its load builds tables through
+    // temporaries several times their size; what is freed goes back to the system.
+    let dir = scratch("at-rest");
+    let server = Binary::start(&dir, "geo/country.mmdb", &["--udp-sockets", "2"]);
+    let rss_mb = server.status_kb("VmRSS:") / 1024;
+    let peak_mb = server.status_kb("VmHWM:") / 1024;
+    assert!(
+        rss_mb < 60,
+        "{rss_mb} MB resident at rest (peak {peak_mb} MB while loading)"
+    );
 }
 
 // === the admin API: connections counted per /24 ===

@@ -470,6 +470,13 @@ impl Controller {
     /// Swaps in a reloaded configuration, or keeps the last good one; returns whether
     /// the probes changed (so the prober must restart).
     fn on_reload(&mut self, reloaded: Reloaded) -> bool {
+        let probes_changed = self.apply_reload(reloaded);
+        // The load's temporaries, and the configuration replaced, back to the system.
+        crate::huge::give_back();
+        probes_changed
+    }
+
+    fn apply_reload(&mut self, reloaded: Reloaded) -> bool {
         let trigger = reloaded.trigger;
         match reloaded.result {
             Err(issues) => {
