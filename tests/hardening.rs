@@ -391,6 +391,12 @@ async fn api_reads_answer_only_the_apis_own_names() {
 
 // === times too late to print ===
 
+/// The status of the status page (`GET /`).
+async fn status_page(stack: &Stack) -> u16 {
+    let page = stack.http.get(format!("http://{}/", stack.api)).send();
+    page.await.unwrap().status().as_u16()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_ending_after_the_year_9999_is_refused() {
     let dir = scratch("late-drain");
@@ -408,13 +414,7 @@ async fn a_drain_ending_after_the_year_9999_is_refused() {
         );
     }
     // The status page still renders (nothing was kept).
-    let page = stack
-        .http
-        .get(format!("http://{}/", stack.api))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.status(), 200);
+    assert_eq!(status_page(&stack).await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,13 +468,7 @@ async fn a_saved_state_with_a_time_too_late_to_print_is_refused_not_rendered() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hand-written"));
     // `serve` sets it aside and serves; the status page renders.
     let stack = Stack::start(&dir).await;
-    let page = stack
-        .http
-        .get(format!("http://{}/", stack.api))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.status(), 200);
+    assert_eq!(status_page(&stack).await, 200);
     let s = stack.state().await;
     assert!(!s["drains"].to_string().contains("hand-written"), "{s:#}");
     let aside = std::fs::read_dir(dir.join("state"))
