@@ -371,7 +371,8 @@ async fn serve_answers_on_the_address_it_logs_and_stops_on_sigterm() {
     let steering = logged(served.next_line("content steering listening"));
     let api = logged(served.next_line("api listening"));
     let get = |addr: std::net::SocketAddr, path: &str, extra: &str| {
-        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n");
+        let request =
+            format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n{extra}connection: close\r\n\r\n");
         async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -26,10 +26,11 @@ pub fn open(bytes: Vec<u8>) -> Result<Reader<Vec<u8>>, String> {
 pub const MAX_NETWORKS: usize = 50_000_000;
 
 /// The node visits a walk of a sound tree of `node_count` nodes can make: each node
-/// once, the IPv4 subtree through up to three aliases more, and slack.
+/// once, the IPv4 subtree of an IPv6 tree up to three times more (through its aliases
+/// `::ffff:0:0/96`, `2001::/32`, `2002::/16`), and slack.
 pub fn visit_bound(node_count: usize) -> usize {
     node_count
-        .saturating_mul(4)
+        .saturating_mul(6)
         .saturating_add(256)
         .min(2 * MAX_NETWORKS)
 }
@@ -66,14 +67,16 @@ pub fn check(
         visits += 1;
         if visits > bound {
             return Err(format!(
-                "the search tree's {node_count} nodes lead to more than {bound} steps of a \
-                 walk: its nodes share children or loop (a crafted or corrupt file), refused \
-                 before walking it"
+                "corrupt search tree: its {node_count} nodes lead to more than {bound} \
+                 steps of a walk, so its nodes share children or loop (a crafted or \
+                 damaged file); refused before walking it"
             ));
         }
         for right in [false, true] {
             let Some(next) = record(node, right) else {
-                return Err(format!("search tree node {node} is not in the file"));
+                return Err(format!(
+                    "corrupt search tree: node {node} is not in the file"
+                ));
             };
             if next < node_count && bit + 1 < depth {
                 stack.push((next, bit + 1));
