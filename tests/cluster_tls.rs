@@ -116,6 +116,7 @@ async fn a_node_reaches_etcd_over_tls_with_a_client_certificate() {
         },
         node: "ns1".into(),
         prefix: "/steerdns/".into(),
+        members: vec!["ns1".into()],
     };
     policy(&dir, "[50, 100]", 30.0);
     let node = Stack::start_node(&dir, "ns1", opts(true)).await;
