@@ -170,7 +170,12 @@ pub struct EtcdArgs {
     pub etcd_key: Option<PathBuf>,
     /// The set's members, nodes and agents, comma-separated: only their observations
     /// count (an observation under any other name is refused and counted).
-    #[arg(long, value_name = "NAME[,NAME…]", value_delimiter = ',', requires = "etcd")]
+    #[arg(
+        long,
+        value_name = "NAME[,NAME…]",
+        value_delimiter = ',',
+        requires = "etcd"
+    )]
     pub members: Vec<String>,
     /// Accept an etcd link that is not secure: no authentication (no --etcd-user, no
     /// --etcd-cert: whoever reaches etcd decides for the set), or --etcd-user over
@@ -277,9 +282,10 @@ pub fn api_exposure(addr: SocketAddr, token: bool) -> Option<String> {
 /// that anyone but its owner may read is refused (the token is a secret).
 fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     let token = match file {
-        Some(f) => {
-            Some(crate::secret::read_secret_text(f).map_err(|e| anyhow::anyhow!("--api-token-file {e}"))?)
-        }
+        Some(f) => Some(
+            crate::secret::read_secret_text(f)
+                .map_err(|e| anyhow::anyhow!("--api-token-file {e}"))?,
+        ),
         None => std::env::var("STEERDNS_API_TOKEN").ok(),
     };
     match token.map(|t| t.trim().to_string()) {

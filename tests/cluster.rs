@@ -79,7 +79,9 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
                 endpoints: rs.iter().map(|r| r.url().parse().unwrap()).collect(),
                 user: match how.auth {
                     Some((u, p)) => Some((u.to_string(), p.to_string())),
-                    None if how.member_roles => Some((format!("ns{}", i + 1), format!("pw-ns{}", i + 1))),
+                    None if how.member_roles => {
+                        Some((format!("ns{}", i + 1), format!("pw-ns{}", i + 1)))
+                    }
                     None => None,
                 },
                 insecure: how.auth.is_none() && !how.member_roles,
@@ -592,7 +594,10 @@ async fn a_freeze_posted_to_one_node_holds_every_node_and_a_resume_on_another_re
 /// The member of etcd node `i` watches now (from `cluster.endpoint`).
 async fn watched_member(set: &Set, i: usize) -> usize {
     let s = set.nodes[i].state().await;
-    let endpoint = s["cluster"]["endpoint"].as_str().unwrap_or_default().to_string();
+    let endpoint = s["cluster"]["endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     set.relays[i]
         .iter()
         .position(|r| r.url().trim_end_matches('/') == endpoint.trim_end_matches('/'))
@@ -609,7 +614,11 @@ async fn drain_through(set: &Set, i: usize, body: Value) -> Value {
             return rule;
         }
         assert_eq!(status, 503, "{rule}");
-        assert!(Instant::now() < deadline, "no drain through node {}: {rule}", i + 1);
+        assert!(
+            Instant::now() < deadline,
+            "no drain through node {}: {rule}",
+            i + 1
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -633,13 +642,21 @@ async fn a_hung_member_moves_a_node_to_another_and_all_hung_fails_it_static() {
         json!({"name": "www.example.com", "cdn": "a", "reason": "while a member hangs", "immediate": true}),
     )
     .await;
-    let took = answers_until(&set, 0, t0, "ns1 follows through another member", |c| c == ["b"]).await;
+    let took = answers_until(&set, 0, t0, "ns1 follows through another member", |c| {
+        c == ["b"]
+    })
+    .await;
     let s = set.nodes[0]
-        .wait_for("ns1 names the member it uses", |s| s["cluster"]["connected"] == true)
+        .wait_for("ns1 names the member it uses", |s| {
+            s["cluster"]["connected"] == true
+        })
         .await;
     let now = watched_member(&set, 0).await;
     assert_ne!(now, hung, "{s:#}");
-    eprintln!("ns1 followed the drain {took:?} after member m{} hung", hung + 1);
+    eprintln!(
+        "ns1 followed the drain {took:?} after member m{} hung",
+        hung + 1
+    );
     // Every member hung: no node says "connected"; each fails static, keeps answering.
     for m in 0..3 {
         if m != hung {
@@ -649,19 +666,29 @@ async fn a_hung_member_moves_a_node_to_another_and_all_hung_fails_it_static() {
     let t1 = Instant::now();
     for n in &set.nodes {
         let s = n
-            .wait_for("fail static with every member hung", |s| s["cluster"]["fail_static"] == true)
+            .wait_for("fail static with every member hung", |s| {
+                s["cluster"]["fail_static"] == true
+            })
             .await;
         assert!(s["cluster"]["error"].is_string(), "{s:#}");
         assert_eq!(n.metric("steerdns_etcd_fail_static").await, Some(1.0));
     }
-    eprintln!("every node failed static {:?} after every member hung", t1.elapsed());
+    eprintln!(
+        "every node failed static {:?} after every member hung",
+        t1.elapsed()
+    );
     let (counts, _) = set.nodes[1].answers(20).await;
-    assert_eq!(cdns_of(&counts), ["b"], "the last shared state keeps serving");
+    assert_eq!(
+        cdns_of(&counts),
+        ["b"],
+        "the last shared state keeps serving"
+    );
     for m in 0..3 {
         set.etcd.cont(m);
     }
     for n in &set.nodes {
-        n.wait_for("back", |s| s["cluster"]["connected"] == true).await;
+        n.wait_for("back", |s| s["cluster"]["connected"] == true)
+            .await;
     }
 }
 
@@ -689,26 +716,43 @@ async fn a_timeline_that_starts_ahead_of_a_nodes_clock_is_taken_at_its_start_or_
     // Written by a node whose clock is 1.5 s ahead (less than a step interval): every
     // node takes the first step when the start comes, with no other key changing.
     // Before, a node that saw it before its start never took it.
-    let timeline = |start: u64| {
-        json!({"direction": "demote", "from_level": 0, "start_unix_ms": start, "node": "ns9", "reason": "ahead"})
-    };
-    put(&set, &format!("{PREFIX}timeline/www.example.com./a"), &timeline(wall + 1500));
+    let timeline = |start: u64| json!({"direction": "demote", "from_level": 0, "start_unix_ms": start, "node": "ns9", "reason": "ahead"});
+    put(
+        &set,
+        &format!("{PREFIX}timeline/www.example.com./a"),
+        &timeline(wall + 1500),
+    );
     // One two minutes ahead: clamped to one step interval (3 s) from now.
-    put(&set, &format!("{PREFIX}timeline/www.example.com./b"), &timeline(wall + 120_000));
+    put(
+        &set,
+        &format!("{PREFIX}timeline/www.example.com./b"),
+        &timeline(wall + 120_000),
+    );
     for n in &set.nodes {
         let s = n
-            .wait_for("a's first step at the start", |s| removed(s, "a") == Some(50))
+            .wait_for("a's first step at the start", |s| {
+                removed(s, "a") == Some(50)
+            })
             .await;
         let since = step_since(&s, "a").unwrap();
-        assert!(since + 200 >= wall + 1500, "not before its start: {since} < {}", wall + 1500);
-        n.wait_for("b's start clamped to one interval", |s| removed(s, "b") == Some(50))
-            .await;
+        assert!(
+            since + 200 >= wall + 1500,
+            "not before its start: {since} < {}",
+            wall + 1500
+        );
+        n.wait_for("b's start clamped to one interval", |s| {
+            removed(s, "b") == Some(50)
+        })
+        .await;
     }
     // The observed skew against etcd is shown (one clock here: about 0).
     let s = set.nodes[0].state().await;
     let skew = s["cluster"]["clock_skew_ms"].as_i64().expect("a skew");
     assert!(skew.abs() < 1000, "{s:#}");
-    assert!(set.nodes[0].metric("steerdns_etcd_clock_skew_seconds").await.is_some());
+    assert!(set.nodes[0]
+        .metric("steerdns_etcd_clock_skew_seconds")
+        .await
+        .is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -731,13 +775,23 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
     let drain = json!({"rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": "x"}, "node": "ns1", "at_unix_ms": 1}).to_string();
     // The roles the README gives: an agent writes its own observations only...
     let cases = [
-        (agent, format!("{PREFIX}obs/agent1/a"), obs.to_string(), true),
+        (
+            agent,
+            format!("{PREFIX}obs/agent1/a"),
+            obs.to_string(),
+            true,
+        ),
         (agent, format!("{PREFIX}obs/ns1/a"), obs.to_string(), false),
         (agent, format!("{PREFIX}drain/hand-1"), drain.clone(), false),
         (agent, format!("{PREFIX}freeze"), "{}".to_string(), false),
         // ...a node its own observations and the shared keys.
         (node, format!("{PREFIX}obs/ns2/a"), obs.to_string(), false),
-        (node, format!("{PREFIX}obs/agent1/b"), obs.to_string(), false),
+        (
+            node,
+            format!("{PREFIX}obs/agent1/b"),
+            obs.to_string(),
+            false,
+        ),
         (node, format!("{PREFIX}drain/hand-1"), drain.clone(), true),
     ];
     for (user, key, value, allowed) in &cases {
@@ -752,7 +806,9 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
     // write the prefix) are refused and counted by every node, and never count: two
     // invented vantage points seeing b fail demote nothing.
     for forger in ["forger1", "forger2"] {
-        let (ok, said) = set.etcd.put_as(None, &format!("{PREFIX}obs/{forger}/b"), obs);
+        let (ok, said) = set
+            .etcd
+            .put_as(None, &format!("{PREFIX}obs/{forger}/b"), obs);
         assert!(ok, "{said}");
     }
     for n in &set.nodes {
@@ -765,7 +821,11 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
             })
             .await;
         assert!(
-            s["peers"].as_array().unwrap().iter().all(|p| !p["name"].as_str().unwrap().starts_with("forger")),
+            s["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| !p["name"].as_str().unwrap().starts_with("forger")),
             "{s:#}"
         );
     }
@@ -801,14 +861,20 @@ async fn a_drain_still_stepping_back_counts_and_a_seventh_scope_written_by_hand_
         ids.push(rule["id"].as_str().unwrap().to_string());
     }
     for n in &set.nodes {
-        n.wait_for("six drains", |s| s["cluster"]["drains"].as_array().is_some_and(|d| d.len() == 6))
-            .await;
+        n.wait_for("six drains", |s| {
+            s["cluster"]["drains"]
+                .as_array()
+                .is_some_and(|d| d.len() == 6)
+        })
+        .await;
     }
     // The routine sequence: one removed (it steps back over 30 s), another added.
     assert_eq!(set.nodes[1].undrain(&ids[0]).await, 200);
     for n in &set.nodes {
         n.wait_for("GB stepping back", |s| {
-            s["drains"].as_array().is_some_and(|d| d.iter().any(|d| d["status"] == "ending"))
+            s["drains"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["status"] == "ending"))
         })
         .await;
     }
@@ -827,12 +893,18 @@ async fn a_drain_still_stepping_back_counts_and_a_seventh_scope_written_by_hand_
         let s = n
             .wait_for("the seventh refused", |s| {
                 s["drains"].as_array().is_some_and(|d| {
-                    d.iter().any(|d| d["id"] == "hand-au" && d["status"] == "refused: too many location scopes")
+                    d.iter().any(|d| {
+                        d["id"] == "hand-au" && d["status"] == "refused: too many location scopes"
+                    })
                 }) && s["cluster"]["refused_keys"].as_u64() >= Some(1)
             })
             .await;
         assert!(
-            s["drains"].as_array().unwrap().iter().all(|d| !d["where"].as_array().unwrap().is_empty()),
+            s["drains"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|d| !d["where"].as_array().unwrap().is_empty()),
             "{s:#}"
         );
         // The resolvers here are located nowhere in those countries: both CDNs answer.
@@ -882,8 +954,10 @@ async fn a_thousand_oversize_keys_are_refused_and_not_kept() {
     }
     drop(value);
     for n in &set.nodes {
-        n.wait_for("a thousand refused", |s| s["cluster"]["refused_keys"].as_u64() >= Some(1000))
-            .await;
+        n.wait_for("a thousand refused", |s| {
+            s["cluster"]["refused_keys"].as_u64() >= Some(1000)
+        })
+        .await;
     }
     set.nodes[0].rounds("a", 3).await;
     let after = rss_kb();
@@ -907,7 +981,13 @@ async fn a_thousand_oversize_keys_are_refused_and_not_kept() {
             s["cluster"]["connected"] == true && s["cluster"]["refused_keys"].as_u64() >= Some(1000)
         })
         .await;
-    assert!(s["cluster"]["vantages"].as_array().unwrap().len() <= 3, "{s:#}");
+    assert!(
+        s["cluster"]["vantages"].as_array().unwrap().len() <= 3,
+        "{s:#}"
+    );
     let end = rss_kb();
-    assert!(end < before + 5 * 1024, "RSS grew from {before} kB to {end} kB after a re-read");
+    assert!(
+        end < before + 5 * 1024,
+        "RSS grew from {before} kB to {end} kB after a re-read"
+    );
 }

@@ -241,7 +241,8 @@ impl Drains {
                 if let Err(e) = self.admit(policy, rule, now_ms) {
                     if !self.refused.contains_key(&rule.key()) {
                         warn!(name = %rule.name, cdn = %rule.cdn, scope = %scope_text(rule), id = %rule.id, error = %e, "drain refused: it cuts nothing (never widened to everywhere)");
-                        self.refused.insert(rule.key(), (rule.clone(), e.to_string()));
+                        self.refused
+                            .insert(rule.key(), (rule.clone(), e.to_string()));
                     }
                     continue;
                 }
@@ -726,7 +727,10 @@ mod tests {
         let p = stepped_policy();
         let (now, t0) = (Instant::now(), 1_000_000);
         let mut d = Drains::default();
-        for (i, c) in ["GB", "FR", "DE", "JP", "US", "CA", "AU"].iter().enumerate() {
+        for (i, c) in ["GB", "FR", "DE", "JP", "US", "CA", "AU"]
+            .iter()
+            .enumerate()
+        {
             let mut r = scoped(c);
             r.id = format!("x{i}");
             d.overrides.push(r);

@@ -211,7 +211,12 @@ impl EtcdSet {
     /// observations only. Passwords are `pw-{name}`.
     pub fn enable_member_roles(&mut self, prefix: &str, nodes: &[&str], agents: &[&str]) {
         let root = "root-pw-0123";
-        self.etcdctl(&["user", "add", &format!("root:{root}"), "--interactive=false"]);
+        self.etcdctl(&[
+            "user",
+            "add",
+            &format!("root:{root}"),
+            "--interactive=false",
+        ]);
         self.etcdctl(&["user", "grant-role", "root", "root"]);
         for (name, node) in nodes
             .iter()
@@ -221,17 +226,43 @@ impl EtcdSet {
             let role = format!("steerdns-{name}");
             self.etcdctl(&["role", "add", &role]);
             let own = format!("{prefix}obs/{name}/");
-            self.etcdctl(&["role", "grant-permission", &role, "--prefix=true", "readwrite", &own]);
+            self.etcdctl(&[
+                "role",
+                "grant-permission",
+                &role,
+                "--prefix=true",
+                "readwrite",
+                &own,
+            ]);
             if node {
-                self.etcdctl(&["role", "grant-permission", &role, "--prefix=true", "read", prefix]);
+                self.etcdctl(&[
+                    "role",
+                    "grant-permission",
+                    &role,
+                    "--prefix=true",
+                    "read",
+                    prefix,
+                ]);
                 for shared in ["timeline/", "drain/"] {
                     let k = format!("{prefix}{shared}");
-                    self.etcdctl(&["role", "grant-permission", &role, "--prefix=true", "readwrite", &k]);
+                    self.etcdctl(&[
+                        "role",
+                        "grant-permission",
+                        &role,
+                        "--prefix=true",
+                        "readwrite",
+                        &k,
+                    ]);
                 }
                 let freeze = format!("{prefix}freeze");
                 self.etcdctl(&["role", "grant-permission", &role, "readwrite", &freeze]);
             }
-            self.etcdctl(&["user", "add", &format!("{name}:pw-{name}"), "--interactive=false"]);
+            self.etcdctl(&[
+                "user",
+                "add",
+                &format!("{name}:pw-{name}"),
+                "--interactive=false",
+            ]);
             self.etcdctl(&["user", "grant-role", name, &role]);
         }
         self.etcdctl(&["auth", "enable"]);

@@ -194,7 +194,11 @@ fn decode_kv(v: &Value) -> Result<Kv, EtcdError> {
     Ok(Kv {
         key,
         too_big: too_big || value.len() > MAX_VALUE,
-        value: if value.len() > MAX_VALUE { Vec::new() } else { value },
+        value: if value.len() > MAX_VALUE {
+            Vec::new()
+        } else {
+            value
+        },
         mod_revision: num(&v["mod_revision"]).unwrap_or(0),
     })
 }
@@ -402,7 +406,9 @@ impl Etcd {
             }
             body
         };
-        let (v, member) = self.call_any("v3/kv/range", &page(prefix.as_bytes(), None)).await?;
+        let (v, member) = self
+            .call_any("v3/kv/range", &page(prefix.as_bytes(), None))
+            .await?;
         let revision = num(&v["header"]["revision"])
             .ok_or_else(|| EtcdError::Garbled("no revision".into()))?;
         let mut kvs = Vec::new();
@@ -424,14 +430,26 @@ impl Etcd {
             if kvs.len() >= max_keys {
                 let capped = more || kvs.len() > max_keys;
                 kvs.truncate(max_keys);
-                return Ok(Range { kvs, revision, member, capped });
+                return Ok(Range {
+                    kvs,
+                    revision,
+                    member,
+                    capped,
+                });
             }
             if !more {
                 break;
             }
-            v = self.call_on(member, "v3/kv/range", &page(&next, Some(revision))).await?;
+            v = self
+                .call_on(member, "v3/kv/range", &page(&next, Some(revision)))
+                .await?;
         }
-        Ok(Range { kvs, revision, member, capped: false })
+        Ok(Range {
+            kvs,
+            revision,
+            member,
+            capped: false,
+        })
     }
 
     /// This node's observed clock offset against etcd, ms (positive: etcd is ahead).

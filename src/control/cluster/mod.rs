@@ -101,10 +101,15 @@ impl ClusterOptions {
     /// `--etcd-insecure` says otherwise.
     pub fn check(&self) -> Result<(), String> {
         if !sane_name(&self.node) {
-            return Err(format!("--node {:?}: 1 to 128 of letters, digits, ._-:@", self.node));
+            return Err(format!(
+                "--node {:?}: 1 to 128 of letters, digits, ._-:@",
+                self.node
+            ));
         }
         if let Some(m) = self.members.iter().find(|m| !sane_name(m)) {
-            return Err(format!("--members: {m:?} is not 1 to 128 of letters, digits, ._-:@"));
+            return Err(format!(
+                "--members: {m:?} is not 1 to 128 of letters, digits, ._-:@"
+            ));
         }
         let authenticated = self.etcd.user.is_some() || self.etcd.cert_file.is_some();
         if !authenticated && !self.etcd.insecure {
@@ -368,7 +373,10 @@ impl Mirror {
             }
         }
         if capped {
-            self.refuse(&self.prefix.clone(), format!("more than {MAX_KEYS} keys under the prefix: the rest were not read"));
+            self.refuse(
+                &self.prefix.clone(),
+                format!("more than {MAX_KEYS} keys under the prefix: the rest were not read"),
+            );
         }
         self.publish_refused();
     }
@@ -390,10 +398,16 @@ impl Mirror {
             return self.refuse(&kv.key, "not under the prefix".into());
         };
         if kv.too_big {
-            return self.refuse(&kv.key, format!("value over {} KiB", etcd::MAX_VALUE / 1024));
+            return self.refuse(
+                &kv.key,
+                format!("value over {} KiB", etcd::MAX_VALUE / 1024),
+            );
         }
         let rest = rest.to_string();
-        match self.view.add(&rest, &kv.value, kv.mod_revision, now, &self.members) {
+        match self
+            .view
+            .add(&rest, &kv.value, kv.mod_revision, now, &self.members)
+        {
             Ok(()) => {
                 self.revisions.insert(kv.key, kv.mod_revision);
             }
@@ -459,7 +473,9 @@ impl SharedView {
                     .get(*vantage)
                     .is_some_and(|c| c.len() >= MAX_OBS_PER_VANTAGE && !c.contains_key(*cdn))
                 {
-                    return Err(format!("more than {MAX_OBS_PER_VANTAGE} CDNs observed by `{vantage}`"));
+                    return Err(format!(
+                        "more than {MAX_OBS_PER_VANTAGE} CDNs observed by `{vantage}`"
+                    ));
                 }
                 self.observations
                     .entry(vantage.to_string())
@@ -597,7 +613,10 @@ async fn session(etcd: Etcd, prefix: String, mut mirror: Mirror, tx: watch::Send
         };
         let member = range.member;
         if range.capped {
-            warn!(max = MAX_KEYS, "etcd: more keys under the prefix than a node reads: the rest are ignored");
+            warn!(
+                max = MAX_KEYS,
+                "etcd: more keys under the prefix than a node reads: the rest are ignored"
+            );
         }
         mirror.replace(range.kvs, range.capped, Instant::now());
         let view = Arc::new(mirror.view.clone());
@@ -894,7 +913,10 @@ mod tests {
         let now = Instant::now();
         let s = t.stepper(2, 1000, 9_990, now);
         assert_eq!(s.next_at, Some(now + Duration::from_millis(10)));
-        assert_eq!(tl(Direction::Promote, 2).at(2, 1000, 9_000), (2, Some(10_000)));
+        assert_eq!(
+            tl(Direction::Promote, 2).at(2, 1000, 9_000),
+            (2, Some(10_000))
+        );
         assert_eq!(tl(Direction::Promote, 0).at(2, 1000, 9_000), (0, None));
         // Further ahead than a step interval: brought back to one interval.
         let mut far = tl(Direction::Demote, 0);
