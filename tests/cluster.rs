@@ -991,3 +991,132 @@ async fn a_thousand_oversize_keys_are_refused_and_not_kept() {
         "RSS grew from {before} kB to {end} kB after a re-read"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_is_two_seconds_behind_sees_the_skew_and_steps_with_the_set() {
+    if !require_etcd("a_node_whose_clock_is_two_seconds_behind…") {
+        return;
+    }
+    if !common::etcd::have("faketime") {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("faketime is required in CI (apt-get install -y faketime)");
+        }
+        eprintln!("SKIPPED: faketime not installed (apt-get install -y faketime)");
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "skew",
+        SetUp {
+            step_seconds: 3.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    // ns4: the steerdns binary under faketime, its wall clock 2 s behind.
+    let dir = scratch("skew-ns4");
+    policy(&dir, "[50, 100]", 3.0);
+    probe(&dir, "a", &set.a.url("/a"), 1);
+    probe(&dir, "b", &set.b.url("/b"), 1);
+    let api = common::etcd::free_port();
+    let dns = common::etcd::free_port();
+    let log = std::fs::File::create(dir.join("ns4.log")).unwrap();
+    let ns4 = std::process::Command::new("faketime")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .args(["-f", "-2s", env!("CARGO_BIN_EXE_steerdns"), "serve"])
+        .arg("--config")
+        .arg(dir.join("steering.yaml"))
+        .arg("--zones")
+        .arg(dir.join("zones"))
+        .arg("--probes")
+        .arg(dir.join("probes"))
+        .arg("--geo")
+        .arg(dir.join("geo.mmdb"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{dns}"),
+            "--api",
+            &format!("127.0.0.1:{api}"),
+        ])
+        .args(["--steering-http", "off", "--node", "ns4", "--etcd-insecure"])
+        .args([
+            "--members",
+            "ns1,ns2,ns3,ns4",
+            "--etcd",
+            &set.etcd.endpoints().join(","),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("faketime steerdns starts");
+    // Stopped by its PID, also when the test fails.
+    let _ns4 = KillOnDrop(ns4);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let state = || async {
+        let r = http
+            .get(format!("http://127.0.0.1:{api}/v1/state"))
+            .send()
+            .await;
+        match r {
+            Ok(r) => {
+                serde_json::from_str(&r.text().await.unwrap_or_default()).unwrap_or(Value::Null)
+            }
+            Err(_) => Value::Null,
+        }
+    };
+    let wait = |what: &'static str, pred: fn(&Value) -> bool| {
+        let state = &state;
+        let log = dir.join("ns4.log");
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let s = state().await;
+                if pred(&s) {
+                    return s;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "ns4: {what}: {s:#}\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // It sees etcd's clock 2 s ahead of its own.
+    let s = wait("the skew measured", |s| {
+        s["cluster"]["clock_skew_ms"]
+            .as_i64()
+            .is_some_and(|k| (1300..=2700).contains(&k))
+    })
+    .await;
+    assert_eq!(s["cluster"]["connected"], true, "{s:#}");
+    // a breaks: ns4, 2 s behind, takes the first step when the set does (by the real
+    // clock), though the timeline's start lies 2 s ahead of its own clock.
+    set.a.set(Mode::Status(503));
+    let mut since = Vec::new();
+    for n in &set.nodes {
+        let s = n
+            .wait_for("a 50% removed", |s| removed(s, "a") == Some(50))
+            .await;
+        since.push(step_since(&s, "a").unwrap());
+    }
+    let s = wait("ns4 takes the step", |s| removed(s, "a") == Some(50)).await;
+    let ns4_real = step_since(&s, "a").unwrap() + 2000;
+    let first = *since.iter().min().unwrap();
+    assert!(
+        ns4_real.abs_diff(first) < 3000,
+        "ns4 stepped at {ns4_real} (real clock), the others at {since:?}"
+    );
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -619,6 +619,7 @@ async fn session(etcd: Etcd, prefix: String, mut mirror: Mirror, tx: watch::Send
             );
         }
         mirror.replace(range.kvs, range.capped, Instant::now());
+        release_memory();
         let view = Arc::new(mirror.view.clone());
         tx.send_modify(|s| s.view = view);
         set_link(&tx, etcd.endpoint_url(member), None);
@@ -650,6 +651,17 @@ async fn session(etcd: Etcd, prefix: String, mut mirror: Mirror, tx: watch::Send
         if watched_since.elapsed() < Duration::from_secs(1) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+/// Gives back to the system the memory a full read used for a while (glibc keeps
+/// freed memory in its arenas otherwise: refused values of many keys would stay in the
+/// node's RSS).
+fn release_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
