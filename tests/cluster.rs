@@ -985,10 +985,12 @@ async fn a_thousand_oversize_keys_are_refused_and_not_kept() {
         s["cluster"]["vantages"].as_array().unwrap().len() <= 3,
         "{s:#}"
     );
+    // One node read them all again: its growth stays within the same bound.
     let end = rss_kb();
+    eprintln!("RSS {end} kB after ns2 read them all again");
     assert!(
-        end < before + 5 * 1024,
-        "RSS grew from {before} kB to {end} kB after a re-read"
+        end < after + 5 * 1024,
+        "RSS grew from {after} kB to {end} kB after a re-read"
     );
 }
 

@@ -239,10 +239,11 @@ impl Drains {
             };
             if !self.steps.contains_key(&rule.key()) {
                 if let Err(e) = self.admit(policy, rule, now_ms) {
-                    if !self.refused.contains_key(&rule.key()) {
+                    if let std::collections::btree_map::Entry::Vacant(v) =
+                        self.refused.entry(rule.key())
+                    {
                         warn!(name = %rule.name, cdn = %rule.cdn, scope = %scope_text(rule), id = %rule.id, error = %e, "drain refused: it cuts nothing (never widened to everywhere)");
-                        self.refused
-                            .insert(rule.key(), (rule.clone(), e.to_string()));
+                        v.insert((rule.clone(), e.to_string()));
                     }
                     continue;
                 }

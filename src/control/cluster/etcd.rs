@@ -681,6 +681,30 @@ mod tests {
     }
 
     #[test]
+    fn a_password_over_plain_http_off_loopback_is_refused() {
+        let opts = |url: &str, insecure| EtcdOptions {
+            endpoints: vec![url.parse().unwrap()],
+            user: Some(("ns1".into(), "pw".into())),
+            insecure,
+            ..EtcdOptions::default()
+        };
+        let t = Duration::from_secs(1);
+        let e = Etcd::new(&opts("http://192.0.2.1:2379", false), t)
+            .err()
+            .unwrap();
+        assert!(e.contains("in clear"), "{e}");
+        for ok in [
+            "http://127.0.0.1:2379",
+            "http://[::1]:2379",
+            "http://localhost:2379",
+            "https://192.0.2.1:2379",
+        ] {
+            assert!(Etcd::new(&opts(ok, false), t).is_ok(), "{ok}");
+        }
+        assert!(Etcd::new(&opts("http://192.0.2.1:2379", true), t).is_ok());
+    }
+
+    #[test]
     fn the_skew_narrows_to_what_every_answer_allows() {
         let mut s = Skew::default();
         assert_eq!(s.estimate(), None);
