@@ -210,14 +210,7 @@ impl EtcdSet {
     /// observations and the shared keys; an agent (`agents`) writes its own
     /// observations only. Passwords are `pw-{name}`.
     pub fn enable_member_roles(&mut self, prefix: &str, nodes: &[&str], agents: &[&str]) {
-        let root = "root-pw-0123";
-        self.etcdctl(&[
-            "user",
-            "add",
-            &format!("root:{root}"),
-            "--interactive=false",
-        ]);
-        self.etcdctl(&["user", "grant-role", "root", "root"]);
+        let root = self.add_root();
         for (name, node) in nodes
             .iter()
             .map(|n| (n, true))
@@ -225,35 +218,22 @@ impl EtcdSet {
         {
             let role = format!("steerdns-{name}");
             self.etcdctl(&["role", "add", &role]);
-            let own = format!("{prefix}obs/{name}/");
-            self.etcdctl(&[
-                "role",
-                "grant-permission",
-                &role,
-                "--prefix=true",
-                "readwrite",
-                &own,
-            ]);
-            if node {
-                self.etcdctl(&[
+            let grant = |perm: &str, key: &str| {
+                let args = [
                     "role",
                     "grant-permission",
                     &role,
                     "--prefix=true",
-                    "read",
-                    prefix,
-                ]);
-                for shared in ["timeline/", "drain/"] {
-                    let k = format!("{prefix}{shared}");
-                    self.etcdctl(&[
-                        "role",
-                        "grant-permission",
-                        &role,
-                        "--prefix=true",
-                        "readwrite",
-                        &k,
-                    ]);
-                }
+                    perm,
+                    key,
+                ];
+                self.etcdctl(&args);
+            };
+            grant("readwrite", &format!("{prefix}obs/{name}/"));
+            if node {
+                grant("read", prefix);
+                grant("readwrite", &format!("{prefix}timeline/"));
+                grant("readwrite", &format!("{prefix}drain/"));
                 let freeze = format!("{prefix}freeze");
                 self.etcdctl(&["role", "grant-permission", &role, "readwrite", &freeze]);
             }
@@ -318,8 +298,8 @@ impl EtcdSet {
         );
     }
 
-    /// Turns authentication on: `root`, and `user` with read-write on `prefix` only.
-    pub fn enable_auth(&mut self, user: &str, password: &str, prefix: &str) {
+    /// Adds `root` (for after authentication is on); its password.
+    fn add_root(&self) -> &'static str {
         let root = "root-pw-0123";
         self.etcdctl(&[
             "user",
@@ -328,6 +308,12 @@ impl EtcdSet {
             "--interactive=false",
         ]);
         self.etcdctl(&["user", "grant-role", "root", "root"]);
+        root
+    }
+
+    /// Turns authentication on: `root`, and `user` with read-write on `prefix` only.
+    pub fn enable_auth(&mut self, user: &str, password: &str, prefix: &str) {
+        let root = self.add_root();
         self.etcdctl(&["role", "add", "steerdns"]);
         self.etcdctl(&[
             "role",
