@@ -988,12 +988,15 @@ impl Controller {
             }
         }
         self.failover.frozen = frozen;
-        self.drains.overrides = view
+        // In the order they were written: past the scope cap, every node refuses the
+        // same (later) ones, also a node that reads them all at once.
+        let mut written: Vec<&SharedDrain> = view
             .drains
             .values()
             .filter(|d| d.rule.resolve(policy).is_ok())
-            .map(|d| d.rule.clone())
             .collect();
+        written.sort_by_key(|d| (d.at_unix_ms, d.rule.id.clone()));
+        self.drains.overrides = written.into_iter().map(|d| d.rule.clone()).collect();
         self.drains.sync(policy, now, wall);
         self.note_refused(view);
         self.note_steps(now);

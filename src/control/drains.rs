@@ -238,7 +238,7 @@ impl Drains {
                 continue;
             };
             if !self.steps.contains_key(&rule.key()) {
-                if let Err(e) = self.admit(policy, rule, now_ms) {
+                if let Err(e) = self.check_scopes(policy, rule, now_ms, false) {
                     if let std::collections::btree_map::Entry::Vacant(v) =
                         self.refused.entry(rule.key())
                     {
@@ -398,8 +398,21 @@ impl Drains {
     /// The one location-scope check of a drain, for every path (the API, a reload, a
     /// set's override read from etcd): the planner gives each distinct location scope
     /// of a name its own choices, up to [`MAX_DRAIN_SCOPES`]. Every drain of the name
-    /// that still cuts counts: in force, or stepping back after it ended.
+    /// admitted that still cuts counts: in force, or stepping back after it ended.
+    /// Overrides added but not applied yet (no `sync` since) count too.
     pub fn admit(&self, policy: &Policy, rule: &DrainRule, now_ms: u64) -> Result<(), DrainError> {
+        self.check_scopes(policy, rule, now_ms, true)
+    }
+
+    /// [`Drains::admit`]; `sync` applies the rules in order, each checked against
+    /// those admitted before it only (`pending` false).
+    fn check_scopes(
+        &self,
+        policy: &Policy,
+        rule: &DrainRule,
+        now_ms: u64,
+        pending: bool,
+    ) -> Result<(), DrainError> {
         let Ok((_, scope)) = rule.resolve(policy) else {
             return Ok(());
         };
@@ -409,10 +422,13 @@ impl Drains {
             .filter(|d| d.rule.name == rule.name && (d.active || d.stepper.level > 0))
             .filter_map(|d| Some((d.rule.key(), d.rule.resolve(policy).ok()?.1)))
             .collect();
-        for r in self.in_force(policy, now_ms) {
-            if r.name == rule.name && !self.refused.contains_key(&r.key()) {
-                if let Ok((_, s)) = r.resolve(policy) {
-                    cutting.entry(r.key()).or_insert(s);
+        if pending {
+            for r in self.in_force(policy, now_ms) {
+                let key = r.key();
+                if r.name == rule.name && !self.refused.contains_key(&key) {
+                    if let Ok((_, s)) = r.resolve(policy) {
+                        cutting.entry(key).or_insert(s);
+                    }
                 }
             }
         }
