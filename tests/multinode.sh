@@ -116,19 +116,7 @@ ip netns exec sd-cdn python3 -m http.server --bind 10.213.0.41 8080 --directory 
 track $!
 ip netns exec sd-cdn python3 -m http.server --bind 10.213.0.42 8080 --directory "$TMP/cloudflare" >"$TMP/cdn-cloudflare.log" 2>&1 &
 track $!
-cat >"$TMP/steering.yaml" <<'YAML'
-hostname: www.example.com
-ttl: 30
-cdns:
-  fastly: { cname: example.map.fastly.net. }
-  cloudflare: { cname: example.cdn.cloudflare.net. }
-regions:
-  - match: ["*"]
-    weights: { fastly: 50, cloudflare: 50 }
-failover:
-  steps: [50, 100]
-  step_interval_seconds: 3
-YAML
+cp tests/fixtures/set-steering.yaml "$TMP/steering.yaml"
 mkdir -p "$TMP/probes"
 for cdn in fastly cloudflare; do
     ip=10.213.0.41
