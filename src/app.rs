@@ -225,14 +225,9 @@ pub struct ServeOptions {
 
 /// The etcd client of a set, or why it cannot be made.
 fn etcd_client(c: &ClusterOptions) -> io::Result<Etcd> {
-    if !cluster::sane_name(&c.node) {
-        return Err(io::Error::other(format!(
-            "--node {:?}: 1 to 128 letters, digits and ._-:@",
-            c.node
-        )));
-    }
-    if c.etcd.user.is_none() && c.etcd.cert_file.is_none() {
-        tracing::warn!("etcd without authentication (--etcd-user or --etcd-cert): whoever reaches etcd can write observations and overrides");
+    c.check().map_err(io::Error::other)?;
+    if c.etcd.insecure && c.etcd.user.is_none() && c.etcd.cert_file.is_none() {
+        tracing::warn!("--etcd-insecure: etcd without authentication, whoever reaches etcd can write observations and overrides");
     }
     Etcd::new(&c.etcd, cluster::CALL_TIMEOUT).map_err(|e| io::Error::other(format!("--etcd: {e}")))
 }
@@ -275,8 +270,13 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         opts.state.clone(),
     );
     if let Some(c) = &opts.cluster {
+        if c.members.is_empty() {
+            return Err(io::Error::other(
+                "--etcd needs --members: the names of the set's nodes and agents, the only vantage points that count",
+            ));
+        }
         let etcd = etcd_client(c)?;
-        let shared = cluster::spawn_session(etcd.clone(), c.prefix.clone(), stop.clone());
+        let shared = cluster::spawn_session(etcd.clone(), c, stop.clone());
         let rounds = Arc::new(tokio::sync::Notify::new());
         cluster::Publisher {
             etcd: etcd.clone(),
@@ -291,6 +291,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
             etcd,
             c.prefix.clone(),
             opts.vantage.clone(),
+            c.members.clone(),
             shared,
             rounds,
         ));

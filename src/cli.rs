@@ -173,6 +173,20 @@ pub struct EtcdArgs {
     /// The client certificate's private key (PEM).
     #[arg(long, value_name = "FILE", requires = "etcd_cert")]
     pub etcd_key: Option<PathBuf>,
+    /// The set's members, nodes and agents, comma-separated: only their observations
+    /// count (an observation under any other name is refused and counted).
+    #[arg(
+        long,
+        value_name = "NAME[,NAME…]",
+        value_delimiter = ',',
+        requires = "etcd"
+    )]
+    pub members: Vec<String>,
+    /// Accept an etcd link that is not secure: no authentication (no --etcd-user, no
+    /// --etcd-cert: whoever reaches etcd decides for the set), or --etcd-user over
+    /// http:// to a member off loopback (the password in clear). Refused without it.
+    #[arg(long, requires = "etcd")]
+    pub etcd_insecure: bool,
 }
 
 impl EtcdArgs {
@@ -184,10 +198,8 @@ impl EtcdArgs {
         let user = match self.etcd_user {
             Some(u) => {
                 let password = match &self.etcd_password_file {
-                    Some(f) => std::fs::read_to_string(f)
-                        .map_err(|e| anyhow::anyhow!("--etcd-password-file {}: {e}", f.display()))?
-                        .trim_end_matches(['\n', '\r'])
-                        .to_string(),
+                    Some(f) => crate::secret::read_secret_text(f)
+                        .map_err(|e| anyhow::anyhow!("--etcd-password-file {e}"))?,
                     None => std::env::var("STEERDNS_ETCD_PASSWORD").map_err(|_| {
                         anyhow::anyhow!(
                             "--etcd-user needs --etcd-password-file or STEERDNS_ETCD_PASSWORD"
@@ -209,9 +221,11 @@ impl EtcdArgs {
                 ca_file: self.etcd_ca,
                 cert_file: self.etcd_cert,
                 key_file: self.etcd_key,
+                insecure: self.etcd_insecure,
             },
             node: node.to_string(),
             prefix,
+            members: self.members,
         }))
     }
 }
@@ -270,32 +284,13 @@ pub fn api_exposure(addr: SocketAddr, token: bool) -> Option<String> {
 }
 
 /// The API token: from the file, else from STEERDNS_API_TOKEN; never empty. A file
-/// that every user of the machine may read is refused (the token is a secret), one that
-/// its group may read is warned about.
+/// that anyone but its owner may read is refused (the token is a secret).
 fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     let token = match file {
-        Some(f) => {
-            let what = || format!("--api-token-file {}", f.display());
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                let mode = std::fs::metadata(f)
-                    .with_context(what)?
-                    .permissions()
-                    .mode();
-                if mode & 0o004 != 0 {
-                    bail!(
-                        "{}: readable by every user (mode {:o}): chmod 600 it",
-                        what(),
-                        mode & 0o777
-                    );
-                }
-                if mode & 0o040 != 0 {
-                    tracing::warn!(file = %f.display(), mode = format!("{:o}", mode & 0o777), "the API token file is readable by its group");
-                }
-            }
-            Some(std::fs::read_to_string(f).with_context(what)?)
-        }
+        Some(f) => Some(
+            crate::secret::read_secret_text(f)
+                .map_err(|e| anyhow::anyhow!("--api-token-file {e}"))?,
+        ),
         None => std::env::var("STEERDNS_API_TOKEN").ok(),
     };
     match token.map(|t| t.trim().to_string()) {
@@ -865,13 +860,15 @@ mod tests {
         let f = dir.join("token");
         std::fs::write(&f, "0123456789abcdef0123\n").unwrap();
         let chmod = |mode| std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode));
-        chmod(0o644).unwrap();
-        let e = api_token(Some(&f)).unwrap_err().to_string();
-        assert!(
-            e.contains("readable by every user") && e.contains("644"),
-            "{e}"
-        );
-        for mode in [0o600, 0o640, 0o400] {
+        for mode in [0o644, 0o640] {
+            chmod(mode).unwrap();
+            let e = api_token(Some(&f)).unwrap_err().to_string();
+            assert!(
+                e.contains("owner only") && e.contains(&format!("{mode:o}")),
+                "{e}"
+            );
+        }
+        for mode in [0o600, 0o400] {
             chmod(mode).unwrap();
             assert_eq!(
                 api_token(Some(&f)).unwrap().as_deref(),

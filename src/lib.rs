@@ -40,5 +40,6 @@ pub mod inputs;
 pub mod metrics;
 pub mod place;
 pub mod plan;
+pub mod secret;
 pub mod selection;
 pub mod zones;

@@ -42,12 +42,18 @@ struct SetUp {
     auth: Option<(&'static str, &'static str)>,
     /// Failover step interval, seconds.
     step_seconds: f64,
+    /// etcd authentication on with one user and role per member (ns1..ns3 nodes,
+    /// agent1 an agent), as the README sets them up.
+    member_roles: bool,
 }
 
 async fn set_up(tag: &str, how: SetUp) -> Set {
     let mut etcd = EtcdSet::start(tag).await;
     if let Some((user, pw)) = how.auth {
         etcd.enable_auth(user, pw, PREFIX);
+    }
+    if how.member_roles {
+        etcd.enable_member_roles(PREFIX, &["ns1", "ns2", "ns3"], &["agent1"]);
     }
     let a = MockCdn::start(Mode::Healthy).await;
     let b = MockCdn::start(Mode::Healthy).await;
@@ -71,11 +77,19 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
         let opts = ClusterOptions {
             etcd: EtcdOptions {
                 endpoints: rs.iter().map(|r| r.url().parse().unwrap()).collect(),
-                user: how.auth.map(|(u, p)| (u.to_string(), p.to_string())),
+                user: match how.auth {
+                    Some((u, p)) => Some((u.to_string(), p.to_string())),
+                    None if how.member_roles => {
+                        Some((format!("ns{}", i + 1), format!("pw-ns{}", i + 1)))
+                    }
+                    None => None,
+                },
+                insecure: how.auth.is_none() && !how.member_roles,
                 ..EtcdOptions::default()
             },
             node: format!("ns{}", i + 1),
             prefix: PREFIX.into(),
+            members: ["ns1", "ns2", "ns3", "agent1"].map(String::from).to_vec(),
         };
         nodes.push(Stack::start_node(&dir, &format!("ns{}", i + 1), opts).await);
         relays.push(rs);
@@ -171,8 +185,11 @@ async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second(
             i + 1
         );
     }
-    // Who wrote it, when and why, on another node.
-    let s = set.nodes[2].state().await;
+    // Who wrote it, when and why, on another node (shown once saved: after the
+    // answers changed).
+    let s = set.nodes[2]
+        .wait_for("the drain shown", |s| s["drains"][0]["written_by"] == "ns1")
+        .await;
     let d = &s["drains"][0];
     assert_eq!(d["written_by"], "ns1", "{s:#}");
     assert_eq!(d["reason"], "INC-7 a drained");
@@ -575,4 +592,536 @@ async fn a_freeze_posted_to_one_node_holds_every_node_and_a_resume_on_another_re
     }
     let spread = since.iter().max().unwrap() - since.iter().min().unwrap();
     assert!(spread < 1000, "{since:?}");
+}
+
+/// The member of etcd node `i` watches now (from `cluster.endpoint`).
+async fn watched_member(set: &Set, i: usize) -> usize {
+    let s = set.nodes[i].state().await;
+    let endpoint = s["cluster"]["endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    set.relays[i]
+        .iter()
+        .position(|r| r.url().trim_end_matches('/') == endpoint.trim_end_matches('/'))
+        .unwrap_or_else(|| panic!("node {}: endpoint {endpoint:?} is no relay", i + 1))
+}
+
+/// Posts a drain to node `i`, again while etcd answers 503 (a member hung or an
+/// election under way); the rule.
+async fn drain_through(set: &Set, i: usize, body: Value) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, rule) = set.nodes[i].post("/v1/drains", body.clone()).await;
+        if status == 201 {
+            return rule;
+        }
+        assert_eq!(status, 503, "{rule}");
+        assert!(
+            Instant::now() < deadline,
+            "no drain through node {}: {rule}",
+            i + 1
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_member_moves_a_node_to_another_and_all_hung_fails_it_static() {
+    if !require_etcd("a_hung_member_moves_a_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up("hung", SetUp::default()).await;
+    // Freeze the member ns1 watches: before, ns1 kept watching it, said "connected"
+    // and never saw the drain posted through ns2.
+    let hung = watched_member(&set, 0).await;
+    set.etcd.stop(hung);
+    let t0 = Instant::now();
+    let other = (0..3).find(|&i| i != 0).unwrap();
+    drain_through(
+        &set,
+        other,
+        json!({"name": "www.example.com", "cdn": "a", "reason": "while a member hangs", "immediate": true}),
+    )
+    .await;
+    let took = answers_until(&set, 0, t0, "ns1 follows through another member", |c| {
+        c == ["b"]
+    })
+    .await;
+    let s = set.nodes[0]
+        .wait_for("ns1 names the member it uses", |s| {
+            s["cluster"]["connected"] == true
+        })
+        .await;
+    let now = watched_member(&set, 0).await;
+    assert_ne!(now, hung, "{s:#}");
+    eprintln!(
+        "ns1 followed the drain {took:?} after member m{} hung",
+        hung + 1
+    );
+    // Every member hung: no node says "connected"; each fails static, keeps answering.
+    for m in 0..3 {
+        if m != hung {
+            set.etcd.stop(m);
+        }
+    }
+    let t1 = Instant::now();
+    for n in &set.nodes {
+        let s = n
+            .wait_for("fail static with every member hung", |s| {
+                s["cluster"]["fail_static"] == true
+            })
+            .await;
+        assert!(s["cluster"]["error"].is_string(), "{s:#}");
+        assert_eq!(n.metric("steerdns_etcd_fail_static").await, Some(1.0));
+    }
+    eprintln!(
+        "every node failed static {:?} after every member hung",
+        t1.elapsed()
+    );
+    let (counts, _) = set.nodes[1].answers(20).await;
+    assert_eq!(
+        cdns_of(&counts),
+        ["b"],
+        "the last shared state keeps serving"
+    );
+    for m in 0..3 {
+        set.etcd.cont(m);
+    }
+    for n in &set.nodes {
+        n.wait_for("back", |s| s["cluster"]["connected"] == true)
+            .await;
+    }
+}
+
+/// Writes `value` at `key` in etcd as root (or anonymously without authentication).
+fn put(set: &Set, key: &str, value: &Value) {
+    let (ok, said) = set.etcd.put_as(None, key, &value.to_string());
+    assert!(ok, "{key}: {said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeline_that_starts_ahead_of_a_nodes_clock_is_taken_at_its_start_or_clamped() {
+    if !require_etcd("a_timeline_that_starts_ahead…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "ahead",
+        SetUp {
+            step_seconds: 3.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let wall = steerdns::control::drains::now_ms();
+    // Written by a node whose clock is 1.5 s ahead (less than a step interval): every
+    // node takes the first step when the start comes, with no other key changing.
+    // Before, a node that saw it before its start never took it.
+    let timeline = |start: u64| json!({"direction": "demote", "from_level": 0, "start_unix_ms": start, "node": "ns9", "reason": "ahead"});
+    put(
+        &set,
+        &format!("{PREFIX}timeline/www.example.com./a"),
+        &timeline(wall + 1500),
+    );
+    // One two minutes ahead: clamped to one step interval (3 s) from now.
+    put(
+        &set,
+        &format!("{PREFIX}timeline/www.example.com./b"),
+        &timeline(wall + 120_000),
+    );
+    for n in &set.nodes {
+        let s = n
+            .wait_for("a's first step at the start", |s| {
+                removed(s, "a") == Some(50)
+            })
+            .await;
+        let since = step_since(&s, "a").unwrap();
+        assert!(
+            since + 200 >= wall + 1500,
+            "not before its start: {since} < {}",
+            wall + 1500
+        );
+        n.wait_for("b's start clamped to one interval", |s| {
+            removed(s, "b") == Some(50)
+        })
+        .await;
+    }
+    // The observed skew against etcd is shown (one clock here: about 0).
+    let s = set.nodes[0].state().await;
+    let skew = s["cluster"]["clock_skew_ms"].as_i64().expect("a skew");
+    assert!(skew.abs() < 1000, "{s:#}");
+    assert!(set.nodes[0]
+        .metric("steerdns_etcd_clock_skew_seconds")
+        .await
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
+    if !require_etcd("each_member_writes_only_its_own_keys…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "roles",
+        SetUp {
+            member_roles: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let obs = r#"{"round":9,"ok":false,"reason":"status 503","settled":true}"#;
+    let agent = Some(("agent1", "pw-agent1"));
+    let node = Some(("ns1", "pw-ns1"));
+    let drain = json!({"rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": "x"}, "node": "ns1", "at_unix_ms": 1}).to_string();
+    // The roles the README gives: an agent writes its own observations only...
+    let cases = [
+        (
+            agent,
+            format!("{PREFIX}obs/agent1/a"),
+            obs.to_string(),
+            true,
+        ),
+        (agent, format!("{PREFIX}obs/ns1/a"), obs.to_string(), false),
+        (agent, format!("{PREFIX}drain/hand-1"), drain.clone(), false),
+        (agent, format!("{PREFIX}freeze"), "{}".to_string(), false),
+        // ...a node its own observations and the shared keys.
+        (node, format!("{PREFIX}obs/ns2/a"), obs.to_string(), false),
+        (
+            node,
+            format!("{PREFIX}obs/agent1/b"),
+            obs.to_string(),
+            false,
+        ),
+        (node, format!("{PREFIX}drain/hand-1"), drain.clone(), true),
+    ];
+    for (user, key, value, allowed) in &cases {
+        let (ok, said) = set.etcd.put_as(*user, key, value);
+        assert_eq!(ok, *allowed, "{user:?} put {key}: {said}");
+        if !allowed {
+            assert!(said.contains("permission denied"), "{said}");
+        }
+    }
+    set.etcd.delete(&format!("{PREFIX}drain/hand-1"));
+    // Observations under names outside --members (written by root: someone who can
+    // write the prefix) are refused and counted by every node, and never count: two
+    // invented vantage points seeing b fail demote nothing.
+    for forger in ["forger1", "forger2"] {
+        let (ok, said) = set
+            .etcd
+            .put_as(None, &format!("{PREFIX}obs/{forger}/b"), obs);
+        assert!(ok, "{said}");
+    }
+    for n in &set.nodes {
+        let s = n
+            .wait_for("two outsiders refused", |s| {
+                s["cluster"]["refused_keys"].as_u64() >= Some(2)
+                    && s["cluster"]["last_refused"]
+                        .as_str()
+                        .is_some_and(|w| w.contains("not a member"))
+            })
+            .await;
+        assert!(
+            s["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| !p["name"].as_str().unwrap().starts_with("forger")),
+            "{s:#}"
+        );
+    }
+    set.nodes[0].rounds("b", 5).await;
+    for n in &set.nodes {
+        assert_eq!(removed(&n.state().await, "b"), None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_still_stepping_back_counts_and_a_seventh_scope_written_by_hand_applies_nowhere() {
+    if !require_etcd("a_drain_still_stepping_back_counts…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "scopes",
+        SetUp {
+            step_seconds: 30.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let countries = ["GB", "FR", "DE", "JP", "US", "CA"];
+    let mut ids = Vec::new();
+    for c in countries {
+        let rule = drain_through(
+            &set,
+            0,
+            json!({"name": "www.example.com", "cdn": "a", "where": [c], "reason": format!("{c} drained"), "immediate": true}),
+        )
+        .await;
+        ids.push(rule["id"].as_str().unwrap().to_string());
+    }
+    for n in &set.nodes {
+        n.wait_for("six drains", |s| {
+            s["cluster"]["drains"]
+                .as_array()
+                .is_some_and(|d| d.len() == 6)
+        })
+        .await;
+    }
+    // The routine sequence: one removed (it steps back over 30 s), another added.
+    assert_eq!(set.nodes[1].undrain(&ids[0]).await, 200);
+    for n in &set.nodes {
+        n.wait_for("GB stepping back", |s| {
+            s["drains"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["status"] == "ending"))
+        })
+        .await;
+    }
+    let (status, body) = set.nodes[2]
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "a", "where": ["AU"], "reason": "a seventh", "immediate": true}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    // The same drain written by hand (or by a node that let it through): refused by
+    // every node, shown and counted, and never applied everywhere.
+    let rule = json!({"rule": {"id": "hand-au", "name": "www.example.com.", "cdn": "a", "scope": ["AU"], "reason": "by hand", "immediate": true}, "node": "ns9", "at_unix_ms": 1});
+    put(&set, &format!("{PREFIX}drain/hand-au"), &rule);
+    for n in &set.nodes {
+        let s = n
+            .wait_for("the seventh refused", |s| {
+                s["drains"].as_array().is_some_and(|d| {
+                    d.iter().any(|d| {
+                        d["id"] == "hand-au" && d["status"] == "refused: too many location scopes"
+                    })
+                }) && s["cluster"]["refused_keys"].as_u64() >= Some(1)
+            })
+            .await;
+        assert!(
+            s["drains"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|d| !d["where"].as_array().unwrap().is_empty()),
+            "{s:#}"
+        );
+        // The resolvers here are located nowhere in those countries: both CDNs answer.
+        let (counts, _) = n.answers(40).await;
+        assert_eq!(cdns_of(&counts), ["a", "b"], "{s:#}");
+    }
+}
+
+/// Resident memory of this process (the three nodes run in it), kB.
+fn rss_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_oversize_keys_are_refused_and_not_kept() {
+    if !require_etcd("a_thousand_oversize_keys…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up("bounds", SetUp::default()).await;
+    set.nodes[0].rounds("a", 3).await;
+    let before = rss_kb();
+    use base64::Engine;
+    let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let endpoint = set.etcd.endpoints()[0].clone();
+    // Just over 64 KiB each: observations of a member, and keys outside the schema.
+    let value = b64(&vec![b'x'; 65 * 1024 + 1]);
+    for i in 0..1000 {
+        let key = if i % 2 == 0 {
+            format!("{PREFIX}obs/ns2/c{i}")
+        } else {
+            format!("{PREFIX}junk/{i}")
+        };
+        let r = http
+            .post(format!("{endpoint}/v3/kv/put"))
+            .body(json!({"key": b64(key.as_bytes()), "value": value}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{key}: {}", r.status());
+    }
+    drop(value);
+    for n in &set.nodes {
+        n.wait_for("a thousand refused", |s| {
+            s["cluster"]["refused_keys"].as_u64() >= Some(1000)
+        })
+        .await;
+    }
+    set.nodes[0].rounds("a", 3).await;
+    let after = rss_kb();
+    eprintln!("RSS {before} kB before, {after} kB after 1000 keys of 65 KiB (3 nodes)");
+    assert!(
+        after < before + 5 * 1024,
+        "RSS grew from {before} kB to {after} kB"
+    );
+    // A node cut off and back reads them all anew (in pages) and keeps none either.
+    for r in &set.relays[1] {
+        r.cut();
+    }
+    set.nodes[1]
+        .wait_for("ns2 fails static", |s| s["cluster"]["fail_static"] == true)
+        .await;
+    for r in &set.relays[1] {
+        r.join();
+    }
+    let s = set.nodes[1]
+        .wait_for("ns2 read everything again", |s| {
+            s["cluster"]["connected"] == true && s["cluster"]["refused_keys"].as_u64() >= Some(1000)
+        })
+        .await;
+    assert!(
+        s["cluster"]["vantages"].as_array().unwrap().len() <= 3,
+        "{s:#}"
+    );
+    // One node read them all again: its growth stays within the same bound.
+    let end = rss_kb();
+    eprintln!("RSS {end} kB after ns2 read them all again");
+    assert!(
+        end < after + 5 * 1024,
+        "RSS grew from {after} kB to {end} kB after a re-read"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_is_two_seconds_behind_sees_the_skew_and_steps_with_the_set() {
+    if !require_etcd("a_node_whose_clock_is_two_seconds_behind…") {
+        return;
+    }
+    if !common::etcd::have("faketime") {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("faketime is required in CI (apt-get install -y faketime)");
+        }
+        eprintln!("SKIPPED: faketime not installed (apt-get install -y faketime)");
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "skew",
+        SetUp {
+            step_seconds: 3.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    // ns4: the steerdns binary under faketime, its wall clock 2 s behind.
+    let dir = scratch("skew-ns4");
+    policy(&dir, "[50, 100]", 3.0);
+    probe(&dir, "a", &set.a.url("/a"), 1);
+    probe(&dir, "b", &set.b.url("/b"), 1);
+    let api = common::etcd::free_port();
+    let dns = common::etcd::free_port();
+    let log = std::fs::File::create(dir.join("ns4.log")).unwrap();
+    let ns4 = std::process::Command::new("faketime")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .args(["-f", "-2s", env!("CARGO_BIN_EXE_steerdns"), "serve"])
+        .arg("--config")
+        .arg(dir.join("steering.yaml"))
+        .arg("--zones")
+        .arg(dir.join("zones"))
+        .arg("--probes")
+        .arg(dir.join("probes"))
+        .arg("--geo")
+        .arg(dir.join("geo.mmdb"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{dns}"),
+            "--api",
+            &format!("127.0.0.1:{api}"),
+        ])
+        .args(["--steering-http", "off", "--node", "ns4", "--etcd-insecure"])
+        .args([
+            "--members",
+            "ns1,ns2,ns3,ns4",
+            "--etcd",
+            &set.etcd.endpoints().join(","),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("faketime steerdns starts");
+    // Stopped by its PID, also when the test fails.
+    let _ns4 = KillOnDrop(ns4);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let state = || async {
+        let r = http
+            .get(format!("http://127.0.0.1:{api}/v1/state"))
+            .send()
+            .await;
+        match r {
+            Ok(r) => {
+                serde_json::from_str(&r.text().await.unwrap_or_default()).unwrap_or(Value::Null)
+            }
+            Err(_) => Value::Null,
+        }
+    };
+    let wait = |what: &'static str, pred: fn(&Value) -> bool| {
+        let state = &state;
+        let log = dir.join("ns4.log");
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let s = state().await;
+                if pred(&s) {
+                    return s;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "ns4: {what}: {s:#}\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // It sees etcd's clock 2 s ahead of its own.
+    let s = wait("the skew measured", |s| {
+        s["cluster"]["clock_skew_ms"]
+            .as_i64()
+            .is_some_and(|k| (1300..=2700).contains(&k))
+    })
+    .await;
+    assert_eq!(s["cluster"]["connected"], true, "{s:#}");
+    // a breaks: ns4, 2 s behind, takes the first step when the set does (by the real
+    // clock), though the timeline's start lies 2 s ahead of its own clock.
+    set.a.set(Mode::Status(503));
+    let mut since = Vec::new();
+    for n in &set.nodes {
+        let s = n
+            .wait_for("a 50% removed", |s| removed(s, "a") == Some(50))
+            .await;
+        since.push(step_since(&s, "a").unwrap());
+    }
+    let s = wait("ns4 takes the step", |s| removed(s, "a") == Some(50)).await;
+    let ns4_real = step_since(&s, "a").unwrap() + 2000;
+    let first = *since.iter().min().unwrap();
+    assert!(
+        ns4_real.abs_diff(first) < 3000,
+        "ns4 stepped at {ns4_real} (real clock), the others at {since:?}"
+    );
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -71,6 +71,11 @@ async fn a_node_reaches_etcd_over_tls_with_a_client_certificate() {
     let server_key = write("server-key.pem", &server_key);
     let client_cert = write("client.pem", &client_pem);
     let client_key = write("client-key.pem", &client_key);
+    // A private key is a secret: readable by its owner only, or refused.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&client_key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
 
     let (client, peer) = (free_port(), free_port());
     let url = format!("https://127.0.0.1:{client}");
@@ -112,10 +117,13 @@ async fn a_node_reaches_etcd_over_tls_with_a_client_certificate() {
             ca_file: Some(ca.clone()),
             cert_file: cert.then(|| client_cert.clone()),
             key_file: cert.then(|| client_key.clone()),
+            // Without a certificate the node has no authentication: it must say so.
+            insecure: !cert,
             ..EtcdOptions::default()
         },
         node: "ns1".into(),
         prefix: "/steerdns/".into(),
+        members: vec!["ns1".into()],
     };
     policy(&dir, "[50, 100]", 30.0);
     let node = Stack::start_node(&dir, "ns1", opts(true)).await;

@@ -107,7 +107,7 @@ ROOTPW=root-$RANDOM$RANDOM NODEPW=node-$RANDOM$RANDOM
     ctl user grant-role steerdns steerdns
     ctl auth enable
 } >"$TMP/etcdctl.log" 2>&1 || die "etcd auth setup failed: $(cat "$TMP/etcdctl.log")"
-echo "$NODEPW" >"$TMP/etcd-password"
+(umask 077 && echo "$NODEPW" >"$TMP/etcd-password")
 log "etcd: 3 members, user steerdns limited to /steerdns/"
 
 # --- CDNs, policy, probes -----------------------------------------------------------
@@ -116,19 +116,7 @@ ip netns exec sd-cdn python3 -m http.server --bind 10.213.0.41 8080 --directory 
 track $!
 ip netns exec sd-cdn python3 -m http.server --bind 10.213.0.42 8080 --directory "$TMP/cloudflare" >"$TMP/cdn-cloudflare.log" 2>&1 &
 track $!
-cat >"$TMP/steering.yaml" <<'YAML'
-hostname: www.example.com
-ttl: 30
-cdns:
-  fastly: { cname: example.map.fastly.net. }
-  cloudflare: { cname: example.cdn.cloudflare.net. }
-regions:
-  - match: ["*"]
-    weights: { fastly: 50, cloudflare: 50 }
-failover:
-  steps: [50, 100]
-  step_interval_seconds: 3
-YAML
+cp tests/fixtures/set-steering.yaml "$TMP/steering.yaml"
 mkdir -p "$TMP/probes"
 for cdn in fastly cloudflare; do
     ip=10.213.0.41
@@ -144,7 +132,9 @@ up_after: 3
 YAML
 done
 (umask 077 && echo "drill-token-$RANDOM$RANDOM" >"$TMP/api-token")
-ETCD_ARGS=(--etcd "$ENDPOINTS" --etcd-user steerdns --etcd-password-file "$TMP/etcd-password")
+# Plain http between namespaces: --etcd-insecure accepts the password in clear here.
+ETCD_ARGS=(--etcd "$ENDPOINTS" --etcd-user steerdns --etcd-password-file "$TMP/etcd-password"
+    --etcd-insecure --members ns1,ns2,ns3,agent1,agent2)
 for n in 1 2 3; do
     NO_COLOR=1 ip netns exec "sd-n$n" "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" \
         --zones zones --probes "$TMP/probes" --state-dir "$TMP/state-ns$n" \

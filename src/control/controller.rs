@@ -111,6 +111,8 @@ pub struct ClusterLink {
     pub prefix: String,
     /// This node's name (also its vantage name).
     pub node: String,
+    /// The set's members (`--members`).
+    pub members: Vec<String>,
     /// The session's latest view and link state.
     pub shared: tokio::sync::watch::Receiver<Shared>,
     /// Woken after each probe round: the publisher writes the new observations.
@@ -140,6 +142,7 @@ impl ClusterLink {
         etcd: Etcd,
         prefix: String,
         node: String,
+        members: Vec<String>,
         shared: tokio::sync::watch::Receiver<Shared>,
         rounds: Arc<tokio::sync::Notify>,
     ) -> ClusterLink {
@@ -147,6 +150,7 @@ impl ClusterLink {
             etcd,
             prefix,
             node,
+            members,
             shared,
             rounds,
             latest: None,
@@ -561,6 +565,9 @@ impl Controller {
         let mut views = vec![own];
         if let Some(c) = &self.cluster {
             c.rounds.notify_one();
+            if let (Some(m), Some(skew)) = (self.local.metrics(), c.etcd.skew_ms()) {
+                m.etcd_clock_skew(skew);
+            }
         }
         let peers = self.peer_views();
         self.note_unhappy_peers(&peers);
@@ -929,17 +936,7 @@ impl Controller {
             return;
         }
         c.latest = Some(shared.clone());
-        let refused = refused_keys(&shared.view, &self.loaded);
-        if refused != c.refused {
-            c.refused = refused;
-            if let Some(m) = self.local.metrics() {
-                m.etcd_refused_keys(refused);
-            }
-            if let Some(why) = &shared.view.last_refused {
-                warn!(refused, last = %why, "etcd: keys refused (they do not count)");
-            }
-            self.update_doc();
-        }
+        self.note_refused(&shared.view);
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
@@ -977,6 +974,10 @@ impl Controller {
             };
             let top = host.failover.steps.len();
             let interval = host.failover.step_interval.as_millis() as u64;
+            let mut tl = tl.clone();
+            if let Some(start) = tl.clamp(interval, wall) {
+                warn!(name = %name, cdn = %cdn, written_by = %tl.node, start_unix_ms = start, now_unix_ms = wall, "failover timeline starts further ahead of this clock than a step interval (a clock is off: NTP?): scheduled one step interval from now");
+            }
             let s = tl.stepper(top, interval, t, now);
             if s.is_active() {
                 steps.insert((name.clone(), cdn.clone()), s);
@@ -994,13 +995,17 @@ impl Controller {
             }
         }
         self.failover.frozen = frozen;
-        self.drains.overrides = view
+        // In the order they were written: past the scope cap, every node refuses the
+        // same (later) ones, also a node that reads them all at once.
+        let mut written: Vec<&SharedDrain> = view
             .drains
             .values()
             .filter(|d| d.rule.resolve(policy).is_ok())
-            .map(|d| d.rule.clone())
             .collect();
+        written.sort_by_key(|d| (d.at_unix_ms, d.rule.id.clone()));
+        self.drains.overrides = written.into_iter().map(|d| d.rule.clone()).collect();
         self.drains.sync(policy, now, wall);
+        self.note_refused(view);
         self.note_steps(now);
         self.publish();
         // Back in touch: what this node's health decided meanwhile is written now.
@@ -1010,6 +1015,26 @@ impl Controller {
                 self.propose(&cdn, state);
             }
         }
+    }
+
+    /// Counts, logs and shows the keys of `view` that do not count, and the drains
+    /// refused for their location scope.
+    fn note_refused(&mut self, view: &cluster::SharedView) {
+        let refused = refused_keys(view, &self.loaded) + self.drains.refused() as u64;
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        if refused == c.refused {
+            return;
+        }
+        c.refused = refused;
+        if let Some(m) = self.local.metrics() {
+            m.etcd_refused_keys(refused);
+        }
+        if let Some(why) = &view.last_refused {
+            warn!(refused, last = %why, "etcd: keys refused (they do not count)");
+        }
+        self.update_doc();
     }
 
     /// This node's health of `cdn` changed: start (or turn around) the shared timeline
@@ -1279,6 +1304,12 @@ impl Controller {
             freeze: view.freeze.clone(),
             refused_keys: c.refused,
             last_refused: view.last_refused.clone(),
+            members: {
+                let mut m: Vec<String> = c.members.clone();
+                m.sort();
+                m
+            },
+            clock_skew_ms: c.etcd.skew_ms(),
         })
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use crate::config::empties_a_region;
 use crate::config::{DrainScope, HostPolicy, Match, Policy, MAX_DRAIN_SCOPES};
@@ -206,6 +206,9 @@ pub struct Drains {
     pub overrides: Vec<DrainRule>,
     next_id: u64,
     steps: BTreeMap<DrainKey, Draining>,
+    /// Drains in force that [`Drains::admit`] refused when they came (a reload, or a
+    /// set's override written by another node or by hand): they cut nothing.
+    refused: BTreeMap<DrainKey, (DrainRule, String)>,
 }
 
 /// Saved form of a drain's progress.
@@ -233,10 +236,24 @@ impl Drains {
     pub fn sync(&mut self, policy: &Policy, now: Instant, now_ms: u64) -> bool {
         let in_force = self.in_force(policy, now_ms);
         let mut changed = false;
+        self.refused
+            .retain(|k, _| in_force.iter().any(|r| r.key() == *k));
         for rule in &in_force {
             let Ok((host, _)) = rule.resolve(policy) else {
                 continue;
             };
+            if !self.steps.contains_key(&rule.key()) {
+                if let Err(e) = self.check_scopes(policy, rule, now_ms, false) {
+                    if let std::collections::btree_map::Entry::Vacant(v) =
+                        self.refused.entry(rule.key())
+                    {
+                        warn!(name = %rule.name, cdn = %rule.cdn, scope = %scope_text(rule), id = %rule.id, error = %e, "drain refused: it cuts nothing (never widened to everywhere)");
+                        v.insert((rule.clone(), e.to_string()));
+                    }
+                    continue;
+                }
+                self.refused.remove(&rule.key());
+            }
             let entry = self.steps.entry(rule.key()).or_insert_with(|| Draining {
                 rule: rule.clone(),
                 stepper: Stepper::default(),
@@ -336,6 +353,7 @@ impl Drains {
             .in_force(policy, now_ms)
             .into_iter()
             .filter(|r| !self.steps.get(&r.key()).is_some_and(|d| d.active))
+            .filter(|r| !self.refused.contains_key(&r.key()))
             .map(|_| now);
         steps.chain(ending).chain(starting).min()
     }
@@ -367,16 +385,7 @@ impl Drains {
         if let Some(region) = empties_a_region(host, &all) {
             return Err(DrainError::EmptiesRegion(region));
         }
-        // The planner gives each distinct location scope its own choices, up to
-        // MAX_DRAIN_SCOPES; past that a drain would silently apply everywhere.
-        let scopes = crate::config::location_scopes(all.iter().map(|(_, s)| s.as_slice()));
-        if scopes > MAX_DRAIN_SCOPES {
-            return Err(DrainError::TooManyScopes {
-                name: rule.name.clone(),
-                scopes,
-                max: MAX_DRAIN_SCOPES,
-            });
-        }
+        self.admit(policy, &rule, now_ms)?;
         if rule.until_unix_ms.is_some_and(|u| u <= now_ms) {
             return Err(DrainError::UntilPassed);
         }
@@ -389,6 +398,60 @@ impl Drains {
         self.overrides.retain(|o| o.key() != rule.key());
         self.overrides.push(rule.clone());
         Ok(rule)
+    }
+
+    /// The one location-scope check of a drain, for every path (the API, a reload, a
+    /// set's override read from etcd): the planner gives each distinct location scope
+    /// of a name its own choices, up to [`MAX_DRAIN_SCOPES`]. Every drain of the name
+    /// admitted that still cuts counts: in force, or stepping back after it ended.
+    /// Overrides added but not applied yet (no `sync` since) count too.
+    pub fn admit(&self, policy: &Policy, rule: &DrainRule, now_ms: u64) -> Result<(), DrainError> {
+        self.check_scopes(policy, rule, now_ms, true)
+    }
+
+    /// [`Drains::admit`]; `sync` applies the rules in order, each checked against
+    /// those admitted before it only (`pending` false).
+    fn check_scopes(
+        &self,
+        policy: &Policy,
+        rule: &DrainRule,
+        now_ms: u64,
+        pending: bool,
+    ) -> Result<(), DrainError> {
+        let Ok((_, scope)) = rule.resolve(policy) else {
+            return Ok(());
+        };
+        let mut cutting: BTreeMap<DrainKey, Vec<DrainScope>> = self
+            .steps
+            .values()
+            .filter(|d| d.rule.name == rule.name && (d.active || d.stepper.level > 0))
+            .filter_map(|d| Some((d.rule.key(), d.rule.resolve(policy).ok()?.1)))
+            .collect();
+        if pending {
+            for r in self.in_force(policy, now_ms) {
+                let key = r.key();
+                if r.name == rule.name && !self.refused.contains_key(&key) {
+                    if let Ok((_, s)) = r.resolve(policy) {
+                        cutting.entry(key).or_insert(s);
+                    }
+                }
+            }
+        }
+        cutting.insert(rule.key(), scope);
+        let scopes = crate::config::location_scopes(cutting.values().map(Vec::as_slice));
+        if scopes > MAX_DRAIN_SCOPES {
+            return Err(DrainError::TooManyScopes {
+                name: rule.name.clone(),
+                scopes,
+                max: MAX_DRAIN_SCOPES,
+            });
+        }
+        Ok(())
+    }
+
+    /// How many drains in force are refused (see [`Drains::admit`]).
+    pub fn refused(&self) -> usize {
+        self.refused.len()
     }
 
     /// Removes a runtime override by id.
@@ -470,6 +533,9 @@ impl Drains {
         {
             out.push(DrainStatus::new(&r, DrainState::Expired, 0));
         }
+        for (r, _) in self.refused.values() {
+            out.push(DrainStatus::new(r, DrainState::Refused, 0));
+        }
         out
     }
 }
@@ -486,6 +552,9 @@ pub enum DrainState {
     /// A drain of the policy whose `until` has passed: it no longer applies.
     #[serde(rename = "expired: remove it from the policy")]
     Expired,
+    /// Over the location-scope cap when it came: it cuts nothing.
+    #[serde(rename = "refused: too many location scopes")]
+    Refused,
 }
 
 impl std::fmt::Display for DrainState {
@@ -494,6 +563,7 @@ impl std::fmt::Display for DrainState {
             DrainState::InForce => "in force",
             DrainState::Ending => "ending",
             DrainState::Expired => "expired: remove it from the policy",
+            DrainState::Refused => "refused: too many location scopes",
         })
     }
 }
@@ -635,5 +705,73 @@ mod tests {
         d.add(&p, scoped("GB"), 1_000_000).unwrap();
         d.add(&p, scoped("default"), 1_000_000).unwrap();
         d.add(&p, rule(2_000_000), 1_000_000).unwrap();
+    }
+
+    fn stepped_policy() -> Policy {
+        let text = "hostname: www.example.com\ncdns:\n  a: { cname: a.example.net. }\n  b: { cname: b.example.net. }\nregions:\n  - match: [\"*\"]\n    weights: { a: 1, b: 1 }\nfailover: { steps: [50, 100], step_interval_seconds: 60 }\n";
+        crate::config::parse(Path::new("t.yaml"), text.to_string())
+            .unwrap()
+            .0
+    }
+
+    fn scoped(c: &str) -> DrainRule {
+        let mut r = rule(2_000_000);
+        r.scope = vec![c.to_string()];
+        r
+    }
+
+    #[test]
+    fn a_drain_stepping_back_still_counts_towards_the_scope_cap() {
+        // Before, only the drains in force counted: removing one and adding another
+        // within a step interval made seven scopes, and the seventh applied everywhere.
+        let p = stepped_policy();
+        let (now, t0) = (Instant::now(), 1_000_000);
+        let mut d = Drains::default();
+        let mut ids = Vec::new();
+        for c in ["GB", "FR", "DE", "JP", "US", "CA"] {
+            ids.push(d.add(&p, scoped(c), t0).unwrap().id);
+        }
+        d.sync(&p, now, t0);
+        d.remove(&ids[0]).unwrap();
+        d.sync(&p, now, t0);
+        assert_eq!(d.cuts(&p).len(), 6, "GB steps back, still cutting");
+        let e = d.add(&p, scoped("AU"), t0).unwrap_err();
+        assert!(
+            matches!(e, DrainError::TooManyScopes { scopes: 7, .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_override_over_the_cap_that_came_another_way_is_refused_and_shown() {
+        // A set's overrides arrive from etcd straight into `overrides` (written by
+        // another node, or by hand): the seventh scope cuts nothing anywhere.
+        let p = stepped_policy();
+        let (now, t0) = (Instant::now(), 1_000_000);
+        let mut d = Drains::default();
+        for (i, c) in ["GB", "FR", "DE", "JP", "US", "CA", "AU"]
+            .iter()
+            .enumerate()
+        {
+            let mut r = scoped(c);
+            r.id = format!("x{i}");
+            d.overrides.push(r);
+        }
+        d.sync(&p, now, t0);
+        let cuts = d.cuts(&p);
+        assert_eq!(cuts.len(), 6);
+        assert!(cuts.iter().all(|c| !c.scope.is_empty()), "never everywhere");
+        assert_eq!(d.refused(), 1);
+        let report = d.report(&p, t0);
+        let refused: Vec<_> = report
+            .iter()
+            .filter(|s| s.status == DrainState::Refused)
+            .collect();
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0].scope, ["AU"]);
+        // Not due again and again (no busy loop on a refused drain).
+        assert!(d
+            .next_due(&p, now, t0)
+            .is_none_or(|at| at > now + Duration::from_secs(1)));
     }
 }

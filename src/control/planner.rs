@@ -135,10 +135,9 @@ fn steered(
                 groups.len() - 1
             }
             None => {
-                tracing::warn!(name = %name, cdn = %d.cdn, "too many location-scoped drains: this one applies everywhere");
-                region_drain
-                    .iter_mut()
-                    .for_each(|r| r[c] = r[c].max(d.percent));
+                // Drains::admit keeps this from happening; a scoped drain is never
+                // widened to everywhere.
+                tracing::warn!(name = %name, cdn = %d.cdn, "too many location-scoped drains: this one is not applied");
                 continue;
             }
         };

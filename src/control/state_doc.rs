@@ -51,14 +51,20 @@ pub struct ClusterDoc {
     pub since_unix_ms: Option<u64>,
     /// Why not connected.
     pub error: Option<String>,
-    /// The member spoken to last.
+    /// The member watched (and checked for liveness) now.
     pub endpoint: String,
+    /// The set's members (`--members`): the only vantage points that count.
+    pub members: Vec<String>,
+    /// This node's clock against etcd's, ms (positive: etcd is ahead); `null` until
+    /// etcd has answered.
+    pub clock_skew_ms: Option<i64>,
     /// Vantage points with observations in etcd.
     pub vantages: Vec<String>,
     pub timelines: Vec<TimelineDoc>,
     pub drains: Vec<ClusterDrainDoc>,
     pub freeze: Option<Freeze>,
-    /// Keys under the prefix refused for their form (they do not count).
+    /// Keys under the prefix refused (form, writer, size or count; drains over the
+    /// location-scope cap): they do not count.
     pub refused_keys: u64,
     pub last_refused: Option<String>,
 }

@@ -24,7 +24,8 @@
 //! | `state_load_errors_total` | reason | saved state not restored at startup: `corrupt`, `unreadable` |
 //! | `udp_thread_restarts_total` | | UDP threads that panicked and were restarted on their socket |
 //! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
-//! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name): they do not count |
+//! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name, a writer outside `--members`, over a size or count cap, a drain over the scope cap): they do not count |
+//! | `etcd_clock_skew_seconds` | | this node's clock against etcd's, as etcd's answers date them (positive: etcd is ahead); a set needs NTP |
 //! | `steering_responses_total` | name, region, pathway | content steering manifests served, by the pathway listed first |
 //! | `steering_refused_total` | status | content steering requests refused: 400, 404 or 405 |
 //! | `build_info` | version, commit | 1; the crate version and the git commit built (`unknown` outside a checkout) |
@@ -108,6 +109,7 @@ struct Inner {
     state_save_failing: prometheus::IntGauge,
     etcd_fail_static: prometheus::IntGauge,
     etcd_refused: prometheus::IntGauge,
+    etcd_skew: prometheus::Gauge,
     state_load_errors: IntCounterVec,
     steering_responses: IntCounterVec,
     steering_refused: IntCounterVec,
@@ -198,6 +200,16 @@ impl Metrics {
         .expect("static gauge");
         registry
             .register(Box::new(etcd_refused.clone()))
+            .expect("registered once");
+        let etcd_skew = prometheus::Gauge::new(
+            "etcd_clock_skew_seconds",
+            "This node's clock against etcd's, from the Date of etcd's answers (positive: \
+             etcd is ahead; about 0.1 s precise). Timelines are scheduled by the clock: keep \
+             every node on NTP.",
+        )
+        .expect("static gauge");
+        registry
+            .register(Box::new(etcd_skew.clone()))
             .expect("registered once");
         let state_save_errors = IntCounter::new(
             "state_save_errors_total",
@@ -330,6 +342,7 @@ impl Metrics {
                 state_save_failing,
                 etcd_fail_static,
                 etcd_refused,
+                etcd_skew,
                 state_load_errors: reg.counters(
                     "state_load_errors_total",
                     "Saved states not restored at startup (corrupt: set aside; unreadable): \
@@ -572,6 +585,11 @@ impl Metrics {
     /// Whether this node fails static (a set's node without etcd).
     pub fn etcd_fail_static(&self, on: bool) {
         self.inner.etcd_fail_static.set(i64::from(on));
+    }
+
+    /// This node's clock against etcd's, milliseconds (positive: etcd is ahead).
+    pub fn etcd_clock_skew(&self, ms: i64) {
+        self.inner.etcd_skew.set(ms as f64 / 1000.0);
     }
 
     /// How many keys under the etcd prefix are refused now.

@@ -146,6 +146,27 @@ impl EtcdSet {
         }
     }
 
+    /// Freezes member `i` (SIGSTOP by its PID): it holds connections and answers
+    /// nothing, a hung member.
+    pub fn stop(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Lets member `i` run again (SIGCONT).
+    pub fn cont(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, sig: &str) {
+        let pid = self.members[i].child.as_ref().expect("member running").id();
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// Starts member `i` again on its data directory.
     pub fn restart(&mut self, i: usize) {
         self.kill(i);
@@ -184,6 +205,84 @@ impl EtcdSet {
         }
     }
 
+    /// Turns authentication on with one user per member of the set, each with the
+    /// role the README gives it: a node (`nodes`) reads the prefix and writes its own
+    /// observations and the shared keys; an agent (`agents`) writes its own
+    /// observations only. Passwords are `pw-{name}`.
+    pub fn enable_member_roles(&mut self, prefix: &str, nodes: &[&str], agents: &[&str]) {
+        let root = self.add_root();
+        for (name, node) in nodes
+            .iter()
+            .map(|n| (n, true))
+            .chain(agents.iter().map(|a| (a, false)))
+        {
+            let role = format!("steerdns-{name}");
+            self.etcdctl(&["role", "add", &role]);
+            let grant = |perm: &str, key: &str| {
+                let args = [
+                    "role",
+                    "grant-permission",
+                    &role,
+                    "--prefix=true",
+                    perm,
+                    key,
+                ];
+                self.etcdctl(&args);
+            };
+            grant("readwrite", &format!("{prefix}obs/{name}/"));
+            if node {
+                grant("read", prefix);
+                grant("readwrite", &format!("{prefix}timeline/"));
+                grant("readwrite", &format!("{prefix}drain/"));
+                let freeze = format!("{prefix}freeze");
+                self.etcdctl(&["role", "grant-permission", &role, "readwrite", &freeze]);
+            }
+            self.etcdctl(&[
+                "user",
+                "add",
+                &format!("{name}:pw-{name}"),
+                "--interactive=false",
+            ]);
+            self.etcdctl(&["user", "grant-role", name, &role]);
+        }
+        self.etcdctl(&["auth", "enable"]);
+        self.root_password = Some(root.into());
+    }
+
+    /// `etcdctl put KEY VALUE` as `user` (`None`: root once authentication is on);
+    /// whether etcd took it, and what etcdctl said.
+    pub fn put_as(&self, user: Option<(&str, &str)>, key: &str, value: &str) -> (bool, String) {
+        self.ctl_as(user, &["put", key, value])
+    }
+
+    /// `etcdctl del KEY` as root (or anonymously without authentication).
+    pub fn delete(&self, key: &str) {
+        let (ok, said) = self.ctl_as(None, &["del", key]);
+        assert!(ok, "del {key}: {said}");
+    }
+
+    fn ctl_as(&self, user: Option<(&str, &str)>, args: &[&str]) -> (bool, String) {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints().join(",")));
+        match (user, &self.root_password) {
+            (Some((u, pw)), _) => {
+                cmd.arg(format!("--user={u}:{pw}"));
+            }
+            (None, Some(pw)) => {
+                cmd.arg(format!("--user=root:{pw}"));
+            }
+            (None, None) => {}
+        }
+        let out = cmd.args(args).output().expect("etcdctl runs");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), said)
+    }
+
     fn etcdctl(&self, args: &[&str]) {
         let mut cmd = Command::new("etcdctl");
         cmd.env("ETCDCTL_API", "3")
@@ -199,8 +298,8 @@ impl EtcdSet {
         );
     }
 
-    /// Turns authentication on: `root`, and `user` with read-write on `prefix` only.
-    pub fn enable_auth(&mut self, user: &str, password: &str, prefix: &str) {
+    /// Adds `root` (for after authentication is on); its password.
+    fn add_root(&self) -> &'static str {
         let root = "root-pw-0123";
         self.etcdctl(&[
             "user",
@@ -209,6 +308,12 @@ impl EtcdSet {
             "--interactive=false",
         ]);
         self.etcdctl(&["user", "grant-role", "root", "root"]);
+        root
+    }
+
+    /// Turns authentication on: `root`, and `user` with read-write on `prefix` only.
+    pub fn enable_auth(&mut self, user: &str, password: &str, prefix: &str) {
+        let root = self.add_root();
         self.etcdctl(&["role", "add", "steerdns"]);
         self.etcdctl(&[
             "role",

@@ -39,6 +39,9 @@ pub struct EtcdOptions {
     /// Client certificate and key (PEM) for `--client-cert-auth` members.
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+    /// `--etcd-insecure`: a password may cross the network in clear (`http://` to a
+    /// member that is not on loopback).
+    pub insecure: bool,
 }
 
 /// A failed call.
@@ -59,9 +62,17 @@ pub enum EtcdError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kv {
     pub key: String,
+    /// Empty when the value was over [`MAX_VALUE`] (`too_big`): refused, not kept.
     pub value: Vec<u8>,
     pub mod_revision: i64,
+    pub too_big: bool,
 }
+
+/// Largest value decoded; a larger one is refused without being decoded.
+pub const MAX_VALUE: usize = 64 * 1024;
+/// Keys per page of the initial read (a value may be up to etcd's 1.5 MiB request
+/// limit: a page stays small).
+const RANGE_PAGE: usize = 16;
 
 /// One change seen by a watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +91,54 @@ pub struct Etcd {
     current: Arc<AtomicUsize>,
     user: Option<(String, String)>,
     token: Arc<Mutex<Option<String>>>,
+    skew: Arc<Mutex<Skew>>,
+}
+
+/// The offset of etcd's clock from this node's (ms, positive when etcd is ahead), from
+/// the `Date` header of its answers. A `Date` has a one-second resolution: each
+/// answer bounds the offset to an interval, and the intersection of the latest ones
+/// (back to the first that disagrees, after a clock jump) narrows it.
+#[derive(Debug, Default)]
+struct Skew {
+    samples: std::collections::VecDeque<(i64, i64)>,
+}
+
+impl Skew {
+    const KEPT: usize = 32;
+
+    /// One answer: etcd's `date` (whole seconds), sent at `sent` and received at
+    /// `received` by this node's clock (Unix ms).
+    fn add(&mut self, date_ms: i64, sent: i64, received: i64) {
+        if self.samples.len() == Self::KEPT {
+            self.samples.pop_front();
+        }
+        self.samples
+            .push_back((date_ms - received, date_ms + 999 - sent));
+    }
+
+    fn estimate(&self) -> Option<i64> {
+        let (mut lo, mut hi) = (i64::MIN, i64::MAX);
+        for &(l, h) in self.samples.iter().rev() {
+            let (l, h) = (lo.max(l), hi.min(h));
+            if l > h {
+                break;
+            }
+            (lo, hi) = (l, h);
+        }
+        (lo != i64::MIN).then(|| lo + (hi - lo) / 2)
+    }
+}
+
+/// What a paged read of a prefix found.
+#[derive(Debug)]
+pub struct Range {
+    pub kvs: Vec<Kv>,
+    /// The store's revision the pages were read at.
+    pub revision: i64,
+    /// The member that answered.
+    pub member: usize,
+    /// More keys than asked for: the rest were not read.
+    pub capped: bool,
 }
 
 /// The end of a prefix range: the prefix with its last byte incremented.
@@ -93,6 +152,16 @@ pub fn range_end(prefix: &str) -> Vec<u8> {
     }
     // All 0xff (or empty): every key from the prefix on.
     vec![0]
+}
+
+/// Whether `url` names a loopback host (`127.0.0.0/8`, `::1`, `localhost`).
+fn is_loopback(url: &reqwest::Url) -> bool {
+    let host = url.host_str().unwrap_or("");
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback())
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -113,15 +182,23 @@ fn decode_kv(v: &Value) -> Result<Kv, EtcdError> {
         .and_then(|k| B64.decode(k).ok())
         .and_then(|k| String::from_utf8(k).ok())
         .ok_or_else(|| EtcdError::Garbled("a key that is not base64 UTF-8".into()))?;
-    let value = match v["value"].as_str() {
-        Some(s) => B64
-            .decode(s)
-            .map_err(|_| EtcdError::Garbled("a value that is not base64".into()))?,
-        None => Vec::new(),
+    let encoded = v["value"].as_str().unwrap_or("");
+    // Base64 takes 4 characters per 3 bytes: the size is known before decoding.
+    let too_big = encoded.len() / 4 * 3 > MAX_VALUE + 3;
+    let value = if too_big {
+        Vec::new()
+    } else {
+        B64.decode(encoded)
+            .map_err(|_| EtcdError::Garbled("a value that is not base64".into()))?
     };
     Ok(Kv {
         key,
-        value,
+        too_big: too_big || value.len() > MAX_VALUE,
+        value: if value.len() > MAX_VALUE {
+            Vec::new()
+        } else {
+            value
+        },
         mod_revision: num(&v["mod_revision"]).unwrap_or(0),
     })
 }
@@ -131,6 +208,15 @@ impl Etcd {
     pub fn new(opts: &EtcdOptions, timeout: Duration) -> Result<Etcd, String> {
         if opts.endpoints.is_empty() {
             return Err("no etcd endpoint".into());
+        }
+        if opts.user.is_some() && !opts.insecure {
+            if let Some(u) = opts
+                .endpoints
+                .iter()
+                .find(|u| u.scheme() == "http" && !is_loopback(u))
+            {
+                return Err(format!("--etcd-user with {u}: the password would cross the network in clear; use https:// (with --etcd-ca), a loopback address, or --etcd-insecure to accept it"));
+            }
         }
         let mut tls = Vec::new();
         if let Some(ca) = &opts.ca_file {
@@ -143,7 +229,7 @@ impl Etcd {
             (Some(c), Some(k)) => {
                 let mut pem = std::fs::read(c).map_err(|e| format!("{}: {e}", c.display()))?;
                 pem.push(b'\n');
-                pem.extend(std::fs::read(k).map_err(|e| format!("{}: {e}", k.display()))?);
+                pem.extend(crate::secret::read_secret_file(k)?);
                 Some(
                     reqwest::Identity::from_pem(&pem)
                         .map_err(|e| format!("client certificate and key: {e}"))?,
@@ -176,6 +262,7 @@ impl Etcd {
             current: Arc::new(AtomicUsize::new(0)),
             user: opts.user.clone(),
             token: Arc::new(Mutex::new(None)),
+            skew: Arc::new(Mutex::new(Skew::default())),
         })
     }
 
@@ -217,10 +304,24 @@ impl Etcd {
         if let Some(t) = token {
             req = req.header(reqwest::header::AUTHORIZATION, t);
         }
+        let sent = crate::control::drains::now_ms() as i64;
         let resp = req
             .send()
             .await
             .map_err(|e| EtcdError::Unreachable(format!("{url}: {e}")))?;
+        let received = crate::control::drains::now_ms() as i64;
+        if let Some(date) = resp
+            .headers()
+            .get(reqwest::header::DATE)
+            .and_then(|d| d.to_str().ok())
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+        {
+            let date_ms = crate::control::drains::unix_ms(date) as i64;
+            self.skew
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(date_ms, sent, received);
+        }
         let status = resp.status();
         let bytes = resp
             .bytes()
@@ -245,39 +346,21 @@ impl Etcd {
     /// connection failure or a member without a leader, and authenticating again once
     /// when the token is refused.
     pub async fn call(&self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        self.call_any(path, body).await.map(|(v, _)| v)
+    }
+
+    /// [`Etcd::call`], and the member that answered.
+    async fn call_any(&self, path: &str, body: &Value) -> Result<(Value, usize), EtcdError> {
+        let n = self.endpoints.len();
         let start = self.current.load(Ordering::Relaxed);
         let mut last = EtcdError::Unreachable("no endpoint tried".into());
-        for i in start..start + self.endpoints.len() {
-            let base = self.endpoint(i).clone();
-            let url = base
-                .join(path)
-                .map_err(|e| EtcdError::Garbled(e.to_string()))?;
-            let mut retried_auth = false;
-            loop {
-                let token = match self.authenticate(&base).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        last = e;
-                        break;
-                    }
-                };
-                match self.send_once(&url, body, token.as_deref()).await {
-                    Ok(v) => {
-                        self.current
-                            .store(i % self.endpoints.len(), Ordering::Relaxed);
-                        return Ok(v);
-                    }
-                    Err(EtcdError::Refused(m))
-                        if !retried_auth && self.user.is_some() && m.contains("token") =>
-                    {
-                        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                        retried_auth = true;
-                    }
-                    Err(e) => {
-                        last = e;
-                        break;
-                    }
+        for i in (start..start + n).map(|i| i % n) {
+            match self.call_on(i, path, body).await {
+                Ok(v) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok((v, i));
                 }
+                Err(e) => last = e,
             }
             // A member that refuses for want of a leader, or cannot be reached: try the
             // next. Any other refusal is final.
@@ -290,17 +373,91 @@ impl Etcd {
         Err(last)
     }
 
-    /// Every key under `prefix`, and the store's revision.
-    pub async fn range_prefix(&self, prefix: &str) -> Result<(Vec<Kv>, i64), EtcdError> {
-        let body = json!({ "key": b64(prefix.as_bytes()), "range_end": b64(&range_end(prefix)) });
-        let v = self.call("v3/kv/range", &body).await?;
+    /// POSTs `body` to `path` on member `i` only, authenticating again once when the
+    /// token is refused.
+    pub async fn call_on(&self, i: usize, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        let base = self.endpoint(i).clone();
+        let url = base
+            .join(path)
+            .map_err(|e| EtcdError::Garbled(e.to_string()))?;
+        let mut retried_auth = false;
+        loop {
+            let token = self.authenticate(&base).await?;
+            match self.send_once(&url, body, token.as_deref()).await {
+                Err(EtcdError::Refused(m))
+                    if !retried_auth && self.user.is_some() && m.contains("token") =>
+                {
+                    *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    retried_auth = true;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Every key under `prefix` (at most `max_keys`), read in pages at one revision
+    /// from one member: no answer holds more than a page.
+    pub async fn range_prefix(&self, prefix: &str, max_keys: usize) -> Result<Range, EtcdError> {
+        let end = b64(&range_end(prefix));
+        let page = |from: &[u8], revision: Option<i64>| {
+            let mut body = json!({ "key": b64(from), "range_end": end, "limit": RANGE_PAGE });
+            if let Some(r) = revision {
+                body["revision"] = json!(r.to_string());
+            }
+            body
+        };
+        let (v, member) = self
+            .call_any("v3/kv/range", &page(prefix.as_bytes(), None))
+            .await?;
         let revision = num(&v["header"]["revision"])
             .ok_or_else(|| EtcdError::Garbled("no revision".into()))?;
-        let kvs = match v["kvs"].as_array() {
-            Some(a) => a.iter().map(decode_kv).collect::<Result<_, _>>()?,
-            None => Vec::new(),
-        };
-        Ok((kvs, revision))
+        let mut kvs = Vec::new();
+        let mut v = v;
+        loop {
+            let got = match v["kvs"].as_array() {
+                Some(a) => a.iter().map(decode_kv).collect::<Result<Vec<_>, _>>()?,
+                None => Vec::new(),
+            };
+            let more = v["more"].as_bool() == Some(true);
+            let Some(next) = got.last().map(|kv| {
+                let mut k = kv.key.clone().into_bytes();
+                k.push(0);
+                k
+            }) else {
+                break;
+            };
+            kvs.extend(got);
+            if kvs.len() >= max_keys {
+                let capped = more || kvs.len() > max_keys;
+                kvs.truncate(max_keys);
+                return Ok(Range {
+                    kvs,
+                    revision,
+                    member,
+                    capped,
+                });
+            }
+            if !more {
+                break;
+            }
+            v = self
+                .call_on(member, "v3/kv/range", &page(&next, Some(revision)))
+                .await?;
+        }
+        Ok(Range {
+            kvs,
+            revision,
+            member,
+            capped: false,
+        })
+    }
+
+    /// This node's observed clock offset against etcd, ms (positive: etcd is ahead).
+    pub fn skew_ms(&self) -> Option<i64> {
+        self.skew
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .estimate()
     }
 
     /// Writes `key` (attached to `lease` when given).
@@ -369,16 +526,17 @@ impl Etcd {
         Ok(num(&v["result"]["TTL"]).is_some_and(|t| t > 0))
     }
 
-    /// Watches every key under `prefix` from `revision`, sending each batch of events
-    /// to `out` until the stream ends or fails (the error says why).
+    /// Watches every key under `prefix` from `revision` on member `member`, sending
+    /// each batch of events to `out` until the stream ends or fails (the error says
+    /// why).
     pub async fn watch(
         &self,
+        member: usize,
         prefix: &str,
         revision: i64,
         out: &tokio::sync::mpsc::Sender<(Vec<Event>, i64)>,
     ) -> EtcdError {
-        let i = self.current.load(Ordering::Relaxed);
-        let base = self.endpoint(i).clone();
+        let base = self.endpoint(member).clone();
         let Ok(url) = base.join("v3/watch") else {
             return EtcdError::Garbled("bad endpoint".into());
         };
@@ -421,6 +579,10 @@ impl Etcd {
             }
             while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
+                // A batch of big values grew the buffer: give the memory back.
+                if buf.capacity() > 1024 * 1024 {
+                    buf.shrink_to(64 * 1024);
+                }
                 let v: Value = match serde_json::from_slice(&line) {
                     Ok(v) => v,
                     Err(_) if line.iter().all(u8::is_ascii_whitespace) => continue,
@@ -459,15 +621,30 @@ impl Etcd {
         }
     }
 
-    /// Moves on to the next member (after the current one stopped answering).
-    pub fn next_endpoint(&self) {
-        self.current.fetch_add(1, Ordering::Relaxed);
+    /// The member requests go to now.
+    pub fn current(&self) -> usize {
+        self.current.load(Ordering::Relaxed) % self.endpoints.len()
     }
 
-    /// The member requests go to now.
-    pub fn current_endpoint(&self) -> String {
-        self.endpoint(self.current.load(Ordering::Relaxed))
-            .to_string()
+    /// Moves the requests that may go to any member past member `i` (after it stopped
+    /// answering).
+    pub fn skip(&self, i: usize) {
+        let _ = self.current.compare_exchange(
+            i,
+            (i + 1) % self.endpoints.len(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The client URL of member `i`.
+    pub fn endpoint_url(&self, i: usize) -> String {
+        self.endpoint(i).to_string()
+    }
+
+    /// How many members.
+    pub fn members(&self) -> usize {
+        self.endpoints.len()
     }
 }
 
@@ -490,9 +667,60 @@ mod tests {
             Kv {
                 key: "/s/a".into(),
                 value: b"{}".to_vec(),
-                mod_revision: 7
+                mod_revision: 7,
+                too_big: false,
             }
         );
+        // Over 64 KiB: refused without being kept.
+        let big = vec![b'x'; MAX_VALUE + 1];
+        let kv = decode_kv(&json!({"key": b64(b"/s/a"), "value": b64(&big)})).unwrap();
+        assert!(kv.too_big && kv.value.is_empty());
+        let fits = vec![b'x'; MAX_VALUE];
+        let kv = decode_kv(&json!({"key": b64(b"/s/a"), "value": b64(&fits)})).unwrap();
+        assert!(!kv.too_big && kv.value.len() == MAX_VALUE);
+    }
+
+    #[test]
+    fn a_password_over_plain_http_off_loopback_is_refused() {
+        let opts = |url: &str, insecure| EtcdOptions {
+            endpoints: vec![url.parse().unwrap()],
+            user: Some(("ns1".into(), "pw".into())),
+            insecure,
+            ..EtcdOptions::default()
+        };
+        let t = Duration::from_secs(1);
+        let e = Etcd::new(&opts("http://192.0.2.1:2379", false), t)
+            .err()
+            .unwrap();
+        assert!(e.contains("in clear"), "{e}");
+        for ok in [
+            "http://127.0.0.1:2379",
+            "http://[::1]:2379",
+            "http://localhost:2379",
+            "https://192.0.2.1:2379",
+        ] {
+            assert!(Etcd::new(&opts(ok, false), t).is_ok(), "{ok}");
+        }
+        assert!(Etcd::new(&opts("http://192.0.2.1:2379", true), t).is_ok());
+    }
+
+    #[test]
+    fn the_skew_narrows_to_what_every_answer_allows() {
+        let mut s = Skew::default();
+        assert_eq!(s.estimate(), None);
+        // etcd 2 s ahead; answers 10 ms apart in time, at several phases of a second.
+        for t in [1_000_100i64, 1_000_350, 1_000_620, 1_000_990] {
+            let etcd = t + 2_000;
+            s.add(etcd - etcd % 1000, t - 5, t + 5);
+        }
+        let e = s.estimate().unwrap();
+        assert!((1_900..=2_100).contains(&e), "{e}");
+        // The clock jumped: the newest answers win.
+        for t in [2_000_100i64, 2_000_500] {
+            s.add(t - t % 1000, t - 5, t + 5);
+        }
+        let e = s.estimate().unwrap();
+        assert!((-600..=600).contains(&e), "{e}");
         assert!(decode_kv(&json!({"key": "%%%"})).is_err());
     }
 }

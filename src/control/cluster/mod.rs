@@ -21,11 +21,23 @@
 //! leader. Everything read is checked before it counts (schema, sane names, CDNs and
 //! names of the policy: see the controller); a key that fails is counted and ignored.
 //!
-//! **Fail static.** The session checks etcd every [`LIVENESS`] with a linearizable read
-//! (which a member without a quorum cannot answer). While that fails the node keeps the
-//! last shared state it saw, its observations of others age until they no longer count,
-//! and it writes no timeline: no demotion starts from its own probes alone. When etcd
-//! answers again it reads everything anew and follows.
+//! **Fail static.** The session watches and checks liveness on one and the same member:
+//! every [`LIVENESS`] a linearizable read (which a member without a quorum cannot
+//! answer) that must come back within [`LIVENESS_TIMEOUT`]. A member that hangs or
+//! loses its quorum moves the session to the next member; when no member answers the
+//! read within [`FAIL_STATIC_AFTER`], the node fails static: it keeps the last shared
+//! state it saw, its observations of others age until they no longer count, and it
+//! writes no timeline: no demotion starts from its own probes alone. When etcd answers
+//! again it reads everything anew and follows.
+//!
+//! **Writers.** Only the members named by the operator (`--members`: nodes and agents)
+//! are vantage points; an observation under any other name is refused and counted.
+//! etcd's roles make each member write only its own `obs/{name}/` (and a node the
+//! shared keys): see the README.
+//!
+//! **Bounds.** A value over [`etcd::MAX_VALUE`], a key outside the table above, or one
+//! past the cap of its kind is refused when it is decoded and is not kept; the initial
+//! read comes in pages; a watch batch parses only the keys it changes.
 
 pub mod etcd;
 
@@ -49,6 +61,20 @@ pub use etcd::{Etcd, EtcdError, EtcdOptions};
 
 /// How often the session checks that etcd still answers (with a quorum).
 pub const LIVENESS: Duration = Duration::from_millis(400);
+/// How long the member watched may take to answer a liveness read before the session
+/// moves to the next member.
+pub const LIVENESS_TIMEOUT: Duration = Duration::from_millis(1000);
+/// How long the session may look for a member that answers before the node fails
+/// static.
+pub const FAIL_STATIC_AFTER: Duration = Duration::from_millis(1000);
+/// Most observation keys counted per vantage point (one per probed CDN).
+pub const MAX_OBS_PER_VANTAGE: usize = 64;
+/// Most timelines, drains kept; and most keys read at once.
+pub const MAX_TIMELINES: usize = 1024;
+pub const MAX_DRAINS: usize = 256;
+pub const MAX_KEYS: usize = 8192;
+/// Most refused keys remembered by name (the count goes on past it).
+const MAX_REFUSED_KEPT: usize = 1024;
 /// How long one call to etcd may take before the member counts as unreachable.
 pub const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Longest vantage, node or CDN name accepted in a key.
@@ -66,6 +92,32 @@ pub struct ClusterOptions {
     pub node: String,
     /// Key prefix, ending in `/`.
     pub prefix: String,
+    /// The set's members (`--members`: nodes and agents): the only vantage points
+    /// whose observations count.
+    pub members: Vec<String>,
+}
+
+impl ClusterOptions {
+    /// Whether the options make sense: sane names, and authentication unless
+    /// `--etcd-insecure` says otherwise.
+    pub fn check(&self) -> Result<(), String> {
+        if !sane_name(&self.node) {
+            return Err(format!(
+                "--node {:?}: 1 to 128 of letters, digits, ._-:@",
+                self.node
+            ));
+        }
+        if let Some(m) = self.members.iter().find(|m| !sane_name(m)) {
+            return Err(format!(
+                "--members: {m:?} is not 1 to 128 of letters, digits, ._-:@"
+            ));
+        }
+        let authenticated = self.etcd.user.is_some() || self.etcd.cert_file.is_some();
+        if !authenticated && !self.etcd.insecure {
+            return Err("joining etcd without authentication lets anyone who reaches it decide for the set: give --etcd-user (or --etcd-cert), or --etcd-insecure to accept it".into());
+        }
+        Ok(())
+    }
 }
 
 /// Whether `s` may be a name in a key: letters, digits and `._-:@`.
@@ -127,12 +179,16 @@ pub struct Freeze {
 
 impl Timeline {
     /// The level at `t` (Unix ms) and when the next step is due, for `top` steps of
-    /// `interval_ms` each. Before its start (a resumed timeline seen while still
-    /// frozen) it holds its starting level.
+    /// `interval_ms` each. Before its start (written by a node whose clock is ahead)
+    /// it holds its starting level, and the first step is due at the start.
     pub fn at(&self, top: usize, interval_ms: u64, t: u64) -> (usize, Option<u64>) {
         let from = self.from_level.min(top);
         if t < self.start_unix_ms {
-            return (from, None);
+            let moves = match self.direction {
+                Direction::Demote => from < top,
+                Direction::Promote => from > 0,
+            };
+            return (from, moves.then_some(self.start_unix_ms));
         }
         let interval = interval_ms.max(1);
         let k = (t - self.start_unix_ms) / interval;
@@ -148,6 +204,14 @@ impl Timeline {
                 (level, (level > 0).then_some(next))
             }
         }
+    }
+
+    /// The start as this node schedules it: a start further ahead of `t` than one
+    /// step interval (a writer's clock far ahead) is brought back to `t + interval`.
+    /// `Some` when clamped.
+    pub fn clamp(&mut self, interval_ms: u64, t: u64) -> Option<u64> {
+        let latest = t.saturating_add(interval_ms);
+        (self.start_unix_ms > latest).then(|| std::mem::replace(&mut self.start_unix_ms, latest))
     }
 
     /// The stepper for this timeline, as of `t` (Unix ms) and the monotonic `now`.
@@ -186,7 +250,6 @@ impl SharedView {
         self.observations
             .iter()
             .filter(|(v, _)| v.as_str() != own)
-            .take(MAX_VANTAGES)
             .map(|(v, cdns)| {
                 let latest: BTreeMap<String, Observation> = cdns
                     .iter()
@@ -210,6 +273,7 @@ impl SharedView {
             })
             // A vantage point with nothing of this policy is not one.
             .filter(|v| !v.latest.is_empty())
+            .take(MAX_VANTAGES)
             .collect()
     }
 }
@@ -222,7 +286,7 @@ pub struct Link {
     pub since_unix_ms: u64,
     /// Why not, when not.
     pub error: Option<String>,
-    /// The member spoken to last.
+    /// The member watched (and checked) now.
     pub endpoint: String,
 }
 
@@ -264,39 +328,159 @@ fn check_reason(r: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The raw keys as read, with when each was received.
-#[derive(Default)]
+/// What was read, kept parsed: each key is parsed once, when it changes.
 struct Mirror {
-    keys: BTreeMap<String, (Vec<u8>, i64, Instant)>,
+    prefix: String,
+    /// Who may write observations (`--members`, and this node).
+    members: std::collections::BTreeSet<String>,
+    view: SharedView,
+    /// The revision of every key kept.
+    revisions: BTreeMap<String, i64>,
+    /// Keys refused (the first [`MAX_REFUSED_KEPT`] by name), and why.
+    refused: BTreeMap<String, String>,
+    /// Refused keys past those.
+    refused_more: u64,
 }
 
 impl Mirror {
-    /// Parses every key into a view.
-    fn view(&self, prefix: &str) -> SharedView {
-        let mut view = SharedView::default();
-        for (key, (value, rev, at)) in &self.keys {
-            let Some(rest) = key.strip_prefix(prefix) else {
-                continue;
-            };
-            if let Err(why) = view.add(rest, value, *rev, *at) {
-                view.refused += 1;
-                view.last_refused = Some(format!("{key}: {why}"));
+    fn new(prefix: &str, members: &[String], own: &str) -> Mirror {
+        let mut m: std::collections::BTreeSet<String> = members.iter().cloned().collect();
+        m.insert(own.to_string());
+        Mirror {
+            prefix: prefix.to_string(),
+            members: m,
+            view: SharedView::default(),
+            revisions: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            refused_more: 0,
+        }
+    }
+
+    /// Everything read anew: keys unchanged since (same revision) keep their parse and
+    /// age, the others are parsed.
+    fn replace(&mut self, kvs: Vec<etcd::Kv>, capped: bool, now: Instant) {
+        let read: std::collections::BTreeSet<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+        let gone: Vec<String> = self
+            .revisions
+            .keys()
+            .chain(self.refused.keys())
+            .filter(|k| !read.contains(k.as_str()))
+            .cloned()
+            .collect();
+        for k in gone {
+            self.delete(&k);
+        }
+        self.refused_more = 0;
+        for kv in kvs {
+            if self.revisions.get(&kv.key) != Some(&kv.mod_revision) {
+                self.put(kv, now);
             }
         }
-        view
+        if capped {
+            self.refuse(
+                &self.prefix.clone(),
+                format!("more than {MAX_KEYS} keys under the prefix: the rest were not read"),
+            );
+        }
+        self.publish_refused();
+    }
+
+    /// A batch of changes from the watch.
+    fn apply(&mut self, batch: Vec<etcd::Event>, now: Instant) {
+        for e in batch {
+            match e {
+                etcd::Event::Put(kv) => self.put(kv, now),
+                etcd::Event::Delete(k) => self.delete(&k),
+            }
+        }
+        self.publish_refused();
+    }
+
+    fn put(&mut self, kv: etcd::Kv, now: Instant) {
+        self.delete(&kv.key);
+        let Some(rest) = kv.key.strip_prefix(&self.prefix) else {
+            return self.refuse(&kv.key, "not under the prefix".into());
+        };
+        if kv.too_big {
+            return self.refuse(
+                &kv.key,
+                format!("value over {} KiB", etcd::MAX_VALUE / 1024),
+            );
+        }
+        let rest = rest.to_string();
+        match self
+            .view
+            .add(&rest, &kv.value, kv.mod_revision, now, &self.members)
+        {
+            Ok(()) => {
+                self.revisions.insert(kv.key, kv.mod_revision);
+            }
+            Err(why) => self.refuse(&kv.key, why),
+        }
+    }
+
+    fn delete(&mut self, key: &str) {
+        if self.revisions.remove(key).is_some() {
+            if let Some(rest) = key.strip_prefix(&self.prefix) {
+                self.view.remove(rest);
+            }
+        }
+        self.refused.remove(shown_key(key));
+    }
+
+    fn refuse(&mut self, key: &str, why: String) {
+        let shown = shown_key(key);
+        self.view.last_refused = Some(format!("{shown}: {why}"));
+        if self.refused.len() < MAX_REFUSED_KEPT || self.refused.contains_key(shown) {
+            self.refused.insert(shown.to_string(), why);
+        } else {
+            self.refused_more += 1;
+        }
+    }
+
+    fn publish_refused(&mut self) {
+        self.view.refused = self.refused.len() as u64 + self.refused_more;
     }
 }
 
+/// A key as remembered when refused: at most 256 bytes of it.
+fn shown_key(key: &str) -> &str {
+    let mut end = key.len().min(256);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    &key[..end]
+}
+
 impl SharedView {
-    fn add(&mut self, rest: &str, value: &[u8], rev: i64, at: Instant) -> Result<(), String> {
+    fn add(
+        &mut self,
+        rest: &str,
+        value: &[u8],
+        rev: i64,
+        at: Instant,
+        members: &std::collections::BTreeSet<String>,
+    ) -> Result<(), String> {
         let parts: Vec<&str> = rest.split('/').collect();
         match parts.as_slice() {
             ["obs", vantage, cdn] => {
                 if !sane_name(vantage) || !sane_name(cdn) {
                     return Err("vantage or CDN name not 1 to 128 of letters, digits, ._-:@".into());
                 }
+                if !members.contains(*vantage) {
+                    return Err(format!("`{vantage}` is not a member of the set (--members): its observations do not count"));
+                }
                 let o: SharedObservation = parse_json(value)?;
                 check_reason(&o.reason)?;
+                if self
+                    .observations
+                    .get(*vantage)
+                    .is_some_and(|c| c.len() >= MAX_OBS_PER_VANTAGE && !c.contains_key(*cdn))
+                {
+                    return Err(format!(
+                        "more than {MAX_OBS_PER_VANTAGE} CDNs observed by `{vantage}`"
+                    ));
+                }
                 self.observations
                     .entry(vantage.to_string())
                     .or_default()
@@ -306,12 +490,18 @@ impl SharedView {
                 if !sane_name(name) || !sane_name(cdn) {
                     return Err("name or CDN not 1 to 128 of letters, digits, ._-:@".into());
                 }
+                if self.timelines.len() >= MAX_TIMELINES {
+                    return Err(format!("more than {MAX_TIMELINES} timelines"));
+                }
                 let t: Timeline = parse_json(value)?;
                 check_reason(&t.reason)?;
                 self.timelines
                     .insert((name.to_string(), cdn.to_string()), (t, rev));
             }
             ["drain", id] => {
+                if self.drains.len() >= MAX_DRAINS {
+                    return Err(format!("more than {MAX_DRAINS} drains"));
+                }
                 let d: SharedDrain = parse_json(value)?;
                 if d.rule.id != *id || !sane_name(id) {
                     return Err("the rule's id is not its key".into());
@@ -328,6 +518,29 @@ impl SharedView {
         }
         Ok(())
     }
+
+    /// Forgets what the key `rest` (under the prefix) added.
+    fn remove(&mut self, rest: &str) {
+        let parts: Vec<&str> = rest.split('/').collect();
+        match parts.as_slice() {
+            ["obs", vantage, cdn] => {
+                if let Some(cdns) = self.observations.get_mut(*vantage) {
+                    cdns.remove(*cdn);
+                    if cdns.is_empty() {
+                        self.observations.remove(*vantage);
+                    }
+                }
+            }
+            ["timeline", name, cdn] => {
+                self.timelines.remove(&(name.to_string(), cdn.to_string()));
+            }
+            ["drain", id] => {
+                self.drains.remove(*id);
+            }
+            ["freeze"] => self.freeze = None,
+            _ => {}
+        }
+    }
 }
 
 // === the session: read, watch, check liveness ===
@@ -336,7 +549,7 @@ impl SharedView {
 /// receiver (the first value says "not yet connected").
 pub fn spawn_session(
     etcd: Etcd,
-    prefix: String,
+    opts: &ClusterOptions,
     stop: CancellationToken,
 ) -> watch::Receiver<Shared> {
     let (tx, rx) = watch::channel(Shared {
@@ -345,112 +558,132 @@ pub fn spawn_session(
             connected: false,
             since_unix_ms: now_ms(),
             error: Some("not connected yet".into()),
-            endpoint: etcd.current_endpoint(),
+            endpoint: etcd.endpoint_url(etcd.current()),
         },
     });
+    let mirror = Mirror::new(&opts.prefix, &opts.members, &opts.node);
+    let prefix = opts.prefix.clone();
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = session(etcd, prefix, tx) => {}
+            _ = session(etcd, prefix, mirror, tx) => {}
         }
     });
     rx
 }
 
-fn set_link(tx: &watch::Sender<Shared>, etcd: &Etcd, error: Option<String>) {
+fn set_link(tx: &watch::Sender<Shared>, endpoint: String, error: Option<String>) {
     tx.send_if_modified(|s| {
         let connected = error.is_none();
-        if s.link.connected == connected && s.link.error == error {
+        if s.link.connected == connected && s.link.error == error && s.link.endpoint == endpoint {
             return false;
         }
         if s.link.connected != connected {
             s.link.since_unix_ms = now_ms();
             match &error {
-                None => info!(endpoint = %etcd.current_endpoint(), "etcd: connected, following the shared state"),
+                None => info!(endpoint = %endpoint, "etcd: connected, following the shared state"),
                 Some(e) => warn!(error = %e, "etcd unreachable: failing static (serving the last shared state, starting no demotion)"),
             }
+        } else if connected {
+            info!(endpoint = %endpoint, was = %s.link.endpoint, "etcd: following the shared state through another member");
         }
         s.link.connected = connected;
         s.link.error = error;
-        s.link.endpoint = etcd.current_endpoint();
+        s.link.endpoint = endpoint;
         true
     });
 }
 
-async fn session(etcd: Etcd, prefix: String, tx: watch::Sender<Shared>) {
-    let mut mirror = Mirror::default();
+async fn session(etcd: Etcd, prefix: String, mut mirror: Mirror, tx: watch::Sender<Shared>) {
     loop {
-        let (kvs, revision) = match etcd.range_prefix(&prefix).await {
+        // Read everything from the first member that answers; when none has within
+        // FAIL_STATIC_AFTER, say so (fail static) and keep trying.
+        let read = etcd.range_prefix(&prefix, MAX_KEYS);
+        tokio::pin!(read);
+        let read = tokio::select! {
+            r = &mut read => r,
+            _ = tokio::time::sleep(FAIL_STATIC_AFTER) => {
+                set_link(&tx, etcd.endpoint_url(etcd.current()), Some(format!("no etcd member answered within {} ms", FAIL_STATIC_AFTER.as_millis())));
+                read.await
+            }
+        };
+        let range = match read {
             Ok(r) => r,
             Err(e) => {
-                set_link(&tx, &etcd, Some(e.to_string()));
-                etcd.next_endpoint();
+                set_link(&tx, etcd.endpoint_url(etcd.current()), Some(e.to_string()));
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
-        let now = Instant::now();
-        let before = std::mem::take(&mut mirror.keys);
-        for kv in kvs {
-            // A result unchanged since the last reading keeps the age it had.
-            let at = match before.get(&kv.key) {
-                Some((_, rev, at)) if *rev == kv.mod_revision => *at,
-                _ => now,
-            };
-            mirror.keys.insert(kv.key, (kv.value, kv.mod_revision, at));
+        let member = range.member;
+        if range.capped {
+            warn!(
+                max = MAX_KEYS,
+                "etcd: more keys under the prefix than a node reads: the rest are ignored"
+            );
         }
-        let view = Arc::new(mirror.view(&prefix));
+        mirror.replace(range.kvs, range.capped, Instant::now());
+        release_memory();
+        let view = Arc::new(mirror.view.clone());
         tx.send_modify(|s| s.view = view);
-        set_link(&tx, &etcd, None);
+        set_link(&tx, etcd.endpoint_url(member), None);
 
         let watched_since = Instant::now();
         let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
-        let watching = etcd.watch(&prefix, revision + 1, &events_tx);
+        let watching = etcd.watch(member, &prefix, range.revision + 1, &events_tx);
         tokio::pin!(watching);
-        let mut alive = Box::pin(liveness(etcd.clone(), prefix.clone()));
+        let mut alive = Box::pin(liveness(etcd.clone(), member, prefix.clone()));
         let error = loop {
             tokio::select! {
                 e = &mut watching => break e,
                 batch = events.recv() => {
                     let Some((batch, _rev)) = batch else { continue };
-                    let now = Instant::now();
-                    for e in batch {
-                        match e {
-                            etcd::Event::Put(kv) => {
-                                mirror.keys.insert(kv.key, (kv.value, kv.mod_revision, now));
-                            }
-                            etcd::Event::Delete(k) => {
-                                mirror.keys.remove(&k);
-                            }
-                        }
-                    }
-                    let view = Arc::new(mirror.view(&prefix));
+                    mirror.apply(batch, Instant::now());
+                    let view = Arc::new(mirror.view.clone());
                     tx.send_modify(|s| s.view = view);
                 }
                 r = &mut alive => match r {
-                    Ok(()) => alive = Box::pin(liveness(etcd.clone(), prefix.clone())),
+                    Ok(()) => alive = Box::pin(liveness(etcd.clone(), member, prefix.clone())),
                     Err(e) => break e,
                 },
             }
         };
-        // Another member may still have a quorum: the read above, from the next one,
-        // says whether this node is still in touch (a member lost changes nothing).
-        tracing::debug!(error = %error, endpoint = %etcd.current_endpoint(), "etcd: watch or liveness check failed, reading again");
-        etcd.next_endpoint();
+        // The member watched stopped answering (or lost its quorum): the read above,
+        // from the next one, says whether this node is still in touch.
+        warn!(error = %error, endpoint = %etcd.endpoint_url(member), "etcd: the member watched failed its check, moving to another");
+        etcd.skip(member);
         if watched_since.elapsed() < Duration::from_secs(1) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
 
-/// After [`LIVENESS`], a linearizable read: it fails on a member without a quorum.
-async fn liveness(etcd: Etcd, prefix: String) -> Result<(), EtcdError> {
+/// Gives back to the system the memory a full read used for a while (glibc keeps
+/// freed memory in its arenas otherwise: refused values of many keys would stay in the
+/// node's RSS).
+fn release_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// After [`LIVENESS`], a linearizable read on the member watched: it fails on a member
+/// without a quorum, and on one that does not answer within [`LIVENESS_TIMEOUT`].
+async fn liveness(etcd: Etcd, member: usize, prefix: String) -> Result<(), EtcdError> {
     tokio::time::sleep(LIVENESS).await;
     let body = serde_json::json!({
         "key": base64_key(&freeze_key(&prefix)),
         "count_only": true,
     });
-    etcd.call("v3/kv/range", &body).await.map(|_| ())
+    match tokio::time::timeout(LIVENESS_TIMEOUT, etcd.call_on(member, "v3/kv/range", &body)).await {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => Err(EtcdError::Unreachable(format!(
+            "no answer within {} ms",
+            LIVENESS_TIMEOUT.as_millis()
+        ))),
+    }
 }
 
 fn base64_key(k: &str) -> String {
@@ -589,7 +822,7 @@ mod tests {
     #[test]
     fn a_demotion_takes_its_first_step_at_once_then_one_per_interval() {
         let t = tl(Direction::Demote, 0);
-        assert_eq!(t.at(2, 1000, 9_999), (0, None));
+        assert_eq!(t.at(2, 1000, 9_999), (0, Some(10_000)));
         assert_eq!(t.at(2, 1000, 10_000), (1, Some(11_000)));
         assert_eq!(t.at(2, 1000, 10_999), (1, Some(11_000)));
         assert_eq!(t.at(2, 1000, 11_000), (2, None));
@@ -615,7 +848,7 @@ mod tests {
 
     #[test]
     fn bad_keys_are_refused_and_counted() {
-        let mut m = Mirror::default();
+        let mut m = Mirror::new("/s/", &["ns2".into(), "ns3".into()], "ns1");
         let at = Instant::now();
         let good = serde_json::to_vec(&SharedObservation {
             round: 1,
@@ -624,14 +857,88 @@ mod tests {
             settled: true,
         })
         .unwrap();
-        m.keys.insert("/s/obs/ns2/a".into(), (good.clone(), 1, at));
-        m.keys.insert("/s/obs/ns 2/a".into(), (good.clone(), 2, at));
-        m.keys
-            .insert("/s/obs/ns3/a".into(), (b"{\"round\":1}".to_vec(), 3, at));
-        m.keys.insert("/s/other".into(), (good, 4, at));
-        let v = m.view("/s/");
-        assert_eq!(v.observations.len(), 1);
-        assert_eq!(v.refused, 3);
+        let kv = |k: &str, v: &[u8], rev| etcd::Kv {
+            key: k.into(),
+            value: v.to_vec(),
+            mod_revision: rev,
+            too_big: false,
+        };
+        let mut big = kv("/s/obs/ns2/b", b"", 6);
+        big.too_big = true;
+        m.replace(
+            vec![
+                kv("/s/obs/ns2/a", &good, 1),
+                kv("/s/obs/ns 2/a", &good, 2),
+                kv("/s/obs/ns3/a", b"{\"round\":1}", 3),
+                kv("/s/other", &good, 4),
+                kv("/s/obs/outsider/a", &good, 5),
+                big,
+            ],
+            false,
+            at,
+        );
+        assert_eq!(m.view.observations.len(), 1);
+        assert_eq!(m.view.refused, 5);
+        assert!(m.refused["/s/obs/outsider/a"].contains("not a member"));
+        // Only what changes is parsed again; a key deleted is forgotten, refused or not.
+        m.apply(
+            vec![
+                etcd::Event::Delete("/s/obs/outsider/a".into()),
+                etcd::Event::Put(kv("/s/obs/ns3/a", &good, 7)),
+            ],
+            at,
+        );
+        assert_eq!(m.view.observations.len(), 2);
+        assert_eq!(m.view.refused, 3);
+        m.apply(vec![etcd::Event::Delete("/s/obs/ns2/a".into())], at);
+        assert_eq!(m.view.observations.len(), 1);
+        assert!(!m.revisions.contains_key("/s/obs/ns2/a"));
+    }
+
+    #[test]
+    fn junk_vantage_points_do_not_push_real_ones_out() {
+        // Before, 64 views were taken before dropping those with nothing of the policy.
+        let mut v = SharedView::default();
+        let at = Instant::now();
+        let o = SharedObservation {
+            round: 1,
+            ok: false,
+            reason: "x".into(),
+            settled: true,
+        };
+        for i in 0..MAX_VANTAGES {
+            v.observations
+                .entry(format!("a{i:03}"))
+                .or_default()
+                .insert("junk".into(), (o.clone(), at));
+        }
+        v.observations
+            .entry("z-real".into())
+            .or_default()
+            .insert("a".into(), (o, at));
+        let views = v.vantage_views("ns1", |c| c == "a");
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].name, "z-real");
+    }
+
+    #[test]
+    fn a_timeline_ahead_of_this_clock_is_due_at_its_start() {
+        // Before, a timeline seen before its start was never scheduled.
+        let t = tl(Direction::Demote, 0);
+        assert_eq!(t.at(2, 1000, 9_990), (0, Some(10_000)));
+        let now = Instant::now();
+        let s = t.stepper(2, 1000, 9_990, now);
+        assert_eq!(s.next_at, Some(now + Duration::from_millis(10)));
+        assert_eq!(
+            tl(Direction::Promote, 2).at(2, 1000, 9_000),
+            (2, Some(10_000))
+        );
+        assert_eq!(tl(Direction::Promote, 0).at(2, 1000, 9_000), (0, None));
+        // Further ahead than a step interval: brought back to one interval.
+        let mut far = tl(Direction::Demote, 0);
+        assert_eq!(far.clamp(1000, 5_000), Some(10_000));
+        assert_eq!(far.start_unix_ms, 6_000);
+        assert_eq!(far.clamp(1000, 5_000), None);
     }
 
     #[test]

@@ -1,0 +1,369 @@
+#!/usr/bin/env bash
+# A chaos drill for a set of nameservers, in network namespaces this script creates and
+# removes (root needed): three etcd members, three nodes, two agents, two stand-in CDNs.
+# For DURATION seconds (default 300) it injects one fault after another, chosen from a
+# fixed seed (SEED, default 24), each healed before the next:
+#
+#   an etcd member frozen (SIGSTOP, then SIGCONT), or killed and restarted;
+#   a node cut off from etcd (blackhole routes);
+#   200 ms delay and 5 % loss on a node's link (tc netem);
+#   a node's clock 2 s ahead or behind (libfaketime, its offset read from a file);
+#   fastly failing for two vantage points of five;
+#   a drain or an undrain posted to a random node.
+#
+# From outside (the client namespace), every half second, through /v1/state and dig:
+#
+#   nodes that report connected agree on drains and freeze within 2 s of each change,
+#   and on failover steps within 3 s (2 s of clock skew, plus one);
+#   a node cut off from etcd reports fail-static within 3 s, and keeps answering;
+#   no CDN is removed without a drain or a failover timeline for it, and every answer
+#   names a CDN;
+#   after the last fault heals, every node converges within 5 s and answers 200
+#   resolvers (ECS subnets) alike.
+#
+# Each fault and every violation is printed; the drill passes with none.
+#
+#   sudo bash tests/chaos.sh                  # DURATION=60 SEED=7 for a shorter, other run
+#
+# Needs root, ip, tc, etcd and etcdctl, python3, curl, dig, faketime. Without root or a
+# tool it says so and exits 0, except under CI=true, where it fails.
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+strict_mode --keep-going
+script_init chaos
+CHECK_PREFIX="chaos: "
+DURATION=${DURATION:-300}
+SEED=${SEED:-24}
+
+skip() {
+    if [[ ${CI:-} == true ]]; then die "$1 (required in CI)"; fi
+    log "SKIPPED: $1"
+    exit 0
+}
+[[ $(id -u) == 0 ]] || skip "needs root (network namespaces): sudo bash tests/chaos.sh"
+for tool in ip tc etcd etcdctl python3 curl dig faketime; do
+    command -v "$tool" >/dev/null || skip "needs $tool"
+done
+FAKETIME_LIB=$(find /usr/lib -name libfaketime.so.1 2>/dev/null | head -1)
+[[ -n $FAKETIME_LIB ]] || skip "needs libfaketime.so.1 (apt-get install -y faketime)"
+
+make_tmp chaos
+build_release
+
+NS=(sc-hub sc-etcd sc-n1 sc-n2 sc-n3 sc-g1 sc-g2 sc-cdn sc-cli)
+netns_cleanup() {
+    cleanup
+    local ns
+    for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+}
+trap netns_cleanup EXIT
+
+# --- the topology: one bridge, 10.214.0.0/24 -------------------------------------------
+for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+ip netns add sc-hub
+ip -n sc-hub link add br0 type bridge
+ip -n sc-hub link set br0 up
+declare -A VETH=()
+attach() { # attach NS ADDR...: NS on the bridge, through hub-side veth $VETH[NS]
+    local ns=$1 i=${#VETH[@]} addr
+    shift
+    ip netns add "$ns"
+    ip -n sc-hub link add "v$i" type veth peer name eth0 netns "$ns"
+    ip -n sc-hub link set "v$i" master br0 up
+    for addr in "$@"; do ip -n "$ns" addr add "$addr/24" dev eth0; done
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    VETH[$ns]=v$i
+}
+attach sc-etcd 10.214.0.11 10.214.0.12 10.214.0.13
+for n in 1 2 3; do attach "sc-n$n" "10.214.0.2$n"; done
+for g in 1 2; do attach "sc-g$g" "10.214.0.3$g"; done
+attach sc-cdn 10.214.0.41 10.214.0.42
+attach sc-cli 10.214.0.51
+# tc netem needs the kernel's sch_netem (absent in some containers: that fault is skipped).
+NETEM=0
+if ip netns exec sc-hub tc qdisc add dev "${VETH[sc-cli]}" root netem delay 1ms 2>/dev/null; then
+    NETEM=1
+    ip netns exec sc-hub tc qdisc del dev "${VETH[sc-cli]}" root
+fi
+
+# --- etcd ------------------------------------------------------------------------------
+CLUSTER=m1=http://10.214.0.11:2380,m2=http://10.214.0.12:2380,m3=http://10.214.0.13:2380
+ENDPOINTS=http://10.214.0.11:2379,http://10.214.0.12:2379,http://10.214.0.13:2379
+declare -A MEMBER=()
+member_up() {
+    local i=$1 ip=10.214.0.1$1
+    ip netns exec sc-etcd etcd --name "m$i" --data-dir "$TMP/etcd-m$i" \
+        --listen-client-urls "http://$ip:2379" --advertise-client-urls "http://$ip:2379" \
+        --listen-peer-urls "http://$ip:2380" --initial-advertise-peer-urls "http://$ip:2380" \
+        --initial-cluster "$CLUSTER" --heartbeat-interval 100 --election-timeout 1000 \
+        >>"$TMP/etcd-m$i.log" 2>&1 &
+    track $!
+    MEMBER[$i]=$!
+}
+for i in 1 2 3; do member_up "$i"; done
+healthy() { ip netns exec sc-etcd env ETCDCTL_API=3 etcdctl --endpoints="$ENDPOINTS" endpoint health >/dev/null 2>&1; }
+for _ in $(seq 100); do healthy && break; sleep 0.1; done
+healthy || die "etcd did not start; see $TMP/etcd-m*.log (KEEP=1)"
+
+# --- CDNs, policy, probes, nodes, agents ---------------------------------------------
+for cdn in fastly cloudflare; do mkdir -p "$TMP/$cdn/_health" && cp probes/_health/v1.txt "$TMP/$cdn/_health/"; done
+ip netns exec sc-cdn python3 -m http.server --bind 10.214.0.41 8080 --directory "$TMP/fastly" >/dev/null 2>&1 &
+track $!
+ip netns exec sc-cdn python3 -m http.server --bind 10.214.0.42 8080 --directory "$TMP/cloudflare" >/dev/null 2>&1 &
+track $!
+cp tests/fixtures/set-steering.yaml "$TMP/steering.yaml"
+mkdir -p "$TMP/probes"
+for cdn in fastly cloudflare; do
+    ip=10.214.0.41
+    [[ $cdn == cloudflare ]] && ip=10.214.0.42
+    printf 'url: http://%s:8080/_health/v1.txt\nexpect_body: healthy-v1\ntimeout_ms: 500\ninterval_seconds: 0.3\nquorum: 2\ndown_after: 2\nup_after: 3\n' "$ip" >"$TMP/probes/$cdn.yaml"
+done
+(umask 077 && echo "chaos-token-$RANDOM$RANDOM" >"$TMP/api-token")
+SET_ARGS=(--etcd "$ENDPOINTS" --etcd-insecure --members ns1,ns2,ns3,agent1,agent2)
+for n in 1 2 3; do
+    echo "+0" >"$TMP/clock-ns$n"
+    # Each node's wall clock follows the offset in its file (a fault changes it).
+    NO_COLOR=1 ip netns exec "sc-n$n" env LD_PRELOAD="$FAKETIME_LIB" FAKETIME_DONT_FAKE_MONOTONIC=1 \
+        FAKETIME_TIMESTAMP_FILE="$TMP/clock-ns$n" FAKETIME_CACHE_DURATION=1 \
+        "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" \
+        --zones zones --probes "$TMP/probes" --state-dir "$TMP/state-ns$n" \
+        --listen "10.214.0.2$n:5353" --api "10.214.0.2$n:9153" --api-token-file "$TMP/api-token" \
+        --rrl-exempt 10.214.0.0/16 --steering-http off --node "ns$n" "${SET_ARGS[@]}" >"$TMP/ns$n.log" 2>&1 &
+    track $!
+done
+for g in 1 2; do
+    NO_COLOR=1 ip netns exec "sc-g$g" "$STEERDNS_BIN" agent --probes "$TMP/probes" \
+        --api "10.214.0.3$g:9153" --node "agent$g" "${SET_ARGS[@]}" >"$TMP/agent$g.log" 2>&1 &
+    track $!
+done
+
+# --- the checker, in the client namespace -------------------------------------------
+# $TMP/faults: one line per fault event, "UNIX_MS start|end KIND TARGET", read by it.
+: >"$TMP/faults"
+cat >"$TMP/checker.py" <<'PY'
+import json, subprocess, sys, time, urllib.request
+
+TMP, DEADLINE = sys.argv[1], float(sys.argv[2])
+NODES = [1, 2, 3]
+violations = 0
+
+def now():
+    return time.time()
+
+def violation(msg):
+    global violations
+    violations += 1
+    print(f"chaos: VIOLATION {msg}", flush=True)
+
+def state(n):
+    try:
+        with urllib.request.urlopen(f"http://10.214.0.2{n}:9153/v1/state", timeout=1) as r:
+            return json.load(r)
+    except Exception:
+        return None
+
+def view(s):
+    drains = sorted(d["id"] for d in s.get("drains", []) if d["status"] == "in force")
+    steps = sorted((f["cdn"], f["removed_percent"]) for f in s.get("failover", []))
+    return (tuple(drains), s.get("failover_frozen") is not None), tuple(steps)
+
+def answers(n, subnets):
+    args = ["dig", f"@10.214.0.2{n}", "-p", "5353", "+short", "+time=1", "+tries=2"]
+    out = []
+    for sub in subnets:
+        out += [f"+subnet={sub}", "www.example.com"]
+    r = subprocess.run(args[:4] + args[4:] + out, capture_output=True, text=True)
+    return [l for l in r.stdout.split() if l.endswith(".net.")]
+
+def faults():
+    active = {}
+    with open(f"{TMP}/faults") as f:
+        for line in f:
+            at, what, kind, target = line.split()
+            if what == "start":
+                active[(kind, target)] = int(at) / 1000
+            else:
+                active.pop((kind, target), None)
+    return active
+
+since = {}      # (what, pair of nodes) -> when the disagreement was first seen
+reported = set()
+cut_seen = {}
+while now() < DEADLINE:
+    states = {n: state(n) for n in NODES}
+    active = faults()
+    connected = {n: s for n, s in states.items() if s and s["cluster"]["connected"]}
+    views = {n: view(s) for n, s in connected.items()}
+    for a in connected:
+        for b in connected:
+            if a >= b:
+                continue
+            for i, (what, limit) in enumerate([("drains/freeze", 2.0), ("steps", 3.0)]):
+                key = (what, a, b)
+                if views[a][i] != views[b][i]:
+                    first = since.setdefault(key, now())
+                    if now() - first > limit and key not in reported:
+                        reported.add(key)
+                        violation(f"ns{a} and ns{b} disagree on {what} for over {limit} s: {views[a][i]} / {views[b][i]}")
+                else:
+                    since.pop(key, None)
+                    reported.discard(key)
+    for (kind, target), at in active.items():
+        if kind == "cut-etcd":
+            n = int(target[-1])
+            s = states[n]
+            if s and s["cluster"]["connected"] and now() - at > 3.0 and (kind, target, at) not in cut_seen:
+                cut_seen[(kind, target, at)] = True
+                violation(f"{target} cut off from etcd for {now() - at:.1f} s still says connected")
+    for n, s in states.items():
+        if not s:
+            continue
+        cut = {c["cdn"] for c in s.get("drains", [])} | {t["cdn"] for t in s["cluster"].get("timelines", [])}
+        for f in s.get("failover", []):
+            if f["removed_percent"] > 0 and f["cdn"] not in cut:
+                violation(f"ns{n} removes {f['removed_percent']} % of {f['cdn']} without a drain or timeline")
+    for n in NODES:
+        if not answers(n, ["192.0.2.0/24"]):
+            violation(f"ns{n} answered no CDN")
+    time.sleep(0.5)
+
+# The last fault has healed: every node converges within 5 s, and answers alike.
+subnets = [f"198.18.{i}.0/24" for i in range(200)]
+end = now() + 5
+while True:
+    states = {n: state(n) for n in NODES}
+    ok = all(s and s["cluster"]["connected"] for s in states.values())
+    ok = ok and len({view(s) for s in states.values()}) == 1
+    if ok:
+        got = {n: answers(n, subnets) for n in NODES}
+        ok = got[1] == got[2] == got[3] and len(got[1]) == 200
+    if ok or now() > end:
+        break
+    time.sleep(0.2)
+if ok:
+    print(f"chaos: ok   every node converged after the last fault; 200 resolvers answered alike", flush=True)
+else:
+    violation(f"no convergence within 5 s after the last fault: {[view(s) if s else None for s in states.values()]}")
+print(f"chaos: {violations} violation(s)", flush=True)
+sys.exit(1 if violations else 0)
+PY
+
+cli() { ip netns exec sc-cli "$@"; }
+field() { # field N PYTHON-EXPR on node N's /v1/state (as `s`)
+    cli curl -s --max-time 2 "http://10.214.0.2$1:9153/v1/state" | python3 -c "import json,sys
+try: s = json.load(sys.stdin)
+except Exception: s = {}
+try: print($2)
+except Exception as e: print('?', e)"
+}
+for n in 1 2 3; do
+    for _ in $(seq 200); do
+        [[ $(field "$n" "s['cluster']['connected'] and len(s['cluster']['vantages']) >= 5") == True ]] && break
+        sleep 0.1
+    done
+    [[ $(field "$n" "s['cluster']['connected']") == True ]] || die "ns$n did not join the set; see $TMP/ns$n.log (KEEP=1)"
+done
+log "3 nodes and 2 agents joined; faults for $DURATION s from seed $SEED"
+
+api() { # api N METHOD PATH [JSON]
+    cli curl -s --max-time 5 -X "$2" -H "Authorization: Bearer $(cat "$TMP/api-token")" \
+        -H 'content-type: application/json' ${4:+--data "$4"} "http://10.214.0.2$1:9153$3"
+}
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+mark() { echo "$(now_ms) $1 $2 $3" >>"$TMP/faults"; }
+hold() { sleep "$1"; }
+
+start=$(date +%s)
+deadline=$((start + DURATION))
+# The checker stops checking faults 8 s before the end, and then checks convergence.
+cli python3 "$TMP/checker.py" "$TMP" "$((deadline + 2))" &
+checker=$!
+RANDOM=$SEED
+faults=0
+while (($(date +%s) + 10 < deadline)); do
+    faults=$((faults + 1))
+    n=$((RANDOM % 3 + 1))
+    case $((RANDOM % 7)) in
+        0)
+            # A drain posted meanwhile must reach the nodes that watched that member.
+            d=$((RANDOM % 3 + 1))
+            log "fault $faults: etcd member m$n frozen (SIGSTOP) for 4 s, a drain of cloudflare posted to ns$d meanwhile"
+            mark start freeze-member "m$n"
+            kill -STOP "${MEMBER[$n]}"
+            for _ in 1 2 3 4 5 6 7 8 9 10; do
+                r=$(api "$d" POST /v1/drains '{"name":"www.example.com","cdn":"cloudflare","reason":"chaos: while a member hangs","immediate":true}')
+                [[ $r == *'"id"'* ]] && break
+                sleep 0.3
+            done
+            hold 4
+            kill -CONT "${MEMBER[$n]}"
+            mark end freeze-member "m$n"
+            ;;
+        1)
+            log "fault $faults: etcd member m$n killed, restarted after 4 s"
+            mark start kill-member "m$n"
+            kill -KILL "${MEMBER[$n]}"
+            wait "${MEMBER[$n]}" 2>/dev/null
+            hold 4
+            member_up "$n"
+            mark end kill-member "m$n"
+            ;;
+        2)
+            log "fault $faults: ns$n cut off from etcd for 5 s"
+            mark start cut-etcd "ns$n"
+            for m in 1 2 3; do ip -n "sc-n$n" route add blackhole "10.214.0.1$m/32"; done
+            hold 5
+            for m in 1 2 3; do ip -n "sc-n$n" route del blackhole "10.214.0.1$m/32"; done
+            mark end cut-etcd "ns$n"
+            ;;
+        3)
+            if ! ((NETEM)); then
+                log "fault $faults: (200 ms delay and 5 % loss skipped: this kernel has no netem)"
+                continue
+            fi
+            log "fault $faults: 200 ms delay and 5 % loss on ns$n's link for 5 s"
+            mark start netem "ns$n"
+            ip netns exec sc-hub tc qdisc add dev "${VETH[sc-n$n]}" root netem delay 200ms loss 5%
+            hold 5
+            ip netns exec sc-hub tc qdisc del dev "${VETH[sc-n$n]}" root
+            mark end netem "ns$n"
+            ;;
+        4)
+            offset=$(((RANDOM % 2) * 4 - 2))
+            log "fault $faults: ns$n's clock ${offset} s off for 10 s"
+            mark start clock "ns$n"
+            printf '%+ds\n' "$offset" >"$TMP/clock-ns$n"
+            hold 10
+            echo "+0" >"$TMP/clock-ns$n"
+            mark end clock "ns$n"
+            ;;
+        5)
+            log "fault $faults: fastly failing for ns$n and agent1 for 8 s"
+            mark start cdn-fails "ns$n"
+            ip -n "sc-n$n" route add blackhole 10.214.0.41/32
+            ip -n sc-g1 route add blackhole 10.214.0.41/32
+            hold 8
+            ip -n "sc-n$n" route del blackhole 10.214.0.41/32
+            ip -n sc-g1 route del blackhole 10.214.0.41/32
+            mark end cdn-fails "ns$n"
+            ;;
+        6)
+            id=$(cli curl -s --max-time 2 "http://10.214.0.2$n:9153/v1/state" |
+                python3 -c 'import json,sys; d=[x["id"] for x in json.load(sys.stdin).get("drains",[]) if x["status"]=="in force"]; print(d[0] if d else "")' || true)
+            if [[ -n $id ]]; then
+                log "fault $faults: DELETE drain $id through ns$n: $(api "$n" DELETE "/v1/drains/$id" | head -c 80)"
+            else
+                cdn=fastly
+                ((RANDOM % 2)) && cdn=cloudflare
+                log "fault $faults: drain $cdn through ns$n: $(api "$n" POST /v1/drains "{\"name\":\"www.example.com\",\"cdn\":\"$cdn\",\"reason\":\"chaos\",\"immediate\":true}" | head -c 80)"
+            fi
+            hold 3
+            ;;
+    esac
+    hold 2
+done
+log "last fault healed; $faults faults injected"
+if wait "$checker"; then ok "no invariant violated under $faults faults"; else fail "invariants violated (see above)"; fi
+summary
