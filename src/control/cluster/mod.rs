@@ -943,7 +943,7 @@ mod tests {
 
     #[test]
     fn records_with_times_too_late_to_print_are_refused() {
-        let mut m = Mirror::default();
+        let mut m = Mirror::new("/s/", &["ns2".into()], "ns1");
         let at = Instant::now();
         let drain = |id: &str, until: u64, written: u64| {
             serde_json::json!({
@@ -954,36 +954,36 @@ mod tests {
             .to_string()
             .into_bytes()
         };
+        let kv = |k: &str, v: Vec<u8>, rev| etcd::Kv {
+            key: k.into(),
+            value: v,
+            mod_revision: rev,
+            too_big: false,
+        };
         let late = crate::control::times::MAX_TIME_MS + 1;
-        m.keys.insert(
-            "/s/drain/api-1".into(),
-            (drain("api-1", 5_000, 1_000), 1, at),
-        );
-        m.keys.insert(
-            "/s/drain/api-2".into(),
-            (drain("api-2", late, 1_000), 2, at),
-        );
-        m.keys.insert(
-            "/s/drain/api-3".into(),
-            (drain("api-3", 5_000, late), 3, at),
-        );
         let mut t = serde_json::to_value(tl(Direction::Demote, 0)).unwrap();
         t["start_unix_ms"] = late.into();
-        m.keys.insert(
-            "/s/timeline/www.example.com./a".into(),
-            (t.to_string().into_bytes(), 4, at),
+        m.replace(
+            vec![
+                kv("/s/drain/api-1", drain("api-1", 5_000, 1_000), 1),
+                kv("/s/drain/api-2", drain("api-2", late, 1_000), 2),
+                kv("/s/drain/api-3", drain("api-3", 5_000, late), 3),
+                kv(
+                    "/s/timeline/www.example.com./a",
+                    t.to_string().into_bytes(),
+                    4,
+                ),
+            ],
+            false,
+            at,
         );
-        let v = m.view("/s/");
-        assert_eq!(v.drains.keys().collect::<Vec<_>>(), ["api-1"]);
-        assert!(v.timelines.is_empty());
-        assert_eq!(v.refused, 3);
+        assert_eq!(m.view.drains.keys().collect::<Vec<_>>(), ["api-1"]);
+        assert!(m.view.timelines.is_empty());
+        assert_eq!(m.view.refused, 3);
         assert!(
-            v.last_refused
-                .as_deref()
-                .unwrap_or("")
-                .contains("9999-12-31"),
+            m.refused.values().all(|why| why.contains("9999-12-31")),
             "{:?}",
-            v.last_refused
+            m.refused
         );
     }
 }
