@@ -303,6 +303,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
                 state: controller.doc(),
                 commands: Some(command_tx.clone()),
                 token: opts.api_token.clone(),
+                tokens: controller.tokens(),
                 metrics: metrics.clone(),
                 status: Some(StatusSource {
                     live: dns.live().clone(),
@@ -394,6 +395,7 @@ pub async fn agent_with(
         state: Default::default(),
         commands: None,
         token: None,
+        tokens: Default::default(),
         metrics: metrics.clone(),
         status: None,
     };

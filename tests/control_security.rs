@@ -48,6 +48,7 @@ async fn api(token: Option<&str>, limits: ApiLimits) -> Api {
         state: Arc::new(Mutex::new(None)),
         commands: Some(tx),
         token: token.map(Into::into),
+        tokens: Default::default(),
         metrics: Metrics::new(),
         status: None,
     };

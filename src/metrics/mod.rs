@@ -826,6 +826,7 @@ mod tests {
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
             asn: None,
+            api_tokens: None,
         };
         crate::inputs::load(&inputs).unwrap().snapshot()
     }
@@ -946,6 +947,7 @@ mod tests {
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
             asn: None,
+            api_tokens: None,
         })
         .unwrap();
         let normal = Arc::new(loaded.snapshot());

@@ -15,6 +15,7 @@
 //! | `timeline/{name}/{cdn}` | [`Timeline`]: direction, level at start, start time | the first node whose health flips (create-if-absent, or compare-and-swap on the revision) |
 //! | `drain/{id}` | [`SharedDrain`]: the rule, who, when | the node whose API got it (a lease ends it at `until`) |
 //! | `freeze` | [`Freeze`]: why, who, when | the node whose API got it |
+//! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
 //! step at the same moment from the same record, so the set moves together without a
@@ -56,6 +57,11 @@ const MAX_NAME: usize = 128;
 pub const MAX_VANTAGES: usize = 64;
 /// Longest reason accepted.
 const MAX_REASON: usize = 2048;
+/// Audit entries kept from etcd (the newest), and the largest one read.
+pub const MAX_AUDIT_KEYS: usize = 4096;
+const MAX_AUDIT_VALUE: usize = 16 * 1024;
+/// How long an audit entry stays in etcd (every node has appended it by then).
+pub const AUDIT_TTL: Duration = Duration::from_secs(3600);
 
 /// `--etcd`, `--node`, `--etcd-prefix` and the credentials.
 #[derive(Clone, Debug)]
@@ -169,6 +175,8 @@ pub struct SharedView {
     /// Per override id.
     pub drains: BTreeMap<String, SharedDrain>,
     pub freeze: Option<Freeze>,
+    /// Audit entries by revision: every node appends them in this order.
+    pub audit: BTreeMap<i64, serde_json::Value>,
     /// Keys refused (bad form), and the last one with why.
     pub refused: u64,
     pub last_refused: Option<String>,
@@ -244,6 +252,11 @@ pub fn drain_key(prefix: &str, id: &str) -> String {
     format!("{prefix}drain/{id}")
 }
 
+/// Key of an audit entry.
+pub fn audit_key(prefix: &str, node: &str, serial: u64) -> String {
+    format!("{prefix}audit/{node}/{serial}")
+}
+
 /// Key of the freeze.
 pub fn freeze_key(prefix: &str) -> String {
     format!("{prefix}freeze")
@@ -278,6 +291,9 @@ impl Mirror {
                 view.refused += 1;
                 view.last_refused = Some(format!("{key}: {why}"));
             }
+        }
+        while view.audit.len() > MAX_AUDIT_KEYS {
+            view.audit.pop_first();
         }
         view
     }
@@ -314,6 +330,16 @@ impl SharedView {
                 }
                 check_reason(&d.rule.reason)?;
                 self.drains.insert(id.to_string(), d);
+            }
+            ["audit", node, _] => {
+                if !sane_name(node) || value.len() > MAX_AUDIT_VALUE {
+                    return Err("node not a sane name, or an entry over 16 KiB".into());
+                }
+                let v: serde_json::Value = parse_json(value)?;
+                if !v.is_object() {
+                    return Err("an audit entry is a JSON object".into());
+                }
+                self.audit.insert(rev, v);
             }
             ["freeze"] => {
                 let f: Freeze = parse_json(value)?;
