@@ -811,7 +811,11 @@ fn token_line(t: &crate::config::tokens::Token) -> String {
         list(&t.names, by_name),
         list(&t.tenants, by_name),
         list(&t.regions, "any"),
-        if t.require_ticket { "; ticket required" } else { "" },
+        if t.require_ticket {
+            "; ticket required"
+        } else {
+            ""
+        },
     )
 }
 

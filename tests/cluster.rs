@@ -604,7 +604,10 @@ async fn every_node_appends_the_same_audit_chain() {
         .post("/v1/failover/resume", json!({"reason": "r"}))
         .await;
     assert_eq!(status, 200);
-    assert_eq!(set.nodes[1].undrain(body["id"].as_str().unwrap()).await, 200);
+    assert_eq!(
+        set.nodes[1].undrain(body["id"].as_str().unwrap()).await,
+        200
+    );
     // a breaks: every node's health transition and the steps are audited too.
     set.a.set(Mode::Status(503));
     let logs: Vec<_> = set
@@ -618,16 +621,31 @@ async fn every_node_appends_the_same_audit_chain() {
         let texts: Vec<String> = logs.iter().map(read).collect();
         // Each node appends in the same order: one log is always the start of another.
         for t in &texts[1..] {
-            let (short, long) = if t.len() < texts[0].len() { (t, &texts[0]) } else { (&texts[0], t) };
-            assert!(long.starts_with(short.as_str()), "the chains differ:\n{}\n---\n{t}", texts[0]);
+            let (short, long) = if t.len() < texts[0].len() {
+                (t, &texts[0])
+            } else {
+                (&texts[0], t)
+            };
+            assert!(
+                long.starts_with(short.as_str()),
+                "the chains differ:\n{}\n---\n{t}",
+                texts[0]
+            );
         }
         let kinds = |t: &str| -> Vec<String> {
             t.lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap()["kind"].as_str().unwrap().to_string())
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).unwrap()["kind"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
                 .collect()
         };
         let k = kinds(&texts[0]);
-        let done = ["drain", "freeze", "resume", "undrain"].iter().all(|w| k.iter().any(|x| x == w))
+        let done = ["drain", "freeze", "resume", "undrain"]
+            .iter()
+            .all(|w| k.iter().any(|x| x == w))
             && k.iter().filter(|x| *x == "health").count() == 3
             && k.iter().filter(|x| *x == "step").count() >= 3
             && texts.iter().all(|t| *t == texts[0]);
@@ -636,14 +654,27 @@ async fn every_node_appends_the_same_audit_chain() {
             assert_eq!(v.first_seq, 1);
             let nodes: Vec<String> = texts[0]
                 .lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap()["node"].as_str().unwrap().to_string())
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).unwrap()["node"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
                 .collect();
             for n in ["ns1", "ns2", "ns3"] {
-                assert!(nodes.iter().any(|x| x == n), "{n} wrote nothing: {}", texts[0]);
+                assert!(
+                    nodes.iter().any(|x| x == n),
+                    "{n} wrote nothing: {}",
+                    texts[0]
+                );
             }
             break;
         }
-        assert!(Instant::now() < deadline, "chains never complete and equal:\n{}", texts.join("\n---\n"));
+        assert!(
+            Instant::now() < deadline,
+            "chains never complete and equal:\n{}",
+            texts.join("\n---\n")
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -124,44 +124,115 @@ async fn a_token_acts_only_within_its_scope() {
     let drain = |name: &str| json!({"name": name, "cdn": "a", "reason": "test", "immediate": true});
 
     // Scoped to a.example.com: b.example.com is refused, saying what it lacks.
-    let (code, body) = as_token(&s, "only-a", Method::POST, "/v1/drains", drain("b.example.com")).await;
+    let (code, body) = as_token(
+        &s,
+        "only-a",
+        Method::POST,
+        "/v1/drains",
+        drain("b.example.com"),
+    )
+    .await;
     assert_eq!(code, 403, "{body}");
     let e = body["error"].as_str().unwrap();
-    assert!(e.contains("lacks the name b.example.com.") && e.contains("tenant globex"), "{e}");
-    let (code, body) = as_token(&s, "only-a", Method::POST, "/v1/drains", drain("a.example.com")).await;
+    assert!(
+        e.contains("lacks the name b.example.com.") && e.contains("tenant globex"),
+        "{e}"
+    );
+    let (code, body) = as_token(
+        &s,
+        "only-a",
+        Method::POST,
+        "/v1/drains",
+        drain("a.example.com"),
+    )
+    .await;
     assert_eq!(code, 201, "{body}");
     assert_eq!(body["author"], "only-a", "{body}");
     let id = body["id"].as_str().unwrap().to_string();
 
     // Without the verb `freeze`: 403 naming it; a name-limited token cannot freeze all.
     let why = json!({"reason": "drill"});
-    let (code, body) = as_token(&s, "no-freeze", Method::POST, "/v1/failover/freeze", why.clone()).await;
+    let (code, body) = as_token(
+        &s,
+        "no-freeze",
+        Method::POST,
+        "/v1/failover/freeze",
+        why.clone(),
+    )
+    .await;
     assert_eq!(code, 403, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("lacks the verb `freeze`"), "{body}");
-    let (code, body) = as_token(&s, "only-a", Method::POST, "/v1/failover/freeze", why.clone()).await;
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("lacks the verb `freeze`"),
+        "{body}"
+    );
+    let (code, body) = as_token(
+        &s,
+        "only-a",
+        Method::POST,
+        "/v1/failover/freeze",
+        why.clone(),
+    )
+    .await;
     assert_eq!(code, 403, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("lacks every name"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("lacks every name"),
+        "{body}"
+    );
     assert!(s.state().await["failover_frozen"].is_null());
 
     // Regions: a drain in `uk` only; everywhere and other places are refused.
     let scoped = |w: Value| json!({"name": "b.example.com", "cdn": "b", "reason": "t", "where": w});
     let (code, body) = as_token(&s, "uk-only", Method::POST, "/v1/drains", scoped(json!([]))).await;
     assert_eq!(code, 403, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("lacks the scope everywhere"), "{body}");
-    let (code, body) = as_token(&s, "uk-only", Method::POST, "/v1/drains", scoped(json!(["FR"]))).await;
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("lacks the scope everywhere"),
+        "{body}"
+    );
+    let (code, body) = as_token(
+        &s,
+        "uk-only",
+        Method::POST,
+        "/v1/drains",
+        scoped(json!(["FR"])),
+    )
+    .await;
     assert_eq!(code, 403, "{body}");
-    let (code, body) = as_token(&s, "uk-only", Method::POST, "/v1/drains", scoped(json!(["uk"]))).await;
+    let (code, body) = as_token(
+        &s,
+        "uk-only",
+        Method::POST,
+        "/v1/drains",
+        scoped(json!(["uk"])),
+    )
+    .await;
     assert_eq!(code, 201, "{body}");
 
     // Undrain: no-freeze lacks nothing there; uk-only lacks the verb.
     let path = format!("/v1/drains/{id}");
-    let (code, _) = s.call(Method::DELETE, &path, None, Some(&secret("uk-only"))).await;
+    let (code, _) = s
+        .call(Method::DELETE, &path, None, Some(&secret("uk-only")))
+        .await;
     assert_eq!(code, 403);
-    let (code, body) = s.call(Method::DELETE, &path, None, Some(&secret("no-freeze"))).await;
+    let (code, body) = s
+        .call(Method::DELETE, &path, None, Some(&secret("no-freeze")))
+        .await;
     assert_eq!(code, 200, "{body}");
 
     // An unknown token is 401; the --api-token-file token keeps every right.
-    let (code, _) = as_token(&s, "nobody", Method::POST, "/v1/failover/freeze", why.clone()).await;
+    let (code, _) = as_token(
+        &s,
+        "nobody",
+        Method::POST,
+        "/v1/failover/freeze",
+        why.clone(),
+    )
+    .await;
     assert_eq!(code, 401);
     let (code, body) = s.post("/v1/failover/freeze", why).await;
     assert_eq!(code, 200, "{body}");
@@ -173,13 +244,19 @@ async fn a_tenant_drain_moves_only_that_tenants_names() {
     // Both names answer a and b before.
     for name in ["a.example.com.", "b.example.com."] {
         let before = over_300_networks(&s, name).await;
-        assert!(before.get("a").copied().unwrap_or(0) > 60, "{name}: {before:?}");
+        assert!(
+            before.get("a").copied().unwrap_or(0) > 60,
+            "{name}: {before:?}"
+        );
     }
     let body = json!({"tenant": "acme", "cdn": "a", "reason": "INC-7 acme", "immediate": true});
     // This token must give a ticket.
     let (code, r) = as_token(&s, "acme-ops", Method::POST, "/v1/drains", body.clone()).await;
     assert_eq!(code, 400, "{r}");
-    assert!(r["error"].as_str().unwrap().contains("requires a ticket"), "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("requires a ticket"),
+        "{r}"
+    );
     // And it may not touch globex's name.
     let other = json!({"name": "b.example.com", "cdn": "a", "reason": "x", "ticket": "T-1"});
     let (code, r) = as_token(&s, "acme-ops", Method::POST, "/v1/drains", other).await;
@@ -202,22 +279,45 @@ async fn a_tenant_drain_moves_only_that_tenants_names() {
         })
         .await;
     let d = &st["drains"][0];
-    assert_eq!((d["author"].clone(), d["tenant"].clone()), (json!("acme-ops"), json!("acme")), "{st:#}");
-    assert!(d["until_unix_ms"].as_u64().is_some(), "an override expires by default: {st:#}");
+    assert_eq!(
+        (d["author"].clone(), d["tenant"].clone()),
+        (json!("acme-ops"), json!("acme")),
+        "{st:#}"
+    );
+    assert!(
+        d["until_unix_ms"].as_u64().is_some(),
+        "an override expires by default: {st:#}"
+    );
     assert_eq!(st["tenants"]["acme"], json!(["a.example.com."]));
 
     let a = over_300_networks(&s, "a.example.com.").await;
     let b = over_300_networks(&s, "b.example.com.").await;
     assert_eq!(a.get("a"), None, "acme's name still answers a: {a:?}");
     assert_eq!(a.get("b"), Some(&300), "{a:?}");
-    assert!(b.get("a").copied().unwrap_or(0) > 60, "globex's name moved: {b:?}");
+    assert!(
+        b.get("a").copied().unwrap_or(0) > 60,
+        "globex's name moved: {b:?}"
+    );
 
     // explain and the status page show the tenant and the author.
-    let ex = s.get("/v1/explain?name=a.example.com&client=81.2.69.142").await;
+    let ex = s
+        .get("/v1/explain?name=a.example.com&client=81.2.69.142")
+        .await;
     assert_eq!(ex["tenant"], "acme", "{ex:#}");
-    let page = s.http.get(format!("http://{}/", s.api)).send().await.unwrap().text().await.unwrap();
+    let page = s
+        .http
+        .get(format!("http://{}/", s.api))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(page.contains("tenant acme"), "no tenant on the status page");
-    assert!(page.contains("acme-ops, ticket INC-7, tenant acme"), "no author on the status page");
+    assert!(
+        page.contains("acme-ops, ticket INC-7, tenant acme"),
+        "no author on the status page"
+    );
 }
 
 #[tokio::test]
@@ -239,10 +339,15 @@ async fn the_tokens_file_is_reloaded_and_a_broken_one_keeps_the_last_good() {
         std::fs::rename(&tmp, &path).unwrap();
     }
     let st = s
-        .wait_for("the reload refused", |st| st["last_reload"]["result"] == "refused")
+        .wait_for("the reload refused", |st| {
+            st["last_reload"]["result"] == "refused"
+        })
         .await;
     let errors = st["last_reload"]["errors"].to_string();
-    assert!(errors.contains("api-tokens.yaml") && errors.contains("chmod 600"), "{errors}");
+    assert!(
+        errors.contains("api-tokens.yaml") && errors.contains("chmod 600"),
+        "{errors}"
+    );
     assert_eq!(st["config_version"], version);
     let (code, _) = as_token(&s, "only-a", Method::POST, "/v1/drains", drain.clone()).await;
     assert_eq!(code, 201, "the last good tokens must stay");
@@ -259,7 +364,12 @@ async fn the_tokens_file_is_reloaded_and_a_broken_one_keeps_the_last_good() {
 }
 
 fn verify(files: &[PathBuf]) -> (bool, String) {
-    let out = Command::new(BIN).arg("audit").arg("verify").args(files).output().unwrap();
+    let out = Command::new(BIN)
+        .arg("audit")
+        .arg("verify")
+        .args(files)
+        .output()
+        .unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
@@ -273,8 +383,18 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
     let (code, r) = as_token(&s, "only-a", Method::POST, "/v1/drains", drain).await;
     assert_eq!(code, 201, "{r}");
     let id = r["id"].as_str().unwrap();
-    assert_eq!(s.post("/v1/failover/freeze", json!({"reason": "f"})).await.0, 200);
-    assert_eq!(s.post("/v1/failover/resume", json!({"reason": "g"})).await.0, 200);
+    assert_eq!(
+        s.post("/v1/failover/freeze", json!({"reason": "f"}))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        s.post("/v1/failover/resume", json!({"reason": "g"}))
+            .await
+            .0,
+        200
+    );
     assert_eq!(s.undrain(id).await, 200);
     // A reload too.
     let mut policy = std::fs::read_to_string(s.dir.join("steering.yaml")).unwrap();
@@ -286,19 +406,41 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
     let mut entries = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while entries.len() < 5 {
-        assert!(std::time::Instant::now() < deadline, "audit entries: {entries:#?}");
-        entries = s.get("/v1/audit?after=0&limit=100").await["entries"].as_array().unwrap().clone();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "audit entries: {entries:#?}"
+        );
+        entries = s.get("/v1/audit?after=0&limit=100").await["entries"]
+            .as_array()
+            .unwrap()
+            .clone();
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let kinds: Vec<&str> = entries.iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["drain", "freeze", "resume", "undrain", "reload"], "{entries:#?}");
+    let kinds: Vec<&str> = entries
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["drain", "freeze", "resume", "undrain", "reload"],
+        "{entries:#?}"
+    );
     assert_eq!(entries[0]["author"], "only-a");
     assert_eq!(entries[0]["ticket"], "T-9");
     assert_eq!(entries[1]["author"], "api-token-file");
-    assert_eq!(entries[4]["diff"]["names_changed"], json!(["b.example.com."]), "{:#}", entries[4]);
+    assert_eq!(
+        entries[4]["diff"]["names_changed"],
+        json!(["b.example.com."]),
+        "{:#}",
+        entries[4]
+    );
     // Paged: after the second, one at a time.
     let p = s.get("/v1/audit?after=2&limit=1").await;
-    assert_eq!((p["entries"][0]["seq"].as_u64(), p["more"].as_bool()), (Some(3), Some(true)), "{p:#}");
+    assert_eq!(
+        (p["entries"][0]["seq"].as_u64(), p["more"].as_bool()),
+        (Some(3), Some(true)),
+        "{p:#}"
+    );
 
     let log = s.dir.join("state/audit.jsonl");
     let (ok, out) = verify(std::slice::from_ref(&log));
@@ -315,7 +457,10 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
     let mut del = own(&lines);
     del.remove(2);
     let (ok, out) = tampered("deleted", del);
-    assert!(!ok && out.contains(":3: line(s) removed before this one"), "{out}");
+    assert!(
+        !ok && out.contains(":3: line(s) removed before this one"),
+        "{out}"
+    );
     // Edited: a reason changed on line 2.
     let mut edit = own(&lines);
     edit[1] = edit[1].replace("\"reason\":\"f\"", "\"reason\":\"x\"");
@@ -338,5 +483,8 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert_eq!(text.lines().count(), 2, "{text}");
-    assert!(text.contains("undrain") && text.contains("author=\"api-token-file\""), "{text}");
+    assert!(
+        text.contains("undrain") && text.contains("author=\"api-token-file\""),
+        "{text}"
+    );
 }

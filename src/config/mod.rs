@@ -101,9 +101,9 @@ pub struct ContentSteering {
 /// in the policy, a token file, a URL and a log line.
 pub fn valid_tenant(name: &str) -> bool {
     (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_'))
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_')
+        })
 }
 
 /// Whether `id` may be a pathway id: 1 to 64 of `[A-Za-z0-9._-]` (the HLS content

@@ -347,7 +347,10 @@ pub fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
                 if !super::valid_tenant(tenant) {
                     let mut p = at("tenants");
                     p.push(Seg::Index(j));
-                    error(p, format!("`{tenant}`: a tenant is 1 to 64 of a-z 0-9 . - _"));
+                    error(
+                        p,
+                        format!("`{tenant}`: a tenant is 1 to 64 of a-z 0-9 . - _"),
+                    );
                 }
             }
         }
@@ -407,7 +410,10 @@ mod tests {
         let t = parse(Path::new("t.yaml"), &text).unwrap();
         let a = t.find("password").expect("found");
         assert_eq!(a.name, "a");
-        assert_eq!(a.names.as_deref(), Some(&["a.example.com.".to_string()][..]));
+        assert_eq!(
+            a.names.as_deref(),
+            Some(&["a.example.com.".to_string()][..])
+        );
         assert!(t.find("passwore").is_none());
         assert!(t.find("").is_none());
         assert!(a.may(Verb::Drain).is_ok());
@@ -427,9 +433,12 @@ mod tests {
         ] {
             assert!(e.contains(want), "{want} not in:\n{e}");
         }
-        let e = parse(Path::new("t.yaml"), "tokens:\n  - name: a\n    sha256: x\n    verbs: [drian]\n")
-            .unwrap_err()
-            .to_string();
+        let e = parse(
+            Path::new("t.yaml"),
+            "tokens:\n  - name: a\n    sha256: x\n    verbs: [drian]\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("t.yaml:4") && e.contains("drian"), "{e}");
     }
 }

@@ -336,9 +336,7 @@ async fn route(
             _,
             "/" | "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain"
             | "/v1/audit",
-        ) => {
-            text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n")
-        }
+        ) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }

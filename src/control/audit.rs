@@ -107,7 +107,9 @@ impl Audit {
     /// Appends an entry shared through etcd at revision `rev` (a set): its fields are
     /// the same on every node, and so is the chain.
     pub fn append_shared(&self, rev: i64, entry: Value) {
-        let Value::Object(mut map) = entry else { return };
+        let Value::Object(mut map) = entry else {
+            return;
+        };
         map.insert("rev".into(), Value::from(rev));
         if self.tx.send(Job::Append(map)).is_err() {
             warn!(rev, "the audit thread is gone: an entry is lost");
@@ -332,21 +334,31 @@ pub fn verify(files: &[PathBuf]) -> Result<Verified, Broken> {
             line,
             what,
         };
-        let text = std::fs::read_to_string(file).map_err(|e| broken(0, format!("cannot read: {e}")))?;
+        let text =
+            std::fs::read_to_string(file).map_err(|e| broken(0, format!("cannot read: {e}")))?;
         let lines: Vec<&str> = text.lines().collect();
         let seqs: Vec<Option<u64>> = lines.iter().map(|l| Link::of(l).map(|k| k.seq)).collect();
         for (i, line) in lines.iter().enumerate() {
             let n = i + 1;
             let Some(link) = Link::of(line) else {
-                return Err(broken(n, "changed: not an audit entry (no seq, prev or hash)".into()));
+                return Err(broken(
+                    n,
+                    "changed: not an audit entry (no seq, prev or hash)".into(),
+                ));
             };
             if !link.intact {
-                return Err(broken(n, "changed: its hash does not match its content".into()));
+                return Err(broken(
+                    n,
+                    "changed: its hash does not match its content".into(),
+                ));
             }
             match &last {
                 None => {
                     if link.seq == 1 && link.prev != GENESIS {
-                        return Err(broken(n, "changed: the first entry links to another".into()));
+                        return Err(broken(
+                            n,
+                            "changed: the first entry links to another".into(),
+                        ));
                     }
                     out.first_seq = link.seq;
                 }
@@ -366,7 +378,9 @@ pub fn verify(files: &[PathBuf]) -> Result<Verified, Broken> {
                     if link.prev != *hash {
                         return Err(broken(
                             n.saturating_sub(1).max(1),
-                            format!("changed: line {n} records another hash for the line before it"),
+                            format!(
+                                "changed: line {n} records another hash for the line before it"
+                            ),
                         ));
                     }
                 }
@@ -403,7 +417,10 @@ pub fn human(line: &str) -> String {
         s("kind")
     );
     for (k, v) in &m {
-        if matches!(k.as_str(), "seq" | "at_unix_ms" | "node" | "kind" | "prev" | "hash") {
+        if matches!(
+            k.as_str(),
+            "seq" | "at_unix_ms" | "node" | "kind" | "prev" | "hash"
+        ) {
             continue;
         }
         match v {
@@ -476,7 +493,11 @@ mod tests {
         let path = d.join("audit.jsonl");
         write(&path, 600, 12);
         let p = page(&path, 3, 5).unwrap();
-        let seqs: Vec<u64> = p.entries.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        let seqs: Vec<u64> = p
+            .entries
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
         assert_eq!(seqs, vec![4, 5, 6, 7, 8]);
         assert!(p.more);
         assert_eq!(p.next_after, 8);

@@ -172,7 +172,11 @@ impl ClusterLink {
     }
 
     /// The key and entry of an audit event of this node, to write to etcd.
-    fn audit_entry(&mut self, kind: &str, fields: serde_json::Value) -> (String, serde_json::Value) {
+    fn audit_entry(
+        &mut self,
+        kind: &str,
+        fields: serde_json::Value,
+    ) -> (String, serde_json::Value) {
         self.audit_serial += 1;
         let serial = now_ms() * 1000 + self.audit_serial % 1000;
         (
@@ -229,9 +233,8 @@ impl Controller {
                 }
             }
             let path = sf.dir.join("audit.jsonl");
-            let started = std::fs::create_dir_all(&sf.dir).and_then(|()| {
-                Audit::start(path.clone(), c.vantage.clone(), audit::MAX_BYTES)
-            });
+            let started = std::fs::create_dir_all(&sf.dir)
+                .and_then(|()| Audit::start(path.clone(), c.vantage.clone(), audit::MAX_BYTES));
             match started {
                 Ok(a) => c.audit = Some(a),
                 Err(e) => {
@@ -463,14 +466,20 @@ impl Controller {
             }
             Command::Freeze(reason, author, reply) => {
                 warn!(reason = %reason, author = %author, "automatic failover frozen: health is tracked, no step is taken");
-                self.audit("freeze", serde_json::json!({ "reason": reason, "author": author }));
+                self.audit(
+                    "freeze",
+                    serde_json::json!({ "reason": reason, "author": author }),
+                );
                 self.failover.freeze(reason);
                 self.persist();
                 self.reply(reply, Ok(()));
             }
             Command::Resume(reason, author, reply) => {
                 info!(reason = %reason, author = %author, "automatic failover resumed");
-                self.audit("resume", serde_json::json!({ "reason": reason, "author": author }));
+                self.audit(
+                    "resume",
+                    serde_json::json!({ "reason": reason, "author": author }),
+                );
                 let taken = self.failover.resume(&self.loaded.policy, now);
                 log_steps(&taken);
                 self.publish();
@@ -482,7 +491,9 @@ impl Controller {
             Command::Audit(after, limit, reply) => match &self.audit {
                 Some(a) => a.page(after, limit, reply),
                 None => {
-                    let _ = reply.send(Err("no audit log: this server keeps no state directory".into()));
+                    let _ = reply.send(Err(
+                        "no audit log: this server keeps no state directory".into()
+                    ));
                 }
             },
         }
@@ -1501,7 +1512,11 @@ fn admit(
 }
 
 /// Whether `token` may end the override `found`.
-fn may_undrain(policy: &Policy, token: &Token, found: Option<&DrainRule>) -> Result<(), DrainError> {
+fn may_undrain(
+    policy: &Policy,
+    token: &Token,
+    found: Option<&DrainRule>,
+) -> Result<(), DrainError> {
     let Some(rule) = found else { return Ok(()) };
     match rule.resolve(policy) {
         Ok((host, _)) => token
@@ -1589,11 +1604,7 @@ pub enum Command {
     Freeze(String, String, oneshot::Sender<Result<(), String>>),
     Resume(String, String, oneshot::Sender<Result<(), String>>),
     /// A page of the audit log: entries after this seq, at most this many.
-    Audit(
-        u64,
-        usize,
-        oneshot::Sender<Result<audit::Page, String>>,
-    ),
+    Audit(u64, usize, oneshot::Sender<Result<audit::Page, String>>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
     /// the client itself, without ECS), and a content steering session key.
     Explain(
