@@ -488,3 +488,103 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
         "{text}"
     );
 }
+
+/// The percent of `cdn` removed from `name` by failover, if any.
+fn removed_from(s: &Value, name: &str, cdn: &str) -> Option<u64> {
+    s["failover"]
+        .as_array()?
+        .iter()
+        .find(|f| f["cdn"] == cdn && f["name"] == name)?["removed_percent"]
+        .as_u64()
+}
+
+#[tokio::test]
+async fn a_tenant_freeze_holds_only_that_tenants_names() {
+    use common::mock_cdn::{MockCdn, Mode};
+    let dir = scratch("levers-freeze");
+    tenant_policy(&dir);
+    tokens_file(&dir, TOKENS);
+    let (a, b) = (
+        MockCdn::start(Mode::Healthy).await,
+        MockCdn::start(Mode::Healthy).await,
+    );
+    probe(&dir, "a", &a.url("/a"), 1);
+    probe(&dir, "b", &b.url("/b"), 1);
+    let s = Stack::start(&dir).await;
+    s.wait_for("probed", |st| ["a", "b"].iter().all(|c| up_verdict(st, c)))
+        .await;
+    let acme = json!({"reason": "acme window", "tenant": "acme"});
+    // A token limited to a name may not freeze a tenant; an unknown tenant is 400.
+    let (code, r) = as_token(
+        &s,
+        "only-a",
+        Method::POST,
+        "/v1/failover/freeze",
+        acme.clone(),
+    )
+    .await;
+    assert_eq!(code, 403, "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("lacks the tenant acme"),
+        "{r}"
+    );
+    let (code, r) = s
+        .post(
+            "/v1/failover/freeze",
+            json!({"reason": "x", "tenant": "nobody"}),
+        )
+        .await;
+    assert_eq!(code, 400, "{r}");
+    let (code, r) = s.post("/v1/failover/freeze", acme.clone()).await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["tenant"], "acme");
+
+    // a fails: globex's name moves off it, acme's holds.
+    a.set(Mode::Status(503));
+    let st = s
+        .wait_for("a down and b.example.com off it", |st| {
+            health(st, "a")["state"] == "down"
+                && removed_from(st, "b.example.com.", "a") == Some(100)
+        })
+        .await;
+    assert_eq!(removed_from(&st, "a.example.com.", "a"), None, "{st:#}");
+    assert!(st["failover_frozen"].is_null(), "{st:#}");
+    assert!(
+        st["failover_frozen_tenants"]["acme"]
+            .as_str()
+            .is_some_and(|w| w.contains("acme window")),
+        "{st:#}"
+    );
+    let held = over_300_networks(&s, "a.example.com.").await;
+    let moved = over_300_networks(&s, "b.example.com.").await;
+    assert!(
+        held.get("a").copied().unwrap_or(0) > 60,
+        "acme's name moved: {held:?}"
+    );
+    assert_eq!(moved.get("a"), None, "globex's name still on a: {moved:?}");
+    let ex = s
+        .get("/v1/explain?name=a.example.com&client=81.2.69.142")
+        .await;
+    assert!(
+        ex["failover_frozen"]
+            .as_str()
+            .is_some_and(|w| w.contains("tenant freeze")),
+        "{ex:#}"
+    );
+
+    // Resumed for acme: its name follows the health now.
+    let (code, r) = s.post("/v1/failover/resume", acme).await;
+    assert_eq!(code, 200, "{r}");
+    s.wait_for("a.example.com off a", |st| {
+        removed_from(st, "a.example.com.", "a") == Some(100)
+            && st["failover_frozen_tenants"]
+                .as_object()
+                .is_some_and(|m| m.is_empty())
+    })
+    .await;
+    let after = over_300_networks(&s, "a.example.com.").await;
+    assert_eq!(after.get("a"), None, "{after:?}");
+}

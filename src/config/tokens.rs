@@ -130,10 +130,7 @@ impl Token {
     pub fn may_touch(&self, host: &HostPolicy, scope: &[String]) -> Result<(), String> {
         let name = host.name.to_string();
         if self.names.is_some() || self.tenants.is_some() {
-            let by_name = self
-                .names
-                .as_ref()
-                .is_some_and(|n| n.iter().any(|n| *n == name));
+            let by_name = self.names.as_ref().is_some_and(|n| n.contains(&name));
             let by_tenant = match (&self.tenants, &host.tenant) {
                 (Some(ts), Some(t)) => ts.contains(t),
                 _ => false,
@@ -174,6 +171,20 @@ impl Token {
             )),
             None => Ok(()),
         }
+    }
+
+    /// Whether it may freeze or resume the names of `tenant` (everywhere).
+    pub fn may_touch_tenant(&self, tenant: &str) -> Result<(), String> {
+        let limited = self.names.is_some() || self.tenants.is_some();
+        if limited
+            && !self
+                .tenants
+                .as_ref()
+                .is_some_and(|ts| ts.iter().any(|t| t == tenant))
+        {
+            return Err(format!("token `{}` lacks the tenant {tenant}", self.name));
+        }
+        self.may_cover(&[])
     }
 
     /// Whether it may act on every name everywhere (a global freeze or resume).

@@ -9,6 +9,8 @@
 //! checked here, the names, tenants and regions it may touch by the controller, with the
 //! policy); a request outside its scope gets `403` saying what it lacks.
 //! `GET /v1/audit?after=SEQ&limit=N` pages the audit log (`STATE_DIR/audit.jsonl`).
+//! Drains (`"tenant"` instead of `"name"`) and freezes (`"tenant"`) may target a tenant;
+//! mutations may carry `"ticket"`.
 //!
 //! Limits ([`ApiLimits`]), so that no client can hold the server's resources: the request
 //! line and headers at most 64 KiB (`431` beyond) and complete within 10 s, bodies at
@@ -38,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::tokens::{Token, Tokens, Verb};
-use crate::control::controller::Command;
+use crate::control::controller::{Command, Lever};
 use crate::control::drains::{now_ms, unix_ms, DrainError, DrainRule};
 use crate::control::explain::ExplainError;
 use crate::control::peers::Published;
@@ -318,7 +320,7 @@ async fn route(
         | (Method::POST, "/v1/failover/resume") => {
             let token = match authenticate(&req, &state) {
                 Ok(t) => t,
-                Err(refusal) => return Ok(refusal),
+                Err(refusal) => return Ok(*refusal),
             };
             let verb = match (req.method(), path.as_str()) {
                 (&Method::POST, "/v1/drains") => Verb::Drain,
@@ -343,10 +345,10 @@ async fn route(
 
 /// The token of a mutation's bearer, or its refusal: `403` when no token is
 /// configured, `401` for a missing or unknown one.
-fn authenticate(req: &Request<Incoming>, state: &ApiState) -> Result<Arc<Token>, Reply> {
+fn authenticate(req: &Request<Incoming>, state: &ApiState) -> Result<Arc<Token>, Box<Reply>> {
     let scoped = state.tokens.load();
     if state.token.is_none() && scoped.is_empty() {
-        return Err(error(StatusCode::FORBIDDEN, "mutations are disabled: no API token is configured (--api-token-file, STEERDNS_API_TOKEN or --api-tokens)"));
+        return Err(Box::new(error(StatusCode::FORBIDDEN, "mutations are disabled: no API token is configured (--api-token-file, STEERDNS_API_TOKEN or --api-tokens)")));
     }
     let given = req
         .headers()
@@ -363,10 +365,10 @@ fn authenticate(req: &Request<Incoming>, state: &ApiState) -> Result<Arc<Token>,
     match (every_right, found) {
         (true, _) => Ok(Arc::new(Token::every_right(EVERY_RIGHT, given))),
         (false, Some(t)) => Ok(t),
-        (false, None) => Err(error(
+        (false, None) => Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token",
-        )),
+        ))),
     }
 }
 
@@ -421,6 +423,8 @@ struct ReasonRequest {
     #[serde(default)]
     reason: String,
     ticket: Option<String>,
+    /// Only this tenant's names.
+    tenant: Option<String>,
 }
 
 async fn mutate(
@@ -550,26 +554,45 @@ async fn mutate(
             if let Err(e) = token.ticket_ok(r.ticket.as_deref()) {
                 return error(StatusCode::BAD_REQUEST, &e);
             }
-            // A freeze holds every name's failover: only a token that may touch all.
-            if let Err(lacks) = token.may_touch_everything() {
+            // A freeze holds every name's failover (or a tenant's): only a token that
+            // may touch them all.
+            let scope = match &r.tenant {
+                Some(t) => token.may_touch_tenant(t),
+                None => token.may_touch_everything(),
+            };
+            if let Err(lacks) = scope {
                 return error(StatusCode::FORBIDDEN, &lacks);
             }
-            let author = match &r.ticket {
-                Some(t) => format!("{} (ticket {t})", token.name),
-                None => token.name.clone(),
+            let lever = Lever {
+                author: match &r.ticket {
+                    Some(t) => format!("{} (ticket {t})", token.name),
+                    None => token.name.clone(),
+                },
+                reason: r.reason,
+                tenant: r.tenant,
             };
             let freeze = path.ends_with("freeze");
+            let tenant = lever.tenant.clone();
             let sent = ask(commands, |tx| {
                 if freeze {
-                    Command::Freeze(r.reason, author, tx)
+                    Command::Freeze(lever, tx)
                 } else {
-                    Command::Resume(r.reason, author, tx)
+                    Command::Resume(lever, tx)
                 }
             })
             .await;
             match sent {
-                Ok(Ok(())) => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
-                Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+                Ok(Ok(())) => match tenant {
+                    Some(t) => json_reply(
+                        StatusCode::OK,
+                        &json!({ "tenant": t, "failover_frozen": freeze }),
+                    ),
+                    None => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
+                },
+                Ok(Err(e @ DrainError::Unavailable(_))) => {
+                    error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+                }
+                Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
                 Err(reply) => *reply,
             }
         }

@@ -145,6 +145,7 @@ type Applied = (
     BTreeMap<(String, String), (Timeline, i64)>,
     BTreeMap<String, SharedDrain>,
     Option<Freeze>,
+    BTreeMap<String, Freeze>,
 );
 
 impl ClusterLink {
@@ -268,6 +269,7 @@ impl Controller {
                     health: saved.health.clone(),
                     steps: saved.steppers(now),
                     frozen: saved.frozen.clone(),
+                    frozen_tenants: saved.frozen_tenants.clone(),
                 };
                 self.failover
                     .retain_known(&self.loaded.policy, &self.loaded.probes);
@@ -320,6 +322,23 @@ impl Controller {
         self.tokens.clone()
     }
 
+    /// Refuses a freeze or resume of a tenant the policy does not have.
+    fn known_tenant(&self, lever: &Lever) -> Result<(), DrainError> {
+        match &lever.tenant {
+            Some(t)
+                if !self
+                    .loaded
+                    .policy
+                    .hosts
+                    .iter()
+                    .any(|h| h.tenant.as_ref() == Some(t)) =>
+            {
+                Err(DrainError::NoTenant(t.clone()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Appends an entry to the audit log (when there is one); in a set, writes it to
     /// etcd, from where every node appends it.
     fn audit(&mut self, kind: &str, fields: serde_json::Value) {
@@ -353,7 +372,7 @@ impl Controller {
             let now = Instant::now();
             let next = self
                 .failover
-                .next_due()
+                .next_due(&self.loaded.policy)
                 .into_iter()
                 .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
                 .min();
@@ -464,23 +483,31 @@ impl Controller {
                 }
                 self.reply(reply, result);
             }
-            Command::Freeze(reason, author, reply) => {
-                warn!(reason = %reason, author = %author, "automatic failover frozen: health is tracked, no step is taken");
-                self.audit(
-                    "freeze",
-                    serde_json::json!({ "reason": reason, "author": author }),
-                );
-                self.failover.freeze(reason);
+            Command::Freeze(lever, reply) => {
+                if let Err(e) = self.known_tenant(&lever) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                warn!(reason = %lever.reason, author = %lever.author, tenant = ?lever.tenant, "automatic failover frozen: health is tracked, no step is taken");
+                self.audit("freeze", lever.fields());
+                match lever.tenant {
+                    Some(t) => self.failover.freeze_tenant(&t, lever.reason),
+                    None => self.failover.freeze(lever.reason),
+                }
                 self.persist();
                 self.reply(reply, Ok(()));
             }
-            Command::Resume(reason, author, reply) => {
-                info!(reason = %reason, author = %author, "automatic failover resumed");
-                self.audit(
-                    "resume",
-                    serde_json::json!({ "reason": reason, "author": author }),
-                );
-                let taken = self.failover.resume(&self.loaded.policy, now);
+            Command::Resume(lever, reply) => {
+                if let Err(e) = self.known_tenant(&lever) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                info!(reason = %lever.reason, author = %lever.author, tenant = ?lever.tenant, "automatic failover resumed");
+                self.audit("resume", lever.fields());
+                let taken = match &lever.tenant {
+                    Some(t) => self.failover.resume_tenant(&self.loaded.policy, t, now),
+                    None => self.failover.resume(&self.loaded.policy, now),
+                };
                 log_steps(&taken);
                 self.publish();
                 self.reply(reply, Ok(()));
@@ -518,7 +545,22 @@ impl Controller {
             health: &self.failover.health,
             removed: &self.removed(),
             drains: self.drains.report(&self.loaded.policy, now_ms()),
-            frozen: self.failover.frozen.clone(),
+            frozen: self.failover.frozen.clone().or_else(|| {
+                let name = name.trim_end_matches('.');
+                self.loaded
+                    .policy
+                    .hosts
+                    .iter()
+                    .find(|h| {
+                        h.name
+                            .to_string()
+                            .trim_end_matches('.')
+                            .eq_ignore_ascii_case(name)
+                    })
+                    .and_then(|h| h.tenant.as_ref())
+                    .and_then(|t| self.failover.frozen_tenants.get(t))
+                    .map(|why| format!("{why} (tenant freeze)"))
+            }),
             state: "live".into(),
         };
         let question = explain::Question {
@@ -893,6 +935,7 @@ impl Controller {
             saved.overrides = self.drains.overrides.clone();
             saved.drains = self.drains.saved(now);
             saved.frozen = self.failover.frozen.clone();
+            saved.frozen_tenants = self.failover.frozen_tenants.clone();
             saved
         });
         self.show(saved);
@@ -950,6 +993,7 @@ impl Controller {
         StateDoc {
             config_version: self.loaded.version.clone(),
             failover_frozen: f.frozen.clone(),
+            failover_frozen_tenants: f.frozen_tenants.clone(),
             tenants: self.loaded.policy.tenants(),
             drains: self.drains.report(&self.loaded.policy, now_ms()),
             last_reload: self.last_reload.clone(),
@@ -1086,6 +1130,7 @@ impl Controller {
             shared.view.timelines.clone(),
             shared.view.drains.clone(),
             shared.view.freeze.clone(),
+            shared.view.freeze_tenants.clone(),
         );
         if was_connected && c.applied.as_ref() == Some(&overrides) {
             return;
@@ -1116,6 +1161,15 @@ impl Controller {
             };
             let top = host.failover.steps.len();
             let interval = host.failover.step_interval.as_millis() as u64;
+            // A tenant's freeze holds its names' timelines where they stood then.
+            let t = match host
+                .tenant
+                .as_ref()
+                .and_then(|x| view.freeze_tenants.get(x))
+            {
+                Some(f) => t.min(f.at_unix_ms),
+                None => t,
+            };
             let s = tl.stepper(top, interval, t, now);
             if s.is_active() {
                 steps.insert((name.clone(), cdn.clone()), s);
@@ -1133,6 +1187,11 @@ impl Controller {
             }
         }
         self.failover.frozen = frozen;
+        self.failover.frozen_tenants = view
+            .freeze_tenants
+            .iter()
+            .map(|(t, f)| (t.clone(), format!("{} (by {})", f.reason, f.node)))
+            .collect();
         self.drains.overrides = view
             .drains
             .values()
@@ -1173,7 +1232,7 @@ impl Controller {
             .policy
             .hosts
             .iter()
-            .filter(|h| h.cdns.iter().any(|x| x.name == cdn))
+            .filter(|h| h.cdns.iter().any(|x| x.name == cdn) && !self.failover.held(h))
         {
             let name = host.name.to_string();
             let key = (name.clone(), cdn.to_string());
@@ -1220,6 +1279,10 @@ impl Controller {
     /// watch. Returns the commands answered as in a single node.
     fn on_cluster_command(&mut self, command: Command) -> Option<Command> {
         let policy = self.loaded.policy.clone();
+        let known = match &command {
+            Command::Freeze(l, _) | Command::Resume(l, _) => self.known_tenant(l),
+            _ => Ok(()),
+        };
         let c = self.cluster.as_mut()?;
         let connected = c.connected();
         let unreachable = || {
@@ -1329,45 +1392,55 @@ impl Controller {
                 });
                 None
             }
-            Command::Freeze(reason, author, reply) => {
+            Command::Freeze(lever, reply) => {
                 if !connected {
-                    let _ = reply.send(Err(unreachable()));
+                    let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
                     return None;
                 }
-                let (audit_key, entry) = c.audit_entry(
-                    "freeze",
-                    serde_json::json!({ "reason": reason, "author": author }),
-                );
+                if let Err(e) = known {
+                    let _ = reply.send(Err(e));
+                    return None;
+                }
+                let (audit_key, entry) = c.audit_entry("freeze", lever.fields());
                 let record = Freeze {
-                    reason,
+                    reason: lever.reason,
                     node: c.node.clone(),
                     at_unix_ms: now_ms(),
                 };
-                let (etcd, key) = (c.etcd.clone(), freeze_key(&c.prefix));
+                let key = match &lever.tenant {
+                    Some(t) => cluster::tenant_freeze_key(&c.prefix, t),
+                    None => freeze_key(&c.prefix),
+                };
+                let etcd = c.etcd.clone();
                 tokio::spawn(async move {
                     let value = serde_json::to_vec(&record).unwrap_or_default();
                     let r = etcd.put(&key, &value, None).await;
                     if r.is_ok() {
                         put_audit(etcd.clone(), audit_key, entry).await;
                     }
-                    let _ = reply.send(r.map_err(|e| e.to_string()));
+                    let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
                 });
                 None
             }
-            Command::Resume(reason, author, reply) => {
+            Command::Resume(lever, reply) => {
                 if !connected {
-                    let _ = reply.send(Err(unreachable()));
+                    let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
                     return None;
                 }
-                let (audit_key, entry) = c.audit_entry(
-                    "resume",
-                    serde_json::json!({ "reason": reason, "author": author }),
-                );
+                if let Err(e) = known {
+                    let _ = reply.send(Err(e));
+                    return None;
+                }
+                let (audit_key, entry) = c.audit_entry("resume", lever.fields());
+                let reason = lever.reason;
                 // Every timeline starts again from where the freeze held it, in the
                 // direction this node's health says; then the freeze is lifted.
                 let wall = now_ms();
                 let mut writes = Vec::new();
-                for host in &policy.hosts {
+                let of_tenant = |h: &&crate::config::HostPolicy| {
+                    lever.tenant.is_none() || h.tenant == lever.tenant
+                };
+                for host in policy.hosts.iter().filter(of_tenant) {
                     for cdn in &host.cdns {
                         let key = (host.name.to_string(), cdn.name.clone());
                         let level = self.failover.steps.get(&key).map_or(0, |s| s.level);
@@ -1393,7 +1466,11 @@ impl Controller {
                         writes.push((timeline_key(&c.prefix, &key.0, &key.1), t));
                     }
                 }
-                let (etcd, freeze) = (c.etcd.clone(), freeze_key(&c.prefix));
+                let freeze = match &lever.tenant {
+                    Some(t) => cluster::tenant_freeze_key(&c.prefix, t),
+                    None => freeze_key(&c.prefix),
+                };
+                let etcd = c.etcd.clone();
                 tokio::spawn(async move {
                     let r = async {
                         for (k, t) in &writes {
@@ -1406,7 +1483,7 @@ impl Controller {
                     if r.is_ok() {
                         put_audit(etcd.clone(), audit_key, entry).await;
                     }
-                    let _ = reply.send(r.map_err(|e| e.to_string()));
+                    let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
                 });
                 None
             }
@@ -1599,10 +1676,10 @@ pub enum Command {
         String,
         oneshot::Sender<Result<DrainRule, DrainError>>,
     ),
-    /// Reason and author; answered with why it could not be done (in a set: etcd
+    /// Answered with why it could not be done (an unknown tenant; in a set: etcd
     /// unreachable).
-    Freeze(String, String, oneshot::Sender<Result<(), String>>),
-    Resume(String, String, oneshot::Sender<Result<(), String>>),
+    Freeze(Lever, oneshot::Sender<Result<(), DrainError>>),
+    Resume(Lever, oneshot::Sender<Result<(), DrainError>>),
     /// A page of the audit log: entries after this seq, at most this many.
     Audit(u64, usize, oneshot::Sender<Result<audit::Page, String>>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
@@ -1614,6 +1691,22 @@ pub enum Command {
         Option<u64>,
         oneshot::Sender<Result<Explanation, ExplainError>>,
     ),
+}
+
+/// A freeze or resume: why, who, and of which tenant's names (`None`: every name).
+#[derive(Clone, Debug)]
+pub struct Lever {
+    pub reason: String,
+    /// The token's name, with the ticket if one was given.
+    pub author: String,
+    pub tenant: Option<String>,
+}
+
+impl Lever {
+    /// As the audit log records it.
+    fn fields(&self) -> serde_json::Value {
+        serde_json::json!({ "reason": self.reason, "author": self.author, "tenant": self.tenant })
+    }
 }
 
 /// Spawns the prober of `probes` alone (for `agent`).

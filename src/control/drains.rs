@@ -64,6 +64,8 @@ pub struct DrainRule {
 pub enum DrainError {
     #[error("{0} is not a steered name")]
     NotSteered(String),
+    #[error("no steered name has the tenant `{0}`")]
+    NoTenant(String),
     #[error("no steered name of tenant `{tenant}` has a CDN `{cdn}`")]
     NoTenantName { tenant: String, cdn: String },
     /// The API token may not do this: what it lacks (403).

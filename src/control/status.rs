@@ -305,6 +305,15 @@ fn write_page(
 }
 
 fn banners(h: &mut String, doc: &StateDoc) -> std::fmt::Result {
+    for (tenant, why) in &doc.failover_frozen_tenants {
+        writeln!(
+            h,
+            "<p class=\"banner warn\" id=\"frozen-{}\">Automatic failover is frozen for tenant {}: {}</p>",
+            esc(tenant),
+            esc(tenant),
+            esc(why)
+        )?;
+    }
     if let Some(why) = &doc.failover_frozen {
         writeln!(
             h,

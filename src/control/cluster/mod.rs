@@ -15,6 +15,7 @@
 //! | `timeline/{name}/{cdn}` | [`Timeline`]: direction, level at start, start time | the first node whose health flips (create-if-absent, or compare-and-swap on the revision) |
 //! | `drain/{id}` | [`SharedDrain`]: the rule, who, when | the node whose API got it (a lease ends it at `until`) |
 //! | `freeze` | [`Freeze`]: why, who, when | the node whose API got it |
+//! | `freeze/{tenant}` | [`Freeze`] of that tenant's names | the node whose API got it |
 //! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
@@ -175,6 +176,8 @@ pub struct SharedView {
     /// Per override id.
     pub drains: BTreeMap<String, SharedDrain>,
     pub freeze: Option<Freeze>,
+    /// Per tenant: the freeze of its names.
+    pub freeze_tenants: BTreeMap<String, Freeze>,
     /// Audit entries by revision: every node appends them in this order.
     pub audit: BTreeMap<i64, serde_json::Value>,
     /// Keys refused (bad form), and the last one with why.
@@ -250,6 +253,11 @@ pub fn timeline_key(prefix: &str, name: &str, cdn: &str) -> String {
 /// Key of a drain override.
 pub fn drain_key(prefix: &str, id: &str) -> String {
     format!("{prefix}drain/{id}")
+}
+
+/// Key of the freeze of a tenant's names.
+pub fn tenant_freeze_key(prefix: &str, tenant: &str) -> String {
+    format!("{prefix}freeze/{tenant}")
 }
 
 /// Key of an audit entry.
@@ -340,6 +348,14 @@ impl SharedView {
                     return Err("an audit entry is a JSON object".into());
                 }
                 self.audit.insert(rev, v);
+            }
+            ["freeze", tenant] => {
+                if !sane_name(tenant) {
+                    return Err("tenant not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                let f: Freeze = parse_json(value)?;
+                check_reason(&f.reason)?;
+                self.freeze_tenants.insert(tenant.to_string(), f);
             }
             ["freeze"] => {
                 let f: Freeze = parse_json(value)?;
