@@ -104,6 +104,14 @@ async fn as_token(s: &Stack, token: &str, method: Method, path: &str, body: Valu
     s.call(method, path, Some(body), Some(&secret(token))).await
 }
 
+/// Asserts that `token` gets `403` for `POST path body`, with an error saying `lacks`.
+async fn refused(s: &Stack, token: &str, path: &str, body: Value, lacks: &str) {
+    let (code, r) = as_token(s, token, Method::POST, path, body).await;
+    assert_eq!(code, 403, "{r}");
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains(lacks), "{lacks:?} not in {e:?}");
+}
+
 /// CDN counts for `name` asked from 300 client /24 networks (ECS), each through
 /// another resolver.
 async fn over_300_networks(s: &Stack, name: &str) -> HashMap<String, usize> {
@@ -124,85 +132,51 @@ async fn a_token_acts_only_within_its_scope() {
     let drain = |name: &str| json!({"name": name, "cdn": "a", "reason": "test", "immediate": true});
 
     // Scoped to a.example.com: b.example.com is refused, saying what it lacks.
-    let (code, body) = as_token(
+    let (drains, freeze) = ("/v1/drains", "/v1/failover/freeze");
+    refused(
         &s,
         "only-a",
-        Method::POST,
-        "/v1/drains",
+        drains,
         drain("b.example.com"),
+        "lacks the name b.example.com. (tenant globex)",
     )
     .await;
-    assert_eq!(code, 403, "{body}");
-    let e = body["error"].as_str().unwrap();
-    assert!(
-        e.contains("lacks the name b.example.com.") && e.contains("tenant globex"),
-        "{e}"
-    );
-    let (code, body) = as_token(
-        &s,
-        "only-a",
-        Method::POST,
-        "/v1/drains",
-        drain("a.example.com"),
-    )
-    .await;
+    let (code, body) = as_token(&s, "only-a", Method::POST, drains, drain("a.example.com")).await;
     assert_eq!(code, 201, "{body}");
     assert_eq!(body["author"], "only-a", "{body}");
     let id = body["id"].as_str().unwrap().to_string();
 
     // Without the verb `freeze`: 403 naming it; a name-limited token cannot freeze all.
     let why = json!({"reason": "drill"});
-    let (code, body) = as_token(
+    refused(
         &s,
         "no-freeze",
-        Method::POST,
-        "/v1/failover/freeze",
+        freeze,
         why.clone(),
+        "lacks the verb `freeze`",
     )
     .await;
-    assert_eq!(code, 403, "{body}");
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .contains("lacks the verb `freeze`"),
-        "{body}"
-    );
-    let (code, body) = as_token(
-        &s,
-        "only-a",
-        Method::POST,
-        "/v1/failover/freeze",
-        why.clone(),
-    )
-    .await;
-    assert_eq!(code, 403, "{body}");
-    assert!(
-        body["error"].as_str().unwrap().contains("lacks every name"),
-        "{body}"
-    );
+    refused(&s, "only-a", freeze, why.clone(), "lacks every name").await;
     assert!(s.state().await["failover_frozen"].is_null());
 
     // Regions: a drain in `uk` only; everywhere and other places are refused.
     let scoped = |w: Value| json!({"name": "b.example.com", "cdn": "b", "reason": "t", "where": w});
-    let (code, body) = as_token(&s, "uk-only", Method::POST, "/v1/drains", scoped(json!([]))).await;
-    assert_eq!(code, 403, "{body}");
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .contains("lacks the scope everywhere"),
-        "{body}"
-    );
-    let (code, body) = as_token(
+    refused(
         &s,
         "uk-only",
-        Method::POST,
-        "/v1/drains",
-        scoped(json!(["FR"])),
+        drains,
+        scoped(json!([])),
+        "lacks the scope everywhere",
     )
     .await;
-    assert_eq!(code, 403, "{body}");
+    refused(
+        &s,
+        "uk-only",
+        drains,
+        scoped(json!(["FR"])),
+        "lacks the region `FR`",
+    )
+    .await;
     let (code, body) = as_token(
         &s,
         "uk-only",
@@ -259,8 +233,14 @@ async fn a_tenant_drain_moves_only_that_tenants_names() {
     );
     // And it may not touch globex's name.
     let other = json!({"name": "b.example.com", "cdn": "a", "reason": "x", "ticket": "T-1"});
-    let (code, r) = as_token(&s, "acme-ops", Method::POST, "/v1/drains", other).await;
-    assert_eq!(code, 403, "{r}");
+    refused(
+        &s,
+        "acme-ops",
+        "/v1/drains",
+        other,
+        "lacks the name b.example.com.",
+    )
+    .await;
     let mut with_ticket = body.clone();
     with_ticket["ticket"] = json!("INC-7");
     let (code, r) = as_token(&s, "acme-ops", Method::POST, "/v1/drains", with_ticket).await;
@@ -515,22 +495,14 @@ async fn a_tenant_freeze_holds_only_that_tenants_names() {
         .await;
     let acme = json!({"reason": "acme window", "tenant": "acme"});
     // A token limited to a name may not freeze a tenant; an unknown tenant is 400.
-    let (code, r) = as_token(
+    refused(
         &s,
         "only-a",
-        Method::POST,
         "/v1/failover/freeze",
         acme.clone(),
+        "lacks the tenant acme",
     )
     .await;
-    assert_eq!(code, 403, "{r}");
-    assert!(
-        r["error"]
-            .as_str()
-            .unwrap()
-            .contains("lacks the tenant acme"),
-        "{r}"
-    );
     let (code, r) = s
         .post(
             "/v1/failover/freeze",
