@@ -557,7 +557,16 @@ pub async fn run(cli: Cli) -> ExitCode {
 fn audit(command: AuditCommand) -> ExitCode {
     use crate::control::audit;
     match command {
-        AuditCommand::Verify { files } => match audit::verify(&files) {
+        AuditCommand::Verify { mut files } => match {
+            // The live log alone: with its rotated files, oldest first.
+            if let [one] = files.as_slice() {
+                let all = audit::files(one);
+                if all.len() > 1 && all.last() == Some(one) {
+                    files = all;
+                }
+            }
+            audit::verify(&files)
+        } {
             Ok(v) => {
                 println!(
                     "ok: {} entries, seq {} to {}, last hash {}",

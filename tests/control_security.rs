@@ -600,6 +600,7 @@ async fn nothing_from_the_network_writes_outside_the_state_directory() {
     assert!(saved.contains(&escape), "{saved}");
     let expected: Vec<PathBuf> = [
         "geo.mmdb",
+        "state/audit.jsonl",
         "state/steerdns-state.json",
         "steering.yaml",
         "zones/example.com.zone",

@@ -441,6 +441,12 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
         !ok && out.contains(":3: line(s) removed before this one"),
         "{out}"
     );
+    // The first line deleted: the chain no longer starts at seq 1.
+    let (ok, out) = tampered("first", own(&lines[1..]));
+    assert!(
+        !ok && out.contains(":1: line(s) removed before this one"),
+        "{out}"
+    );
     // Edited: a reason changed on line 2.
     let mut edit = own(&lines);
     edit[1] = edit[1].replace("\"reason\":\"f\"", "\"reason\":\"x\"");

@@ -319,8 +319,12 @@ pub struct Verified {
 
 /// Checks the chain through `files` (oldest first): every line's hash, and each line
 /// linking to the one before it with the next `seq`. Names the first line removed,
-/// changed or reordered.
+/// changed or reordered. The chain must start at seq 1, unless the oldest file is the
+/// oldest rotation kept (`….jsonl.4`), whose older predecessors were dropped.
 pub fn verify(files: &[PathBuf]) -> Result<Verified, Broken> {
+    let oldest_kept = files
+        .first()
+        .is_some_and(|f| f.to_string_lossy().ends_with(&format!(".jsonl.{KEEP}")));
     let mut last: Option<(u64, String)> = None;
     let mut out = Verified {
         entries: 0,
@@ -359,6 +363,9 @@ pub fn verify(files: &[PathBuf]) -> Result<Verified, Broken> {
                             n,
                             "changed: the first entry links to another".into(),
                         ));
+                    }
+                    if link.seq != 1 && !oldest_kept {
+                        return Err(broken(n, format!("line(s) removed before this one: seq 1 to {} are missing (a rotated log: give its older files first)", link.seq - 1)));
                     }
                     out.first_seq = link.seq;
                 }
@@ -476,12 +483,12 @@ mod tests {
         // A restart continues the chain where it ended.
         write(&path, 600, 2);
         assert_eq!(verify(&files(&path)).unwrap().last_seq, 32);
-        // Without its predecessor, a file whose first line links to a lost one is
-        // still checked line by line.
-        assert!(verify(std::slice::from_ref(&path)).is_ok());
+        // Without its predecessors, a file's first line says what is missing.
+        let e = verify(std::slice::from_ref(&path)).unwrap_err();
+        assert!(e.line == 1 && e.what.contains("removed"), "{e}");
         // Two files out of order break the chain at the first line of the second.
         let mut wrong = files(&path);
-        wrong.swap(0, 1);
+        wrong.swap(1, 2);
         let e = verify(&wrong).unwrap_err();
         assert_eq!((e.file.clone(), e.line), (wrong[1].clone(), 1), "{e}");
         let _ = std::fs::remove_dir_all(&d);
