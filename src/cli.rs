@@ -553,11 +553,28 @@ pub async fn run(cli: Cli) -> ExitCode {
     }
 }
 
+/// Prints what `audit verify` found; the exit code.
+fn verify_report(files: &[PathBuf]) -> ExitCode {
+    match crate::control::audit::verify(files) {
+        Ok(v) => {
+            println!(
+                "ok: {} entries, seq {} to {}, last hash {}",
+                v.entries, v.first_seq, v.last_seq, v.last_hash
+            );
+            ExitCode::SUCCESS
+        }
+        Err(broken) => {
+            eprintln!("{broken}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `audit verify` and `audit tail`.
 fn audit(command: AuditCommand) -> ExitCode {
     use crate::control::audit;
     match command {
-        AuditCommand::Verify { mut files } => match {
+        AuditCommand::Verify { mut files } => {
             // The live log alone: with its rotated files, oldest first.
             if let [one] = files.as_slice() {
                 let all = audit::files(one);
@@ -565,20 +582,8 @@ fn audit(command: AuditCommand) -> ExitCode {
                     files = all;
                 }
             }
-            audit::verify(&files)
-        } {
-            Ok(v) => {
-                println!(
-                    "ok: {} entries, seq {} to {}, last hash {}",
-                    v.entries, v.first_seq, v.last_seq, v.last_hash
-                );
-                ExitCode::SUCCESS
-            }
-            Err(broken) => {
-                eprintln!("{broken}");
-                ExitCode::FAILURE
-            }
-        },
+            verify_report(&files)
+        }
         AuditCommand::Tail { state_dir, lines } => {
             let files = audit::files(&state_dir.join("audit.jsonl"));
             if files.is_empty() {
