@@ -42,6 +42,7 @@ fn loaded() -> app::Loaded {
         geo: repo("geo/country.mmdb"),
         probes: repo("tests/fixtures/no-probes"),
         asn: None,
+        api_tokens: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
 }

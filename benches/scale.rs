@@ -48,6 +48,7 @@ fn load(config: &Path, zones: &Path) -> Loaded {
         geo: repo("geo/country.mmdb"),
         probes: repo("tests/fixtures/no-probes"),
         asn: None,
+        api_tokens: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -314,6 +314,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
                 state: controller.doc(),
                 commands: Some(command_tx.clone()),
                 token: opts.api_token.clone(),
+                tokens: controller.tokens(),
                 metrics: metrics.clone(),
                 status: Some(StatusSource {
                     live: dns.live().clone(),
@@ -413,6 +414,7 @@ pub async fn agent_with(
         state: Default::default(),
         commands: None,
         token: None,
+        tokens: Default::default(),
         metrics: metrics.clone(),
         status: None,
     };

@@ -134,6 +134,11 @@ pub enum Command {
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
     },
+    /// The audit log (STATE_DIR/audit.jsonl): check its hash chain, or print it.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Write the manual pages (steerdns.1, steerdns-serve.1, ...) into DIR, or
     /// steerdns.1 to standard output.
     #[command(hide = true)]
@@ -230,6 +235,27 @@ impl EtcdArgs {
     }
 }
 
+/// `steerdns audit …`.
+#[derive(Subcommand, Debug)]
+pub enum AuditCommand {
+    /// Check the hash chain of FILE (several: oldest first, e.g. audit.jsonl.1
+    /// audit.jsonl); names the first line removed, changed or reordered and exits
+    /// non-zero.
+    Verify {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the latest entries of the audit log for people.
+    Tail {
+        /// Where `serve` keeps its state and the audit log.
+        #[arg(long, value_name = "DIR", default_value = "state/")]
+        state_dir: PathBuf,
+        /// How many entries.
+        #[arg(short = 'n', long, value_name = "N", default_value_t = 20)]
+        lines: usize,
+    },
+}
+
 /// The input files, relative to the working directory by default.
 #[derive(Args, Debug, Clone)]
 pub struct InputArgs {
@@ -248,6 +274,12 @@ pub struct InputArgs {
     /// An AS-number database (MaxMind DB: GeoLite2-ASN), for `match: [AS13335]`.
     #[arg(long = "asn-db", value_name = "FILE")]
     pub asn: Option<PathBuf>,
+    /// Scoped API tokens (YAML, owner-only mode): each a `name`, the `sha256` of its
+    /// secret, its `verbs` (drain, undrain, freeze, resume, usage), and optionally the
+    /// `names`, `tenants` and `regions` it may touch and `require_ticket`. Reloaded with
+    /// the policy; see the README, "Operating it live".
+    #[arg(long = "api-tokens", value_name = "FILE")]
+    pub api_tokens: Option<PathBuf>,
 }
 
 fn parse_session(s: &str) -> Result<u64, String> {
@@ -407,6 +439,7 @@ impl From<InputArgs> for Inputs {
             geo: a.geo,
             probes: a.probes,
             asn: a.asn,
+            api_tokens: a.api_tokens,
         }
     }
 }
@@ -518,6 +551,10 @@ pub async fn run(cli: Cli) -> ExitCode {
                 json,
             )
         }
+        Command::Audit { command } => {
+            end_quietly_on_a_closed_pipe();
+            audit(command)
+        }
         Command::Man { dir } => man(dir.as_deref()),
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -526,6 +563,67 @@ pub async fn run(cli: Cli) -> ExitCode {
                 "steerdns",
                 &mut std::io::stdout(),
             );
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Prints what `audit verify` found; the exit code.
+fn verify_report(files: &[PathBuf]) -> ExitCode {
+    match crate::control::audit::verify(files) {
+        Ok(v) => {
+            println!(
+                "ok: {} entries, seq {} to {}, last hash {}",
+                v.entries, v.first_seq, v.last_seq, v.last_hash
+            );
+            ExitCode::SUCCESS
+        }
+        Err(broken) => {
+            eprintln!("{broken}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `audit verify` and `audit tail`.
+fn audit(command: AuditCommand) -> ExitCode {
+    use crate::control::audit;
+    match command {
+        AuditCommand::Verify { mut files } => {
+            // The live log alone: with its rotated files, oldest first.
+            if let [one] = files.as_slice() {
+                let all = audit::files(one);
+                if all.len() > 1 && all.last() == Some(one) {
+                    files = all;
+                }
+            }
+            verify_report(&files)
+        }
+        AuditCommand::Tail { state_dir, lines } => {
+            let files = audit::files(&state_dir.join("audit.jsonl"));
+            if files.is_empty() {
+                eprintln!(
+                    "steerdns: no audit log in {} (serve --state-dir)",
+                    state_dir.display()
+                );
+                return ExitCode::FAILURE;
+            }
+            let mut last: std::collections::VecDeque<String> = Default::default();
+            for f in &files {
+                let Ok(text) = std::fs::read_to_string(f) else {
+                    eprintln!("steerdns: cannot read {}", f.display());
+                    return ExitCode::FAILURE;
+                };
+                for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                    if last.len() == lines {
+                        last.pop_front();
+                    }
+                    last.push_back(line.to_string());
+                }
+            }
+            for line in last.iter().filter(|_| lines > 0) {
+                println!("{}", audit::human(line));
+            }
             ExitCode::SUCCESS
         }
     }
@@ -716,7 +814,39 @@ fn check(inputs: Inputs) -> ExitCode {
         loaded.geo.database_type(),
         loaded.geo.networks(),
     );
+    for (tenant, names) in loaded.policy.tenants() {
+        println!("tenant {tenant}: {}", names.join(" "));
+    }
+    if inputs.api_tokens.is_some() {
+        for t in &loaded.tokens.list {
+            println!("{}", token_line(t));
+        }
+    }
     ExitCode::SUCCESS
+}
+
+/// One token of `--api-tokens` as `check` lists it.
+fn token_line(t: &crate::config::tokens::Token) -> String {
+    let verbs: Vec<&str> = t.verbs.iter().map(|v| v.as_str()).collect();
+    // Names and tenants limit together: one of them given, the other adds nothing.
+    let limited = t.names.is_some() || t.tenants.is_some();
+    let list = |l: &Option<Vec<String>>, none: &str| {
+        l.as_ref().map_or_else(|| none.to_string(), |v| v.join(","))
+    };
+    let by_name = if limited { "none" } else { "any" };
+    format!(
+        "token {}: {}; names {}; tenants {}; regions {}{}",
+        t.name,
+        verbs.join(","),
+        list(&t.names, by_name),
+        list(&t.tenants, by_name),
+        list(&t.regions, "any"),
+        if t.require_ticket {
+            "; ticket required"
+        } else {
+            ""
+        },
+    )
 }
 
 fn explain(

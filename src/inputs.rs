@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::config::probes::{self, Probes};
+use crate::config::tokens::{self, Tokens};
 use crate::config::{self, Policy};
 use crate::error::{ConfigIssue, Issues};
 use crate::place::asn::AsnDb;
@@ -27,6 +28,8 @@ pub struct Inputs {
     pub probes: PathBuf,
     /// The AS-number database, for policies that match AS numbers.
     pub asn: Option<PathBuf>,
+    /// The API tokens file (`--api-tokens`), reloaded with the policy.
+    pub api_tokens: Option<PathBuf>,
 }
 
 impl Default for Inputs {
@@ -37,6 +40,7 @@ impl Default for Inputs {
             geo: "geo/country.mmdb".into(),
             probes: "probes".into(),
             asn: None,
+            api_tokens: None,
         }
     }
 }
@@ -48,6 +52,8 @@ pub struct Loaded {
     pub geo: Arc<GeoDb>,
     /// Health checks; empty when `probes/` is absent.
     pub probes: Probes,
+    /// The API's scoped tokens (`--api-tokens`); empty without the file.
+    pub tokens: Tokens,
     /// A short hash of every input file: which configuration this is.
     pub version: String,
     /// Warnings from every file (the load succeeded).
@@ -141,6 +147,12 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
             Probes::default()
         }
     };
+    let tokens = match &inputs.api_tokens {
+        Some(path) => tokens::load(path)
+            .map_err(|e| issues.extend(e))
+            .unwrap_or_default(),
+        None => Tokens::default(),
+    };
     if issues.has_errors() {
         return Err(issues);
     }
@@ -149,6 +161,7 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
         zones,
         geo,
         probes,
+        tokens,
         version: version(inputs),
         warnings: issues,
     })
@@ -160,6 +173,7 @@ pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
 pub fn fingerprint(inputs: &Inputs) -> Fingerprint {
     let mut files = vec![inputs.config.clone(), inputs.geo.clone()];
     files.extend(inputs.asn.clone());
+    files.extend(inputs.api_tokens.clone());
     for dir in [&inputs.zones, &inputs.probes] {
         if let Ok(entries) = std::fs::read_dir(dir) {
             files.extend(

@@ -62,6 +62,7 @@ async fn a_client_in_a_matched_as_gets_that_region() {
         geo: repo(SHIPPED_GEO),
         probes: repo("tests/fixtures/no-probes"),
         asn: Some(repo(ASN_DB)),
+        api_tokens: None,
     };
     let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
     let running = app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])

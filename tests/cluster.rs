@@ -1125,3 +1125,105 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Every node holds the same audit chain: entries go through etcd and each node
+/// appends them in revision order, whichever node they happened on.
+#[tokio::test]
+async fn every_node_appends_the_same_audit_chain() {
+    if !require_etcd("every_node_appends_the_same_audit_chain") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "audit",
+        SetUp {
+            step_seconds: 0.5,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let drain = json!({"name": "www.example.com", "cdn": "b", "reason": "audit", "where": ["GB"]});
+    let (status, body) = set.nodes[0].post("/v1/drains", drain).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, _) = set.nodes[1]
+        .post("/v1/failover/freeze", json!({"reason": "f"}))
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = set.nodes[2]
+        .post("/v1/failover/resume", json!({"reason": "r"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        set.nodes[1].undrain(body["id"].as_str().unwrap()).await,
+        200
+    );
+    // a breaks: every node's health transition and the steps are audited too.
+    set.a.set(Mode::Status(503));
+    let logs: Vec<_> = set
+        .nodes
+        .iter()
+        .map(|n| n.dir.join("state/audit.jsonl"))
+        .collect();
+    let read = |p: &std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let texts: Vec<String> = logs.iter().map(read).collect();
+        // Each node appends in the same order: one log is always the start of another.
+        for t in &texts[1..] {
+            let (short, long) = if t.len() < texts[0].len() {
+                (t, &texts[0])
+            } else {
+                (&texts[0], t)
+            };
+            assert!(
+                long.starts_with(short.as_str()),
+                "the chains differ:\n{}\n---\n{t}",
+                texts[0]
+            );
+        }
+        let kinds = |t: &str| -> Vec<String> {
+            t.lines()
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).unwrap()["kind"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
+                .collect()
+        };
+        let k = kinds(&texts[0]);
+        let done = ["drain", "freeze", "resume", "undrain"]
+            .iter()
+            .all(|w| k.iter().any(|x| x == w))
+            && k.iter().filter(|x| *x == "health").count() == 3
+            && k.iter().filter(|x| *x == "step").count() >= 3
+            && texts.iter().all(|t| *t == texts[0]);
+        if done {
+            let v = steerdns::control::audit::verify(&[logs[0].clone()]).unwrap();
+            assert_eq!(v.first_seq, 1);
+            let nodes: Vec<String> = texts[0]
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).unwrap()["node"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
+                .collect();
+            for n in ["ns1", "ns2", "ns3"] {
+                assert!(
+                    nodes.iter().any(|x| x == n),
+                    "{n} wrote nothing: {}",
+                    texts[0]
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "chains never complete and equal:\n{}",
+            texts.join("\n---\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -48,6 +48,7 @@ async fn api(token: Option<&str>, limits: ApiLimits) -> Api {
         state: Arc::new(Mutex::new(None)),
         commands: Some(tx),
         token: token.map(Into::into),
+        tokens: Default::default(),
         metrics: Metrics::new(),
         status: None,
     };
@@ -599,6 +600,7 @@ async fn nothing_from_the_network_writes_outside_the_state_directory() {
     assert!(saved.contains(&escape), "{saved}");
     let expected: Vec<PathBuf> = [
         "geo.mmdb",
+        "state/audit.jsonl",
         "state/steerdns-state.json",
         "steering.yaml",
         "zones/example.com.zone",

@@ -38,6 +38,7 @@ fn fixture() -> &'static Fixture {
             geo: repo.join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
             asn: None,
+            api_tokens: None,
         };
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("fixture: {e}"));
         let live = Arc::new(arc_swap_new(loaded.snapshot()));

@@ -19,9 +19,12 @@
 //! drain: [{ cdn: fastly, where: [GB], reason: "...", until: 2026-12-01T12:00:00Z }]
 //! content_steering: { pathways: { fastly: cdn-a }, ttl: 15, throughput_floor_bps: 800000 }
 //! ```
+//!
+//! Under `hostnames:`, an entry may also carry `tenant: acme` (the customer it belongs to).
 
 mod locate;
 pub mod probes;
+pub mod tokens;
 mod validate;
 
 use std::fmt;
@@ -74,6 +77,9 @@ pub struct HostPolicy {
     pub drains: Vec<Drain>,
     /// How HLS and DASH players are steered (`content_steering:`); defaults when absent.
     pub content: ContentSteering,
+    /// The customer this name belongs to (`tenant:`): drains and freezes may target a
+    /// tenant, and API tokens may be scoped to tenants.
+    pub tenant: Option<String>,
 }
 
 /// Content steering of one name for HLS and DASH players (`content_steering:`, beside
@@ -89,6 +95,15 @@ pub struct ContentSteering {
     /// A player reporting less than this (bits per second) on its current pathway gets
     /// that pathway moved down for its session; `None`: never.
     pub throughput_floor_bps: Option<u64>,
+}
+
+/// Whether `name` may be a tenant: 1 to 64 of `[a-z0-9._-]`, so that it reads the same
+/// in the policy, a token file, a URL and a log line.
+pub fn valid_tenant(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_')
+        })
 }
 
 /// Whether `id` may be a pathway id: 1 to 64 of `[A-Za-z0-9._-]` (the HLS content
@@ -192,6 +207,27 @@ pub enum DrainScope {
     Match(Match),
 }
 
+impl Policy {
+    /// The steered names (absolute) of each tenant.
+    pub fn tenants(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for h in &self.hosts {
+            if let Some(t) = &h.tenant {
+                out.entry(t.clone()).or_default().push(h.name.to_string());
+            }
+        }
+        out
+    }
+
+    /// The tenant of `name` (absolute), if it has one.
+    pub fn tenant_of(&self, name: &str) -> Option<&str> {
+        self.hosts
+            .iter()
+            .find(|h| h.name.to_string() == name)
+            .and_then(|h| h.tenant.as_deref())
+    }
+}
+
 // ===== the file, as written =====
 
 #[derive(Deserialize)]
@@ -212,6 +248,7 @@ struct RawFile {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHost {
+    tenant: Option<String>,
     ttl: Option<i64>,
     incident_ttl: Option<i64>,
     selection: Option<Selection>,
@@ -429,6 +466,7 @@ fn parse_path(s: &str) -> Vec<Seg> {
             .or_else(|| host.find(".drain"))
             .or_else(|| host.find(".failover"))
             .or_else(|| host.find(".content_steering"))
+            .or_else(|| host.find(".tenant"))
             .unwrap_or(host.len());
         out.push(Seg::Key(host[..end].to_string()));
         rest = host[end..].trim_start_matches('.');

@@ -86,6 +86,7 @@ pub(super) fn validate(
         (None, None) => cx.error(&[], "no steered name: add `hostname:` (or `hostnames:`)"),
         (Some(name), None) => {
             let host = RawHost {
+                tenant: None,
                 ttl: raw.ttl,
                 incident_ttl: raw.incident_ttl,
                 selection: raw.selection,
@@ -167,6 +168,16 @@ fn host_policy(
         }
     }
 
+    let tenant = raw.tenant.filter(|t| {
+        let ok = super::valid_tenant(t);
+        if !ok {
+            cx.error(
+                &at(base, &[key("tenant")]),
+                format!("`{t}`: a tenant is 1 to 64 of a-z 0-9 . - _"),
+            );
+        }
+        ok
+    });
     let cdns = cdns(cx, base, raw.cdns);
     let regions = regions(cx, base, raw.regions, &cdns);
     let failover = failover(cx, &at(base, &[key("failover")]), raw.failover);
@@ -193,6 +204,7 @@ fn host_policy(
         failover,
         drains,
         content,
+        tenant,
     })
 }
 
@@ -731,6 +743,7 @@ fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], dr
         failover: Failover::default(),
         drains: Vec::new(),
         content: ContentSteering::default(),
+        tenant: None,
     };
     if let Some(region) = empties_a_region(&probe, &active) {
         cx.error(

@@ -4,7 +4,13 @@
 //! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=&session=]`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
-//! Without a configured token every mutation is refused.
+//! Without a configured token every mutation is refused. A token is the one of
+//! `--api-token-file` (every right) or one of `--api-tokens` (scoped: its verbs are
+//! checked here, the names, tenants and regions it may touch by the controller, with the
+//! policy); a request outside its scope gets `403` saying what it lacks.
+//! `GET /v1/audit?after=SEQ&limit=N` pages the audit log (`STATE_DIR/audit.jsonl`).
+//! Drains (`"tenant"` instead of `"name"`) and freezes (`"tenant"`) may target a tenant;
+//! mutations may carry `"ticket"`.
 //!
 //! Limits ([`ApiLimits`]), so that no client can hold the server's resources: the request
 //! line and headers at most 64 KiB (`431` beyond) and complete within 10 s, bodies at
@@ -33,7 +39,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::control::controller::Command;
+use crate::config::tokens::{Token, Tokens, Verb};
+use crate::control::controller::{Command, Lever};
 use crate::control::drains::{now_ms, unix_ms, DrainError, DrainRule};
 use crate::control::explain::ExplainError;
 use crate::control::peers::Published;
@@ -103,8 +110,10 @@ pub struct ApiState {
     pub state: Arc<Mutex<Option<StateDoc>>>,
     /// The controller, for mutations and live explain (`serve` only).
     pub commands: Option<mpsc::Sender<Command>>,
-    /// Bearer token for mutations; `None` refuses them all.
+    /// Bearer token for mutations with every right (`--api-token-file`).
     pub token: Option<String>,
+    /// The scoped tokens of `--api-tokens`, swapped in by the controller on reload.
+    pub tokens: ScopedTokens,
     /// What `/metrics` serves.
     pub metrics: Metrics,
     /// The plan being served and the history of its shares, for the status page
@@ -197,6 +206,10 @@ fn host_name(host: &str) -> &str {
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     }
 }
+
+/// The scoped tokens in force, shared by the controller (which swaps them in on a
+/// reload) and the API (which reads them per mutation).
+pub type ScopedTokens = Arc<arc_swap::ArcSwap<Tokens>>;
 
 /// One accepted connection, as a request handler of [`serve_http`] sees it.
 #[derive(Clone, Copy, Debug)]
@@ -326,32 +339,62 @@ async fn route(
         | (Method::DELETE, _)
         | (Method::POST, "/v1/failover/freeze")
         | (Method::POST, "/v1/failover/resume") => {
-            if let Some(refusal) = refuse(&req, &state) {
-                return Ok(refusal);
+            let token = match authenticate(&req, &state) {
+                Ok(t) => t,
+                Err(refusal) => return Ok(*refusal),
+            };
+            let verb = match (req.method(), path.as_str()) {
+                (&Method::POST, "/v1/drains") => Verb::Drain,
+                (&Method::DELETE, _) => Verb::Undrain,
+                (_, "/v1/failover/freeze") => Verb::Freeze,
+                _ => Verb::Resume,
+            };
+            if let Err(lacks) = token.may(verb) {
+                return Ok(error(StatusCode::FORBIDDEN, &lacks));
             }
-            mutate(req, &state, &path, body_timeout).await
+            mutate(req, &state, token, &path, body_timeout).await
         }
-        (_, "/" | "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain") => {
-            text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n")
-        }
+        (Method::GET, "/v1/audit") => audit_page(&state, &query).await,
+        (
+            _,
+            "/" | "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain"
+            | "/v1/audit",
+        ) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }
 
-/// The refusal of a mutation without the right bearer token, or `None` to go ahead.
-fn refuse(req: &Request<Incoming>, state: &ApiState) -> Option<Reply> {
-    let Some(token) = &state.token else {
-        return Some(error(StatusCode::FORBIDDEN, "mutations are disabled: no API token is configured (--api-token-file or STEERDNS_API_TOKEN)"));
-    };
+/// The token of a mutation's bearer, or its refusal: `403` when no token is
+/// configured, `401` for a missing or unknown one.
+fn authenticate(req: &Request<Incoming>, state: &ApiState) -> Result<Arc<Token>, Box<Reply>> {
+    let scoped = state.tokens.load();
+    if state.token.is_none() && scoped.is_empty() {
+        return Err(Box::new(error(StatusCode::FORBIDDEN, "mutations are disabled: no API token is configured (--api-token-file, STEERDNS_API_TOKEN or --api-tokens)")));
+    }
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .unwrap_or("");
-    (!same_token(given.as_bytes(), token.as_bytes()))
-        .then(|| error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token"))
+    // Both are looked at, whichever matches: the time does not tell which.
+    let every_right = state
+        .token
+        .as_ref()
+        .is_some_and(|t| same_token(given.as_bytes(), t.as_bytes()));
+    let found = scoped.find(given);
+    match (every_right, found) {
+        (true, _) => Ok(Arc::new(Token::every_right(EVERY_RIGHT, given))),
+        (false, Some(t)) => Ok(t),
+        (false, None) => Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token",
+        ))),
+    }
 }
+
+/// The author's name of what the `--api-token-file` token does.
+pub const EVERY_RIGHT: &str = "api-token-file";
 
 /// The token of an `Authorization` value of the Bearer scheme, whose name is
 /// case-insensitive (RFC 9110 §11.1).
@@ -376,8 +419,14 @@ fn same_token(given: &[u8], token: &[u8]) -> bool {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DrainRequest {
+    /// A steered name, or (with `tenant`) empty.
+    #[serde(default)]
     name: String,
+    /// Every name of this tenant that has the CDN.
+    tenant: Option<String>,
     cdn: String,
+    /// The ticket of the change (required by tokens with `require_ticket`).
+    ticket: Option<String>,
     #[serde(default, rename = "where")]
     scope: Vec<String>,
     reason: String,
@@ -394,11 +443,15 @@ struct DrainRequest {
 struct ReasonRequest {
     #[serde(default)]
     reason: String,
+    ticket: Option<String>,
+    /// Only this tenant's names.
+    tenant: Option<String>,
 }
 
 async fn mutate(
     req: Request<Incoming>,
     state: &ApiState,
+    token: Arc<Token>,
     path: &str,
     body_timeout: std::time::Duration,
 ) -> Reply {
@@ -428,6 +481,15 @@ async fn mutate(
             if r.reason.trim().is_empty() {
                 return error(StatusCode::BAD_REQUEST, "a drain needs a reason");
             }
+            if let Err(e) = token.ticket_ok(r.ticket.as_deref()) {
+                return error(StatusCode::BAD_REQUEST, &e);
+            }
+            if r.name.trim().is_empty() == r.tenant.is_none() {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "give either `name` (a steered name) or `tenant` (every name of a tenant)",
+                );
+            }
             let until_unix_ms = match (&r.until, r.ttl_seconds) {
                 (Some(u), _) => match humantime::parse_rfc3339_weak(u) {
                     Ok(t) if unix_ms(t) > MAX_TIME_MS => {
@@ -455,7 +517,7 @@ async fn mutate(
                 (None, None) => None,
             };
             let mut name = r.name.trim().to_ascii_lowercase();
-            if !name.ends_with('.') {
+            if !name.is_empty() && !name.ends_with('.') {
                 name.push('.');
             }
             let rule = DrainRule {
@@ -468,9 +530,22 @@ async fn mutate(
                 immediate: r.immediate,
                 written_by: None,
                 written_at_unix_ms: None,
+                tenant: r.tenant,
+                author: Some(token.name.clone()),
+                ticket: r.ticket,
             };
-            match ask(commands, |tx| Command::Drain(rule, tx)).await {
-                Ok(Ok(rule)) => json_reply(StatusCode::CREATED, &rule),
+            let tenant = rule.tenant.clone().filter(|_| rule.name.is_empty());
+            match ask(commands, |tx| Command::Drain(token, rule, tx)).await {
+                Ok(Ok(rules)) => match tenant {
+                    Some(t) => json_reply(
+                        StatusCode::CREATED,
+                        &json!({ "tenant": t, "drains": rules }),
+                    ),
+                    None => json_reply(StatusCode::CREATED, &rules.first()),
+                },
+                Ok(Err(e @ DrainError::Forbidden(_))) => {
+                    error(StatusCode::FORBIDDEN, &e.to_string())
+                }
                 Ok(Err(e)) if e.is_conflict() => error(StatusCode::CONFLICT, &e.to_string()),
                 Ok(Err(e @ DrainError::Unavailable(_))) => {
                     error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
@@ -481,8 +556,11 @@ async fn mutate(
         }
         (Method::DELETE, p) if p.starts_with("/v1/drains/") => {
             let id = p.trim_start_matches("/v1/drains/").to_string();
-            match ask(commands, |tx| Command::Undrain(id, tx)).await {
+            match ask(commands, |tx| Command::Undrain(token, id, tx)).await {
                 Ok(Ok(rule)) => json_reply(StatusCode::OK, &rule),
+                Ok(Err(e @ DrainError::Forbidden(_))) => {
+                    error(StatusCode::FORBIDDEN, &e.to_string())
+                }
                 Ok(Err(e @ DrainError::Unavailable(_))) => {
                     error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
                 }
@@ -502,18 +580,48 @@ async fn mutate(
             if r.reason.trim().is_empty() {
                 return error(StatusCode::BAD_REQUEST, "say why: {\"reason\": \"...\"}");
             }
+            if let Err(e) = token.ticket_ok(r.ticket.as_deref()) {
+                return error(StatusCode::BAD_REQUEST, &e);
+            }
+            // A freeze holds every name's failover (or a tenant's): only a token that
+            // may touch them all.
+            let scope = match &r.tenant {
+                Some(t) => token.may_touch_tenant(t),
+                None => token.may_touch_everything(),
+            };
+            if let Err(lacks) = scope {
+                return error(StatusCode::FORBIDDEN, &lacks);
+            }
+            let lever = Lever {
+                author: match &r.ticket {
+                    Some(t) => format!("{} (ticket {t})", token.name),
+                    None => token.name.clone(),
+                },
+                reason: r.reason,
+                tenant: r.tenant,
+            };
             let freeze = path.ends_with("freeze");
+            let tenant = lever.tenant.clone();
             let sent = ask(commands, |tx| {
                 if freeze {
-                    Command::Freeze(r.reason, tx)
+                    Command::Freeze(lever, tx)
                 } else {
-                    Command::Resume(r.reason, tx)
+                    Command::Resume(lever, tx)
                 }
             })
             .await;
             match sent {
-                Ok(Ok(())) => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
-                Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+                Ok(Ok(())) => match tenant {
+                    Some(t) => json_reply(
+                        StatusCode::OK,
+                        &json!({ "tenant": t, "failover_frozen": freeze }),
+                    ),
+                    None => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
+                },
+                Ok(Err(e @ DrainError::Unavailable(_))) => {
+                    error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+                }
+                Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
                 Err(reply) => *reply,
             }
         }
@@ -581,6 +689,35 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
             error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
         }
         Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e.to_string()),
+        Err(reply) => *reply,
+    }
+}
+
+/// `GET /v1/audit?after=SEQ&limit=N`: the audit log's entries after `after` (default
+/// 0), at most `limit` (default 100, at most 1000), oldest first, with the seq to ask
+/// after for the next page.
+async fn audit_page(state: &ApiState, query: &str) -> Reply {
+    let mut after = 0u64;
+    let mut limit = 100usize;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let parsed = match pair.split_once('=') {
+            Some(("after", v)) => v.parse().map(|v| after = v).is_ok(),
+            Some(("limit", v)) => v.parse().map(|v| limit = v).is_ok(),
+            _ => false,
+        };
+        if !parsed {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "usage: /v1/audit?after=SEQ&limit=N (numbers)",
+            );
+        }
+    }
+    let Some(commands) = &state.commands else {
+        return error(StatusCode::NOT_FOUND, "not available in this mode");
+    };
+    match ask(commands, |tx| Command::Audit(after, limit, tx)).await {
+        Ok(Ok(page)) => json_reply(StatusCode::OK, &page),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
         Err(reply) => *reply,
     }
 }

@@ -22,6 +22,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::probes::Probes;
+use crate::config::tokens::Token;
+use crate::config::Policy;
+use crate::control::api::ScopedTokens;
+use crate::control::audit::{self, Audit};
 use crate::control::cluster::{
     self, drain_key, freeze_key, timeline_key, Etcd, Freeze, Shared, SharedDrain, Timeline,
 };
@@ -103,6 +107,10 @@ pub struct Controller {
     doc: Arc<Mutex<Option<StateDoc>>>,
     /// In a set (`--etcd`): etcd, and what was last read from it.
     cluster: Option<ClusterLink>,
+    /// The audit log (with a state file): mutations, reloads, health, steps.
+    audit: Option<Audit>,
+    /// The API's scoped tokens, swapped on every reload.
+    tokens: ScopedTokens,
 }
 
 /// A node's link to the set: where to write, what it read last.
@@ -129,12 +137,17 @@ pub struct ClusterLink {
     applied: Option<Applied>,
     /// Keys refused in the latest view.
     refused: u64,
+    /// The revision of the last shared audit entry appended to the local log.
+    audit_rev: i64,
+    /// Serial of the audit keys written here.
+    audit_serial: u64,
 }
 
 type Applied = (
     BTreeMap<(String, String), (Timeline, i64)>,
     BTreeMap<String, SharedDrain>,
     Option<Freeze>,
+    BTreeMap<String, Freeze>,
 );
 
 impl ClusterLink {
@@ -158,7 +171,23 @@ impl ClusterLink {
             next_id: 0,
             applied: None,
             refused: 0,
+            audit_rev: 0,
+            audit_serial: 0,
         }
+    }
+
+    /// The key and entry of an audit event of this node, to write to etcd.
+    fn audit_entry(
+        &mut self,
+        kind: &str,
+        fields: serde_json::Value,
+    ) -> (String, serde_json::Value) {
+        self.audit_serial += 1;
+        let serial = now_ms() * 1000 + self.audit_serial % 1000;
+        (
+            cluster::audit_key(&self.prefix, &self.node, serial),
+            Audit::entry(kind, &self.node, fields),
+        )
     }
 
     fn connected(&self) -> bool {
@@ -196,13 +225,25 @@ impl Controller {
             handed: None,
             doc: Arc::new(Mutex::new(None)),
             cluster: None,
+            audit: None,
+            tokens: ScopedTokens::default(),
         };
+        c.tokens.store(Arc::new(c.loaded.tokens.clone()));
         if let Some(sf) = &c.state_file {
             let metrics = c.local.metrics().cloned();
             match Saver::start(sf.dir.clone(), sf.disk.clone(), metrics, c.doc.clone()) {
                 Ok(saver) => c.saver = Some(saver),
                 Err(e) => {
                     error!(error = %e, "cannot start the state saver thread: the state is not saved")
+                }
+            }
+            let path = sf.dir.join("audit.jsonl");
+            let started = std::fs::create_dir_all(&sf.dir)
+                .and_then(|()| Audit::start(path.clone(), c.vantage.clone(), audit::MAX_BYTES));
+            match started {
+                Ok(a) => c.audit = Some(a),
+                Err(e) => {
+                    error!(error = %e, file = %path.display(), "cannot open the audit log: nothing is audited")
                 }
             }
         }
@@ -232,6 +273,7 @@ impl Controller {
                     health: saved.health.clone(),
                     steps: saved.steppers(now),
                     frozen: saved.frozen.clone(),
+                    frozen_tenants: saved.frozen_tenants.clone(),
                 };
                 self.failover
                     .retain_known(&self.loaded.policy, &self.loaded.probes);
@@ -266,7 +308,8 @@ impl Controller {
     }
 
     /// Makes this controller a node of a set: steps, drains and freeze follow etcd.
-    pub fn join(&mut self, link: ClusterLink) {
+    pub fn join(&mut self, mut link: ClusterLink) {
+        link.audit_rev = self.audit.as_ref().map_or(0, |a| a.start_rev);
         if let Some(m) = self.local.metrics() {
             m.etcd_fail_static(true);
         }
@@ -276,6 +319,41 @@ impl Controller {
     /// The document `/v1/state` serves.
     pub fn doc(&self) -> Arc<Mutex<Option<StateDoc>>> {
         self.doc.clone()
+    }
+
+    /// The API's scoped tokens, as the policy's reloads swap them.
+    pub fn tokens(&self) -> ScopedTokens {
+        self.tokens.clone()
+    }
+
+    /// Refuses a freeze or resume of a tenant the policy does not have.
+    fn known_tenant(&self, lever: &Lever) -> Result<(), DrainError> {
+        match &lever.tenant {
+            Some(t)
+                if !self
+                    .loaded
+                    .policy
+                    .hosts
+                    .iter()
+                    .any(|h| h.tenant.as_ref() == Some(t)) =>
+            {
+                Err(DrainError::NoTenant(t.clone()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Appends an entry to the audit log (when there is one); in a set, writes it to
+    /// etcd, from where every node appends it.
+    fn audit(&mut self, kind: &str, fields: serde_json::Value) {
+        let Some(a) = &self.audit else { return };
+        match self.cluster.as_mut() {
+            Some(c) if c.connected() => {
+                let (key, entry) = c.audit_entry(kind, fields);
+                tokio::spawn(put_audit(c.etcd.clone(), key, entry));
+            }
+            _ => a.record(kind, fields),
+        }
     }
 
     /// Runs until `stop`, publishing into `live`.
@@ -298,7 +376,7 @@ impl Controller {
             let now = Instant::now();
             let next = self
                 .failover
-                .next_due()
+                .next_due(&self.loaded.policy)
                 .into_iter()
                 .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
                 .min();
@@ -362,44 +440,78 @@ impl Controller {
         let now = Instant::now();
         if self.cluster.is_some() {
             // Explain is answered here as in a single node.
-            if let Some(Command::Explain(name, ip, resolver, session, reply)) =
-                self.on_cluster_command(command)
-            {
-                let _ = reply.send(self.explain(&name, ip, resolver, session));
+            match self.on_cluster_command(command) {
+                Some(Command::Explain(name, ip, resolver, session, reply)) => {
+                    let _ = reply.send(self.explain(&name, ip, resolver, session));
+                }
+                Some(Command::Audit(after, limit, reply)) => match &self.audit {
+                    Some(a) => a.page(after, limit, reply),
+                    None => {
+                        let _ = reply.send(Err("no audit log".into()));
+                    }
+                },
+                _ => {}
             }
             return;
         }
         match command {
-            Command::Drain(rule, reply) => {
-                let result = self.drains.add(&self.loaded.policy, rule, now_ms());
-                if let Ok(r) = &result {
-                    info!(id = %r.id, name = %r.name, cdn = %r.cdn, reason = %r.reason, "drain override added over the API");
+            Command::Drain(token, rule, reply) => {
+                let mut drains = self.drains.clone();
+                let result = admit(&mut drains, &self.loaded.policy, &token, rule, now_ms());
+                if let Ok(rules) = &result {
+                    self.drains = drains;
+                    for r in rules {
+                        info!(id = %r.id, name = %r.name, cdn = %r.cdn, reason = %r.reason, author = ?r.author, "drain override added over the API");
+                        self.audit("drain", audit_rule(r));
+                    }
                     self.drains.sync(&self.loaded.policy, now, now_ms());
                     self.publish();
                 }
                 self.reply(reply, result);
             }
-            Command::Undrain(id, reply) => {
+            Command::Undrain(token, id, reply) => {
+                let found = self.drains.overrides.iter().find(|o| o.id == id);
+                if let Err(e) = may_undrain(&self.loaded.policy, &token, found) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
                 let result = self
                     .drains
                     .remove(&id)
                     .ok_or(DrainError::NoSuchOverride(id));
                 if let Ok(r) = &result {
-                    info!(id = %r.id, name = %r.name, cdn = %r.cdn, "drain override removed over the API");
+                    info!(id = %r.id, name = %r.name, cdn = %r.cdn, author = %token.name, "drain override removed over the API");
+                    self.audit("undrain", undrain_fields(r, &token));
                     self.drains.sync(&self.loaded.policy, now, now_ms());
                     self.publish();
                 }
                 self.reply(reply, result);
             }
-            Command::Freeze(reason, reply) => {
-                warn!(reason = %reason, "automatic failover frozen: health is tracked, no step is taken");
-                self.failover.freeze(reason);
+            Command::Freeze(lever, reply) => {
+                if let Err(e) = self.known_tenant(&lever) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                warn!(reason = %lever.reason, author = %lever.author, tenant = ?lever.tenant, "automatic failover frozen: health is tracked, no step is taken");
+                self.audit("freeze", lever.fields());
+                match lever.tenant {
+                    Some(t) => self.failover.freeze_tenant(&t, lever.reason),
+                    None => self.failover.freeze(lever.reason),
+                }
                 self.persist();
                 self.reply(reply, Ok(()));
             }
-            Command::Resume(reason, reply) => {
-                info!(reason = %reason, "automatic failover resumed");
-                let taken = self.failover.resume(&self.loaded.policy, now);
+            Command::Resume(lever, reply) => {
+                if let Err(e) = self.known_tenant(&lever) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                info!(reason = %lever.reason, author = %lever.author, tenant = ?lever.tenant, "automatic failover resumed");
+                self.audit("resume", lever.fields());
+                let taken = match &lever.tenant {
+                    Some(t) => self.failover.resume_tenant(&self.loaded.policy, t, now),
+                    None => self.failover.resume(&self.loaded.policy, now),
+                };
                 log_steps(&taken);
                 self.publish();
                 self.reply(reply, Ok(()));
@@ -407,6 +519,14 @@ impl Controller {
             Command::Explain(name, ip, resolver, session, reply) => {
                 let _ = reply.send(self.explain(&name, ip, resolver, session));
             }
+            Command::Audit(after, limit, reply) => match &self.audit {
+                Some(a) => a.page(after, limit, reply),
+                None => {
+                    let _ = reply.send(Err(
+                        "no audit log: this server keeps no state directory".into()
+                    ));
+                }
+            },
         }
     }
 
@@ -429,7 +549,22 @@ impl Controller {
             health: &self.failover.health,
             removed: &self.removed(),
             drains: self.drains.report(&self.loaded.policy, now_ms()),
-            frozen: self.failover.frozen.clone(),
+            frozen: self.failover.frozen.clone().or_else(|| {
+                let name = name.trim_end_matches('.');
+                self.loaded
+                    .policy
+                    .hosts
+                    .iter()
+                    .find(|h| {
+                        h.name
+                            .to_string()
+                            .trim_end_matches('.')
+                            .eq_ignore_ascii_case(name)
+                    })
+                    .and_then(|h| h.tenant.as_ref())
+                    .and_then(|t| self.failover.frozen_tenants.get(t))
+                    .map(|why| format!("{why} (tenant freeze)"))
+            }),
             state: "live".into(),
         };
         let question = explain::Question {
@@ -490,6 +625,15 @@ impl Controller {
                 for issue in issues.errors() {
                     error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
                 }
+                self.audit(
+                    "reload",
+                    serde_json::json!({
+                        "trigger": trigger.to_string(),
+                        "result": "refused",
+                        "serving_version": self.loaded.version,
+                        "errors": issues.errors().map(ToString::to_string).collect::<Vec<_>>(),
+                    }),
+                );
                 self.last_reload = Some(ReloadOutcome {
                     trigger: trigger.to_string(),
                     result: "refused",
@@ -512,6 +656,18 @@ impl Controller {
                     }
                 }
                 let from = self.loaded.version.clone();
+                let diff = reload_diff(&self.loaded, &loaded);
+                self.audit(
+                    "reload",
+                    serde_json::json!({
+                        "trigger": trigger.to_string(),
+                        "result": "applied",
+                        "from_version": from,
+                        "to_version": loaded.version,
+                        "diff": diff,
+                    }),
+                );
+                self.tokens.store(Arc::new(loaded.tokens.clone()));
                 self.loaded = Arc::new(loaded);
                 // Health and failover progress carry over for the CDNs and names that remain.
                 self.failover
@@ -612,6 +768,15 @@ impl Controller {
                 m.transition(&t.cdn, t.to == State::Down);
             }
             info!(cdn = %t.cdn, scope = "global", from = %t.from, to = %t.to, quorum, evidence = %verdict.summary(), "health changed");
+            self.audit(
+                "health",
+                serde_json::json!({
+                    "cdn": t.cdn,
+                    "from": t.from.to_string(),
+                    "to": t.to.to_string(),
+                    "evidence": verdict.summary(),
+                }),
+            );
             if self.failover.frozen.is_some() {
                 warn!(cdn = %t.cdn, to = %t.to, "failover frozen: not acting on the health change");
                 self.persist();
@@ -643,11 +808,27 @@ impl Controller {
     /// Notes `now` as the time of every failover step taken since the last call.
     fn note_steps(&mut self, now: Instant) {
         let removed = self.removed();
-        self.stepped
-            .retain(|k, _| removed.get(k).is_some_and(|&p| p > 0));
+        let mut back = Vec::new();
+        self.stepped.retain(|k, _| {
+            let keep = removed.get(k).is_some_and(|&p| p > 0);
+            if !keep {
+                back.push(k.clone());
+            }
+            keep
+        });
+        for (name, cdn) in back {
+            self.audit(
+                "step",
+                serde_json::json!({ "name": name, "cdn": cdn, "removed_percent": 0 }),
+            );
+        }
         for (key, &pct) in removed.iter().filter(|(_, &p)| p > 0) {
             if self.stepped.get(key).is_none_or(|&(was, _)| was != pct) {
                 self.stepped.insert(key.clone(), (pct, now));
+                self.audit(
+                    "step",
+                    serde_json::json!({ "name": key.0, "cdn": key.1, "removed_percent": pct }),
+                );
             }
         }
     }
@@ -768,6 +949,7 @@ impl Controller {
             saved.overrides = self.drains.overrides.clone();
             saved.drains = self.drains.saved(now);
             saved.frozen = self.failover.frozen.clone();
+            saved.frozen_tenants = self.failover.frozen_tenants.clone();
             saved
         });
         self.show(saved);
@@ -825,6 +1007,8 @@ impl Controller {
         StateDoc {
             config_version: self.loaded.version.clone(),
             failover_frozen: f.frozen.clone(),
+            failover_frozen_tenants: f.frozen_tenants.clone(),
+            tenants: self.loaded.policy.tenants(),
             drains: self.drains.report(&self.loaded.policy, now_ms()),
             last_reload: self.last_reload.clone(),
             vantage: self.vantage.clone(),
@@ -936,6 +1120,12 @@ impl Controller {
             return;
         }
         c.latest = Some(shared.clone());
+        if let Some(a) = &self.audit {
+            for (rev, entry) in shared.view.audit.range(c.audit_rev + 1..) {
+                a.append_shared(*rev, entry.clone());
+                c.audit_rev = *rev;
+            }
+        }
         self.note_refused(&shared.view);
         let Some(c) = self.cluster.as_mut() else {
             return;
@@ -944,6 +1134,7 @@ impl Controller {
             shared.view.timelines.clone(),
             shared.view.drains.clone(),
             shared.view.freeze.clone(),
+            shared.view.freeze_tenants.clone(),
         );
         if was_connected && c.applied.as_ref() == Some(&overrides) {
             return;
@@ -978,6 +1169,15 @@ impl Controller {
             if let Some(start) = tl.clamp(interval, wall) {
                 warn!(name = %name, cdn = %cdn, written_by = %tl.node, start_unix_ms = start, now_unix_ms = wall, "failover timeline starts further ahead of this clock than a step interval (a clock is off: NTP?): scheduled one step interval from now");
             }
+            // A tenant's freeze holds its names' timelines where they stood then.
+            let t = match host
+                .tenant
+                .as_ref()
+                .and_then(|x| view.freeze_tenants.get(x))
+            {
+                Some(f) => t.min(f.at_unix_ms),
+                None => t,
+            };
             let s = tl.stepper(top, interval, t, now);
             if s.is_active() {
                 steps.insert((name.clone(), cdn.clone()), s);
@@ -995,6 +1195,11 @@ impl Controller {
             }
         }
         self.failover.frozen = frozen;
+        self.failover.frozen_tenants = view
+            .freeze_tenants
+            .iter()
+            .map(|(t, f)| (t.clone(), format!("{} (by {})", f.reason, f.node)))
+            .collect();
         // In the order they were written: past the scope cap, every node refuses the
         // same (later) ones, also a node that reads them all at once.
         let mut written: Vec<&SharedDrain> = view
@@ -1059,7 +1264,7 @@ impl Controller {
             .policy
             .hosts
             .iter()
-            .filter(|h| h.cdns.iter().any(|x| x.name == cdn))
+            .filter(|h| h.cdns.iter().any(|x| x.name == cdn) && !self.failover.held(h))
         {
             let name = host.name.to_string();
             let key = (name.clone(), cdn.to_string());
@@ -1106,6 +1311,10 @@ impl Controller {
     /// watch. Returns the commands answered as in a single node.
     fn on_cluster_command(&mut self, command: Command) -> Option<Command> {
         let policy = self.loaded.policy.clone();
+        let known = match &command {
+            Command::Freeze(l, _) | Command::Resume(l, _) => self.known_tenant(l),
+            _ => Ok(()),
+        };
         let c = self.cluster.as_mut()?;
         let connected = c.connected();
         let unreachable = || {
@@ -1115,55 +1324,72 @@ impl Controller {
                 .unwrap_or_else(|| "not connected".into())
         };
         match command {
-            Command::Drain(rule, reply) => {
+            Command::Drain(token, rule, reply) => {
                 if !connected {
                     let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
                     return None;
                 }
                 let mut scratch = self.drains.clone();
                 let wall = now_ms();
-                let mut rule = match scratch.add(&policy, rule, wall) {
+                let rules = match admit(&mut scratch, &policy, &token, rule, wall) {
                     Ok(r) => r,
                     Err(e) => {
                         let _ = reply.send(Err(e));
                         return None;
                     }
                 };
-                c.next_id += 1;
-                rule.id = format!("api-{}-{}-{}", c.node, wall, c.next_id);
-                rule.written_by = Some(c.node.clone());
-                rule.written_at_unix_ms = Some(wall);
-                let record = SharedDrain {
-                    rule: rule.clone(),
-                    node: c.node.clone(),
-                    at_unix_ms: wall,
-                };
-                let (etcd, key) = (c.etcd.clone(), drain_key(&c.prefix, &rule.id));
-                // The key ends by itself a little after `until`.
-                let ttl = rule.until_unix_ms.map(|u| {
-                    Duration::from_millis(u.saturating_sub(wall)) + Duration::from_secs(10)
-                });
+                let mut writes = Vec::new();
+                for mut rule in rules {
+                    c.next_id += 1;
+                    rule.id = format!("api-{}-{}-{}", c.node, wall, c.next_id);
+                    rule.written_by = Some(c.node.clone());
+                    rule.written_at_unix_ms = Some(wall);
+                    // The key ends by itself a little after `until`.
+                    let ttl = rule.until_unix_ms.map(|u| {
+                        Duration::from_millis(u.saturating_sub(wall)) + Duration::from_secs(10)
+                    });
+                    let record = SharedDrain {
+                        rule,
+                        node: c.node.clone(),
+                        at_unix_ms: wall,
+                    };
+                    writes.push((drain_key(&c.prefix, &record.rule.id), ttl, record));
+                }
+                let audits: Vec<_> = writes
+                    .iter()
+                    .map(|(_, _, d)| c.audit_entry("drain", audit_rule(&d.rule)))
+                    .collect();
+                let etcd = c.etcd.clone();
                 tokio::spawn(async move {
-                    let value = serde_json::to_vec(&record).unwrap_or_default();
                     let r = async {
-                        let lease = match ttl {
-                            Some(t) => Some(etcd.grant(t).await?),
-                            None => None,
-                        };
-                        etcd.put(&key, &value, lease).await
+                        for (key, ttl, record) in &writes {
+                            let value = serde_json::to_vec(record).unwrap_or_default();
+                            let lease = match ttl {
+                                Some(t) => Some(etcd.grant(*t).await?),
+                                None => None,
+                            };
+                            etcd.put(key, &value, lease).await?;
+                        }
+                        Ok::<(), cluster::EtcdError>(())
                     }
                     .await;
                     let _ = reply.send(match r {
                         Ok(()) => {
-                            info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, reason = %rule.reason, "drain override written to etcd for the set");
-                            Ok(rule)
+                            for (_, _, d) in &writes {
+                                let rule = &d.rule;
+                                info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, reason = %rule.reason, author = ?rule.author, "drain override written to etcd for the set");
+                            }
+                            for (key, entry) in audits {
+                                put_audit(etcd.clone(), key, entry).await;
+                            }
+                            Ok(writes.into_iter().map(|(_, _, d)| d.rule).collect())
                         }
                         Err(e) => Err(DrainError::Unavailable(e.to_string())),
                     });
                 });
                 None
             }
-            Command::Undrain(id, reply) => {
+            Command::Undrain(token, id, reply) => {
                 let found = c
                     .latest
                     .as_ref()
@@ -1173,13 +1399,22 @@ impl Controller {
                     let _ = reply.send(Err(DrainError::NoSuchOverride(id)));
                     return None;
                 };
+                if let Err(e) = may_undrain(&policy, &token, Some(&rule)) {
+                    let _ = reply.send(Err(e));
+                    return None;
+                }
                 if !connected {
                     let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
                     return None;
                 }
+                let (audit_key, entry) = c.audit_entry("undrain", undrain_fields(&rule, &token));
                 let (etcd, key) = (c.etcd.clone(), drain_key(&c.prefix, &id));
                 tokio::spawn(async move {
-                    let _ = reply.send(match etcd.delete(&key).await {
+                    let r = etcd.delete(&key).await;
+                    if r.is_ok() {
+                        put_audit(etcd.clone(), audit_key, entry).await;
+                    }
+                    let _ = reply.send(match r {
                         Ok(()) => {
                             info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, "drain override removed from etcd for the set");
                             Ok(rule)
@@ -1189,37 +1424,55 @@ impl Controller {
                 });
                 None
             }
-            Command::Freeze(reason, reply) => {
+            Command::Freeze(lever, reply) => {
                 if !connected {
-                    let _ = reply.send(Err(unreachable()));
+                    let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
                     return None;
                 }
+                if let Err(e) = known {
+                    let _ = reply.send(Err(e));
+                    return None;
+                }
+                let (audit_key, entry) = c.audit_entry("freeze", lever.fields());
                 let record = Freeze {
-                    reason,
+                    reason: lever.reason,
                     node: c.node.clone(),
                     at_unix_ms: now_ms(),
                 };
-                let (etcd, key) = (c.etcd.clone(), freeze_key(&c.prefix));
+                let key = match &lever.tenant {
+                    Some(t) => cluster::tenant_freeze_key(&c.prefix, t),
+                    None => freeze_key(&c.prefix),
+                };
+                let etcd = c.etcd.clone();
                 tokio::spawn(async move {
                     let value = serde_json::to_vec(&record).unwrap_or_default();
-                    let _ = reply.send(
-                        etcd.put(&key, &value, None)
-                            .await
-                            .map_err(|e| e.to_string()),
-                    );
+                    let r = etcd.put(&key, &value, None).await;
+                    if r.is_ok() {
+                        put_audit(etcd.clone(), audit_key, entry).await;
+                    }
+                    let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
                 });
                 None
             }
-            Command::Resume(reason, reply) => {
+            Command::Resume(lever, reply) => {
                 if !connected {
-                    let _ = reply.send(Err(unreachable()));
+                    let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
                     return None;
                 }
+                if let Err(e) = known {
+                    let _ = reply.send(Err(e));
+                    return None;
+                }
+                let (audit_key, entry) = c.audit_entry("resume", lever.fields());
+                let reason = lever.reason;
                 // Every timeline starts again from where the freeze held it, in the
                 // direction this node's health says; then the freeze is lifted.
                 let wall = now_ms();
                 let mut writes = Vec::new();
-                for host in &policy.hosts {
+                let of_tenant = |h: &&crate::config::HostPolicy| {
+                    lever.tenant.is_none() || h.tenant == lever.tenant
+                };
+                for host in policy.hosts.iter().filter(of_tenant) {
                     for cdn in &host.cdns {
                         let key = (host.name.to_string(), cdn.name.clone());
                         let level = self.failover.steps.get(&key).map_or(0, |s| s.level);
@@ -1245,7 +1498,11 @@ impl Controller {
                         writes.push((timeline_key(&c.prefix, &key.0, &key.1), t));
                     }
                 }
-                let (etcd, freeze) = (c.etcd.clone(), freeze_key(&c.prefix));
+                let freeze = match &lever.tenant {
+                    Some(t) => cluster::tenant_freeze_key(&c.prefix, t),
+                    None => freeze_key(&c.prefix),
+                };
+                let etcd = c.etcd.clone();
                 tokio::spawn(async move {
                     let r = async {
                         for (k, t) in &writes {
@@ -1255,11 +1512,14 @@ impl Controller {
                         etcd.delete(&freeze).await
                     }
                     .await;
-                    let _ = reply.send(r.map_err(|e| e.to_string()));
+                    if r.is_ok() {
+                        put_audit(etcd.clone(), audit_key, entry).await;
+                    }
+                    let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
                 });
                 None
             }
-            explain @ Command::Explain(..) => Some(explain),
+            answered_here @ (Command::Explain(..) | Command::Audit(..)) => Some(answered_here),
         }
     }
 
@@ -1342,6 +1602,98 @@ fn refused_keys(view: &cluster::SharedView, loaded: &Loaded) -> u64 {
     view.refused + (cdns + timelines + drains) as u64
 }
 
+/// Checks a drain request against the token's scope and the drains in force, and
+/// adds its rules (one per name of a tenant) to `drains`; all or none.
+fn admit(
+    drains: &mut Drains,
+    policy: &Policy,
+    token: &Token,
+    rule: DrainRule,
+    now_ms: u64,
+) -> Result<Vec<DrainRule>, DrainError> {
+    let rules = rule.expand(policy)?;
+    let mut scratch = drains.clone();
+    let mut out = Vec::new();
+    for rule in rules {
+        if let Ok((host, _)) = rule.resolve(policy) {
+            token
+                .may_touch(host, &rule.scope)
+                .map_err(DrainError::Forbidden)?;
+        }
+        out.push(scratch.add(policy, rule, now_ms)?);
+    }
+    *drains = scratch;
+    Ok(out)
+}
+
+/// Whether `token` may end the override `found`.
+fn may_undrain(
+    policy: &Policy,
+    token: &Token,
+    found: Option<&DrainRule>,
+) -> Result<(), DrainError> {
+    let Some(rule) = found else { return Ok(()) };
+    match rule.resolve(policy) {
+        Ok((host, _)) => token
+            .may_touch(host, &rule.scope)
+            .map_err(DrainError::Forbidden),
+        // A name gone from the policy: only a token unlimited by name may end it.
+        Err(_) => token.may_touch_everything().map_err(DrainError::Forbidden),
+    }
+}
+
+/// A drain as the audit log records it.
+fn audit_rule(r: &DrainRule) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id, "name": r.name, "cdn": r.cdn, "where": r.scope, "reason": r.reason,
+        "until_unix_ms": r.until_unix_ms, "immediate": r.immediate, "tenant": r.tenant,
+        "author": r.author, "ticket": r.ticket,
+    })
+}
+
+fn undrain_fields(r: &DrainRule, token: &Token) -> serde_json::Value {
+    serde_json::json!({ "id": r.id, "name": r.name, "cdn": r.cdn, "author": token.name })
+}
+
+/// What a reload changed: names added, removed and changed, probes, tokens.
+fn reload_diff(old: &Loaded, new: &Loaded) -> serde_json::Value {
+    let names = |l: &Loaded| -> BTreeMap<String, String> {
+        l.policy
+            .hosts
+            .iter()
+            .map(|h| (h.name.to_string(), format!("{h:?}")))
+            .collect()
+    };
+    let (a, b) = (names(old), names(new));
+    let added: Vec<&String> = b.keys().filter(|k| !a.contains_key(*k)).collect();
+    let removed: Vec<&String> = a.keys().filter(|k| !b.contains_key(*k)).collect();
+    let changed: Vec<&String> = b
+        .iter()
+        .filter(|(k, v)| a.get(*k).is_some_and(|o| o != *v))
+        .map(|(k, _)| k)
+        .collect();
+    serde_json::json!({
+        "names_added": added,
+        "names_removed": removed,
+        "names_changed": changed,
+        "probes_changed": old.probes != new.probes,
+        "tokens": new.tokens.list.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+    })
+}
+
+/// Writes an audit entry to etcd for the set (under a lease: every node has it by then).
+async fn put_audit(etcd: Etcd, key: String, entry: serde_json::Value) {
+    let value = serde_json::to_vec(&entry).unwrap_or_default();
+    let r = async {
+        let lease = etcd.grant(cluster::AUDIT_TTL).await?;
+        etcd.put(&key, &value, Some(lease)).await
+    }
+    .await;
+    if let Err(e) = r {
+        warn!(key = %key, error = %e, "cannot write an audit entry to etcd: the set's log lacks it");
+    }
+}
+
 /// Logs the steps time took.
 fn log_steps(taken: &[Step]) {
     for (name, cdn, pct) in taken {
@@ -1351,11 +1703,23 @@ fn log_steps(taken: &[Step]) {
 
 /// A request from the admin API, answered on its oneshot.
 pub enum Command {
-    Drain(DrainRule, oneshot::Sender<Result<DrainRule, DrainError>>),
-    Undrain(String, oneshot::Sender<Result<DrainRule, DrainError>>),
-    /// Answered with why it could not be done (in a set: etcd unreachable).
-    Freeze(String, oneshot::Sender<Result<(), String>>),
-    Resume(String, oneshot::Sender<Result<(), String>>),
+    /// A drain of a name, or of every name of a tenant, by the token: the rules made.
+    Drain(
+        Arc<Token>,
+        DrainRule,
+        oneshot::Sender<Result<Vec<DrainRule>, DrainError>>,
+    ),
+    Undrain(
+        Arc<Token>,
+        String,
+        oneshot::Sender<Result<DrainRule, DrainError>>,
+    ),
+    /// Answered with why it could not be done (an unknown tenant; in a set: etcd
+    /// unreachable).
+    Freeze(Lever, oneshot::Sender<Result<(), DrainError>>),
+    Resume(Lever, oneshot::Sender<Result<(), DrainError>>),
+    /// A page of the audit log: entries after this seq, at most this many.
+    Audit(u64, usize, oneshot::Sender<Result<audit::Page, String>>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
     /// the client itself, without ECS), and a content steering session key.
     Explain(
@@ -1365,6 +1729,22 @@ pub enum Command {
         Option<u64>,
         oneshot::Sender<Result<Explanation, ExplainError>>,
     ),
+}
+
+/// A freeze or resume: why, who, and of which tenant's names (`None`: every name).
+#[derive(Clone, Debug)]
+pub struct Lever {
+    pub reason: String,
+    /// The token's name, with the ticket if one was given.
+    pub author: String,
+    pub tenant: Option<String>,
+}
+
+impl Lever {
+    /// As the audit log records it.
+    fn fields(&self) -> serde_json::Value {
+        serde_json::json!({ "reason": self.reason, "author": self.author, "tenant": self.tenant })
+    }
 }
 
 /// Spawns the prober of `probes` alone (for `agent`).

@@ -50,6 +50,16 @@ pub struct DrainRule {
         deserialize_with = "times::bounded_opt"
     )]
     pub written_at_unix_ms: Option<u64>,
+    /// The tenant whose drain this is part of (a drain of a tenant is one rule per
+    /// name of the tenant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Who made it: the API token's name (`None` for the policy's drains).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// The ticket the request carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
 }
 
 /// Why a drain is refused. The API answers 400 for a request that names what the
@@ -59,6 +69,13 @@ pub struct DrainRule {
 pub enum DrainError {
     #[error("{0} is not a steered name")]
     NotSteered(String),
+    #[error("no steered name has the tenant `{0}`")]
+    NoTenant(String),
+    #[error("no steered name of tenant `{tenant}` has a CDN `{cdn}`")]
+    NoTenantName { tenant: String, cdn: String },
+    /// The API token may not do this: what it lacks (403).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{name} has no CDN `{cdn}` (CDNs: {known})")]
     UnknownCdn {
         name: String,
@@ -160,6 +177,31 @@ impl DrainRule {
         Ok((host, scope))
     }
 
+    /// The rules a drain request makes: itself, or for a drain of a tenant (`tenant`
+    /// set, `name` empty) one rule per name of the tenant that has the CDN.
+    pub fn expand(self, policy: &Policy) -> Result<Vec<DrainRule>, DrainError> {
+        let Some(tenant) = self.tenant.clone().filter(|_| self.name.is_empty()) else {
+            return Ok(vec![self]);
+        };
+        let rules: Vec<DrainRule> = policy
+            .hosts
+            .iter()
+            .filter(|h| h.tenant.as_deref() == Some(&tenant))
+            .filter(|h| h.cdns.iter().any(|c| c.name == self.cdn))
+            .map(|h| DrainRule {
+                name: h.name.to_string(),
+                ..self.clone()
+            })
+            .collect();
+        if rules.is_empty() {
+            return Err(DrainError::NoTenantName {
+                tenant,
+                cdn: self.cdn,
+            });
+        }
+        Ok(rules)
+    }
+
     /// The policy's drains as rules.
     pub fn from_policy(policy: &Policy) -> Vec<DrainRule> {
         let mut out = Vec::new();
@@ -182,6 +224,9 @@ impl DrainRule {
                     immediate: d.immediate,
                     written_by: None,
                     written_at_unix_ms: None,
+                    tenant: host.tenant.clone(),
+                    author: None,
+                    ticket: None,
                 });
             }
         }
@@ -585,6 +630,14 @@ pub struct DrainStatus {
     pub written_by: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub written_at_unix_ms: Option<u64>,
+    /// The tenant of the name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The API token that made it, and the ticket it gave.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
     pub status: DrainState,
     /// Percent of the CDN's share moved away now.
     pub removed_percent: u8,
@@ -602,6 +655,9 @@ impl DrainStatus {
             immediate: rule.immediate,
             written_by: rule.written_by.clone(),
             written_at_unix_ms: rule.written_at_unix_ms,
+            tenant: rule.tenant.clone(),
+            author: rule.author.clone(),
+            ticket: rule.ticket.clone(),
             status,
             removed_percent,
         }
@@ -639,6 +695,9 @@ mod tests {
             immediate: true,
             written_by: None,
             written_at_unix_ms: None,
+            tenant: None,
+            author: None,
+            ticket: None,
         }
     }
 

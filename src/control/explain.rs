@@ -77,6 +77,8 @@ pub struct OriginFound {
 #[derive(Debug, Serialize)]
 pub struct Explanation {
     pub name: String,
+    /// The customer the name belongs to (`tenant:`).
+    pub tenant: Option<String>,
     pub client: IpAddr,
     pub country: Option<String>,
     pub continent: Option<&'static str>,
@@ -279,6 +281,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
     let host_name = host.name.to_string();
     Ok(Explanation {
         name: host_name.clone(),
+        tenant: host.tenant.clone(),
         client: q.client,
         country: place.country.map(|c| c.to_string()),
         continent: place.continent.map(|c| c.code()),
@@ -333,6 +336,9 @@ impl fmt::Display for Explanation {
             _ => "not in the geo database".into(),
         };
         writeln!(f, "name:    {}", self.name)?;
+        if let Some(t) = &self.tenant {
+            writeln!(f, "tenant:  {t}")?;
+        }
         writeln!(
             f,
             "client:  {}: {place} (network /{} in {})",

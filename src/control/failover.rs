@@ -1,5 +1,6 @@
 //! Control plane: the failover state, pure. Health per CDN (hysteresis over verdicts),
-//! the failover timeline of every (steered name, CDN), and the operator's freeze; what
+//! the failover timeline of every (steered name, CDN), and the operator's freeze (of
+//! every name, or of a tenant's names); what
 //! the planner reads as "how far is each CDN off its weight" ([`FailoverState::removed`]).
 //!
 //! ```text
@@ -16,7 +17,7 @@ use std::collections::BTreeMap;
 use tokio::time::Instant;
 
 use crate::config::probes::Probes;
-use crate::config::Policy;
+use crate::config::{HostPolicy, Policy};
 use crate::control::health::{State, Tracker, VerdictKind};
 use crate::control::planner::Removed;
 use crate::control::stepper::{Direction, Stepper};
@@ -30,6 +31,8 @@ pub struct FailoverState {
     pub steps: BTreeMap<(String, String), Stepper>,
     /// Why automatic failover is frozen: health is still tracked, no step is taken.
     pub frozen: Option<String>,
+    /// Tenants whose names' failover is frozen, with why: the other names go on.
+    pub frozen_tenants: BTreeMap<String, String>,
 }
 
 /// A CDN's health changed.
@@ -62,11 +65,12 @@ impl FailoverState {
         let to = tracker.observe(verdict, down_after, up_after)?;
         let mut steps = Vec::new();
         if self.frozen.is_none() {
-            for host in policy
+            let hosts: Vec<&HostPolicy> = policy
                 .hosts
                 .iter()
-                .filter(|h| h.cdns.iter().any(|c| c.name == cdn))
-            {
+                .filter(|h| h.cdns.iter().any(|c| c.name == cdn) && !self.held(h))
+                .collect();
+            for host in hosts {
                 let s = self
                     .steps
                     .entry((host.name.to_string(), cdn.to_string()))
@@ -115,7 +119,8 @@ impl FailoverState {
         if self.frozen.is_some() {
             return taken;
         }
-        for host in &policy.hosts {
+        let hosts: Vec<&HostPolicy> = policy.hosts.iter().filter(|h| !self.held(h)).collect();
+        for host in hosts {
             for cdn in &host.cdns {
                 let key = (host.name.to_string(), cdn.name.clone());
                 if let Some(s) = self.steps.get_mut(&key) {
@@ -129,12 +134,30 @@ impl FailoverState {
         taken
     }
 
-    /// When the next step is due (never while frozen).
-    pub fn next_due(&self) -> Option<Instant> {
+    /// When the next step is due (never while frozen, nor for a frozen tenant's names).
+    pub fn next_due(&self, policy: &Policy) -> Option<Instant> {
         if self.frozen.is_some() {
             return None;
         }
-        self.steps.values().filter_map(|s| s.next_at).min()
+        policy
+            .hosts
+            .iter()
+            .filter(|h| !self.held(h))
+            .flat_map(|h| h.cdns.iter().map(|c| (h.name.to_string(), c.name.clone())))
+            .filter_map(|key| self.steps.get(&key)?.next_at)
+            .min()
+    }
+
+    /// Whether `host`'s steps are held by the freeze of its tenant.
+    pub fn held(&self, host: &HostPolicy) -> bool {
+        host.tenant
+            .as_ref()
+            .is_some_and(|t| self.frozen_tenants.contains_key(t))
+    }
+
+    /// Stops automatic failover for the names of `tenant` only.
+    pub fn freeze_tenant(&mut self, tenant: &str, reason: String) {
+        self.frozen_tenants.insert(tenant.to_string(), reason);
     }
 
     /// Stops automatic failover: steps hold where they are.
@@ -146,7 +169,25 @@ impl FailoverState {
     /// down while frozen starts its demotion now); returns the steps taken.
     pub fn resume(&mut self, policy: &Policy, now: Instant) -> Vec<Step> {
         self.frozen = None;
-        for host in &policy.hosts {
+        self.realign(policy, None, now)
+    }
+
+    /// Resumes automatic failover for the names of `tenant`, as [`Self::resume`].
+    pub fn resume_tenant(&mut self, policy: &Policy, tenant: &str, now: Instant) -> Vec<Step> {
+        self.frozen_tenants.remove(tenant);
+        self.realign(policy, Some(tenant), now)
+    }
+
+    /// Turns the steps of every name (of `tenant`) toward what the health says, then
+    /// takes the steps due.
+    fn realign(&mut self, policy: &Policy, tenant: Option<&str>, now: Instant) -> Vec<Step> {
+        let hosts: Vec<&HostPolicy> = policy
+            .hosts
+            .iter()
+            .filter(|h| tenant.is_none_or(|t| h.tenant.as_deref() == Some(t)))
+            .filter(|h| !self.held(h))
+            .collect();
+        for host in hosts {
             for cdn in &host.cdns {
                 let state = self.health.get(&cdn.name).map_or(State::Up, |t| t.state);
                 let s = self
@@ -236,7 +277,7 @@ failover:
         let t = bad(&mut f, t0).expect("down after 2");
         assert_eq!((t.from, t.to), (State::Up, State::Down));
         assert_eq!(t.steps, vec![("www.example.com.".to_string(), 50)]);
-        assert_eq!(f.next_due(), Some(t0 + Duration::from_secs(90)));
+        assert_eq!(f.next_due(&p), Some(t0 + Duration::from_secs(90)));
         assert!(f.tick(&p, t0 + Duration::from_secs(89)).is_empty());
         let taken = f.tick(&p, t0 + Duration::from_secs(90));
         assert_eq!(taken, vec![("www.example.com.".into(), "a".into(), 100)]);
@@ -251,7 +292,7 @@ failover:
         assert_eq!(t.steps, vec![("www.example.com.".to_string(), 50)]);
         f.tick(&p, t1 + Duration::from_secs(90));
         assert_eq!(removed(&f, &p), None, "back to normal, forgotten");
-        assert_eq!(f.next_due(), None);
+        assert_eq!(f.next_due(&p), None);
     }
 
     #[test]
@@ -265,11 +306,11 @@ failover:
         assert_eq!(t, None, "already down");
         assert_eq!(f.down(), vec!["a"], "health is tracked while frozen");
         assert_eq!(removed(&f, &p), None, "no step while frozen");
-        assert_eq!(f.next_due(), None);
+        assert_eq!(f.next_due(&p), None);
         let taken = f.resume(&p, t0 + Duration::from_secs(5));
         assert_eq!(taken, vec![], "the first step is taken by demote itself");
         assert_eq!(removed(&f, &p), Some(50));
-        assert_eq!(f.next_due(), Some(t0 + Duration::from_secs(95)));
+        assert_eq!(f.next_due(&p), Some(t0 + Duration::from_secs(95)));
     }
 
     #[test]

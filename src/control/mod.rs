@@ -2,6 +2,7 @@
 //! on the query path.
 
 pub mod api;
+pub mod audit;
 pub mod cluster;
 pub mod content;
 pub mod controller;

@@ -46,6 +46,9 @@ pub struct Saved {
     /// Why automatic failover is frozen, when it is.
     #[serde(default)]
     pub frozen: Option<String>,
+    /// Tenants whose failover is frozen, with why.
+    #[serde(default)]
+    pub frozen_tenants: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,6 +96,7 @@ pub fn capture(
         overrides: Vec::new(),
         drains: Vec::new(),
         frozen: None,
+        frozen_tenants: BTreeMap::new(),
     }
 }
 

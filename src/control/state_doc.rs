@@ -16,6 +16,10 @@ pub struct StateDoc {
     pub config_version: String,
     /// Why automatic failover is frozen, if it is.
     pub failover_frozen: Option<String>,
+    /// Tenants whose failover is frozen, with why (their names take no step).
+    pub failover_frozen_tenants: BTreeMap<String, String>,
+    /// The steered names of each tenant (`tenant:` in the policy).
+    pub tenants: BTreeMap<String, Vec<String>>,
     pub drains: Vec<DrainStatus>,
     /// The outcome of the last reload (none yet: `null`).
     pub last_reload: Option<ReloadOutcome>,

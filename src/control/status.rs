@@ -233,9 +233,16 @@ fn write_page(
     let mut charted = 0;
     for steered in plan.names() {
         let name = &**steered.text();
+        let tenant = doc
+            .tenants
+            .iter()
+            .find(|(_, names)| names.iter().any(|n| n == name))
+            .map_or(String::new(), |(t, _)| {
+                format!(" <span class=\"tenant\">tenant {}</span>", esc(t))
+            });
         writeln!(
             h,
-            "<h2 class=\"name\">{}</h2>\n<table class=\"regions\"><tr><th>region</th>\
+            "<h2 class=\"name\">{}{tenant}</h2>\n<table class=\"regions\"><tr><th>region</th>\
              <th>why</th><th>shares now</th><th>last hour (or since start)</th></tr>",
             esc(name)
         )?;
@@ -299,6 +306,15 @@ fn write_page(
 }
 
 fn banners(h: &mut String, doc: &StateDoc) -> std::fmt::Result {
+    for (tenant, why) in &doc.failover_frozen_tenants {
+        writeln!(
+            h,
+            "<p class=\"banner warn\" id=\"frozen-{}\">Automatic failover is frozen for tenant {}: {}</p>",
+            esc(tenant),
+            esc(tenant),
+            esc(why)
+        )?;
+    }
     if let Some(why) = &doc.failover_frozen {
         writeln!(
             h,
@@ -475,13 +491,25 @@ fn failover(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
     Ok(())
 }
 
+/// Who made a drain: its author, ticket and tenant, as far as known.
+fn by(d: &crate::control::drains::DrainStatus) -> String {
+    let mut out = d.author.clone().unwrap_or_else(|| "policy".into());
+    if let Some(t) = &d.ticket {
+        out.push_str(&format!(", ticket {t}"));
+    }
+    if let Some(t) = &d.tenant {
+        out.push_str(&format!(", tenant {t}"));
+    }
+    out
+}
+
 fn drains(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
     h.push_str(
         "<h2>Drains</h2>\n<table id=\"drains\"><tr><th>name</th><th>CDN</th><th>where</th>\
-         <th>reason</th><th>until</th><th>status</th><th>share removed</th></tr>\n",
+         <th>reason</th><th>until</th><th>status</th><th>share removed</th><th>by</th></tr>\n",
     );
     if doc.drains.is_empty() {
-        h.push_str("<tr><td colspan=\"7\">No drain.</td></tr>\n");
+        h.push_str("<tr><td colspan=\"8\">No drain.</td></tr>\n");
     }
     for d in &doc.drains {
         let scope = if d.scope.is_empty() {
@@ -493,7 +521,7 @@ fn drains(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
             h,
             "<tr class=\"drain\" data-name=\"{}\" data-cdn=\"{}\" data-removed=\"{}\">\
              <td>{}</td><td>{}</td><td>{}</td><td class=\"why\">{}</td><td>{}</td><td>{}</td>\
-             <td>{} %{}</td></tr>",
+             <td>{} %{}</td><td class=\"by\">{}</td></tr>",
             esc(&d.name),
             esc(&d.cdn),
             d.removed_percent,
@@ -506,6 +534,7 @@ fn drains(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
             esc(&d.status.to_string()),
             d.removed_percent,
             if d.immediate { " (immediate)" } else { "" },
+            esc(&by(d)),
         )?;
     }
     h.push_str("</table>\n");
@@ -614,6 +643,7 @@ mod tests {
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
             asn: None,
+            api_tokens: None,
         })
         .unwrap()
     }
@@ -725,6 +755,9 @@ mod tests {
                 immediate: false,
                 written_by: None,
                 written_at_unix_ms: None,
+                tenant: None,
+                author: None,
+                ticket: None,
                 status: DrainState::InForce,
                 removed_percent: 100,
             }],

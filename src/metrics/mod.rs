@@ -844,6 +844,7 @@ mod tests {
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
             asn: None,
+            api_tokens: None,
         };
         crate::inputs::load(&inputs).unwrap().snapshot()
     }
@@ -964,6 +965,7 @@ mod tests {
             geo: repo.join("geo/country.mmdb"),
             probes: repo.join("tests/fixtures/no-probes"),
             asn: None,
+            api_tokens: None,
         })
         .unwrap();
         let normal = Arc::new(loaded.snapshot());

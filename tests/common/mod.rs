@@ -121,6 +121,7 @@ pub fn load_fixture(policy: &str, zones: &str, geo: &str) -> app::Loaded {
         geo: repo(geo),
         probes: repo("tests/fixtures/no-probes"),
         asn: None,
+        api_tokens: None,
     };
     app::load(&inputs).unwrap_or_else(|e| panic!("fixture does not load: {e}"))
 }

@@ -127,6 +127,7 @@ impl Stack {
             geo: dir.join("geo.mmdb"),
             probes: dir.join("probes"),
             asn: None,
+            api_tokens: Some(dir.join("api-tokens.yaml")).filter(|p| p.exists()),
         };
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
         let opts = ServeOptions {

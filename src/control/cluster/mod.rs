@@ -15,6 +15,8 @@
 //! | `timeline/{name}/{cdn}` | [`Timeline`]: direction, level at start, start time | the first node whose health flips (create-if-absent, or compare-and-swap on the revision) |
 //! | `drain/{id}` | [`SharedDrain`]: the rule, who, when | the node whose API got it (a lease ends it at `until`) |
 //! | `freeze` | [`Freeze`]: why, who, when | the node whose API got it |
+//! | `freeze/{tenant}` | [`Freeze`] of that tenant's names | the node whose API got it |
+//! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
 //! step at the same moment from the same record, so the set moves together without a
@@ -83,6 +85,11 @@ const MAX_NAME: usize = 128;
 pub const MAX_VANTAGES: usize = 64;
 /// Longest reason accepted.
 const MAX_REASON: usize = 2048;
+/// Audit entries kept from etcd (the newest), and the largest one read.
+pub const MAX_AUDIT_KEYS: usize = 4096;
+const MAX_AUDIT_VALUE: usize = 16 * 1024;
+/// How long an audit entry stays in etcd (every node has appended it by then).
+pub const AUDIT_TTL: Duration = Duration::from_secs(3600);
 
 /// `--etcd`, `--node`, `--etcd-prefix` and the credentials.
 #[derive(Clone, Debug)]
@@ -237,6 +244,10 @@ pub struct SharedView {
     /// Per override id.
     pub drains: BTreeMap<String, SharedDrain>,
     pub freeze: Option<Freeze>,
+    /// Per tenant: the freeze of its names.
+    pub freeze_tenants: BTreeMap<String, Freeze>,
+    /// Audit entries by revision: every node appends them in this order.
+    pub audit: BTreeMap<i64, serde_json::Value>,
     /// Keys refused (bad form), and the last one with why.
     pub refused: u64,
     pub last_refused: Option<String>,
@@ -310,6 +321,16 @@ pub fn timeline_key(prefix: &str, name: &str, cdn: &str) -> String {
 /// Key of a drain override.
 pub fn drain_key(prefix: &str, id: &str) -> String {
     format!("{prefix}drain/{id}")
+}
+
+/// Key of the freeze of a tenant's names.
+pub fn tenant_freeze_key(prefix: &str, tenant: &str) -> String {
+    format!("{prefix}freeze/{tenant}")
+}
+
+/// Key of an audit entry.
+pub fn audit_key(prefix: &str, node: &str, serial: u64) -> String {
+    format!("{prefix}audit/{node}/{serial}")
 }
 
 /// Key of the freeze.
@@ -420,9 +441,9 @@ impl Mirror {
     }
 
     fn delete(&mut self, key: &str) {
-        if self.revisions.remove(key).is_some() {
+        if let Some(rev) = self.revisions.remove(key) {
             if let Some(rest) = key.strip_prefix(&self.prefix) {
-                self.view.remove(rest);
+                self.view.remove(rest, rev);
             }
         }
         self.refused.remove(shown_key(key));
@@ -509,6 +530,30 @@ impl SharedView {
                 check_reason(&d.rule.reason)?;
                 self.drains.insert(id.to_string(), d);
             }
+            ["audit", node, _] => {
+                if !sane_name(node) || value.len() > MAX_AUDIT_VALUE {
+                    return Err("node not a sane name, or an entry over 16 KiB".into());
+                }
+                let v: serde_json::Value = parse_json(value)?;
+                if !v.is_object() {
+                    return Err("an audit entry is a JSON object".into());
+                }
+                if !members.contains(*node) {
+                    return Err(format!("`{node}` is not a member of the set (--members): its audit entries are not kept"));
+                }
+                self.audit.insert(rev, v);
+                while self.audit.len() > MAX_AUDIT_KEYS {
+                    self.audit.pop_first();
+                }
+            }
+            ["freeze", tenant] => {
+                if !sane_name(tenant) {
+                    return Err("tenant not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                let f: Freeze = parse_json(value)?;
+                check_reason(&f.reason)?;
+                self.freeze_tenants.insert(tenant.to_string(), f);
+            }
             ["freeze"] => {
                 let f: Freeze = parse_json(value)?;
                 check_reason(&f.reason)?;
@@ -519,8 +564,8 @@ impl SharedView {
         Ok(())
     }
 
-    /// Forgets what the key `rest` (under the prefix) added.
-    fn remove(&mut self, rest: &str) {
+    /// Forgets what the key `rest` (under the prefix, last written at `rev`) added.
+    fn remove(&mut self, rest: &str, rev: i64) {
         let parts: Vec<&str> = rest.split('/').collect();
         match parts.as_slice() {
             ["obs", vantage, cdn] => {
@@ -536,6 +581,12 @@ impl SharedView {
             }
             ["drain", id] => {
                 self.drains.remove(*id);
+            }
+            ["audit", _, _] => {
+                self.audit.remove(&rev);
+            }
+            ["freeze", tenant] => {
+                self.freeze_tenants.remove(*tenant);
             }
             ["freeze"] => self.freeze = None,
             _ => {}

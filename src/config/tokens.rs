@@ -1,0 +1,455 @@
+//! Input: the API tokens file (`--api-tokens FILE`): who may pull which lever.
+//!
+//! ```yaml
+//! tokens:
+//!   - name: oncall-acme                 # shown as the author of what it does
+//!     sha256: 5e8848…42d8               # SHA-256 of the token, 64 hex digits
+//!     verbs: [drain, undrain, freeze, resume, usage]
+//!     names: [a.example.com]            # optional: these names…
+//!     tenants: [acme]                   # optional: …and the names of these tenants
+//!     regions: [europe, GB]             # optional: drains only with these `where:` entries
+//!     require_ticket: true              # optional: every mutation carries `ticket`
+//! ```
+//!
+//! Only hashes are stored (`printf %s "$TOKEN" | sha256sum`); a bearer token is hashed
+//! and compared with every entry in a time that does not depend on where they differ.
+//! Without `names` and `tenants` a token may touch every name; with either, only those
+//! names and the names of those tenants. Without `regions` a drain may have any scope;
+//! with it, every entry of a drain's `where:` must be listed (so a drain everywhere, a
+//! global freeze or resume are refused). The file must be readable by its owner only.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{locate, yaml_issue, HostPolicy, Seg};
+use crate::error::{ConfigIssue, Issues};
+
+/// What a token may do: one verb per kind of mutation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    /// `POST /v1/drains`.
+    Drain,
+    /// `DELETE /v1/drains/{id}`.
+    Undrain,
+    /// `POST /v1/failover/freeze`.
+    Freeze,
+    /// `POST /v1/failover/resume`.
+    Resume,
+    /// Usage records (`POST /v1/usage`).
+    Usage,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Drain => "drain",
+            Verb::Undrain => "undrain",
+            Verb::Freeze => "freeze",
+            Verb::Resume => "resume",
+            Verb::Usage => "usage",
+        }
+    }
+
+    const ALL: [Verb; 5] = [
+        Verb::Drain,
+        Verb::Undrain,
+        Verb::Freeze,
+        Verb::Resume,
+        Verb::Usage,
+    ];
+}
+
+/// One token: its name, the hash of its secret and its rights.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Token {
+    /// Shown as the author of every override it makes, and in the audit log.
+    pub name: String,
+    /// SHA-256 of the secret.
+    pub hash: [u8; 32],
+    pub verbs: Vec<Verb>,
+    /// Steered names it may touch (absolute, lowercase); `None`: not limited by name.
+    pub names: Option<Vec<String>>,
+    /// Tenants whose names it may touch; `None`: not limited by tenant.
+    pub tenants: Option<Vec<String>>,
+    /// The `where:` entries its drains may have; `None`: any scope, everywhere too.
+    pub regions: Option<Vec<String>>,
+    /// Every mutation must carry a `ticket`.
+    pub require_ticket: bool,
+}
+
+/// The SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Token {
+    /// A token with every right (`--api-token-file`, `STEERDNS_API_TOKEN`).
+    pub fn every_right(name: &str, secret: &str) -> Token {
+        Token {
+            name: name.to_string(),
+            hash: sha256(secret.as_bytes()),
+            verbs: Verb::ALL.to_vec(),
+            names: None,
+            tenants: None,
+            regions: None,
+            require_ticket: false,
+        }
+    }
+
+    /// Whether it may use `verb`; else what it lacks.
+    pub fn may(&self, verb: Verb) -> Result<(), String> {
+        if self.verbs.contains(&verb) {
+            return Ok(());
+        }
+        let has: Vec<&str> = self.verbs.iter().map(|v| v.as_str()).collect();
+        Err(format!(
+            "token `{}` lacks the verb `{}` (it has: {})",
+            self.name,
+            verb.as_str(),
+            if has.is_empty() {
+                "none".into()
+            } else {
+                has.join(", ")
+            }
+        ))
+    }
+
+    /// Whether it may touch `host` with a drain of scope `scope` (empty: everywhere);
+    /// else what it lacks.
+    pub fn may_touch(&self, host: &HostPolicy, scope: &[String]) -> Result<(), String> {
+        let name = host.name.to_string();
+        if self.names.is_some() || self.tenants.is_some() {
+            let by_name = self.names.as_ref().is_some_and(|n| n.contains(&name));
+            let by_tenant = match (&self.tenants, &host.tenant) {
+                (Some(ts), Some(t)) => ts.contains(t),
+                _ => false,
+            };
+            if !by_name && !by_tenant {
+                return Err(format!(
+                    "token `{}` lacks the name {name}{}",
+                    self.name,
+                    host.tenant
+                        .as_ref()
+                        .map_or(String::new(), |t| format!(" (tenant {t})"))
+                ));
+            }
+        }
+        self.may_cover(scope)
+    }
+
+    /// Whether its `regions` allow a scope of `scope` (empty: everywhere).
+    fn may_cover(&self, scope: &[String]) -> Result<(), String> {
+        let Some(regions) = &self.regions else {
+            return Ok(());
+        };
+        if scope.is_empty() {
+            return Err(format!(
+                "token `{}` lacks the scope everywhere: it may act only in {}",
+                self.name,
+                regions.join(", ")
+            ));
+        }
+        match scope
+            .iter()
+            .find(|s| !regions.iter().any(|r| r.eq_ignore_ascii_case(s)))
+        {
+            Some(s) => Err(format!(
+                "token `{}` lacks the region `{s}` (it may act in {})",
+                self.name,
+                regions.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether it may freeze or resume the names of `tenant` (everywhere).
+    pub fn may_touch_tenant(&self, tenant: &str) -> Result<(), String> {
+        let limited = self.names.is_some() || self.tenants.is_some();
+        if limited
+            && !self
+                .tenants
+                .as_ref()
+                .is_some_and(|ts| ts.iter().any(|t| t == tenant))
+        {
+            return Err(format!("token `{}` lacks the tenant {tenant}", self.name));
+        }
+        self.may_cover(&[])
+    }
+
+    /// Whether it may act on every name everywhere (a global freeze or resume).
+    pub fn may_touch_everything(&self) -> Result<(), String> {
+        if self.names.is_some() || self.tenants.is_some() {
+            return Err(format!(
+                "token `{}` lacks every name: it is limited to some names or tenants",
+                self.name
+            ));
+        }
+        self.may_cover(&[])
+    }
+
+    /// Whether a request carrying `ticket` may go ahead.
+    pub fn ticket_ok(&self, ticket: Option<&str>) -> Result<(), String> {
+        if self.require_ticket && ticket.is_none_or(|t| t.trim().is_empty()) {
+            return Err(format!(
+                "token `{}` requires a ticket: add \"ticket\": \"INC-…\" to the request",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The tokens of a file, plus the one with every right given on the command line.
+#[derive(Clone, Debug, Default)]
+pub struct Tokens {
+    pub list: Vec<Arc<Token>>,
+}
+
+impl Tokens {
+    /// The token whose secret is `given`: its hash is compared with every entry, each
+    /// comparison taking the same time whatever the bytes.
+    pub fn find(&self, given: &str) -> Option<Arc<Token>> {
+        let hash = sha256(given.as_bytes());
+        let mut found = None;
+        for t in &self.list {
+            if same_bytes(&hash, &t.hash) && found.is_none() {
+                found = Some(t.clone());
+            }
+        }
+        found
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+}
+
+/// Whether two equal-length byte strings are equal, looking at every byte.
+fn same_bytes(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for (x, y) in a.iter().zip(b) {
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    tokens: Vec<RawToken>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    name: String,
+    sha256: String,
+    verbs: Vec<Verb>,
+    names: Option<Vec<String>>,
+    tenants: Option<Vec<String>>,
+    regions: Option<Vec<String>>,
+    #[serde(default)]
+    require_ticket: bool,
+}
+
+/// Reads and checks a tokens file: owner-only mode, then every entry; all problems
+/// with file, line and field.
+pub fn load(path: &Path) -> Result<Tokens, Issues> {
+    let one = |field: &str, msg: String| Issues(vec![ConfigIssue::error(path, None, field, msg)]);
+    let meta = std::fs::metadata(path).map_err(|e| one("", format!("cannot read: {e}")))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(one(
+                "",
+                format!("open to others than its owner (mode {mode:o}): the token hashes are secrets; chmod 600 it"),
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = meta;
+    let source = std::fs::read_to_string(path).map_err(|e| one("", format!("cannot read: {e}")))?;
+    parse(path, &source)
+}
+
+/// Checks the text of a tokens file (`path` is only used in messages).
+pub fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
+    let raw: RawFile =
+        serde_yaml::from_str(source).map_err(|e| Issues(vec![yaml_issue(path, source, &e)]))?;
+    let mut issues = Issues::default();
+    let mut error = |at: Vec<Seg>, msg: String| {
+        issues.push(ConfigIssue::error(
+            path,
+            locate::line_of(source, &at),
+            locate::render(&at),
+            msg,
+        ))
+    };
+    let mut list: Vec<Arc<Token>> = Vec::new();
+    for (i, t) in raw.tokens.into_iter().enumerate() {
+        let at = |k: &str| vec![Seg::Key("tokens".into()), Seg::Index(i), Seg::Key(k.into())];
+        if t.name.is_empty()
+            || t.name.len() > 64
+            || !t
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'@'))
+        {
+            error(
+                at("name"),
+                format!("`{}`: 1 to 64 of A-Z a-z 0-9 . - _ @", t.name),
+            );
+        }
+        if list.iter().any(|o| o.name == t.name) {
+            error(at("name"), format!("`{}` is listed twice", t.name));
+        }
+        let hash = parse_hash(&t.sha256);
+        match hash {
+            None => error(
+                at("sha256"),
+                "not a SHA-256 (64 hex digits): printf %s \"$TOKEN\" | sha256sum".into(),
+            ),
+            Some(h) if list.iter().any(|o| o.hash == h) => {
+                error(at("sha256"), "the same token as another entry".into())
+            }
+            _ => {}
+        }
+        if t.verbs.is_empty() {
+            error(
+                at("verbs"),
+                "no verb: give some of drain, undrain, freeze, resume, usage".into(),
+            );
+        }
+        let names = t.names.map(|ns| {
+            ns.iter()
+                .enumerate()
+                .filter_map(|(j, n)| {
+                    let mut name = n.trim().to_ascii_lowercase();
+                    if !name.ends_with('.') {
+                        name.push('.');
+                    }
+                    match hickory_proto::rr::Name::from_ascii(&name) {
+                        Ok(_) if name.len() > 1 => Some(name),
+                        _ => {
+                            let mut p = at("names");
+                            p.push(Seg::Index(j));
+                            error(p, format!("`{n}` is not a host name"));
+                            None
+                        }
+                    }
+                })
+                .collect()
+        });
+        if let Some(ts) = &t.tenants {
+            for (j, tenant) in ts.iter().enumerate() {
+                if !super::valid_tenant(tenant) {
+                    let mut p = at("tenants");
+                    p.push(Seg::Index(j));
+                    error(
+                        p,
+                        format!("`{tenant}`: a tenant is 1 to 64 of a-z 0-9 . - _"),
+                    );
+                }
+            }
+        }
+        if let Some(rs) = &t.regions {
+            if rs.is_empty() {
+                error(
+                    at("regions"),
+                    "empty: leave it out for any scope, or list region names and match entries"
+                        .into(),
+                );
+            }
+        }
+        list.push(Arc::new(Token {
+            name: t.name,
+            hash: hash.unwrap_or_default(),
+            verbs: t.verbs,
+            names,
+            tenants: t.tenants,
+            regions: t.regions,
+            require_ticket: t.require_ticket,
+        }));
+    }
+    if issues.has_errors() {
+        return Err(issues);
+    }
+    Ok(Tokens { list })
+}
+
+fn parse_hash(s: &str) -> Option<[u8; 32]> {
+    let s = s.trim();
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH_A: &str = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
+
+    #[test]
+    fn the_hash_is_sha256() {
+        assert_eq!(hex(&sha256(b"password")), HASH_A);
+    }
+
+    #[test]
+    fn a_token_is_found_by_its_secret_only() {
+        let text = format!(
+            "tokens:\n  - name: a\n    sha256: {HASH_A}\n    verbs: [drain]\n    names: [a.example.com]\n"
+        );
+        let t = parse(Path::new("t.yaml"), &text).unwrap();
+        let a = t.find("password").expect("found");
+        assert_eq!(a.name, "a");
+        assert_eq!(
+            a.names.as_deref(),
+            Some(&["a.example.com.".to_string()][..])
+        );
+        assert!(t.find("passwore").is_none());
+        assert!(t.find("").is_none());
+        assert!(a.may(Verb::Drain).is_ok());
+        let e = a.may(Verb::Freeze).unwrap_err();
+        assert!(e.contains("lacks the verb `freeze`"), "{e}");
+    }
+
+    #[test]
+    fn problems_name_the_line_and_field() {
+        let text = "tokens:\n  - name: a\n    sha256: abc\n    verbs: [drain]\n  - name: a\n    sha256: 5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n    verbs: []\n    tenants: [Acme]\n";
+        let e = parse(Path::new("t.yaml"), text).unwrap_err().to_string();
+        for want in [
+            "t.yaml:3: tokens[0].sha256",
+            "t.yaml:5: tokens[1].name: `a` is listed twice",
+            "t.yaml:7: tokens[1].verbs",
+            "t.yaml:8: tokens[1].tenants[0]",
+        ] {
+            assert!(e.contains(want), "{want} not in:\n{e}");
+        }
+        let e = parse(
+            Path::new("t.yaml"),
+            "tokens:\n  - name: a\n    sha256: x\n    verbs: [drian]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("t.yaml:4") && e.contains("drian"), "{e}");
+    }
+}

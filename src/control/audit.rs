@@ -1,0 +1,516 @@
+//! Control plane: the audit log, `STATE_DIR/audit.jsonl`. Every mutation over the API,
+//! every reload, every health transition and every failover step is one JSON line;
+//! each line carries the hash of the line before it (`prev`) and its own (`hash`, the
+//! SHA-256 of the line's bytes before `,"hash":`), so that a line removed, changed or
+//! reordered breaks the chain where it happened ([`verify`], `steerdns audit verify`).
+//!
+//! ```text
+//! {"at_unix_ms":…,"cdn":"a","kind":"health","node":"ns1","prev":"<64 hex>","seq":7,…,"hash":"<64 hex>"}
+//! ```
+//!
+//! Lines are written by one thread, so that no async worker waits on the disk; the
+//! controller hands entries over a channel and goes on. The log is bounded: past
+//! [`MAX_BYTES`] the file becomes `audit.jsonl.1` (older ones `.2` … `.`[`KEEP`], the
+//! oldest dropped) and the new file's first line carries the hash of the last line of
+//! the old one, so the chain runs on across files.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tokio::sync::oneshot;
+use tracing::{error, warn};
+
+use crate::config::tokens::{hex, sha256};
+use crate::control::drains::now_ms;
+
+/// The file's size past which it is rotated.
+pub const MAX_BYTES: u64 = 16 * 1024 * 1024;
+/// Rotated files kept (`audit.jsonl.1` … `.4`).
+pub const KEEP: usize = 4;
+/// `prev` of the very first line.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// Entries a page of `GET /v1/audit` holds at most.
+pub const MAX_PAGE: usize = 1000;
+const HASH_MARK: &str = ",\"hash\":\"";
+
+/// The controller's end of the audit thread.
+#[derive(Clone)]
+pub struct Audit {
+    tx: mpsc::Sender<Job>,
+    /// The etcd revision of the last entry of the log when it was opened (a set).
+    pub start_rev: i64,
+}
+
+enum Job {
+    Append(Map<String, Value>),
+    Page(u64, usize, oneshot::Sender<Result<Page, String>>),
+}
+
+/// A page of `GET /v1/audit`.
+#[derive(Debug, Serialize)]
+pub struct Page {
+    pub entries: Vec<Value>,
+    /// Ask again with `after=` this for the next page.
+    pub next_after: u64,
+    /// More entries follow.
+    pub more: bool,
+}
+
+/// The file and the end of its chain.
+struct Log {
+    path: PathBuf,
+    node: String,
+    max_bytes: u64,
+    seq: u64,
+    prev: String,
+    size: u64,
+}
+
+impl Audit {
+    /// Starts the thread that appends to `path` (creating it), continuing the chain
+    /// of what is there; entries are stamped with `node`.
+    pub fn start(path: PathBuf, node: String, max_bytes: u64) -> std::io::Result<Audit> {
+        let (seq, prev, start_rev) = tail_of(&path)?;
+        let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+        let mut log = Log {
+            path,
+            node,
+            max_bytes,
+            seq,
+            prev,
+            size,
+        };
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("audit".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Append(fields) => {
+                            if let Err(e) = log.append(fields) {
+                                error!(error = %e, file = %log.path.display(), "cannot append to the audit log");
+                            }
+                        }
+                        Job::Page(after, limit, reply) => {
+                            let _ = reply.send(page(&log.path, after, limit).map_err(|e| e.to_string()));
+                        }
+                    }
+                }
+            })?;
+        Ok(Audit { tx, start_rev })
+    }
+
+    /// Appends an entry shared through etcd at revision `rev` (a set): its fields are
+    /// the same on every node, and so is the chain.
+    pub fn append_shared(&self, rev: i64, entry: Value) {
+        let Value::Object(mut map) = entry else {
+            return;
+        };
+        map.insert("rev".into(), Value::from(rev));
+        if self.tx.send(Job::Append(map)).is_err() {
+            warn!(rev, "the audit thread is gone: an entry is lost");
+        }
+    }
+
+    /// An entry of `kind` as it is shared (stamped with time and node here).
+    pub fn entry(kind: &str, node: &str, fields: Value) -> Value {
+        let mut map = match fields {
+            Value::Object(m) => m,
+            other => Map::from_iter([("detail".to_string(), other)]),
+        };
+        map.insert("kind".into(), Value::from(kind));
+        map.insert("node".into(), Value::from(node));
+        map.insert("at_unix_ms".into(), Value::from(now_ms()));
+        Value::Object(map)
+    }
+
+    /// Records an event of `kind` with `fields` (an object); never waits on the disk.
+    pub fn record(&self, kind: &str, fields: Value) {
+        let mut map = match fields {
+            Value::Object(m) => m,
+            other => Map::from_iter([("detail".to_string(), other)]),
+        };
+        map.insert("kind".into(), Value::from(kind));
+        if self.tx.send(Job::Append(map)).is_err() {
+            warn!(kind, "the audit thread is gone: an entry is lost");
+        }
+    }
+
+    /// Asks the thread for a page of entries with `seq` above `after`.
+    pub fn page(&self, after: u64, limit: usize, reply: oneshot::Sender<Result<Page, String>>) {
+        if let Err(mpsc::SendError(Job::Page(_, _, reply))) =
+            self.tx.send(Job::Page(after, limit, reply))
+        {
+            let _ = reply.send(Err("the audit thread is gone".into()));
+        }
+    }
+}
+
+impl Log {
+    fn append(&mut self, mut fields: Map<String, Value>) -> std::io::Result<()> {
+        fields.insert("seq".into(), Value::from(self.seq + 1));
+        fields.insert("prev".into(), Value::from(self.prev.clone()));
+        fields
+            .entry("at_unix_ms")
+            .or_insert_with(|| Value::from(now_ms()));
+        fields
+            .entry("node")
+            .or_insert_with(|| Value::from(self.node.clone()));
+        let (line, hash) = seal(&fields);
+        if self.size > 0 && self.size + line.len() as u64 > self.max_bytes {
+            rotate(&self.path)?;
+            self.size = 0;
+        }
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        f.write_all(line.as_bytes())?;
+        f.sync_data()?;
+        self.size += line.len() as u64;
+        self.seq += 1;
+        self.prev = hash;
+        Ok(())
+    }
+}
+
+/// The line of `fields` (with its newline) and its hash.
+fn seal(fields: &Map<String, Value>) -> (String, String) {
+    let body = Value::Object(fields.clone()).to_string();
+    let open = &body[..body.len() - 1];
+    let hash = hex(&sha256(open.as_bytes()));
+    (format!("{open}{HASH_MARK}{hash}\"}}\n"), hash)
+}
+
+/// `audit.jsonl` → `audit.jsonl.1` → … → `.KEEP` (dropped past it).
+fn rotate(path: &Path) -> std::io::Result<()> {
+    let numbered = |n: usize| PathBuf::from(format!("{}.{n}", path.display()));
+    let _ = std::fs::remove_file(numbered(KEEP));
+    for n in (1..KEEP).rev() {
+        if numbered(n).exists() {
+            std::fs::rename(numbered(n), numbered(n + 1))?;
+        }
+    }
+    std::fs::rename(path, numbered(1))
+}
+
+/// The files of the log, oldest first.
+pub fn files(path: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = (1..=KEEP)
+        .rev()
+        .map(|n| PathBuf::from(format!("{}.{n}", path.display())))
+        .filter(|p| p.exists())
+        .collect();
+    if path.exists() {
+        out.push(path.to_path_buf());
+    }
+    out
+}
+
+/// The seq, hash and etcd revision of the last line of the log (0, [`GENESIS`], 0 when
+/// empty).
+fn tail_of(path: &Path) -> std::io::Result<(u64, String, i64)> {
+    for file in files(path).iter().rev() {
+        let mut last = None;
+        for line in BufReader::new(File::open(file)?).lines() {
+            let line = line?;
+            if !line.trim().is_empty() {
+                last = Some(line);
+            }
+        }
+        if let Some(line) = last {
+            let Some(link) = Link::of(&line) else {
+                return Err(std::io::Error::other(format!(
+                    "{}: the last line is not an audit entry: not continuing a broken chain (move the file aside)",
+                    file.display()
+                )));
+            };
+            return Ok((link.seq, link.hash, link.rev));
+        }
+    }
+    Ok((0, GENESIS.to_string(), 0))
+}
+
+/// Entries with `seq` above `after`, at most `limit`.
+fn page(path: &Path, after: u64, limit: usize) -> std::io::Result<Page> {
+    let limit = limit.clamp(1, MAX_PAGE);
+    let mut entries = Vec::new();
+    let mut more = false;
+    'files: for file in files(path) {
+        for line in BufReader::new(File::open(file)?).lines() {
+            let Ok(v) = serde_json::from_str::<Value>(&line?) else {
+                continue;
+            };
+            if v["seq"].as_u64().is_none_or(|s| s <= after) {
+                continue;
+            }
+            if entries.len() == limit {
+                more = true;
+                break 'files;
+            }
+            entries.push(v);
+        }
+    }
+    let next_after = entries
+        .last()
+        .and_then(|v| v["seq"].as_u64())
+        .unwrap_or(after);
+    Ok(Page {
+        entries,
+        next_after,
+        more,
+    })
+}
+
+/// What a line says of its place in the chain.
+#[derive(Debug, PartialEq)]
+struct Link {
+    seq: u64,
+    prev: String,
+    hash: String,
+    /// The hash matches the line's bytes.
+    intact: bool,
+    /// The etcd revision of a shared entry (0: none).
+    rev: i64,
+}
+
+impl Link {
+    fn of(line: &str) -> Option<Link> {
+        let at = line.rfind(HASH_MARK)?;
+        let (open, rest) = line.split_at(at);
+        let hash = rest[HASH_MARK.len()..].strip_suffix("\"}")?.to_string();
+        let v: Value = serde_json::from_str(line).ok()?;
+        Some(Link {
+            seq: v["seq"].as_u64()?,
+            prev: v["prev"].as_str()?.to_string(),
+            intact: hex(&sha256(open.as_bytes())) == hash,
+            rev: v["rev"].as_i64().unwrap_or(0),
+            hash,
+        })
+    }
+}
+
+/// Where a chain is broken: the file, the line (1-based) and what is wrong there.
+#[derive(Debug, PartialEq)]
+pub struct Broken {
+    pub file: PathBuf,
+    pub line: usize,
+    pub what: String,
+}
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: {}", self.file.display(), self.line, self.what)
+    }
+}
+
+/// What an intact chain holds.
+#[derive(Debug, PartialEq)]
+pub struct Verified {
+    pub entries: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub last_hash: String,
+}
+
+/// Checks the chain through `files` (oldest first): every line's hash, and each line
+/// linking to the one before it with the next `seq`. Names the first line removed,
+/// changed or reordered. The chain must start at seq 1, unless the oldest file is the
+/// oldest rotation kept (`….jsonl.4`), whose older predecessors were dropped.
+pub fn verify(files: &[PathBuf]) -> Result<Verified, Broken> {
+    let oldest_kept = files
+        .first()
+        .is_some_and(|f| f.to_string_lossy().ends_with(&format!(".jsonl.{KEEP}")));
+    let mut last: Option<(u64, String)> = None;
+    let mut out = Verified {
+        entries: 0,
+        first_seq: 0,
+        last_seq: 0,
+        last_hash: GENESIS.into(),
+    };
+    for file in files {
+        let broken = |line: usize, what: String| Broken {
+            file: file.clone(),
+            line,
+            what,
+        };
+        let text =
+            std::fs::read_to_string(file).map_err(|e| broken(0, format!("cannot read: {e}")))?;
+        let lines: Vec<&str> = text.lines().collect();
+        let seqs: Vec<Option<u64>> = lines.iter().map(|l| Link::of(l).map(|k| k.seq)).collect();
+        for (i, line) in lines.iter().enumerate() {
+            let n = i + 1;
+            let Some(link) = Link::of(line) else {
+                return Err(broken(
+                    n,
+                    "changed: not an audit entry (no seq, prev or hash)".into(),
+                ));
+            };
+            if !link.intact {
+                return Err(broken(
+                    n,
+                    "changed: its hash does not match its content".into(),
+                ));
+            }
+            match &last {
+                None => {
+                    if link.seq == 1 && link.prev != GENESIS {
+                        return Err(broken(
+                            n,
+                            "changed: the first entry links to another".into(),
+                        ));
+                    }
+                    if link.seq != 1 && !oldest_kept {
+                        return Err(broken(n, format!("line(s) removed before this one: seq 1 to {} are missing (a rotated log: give its older files first)", link.seq - 1)));
+                    }
+                    out.first_seq = link.seq;
+                }
+                Some((seq, hash)) => {
+                    let want = seq + 1;
+                    if link.seq != want {
+                        let elsewhere = seqs.iter().position(|s| *s == Some(want));
+                        return Err(broken(
+                            n,
+                            match elsewhere {
+                                Some(j) => format!("reordered: seq {} where seq {want} belongs (that is on line {})", link.seq, j + 1),
+                                None if link.seq > want => format!("line(s) removed before this one: seq {want} to {} are missing", link.seq - 1),
+                                None => format!("reordered: seq {} comes after seq {seq}", link.seq),
+                            },
+                        ));
+                    }
+                    if link.prev != *hash {
+                        return Err(broken(
+                            n.saturating_sub(1).max(1),
+                            format!(
+                                "changed: line {n} records another hash for the line before it"
+                            ),
+                        ));
+                    }
+                }
+            }
+            out.entries += 1;
+            out.last_seq = link.seq;
+            out.last_hash = link.hash.clone();
+            last = Some((link.seq, link.hash));
+        }
+    }
+    Ok(out)
+}
+
+/// One entry for a person: time, node, kind and the rest, `key=value`.
+pub fn human(line: &str) -> String {
+    let Ok(Value::Object(m)) = serde_json::from_str::<Value>(line) else {
+        return format!("(not an audit entry) {line}");
+    };
+    let at = m
+        .get("at_unix_ms")
+        .and_then(Value::as_u64)
+        .map(|ms| {
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+            )
+            .to_string()
+        })
+        .unwrap_or_default();
+    let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let mut out = format!(
+        "{:>6} {at} {} {:<10}",
+        m.get("seq").and_then(Value::as_u64).unwrap_or(0),
+        s("node"),
+        s("kind")
+    );
+    for (k, v) in &m {
+        if matches!(
+            k.as_str(),
+            "seq" | "at_unix_ms" | "node" | "kind" | "prev" | "hash"
+        ) {
+            continue;
+        }
+        match v {
+            Value::String(t) => out.push_str(&format!(" {k}={t:?}")),
+            other => out.push_str(&format!(" {k}={other}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("steerdns-audit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn write(path: &Path, max: u64, n: u64) {
+        let mut log = Log {
+            path: path.to_path_buf(),
+            node: "t".into(),
+            max_bytes: max,
+            seq: 0,
+            prev: GENESIS.into(),
+            size: 0,
+        };
+        let (seq, prev, _) = tail_of(path).unwrap();
+        (log.seq, log.prev) = (seq, prev);
+        log.size = std::fs::metadata(path).map_or(0, |m| m.len());
+        for i in 0..n {
+            let Value::Object(m) = json!({"kind": "test", "i": i}) else {
+                unreachable!()
+            };
+            log.append(m).unwrap();
+        }
+    }
+
+    #[test]
+    fn rotation_carries_the_chain_across_files() {
+        let d = dir("rotate");
+        let path = d.join("audit.jsonl");
+        write(&path, 600, 30);
+        let all = files(&path);
+        assert_eq!(all.len(), KEEP + 1, "{all:?}");
+        let v = verify(&all).unwrap();
+        assert_eq!(v.last_seq, 30);
+        assert!(v.first_seq > 1, "the oldest files were dropped: {v:?}");
+        // A restart continues the chain where it ended.
+        write(&path, 600, 2);
+        assert_eq!(verify(&files(&path)).unwrap().last_seq, 32);
+        // Without its predecessors, a file's first line says what is missing.
+        let e = verify(std::slice::from_ref(&path)).unwrap_err();
+        assert!(e.line == 1 && e.what.contains("removed"), "{e}");
+        // Two files out of order break the chain at the first line of the second.
+        let mut wrong = files(&path);
+        wrong.swap(1, 2);
+        let e = verify(&wrong).unwrap_err();
+        assert_eq!((e.file.clone(), e.line), (wrong[1].clone(), 1), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_page_starts_after_the_seq_asked() {
+        let d = dir("page");
+        let path = d.join("audit.jsonl");
+        write(&path, 600, 12);
+        let p = page(&path, 3, 5).unwrap();
+        let seqs: Vec<u64> = p
+            .entries
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, vec![4, 5, 6, 7, 8]);
+        assert!(p.more);
+        assert_eq!(p.next_after, 8);
+        let p = page(&path, 8, 100).unwrap();
+        assert_eq!(p.entries.len(), 4);
+        assert!(!p.more);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
