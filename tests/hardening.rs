@@ -278,6 +278,7 @@ async fn api(limits: ApiLimits) -> Api {
         state: Arc::new(Mutex::new(None)),
         commands: Some(tx),
         token: None,
+        tokens: Default::default(),
         metrics: Metrics::new(),
         status: None,
     };

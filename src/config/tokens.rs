@@ -267,21 +267,8 @@ struct RawToken {
 /// with file, line and field.
 pub fn load(path: &Path) -> Result<Tokens, Issues> {
     let one = |field: &str, msg: String| Issues(vec![ConfigIssue::error(path, None, field, msg)]);
-    let meta = std::fs::metadata(path).map_err(|e| one("", format!("cannot read: {e}")))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(one(
-                "",
-                format!("open to others than its owner (mode {mode:o}): the token hashes are secrets; chmod 600 it"),
-            ));
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = meta;
-    let source = std::fs::read_to_string(path).map_err(|e| one("", format!("cannot read: {e}")))?;
+    // The same owner-only check as every other secret file (the hashes are secrets).
+    let source = crate::secret::read_secret_text(path).map_err(|e| one("", e))?;
     parse(path, &source)
 }
 
