@@ -103,7 +103,13 @@ impl Stack {
     /// As [`Stack::start`], saving the state through `disk` (simulated disk faults
     /// the test can switch on and off).
     pub async fn start_with_disk(dir: &Path, disk: DiskFaults) -> Stack {
-        Stack::start_full(dir, disk, "test", None).await
+        Stack::start_full(dir, disk, "test", None, Duration::from_millis(50)).await
+    }
+
+    /// As [`Stack::start`], checking the inputs for edits every `poll` (the tests' 50
+    /// ms elsewhere).
+    pub async fn start_polling(dir: &Path, poll: Duration) -> Stack {
+        Stack::start_full(dir, DiskFaults::default(), "test", None, poll).await
     }
 
     /// A node `name` of a set sharing one view through etcd (`serve --etcd`).
@@ -112,7 +118,14 @@ impl Stack {
         name: &str,
         cluster: steerdns::control::cluster::ClusterOptions,
     ) -> Stack {
-        Stack::start_full(dir, DiskFaults::default(), name, Some(cluster)).await
+        Stack::start_full(
+            dir,
+            DiskFaults::default(),
+            name,
+            Some(cluster),
+            Duration::from_millis(50),
+        )
+        .await
     }
 
     async fn start_full(
@@ -120,6 +133,7 @@ impl Stack {
         disk: DiskFaults,
         vantage: &str,
         cluster: Option<steerdns::control::cluster::ClusterOptions>,
+        reload_poll: Duration,
     ) -> Stack {
         let inputs = Inputs {
             config: dir.join("steering.yaml"),
@@ -131,7 +145,7 @@ impl Stack {
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
         let opts = ServeOptions {
             inputs: inputs.clone(),
-            reload_poll: Duration::from_millis(50),
+            reload_poll,
             listen: vec!["127.0.0.1:0".parse().unwrap()],
             dns: app::DnsOptions {
                 udp_sockets: 2,
@@ -402,4 +416,12 @@ pub fn stepped_at(s: &Value, cdn: &str) -> u64 {
         })
         .and_then(|f| f["since_unix_ms"].as_u64())
         .unwrap_or_else(|| panic!("no failover step of {cdn}: {s:#}"))
+}
+
+/// The wall clock in Unix milliseconds, as the server's `*_unix_ms` fields read.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
