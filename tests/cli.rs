@@ -775,7 +775,7 @@ impl Drop for Reaper {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_mid_step_and_mid_save_loses_nothing_saved() {
     use common::mock_cdn::{MockCdn, Mode};
-    use common::stack::{probe, removed, scratch as stack_dir, stepped_at, TOKEN};
+    use common::stack::{probe, removed, scratch as stack_dir, stepped_at, wait_state, TOKEN};
     const INTERVAL_MS: u64 = 2500;
     let dir = stack_dir("crash");
     std::fs::write(
@@ -836,46 +836,17 @@ failover:
         (served, api)
     };
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let state = |api: std::net::SocketAddr| {
-        let http = http.clone();
-        async move {
-            let body = http
-                .get(format!("http://{api}/v1/state"))
-                .send()
-                .await
-                .unwrap()
-                .bytes()
-                .await
-                .unwrap();
-            serde_json::from_slice::<serde_json::Value>(&body).unwrap()
-        }
-    };
-    let wait =
-        |api: std::net::SocketAddr, what: &'static str, pred: fn(&serde_json::Value) -> bool| {
-            let state = &state;
-            async move {
-                let deadline = Instant::now() + Duration::from_secs(15);
-                loop {
-                    let s = state(api).await;
-                    if pred(&s) {
-                        return s;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "timed out waiting for {what}: {s:#}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        };
 
     let (served, api) = start();
-    wait(api, "a probed", |s| {
+    wait_state(&http, api, "a probed", |s| {
         s["health"]["a"]["verdicts"]["up"].as_u64() > Some(0)
     })
     .await;
     a.set(Mode::Status(503));
-    let s = wait(api, "the first step", |s| removed(s, "a") == Some(50)).await;
+    let s = wait_state(&http, api, "the first step", |s| {
+        removed(s, "a") == Some(50)
+    })
+    .await;
     let first = stepped_at(&s, "a");
 
     // Drains posted back to back (each replaces the one before: one drain per name,
@@ -921,7 +892,8 @@ failover:
     let since_first = Duration::from_millis(common::stack::unix_ms() - first);
     tokio::time::sleep(away.saturating_sub(since_first)).await;
     let (served, api) = start();
-    let s = state(api).await;
+    // The restored state, once the controller serves its document.
+    let s = wait_state(&http, api, "the restored state", |s| s["drains"].is_array()).await;
     let drains: Vec<&str> = s["drains"]
         .as_array()
         .unwrap()
@@ -948,7 +920,10 @@ failover:
         leftovers.is_empty(),
         "corrupt or temporary files: {leftovers:?}"
     );
-    let s = wait(api, "the second step", |s| removed(s, "a") == Some(100)).await;
+    let s = wait_state(&http, api, "the second step", |s| {
+        removed(s, "a") == Some(100)
+    })
+    .await;
     let gap = stepped_at(&s, "a") - first;
     assert!(
         (INTERVAL_MS - 2..INTERVAL_MS + 500).contains(&gap),

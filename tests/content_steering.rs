@@ -667,6 +667,20 @@ async fn orders(stack: &Stack, name: &str, sessions: &[String]) -> Vec<Vec<Strin
     out
 }
 
+/// How many sessions went from pa to pb between `before` and `step`; none may have
+/// left pb.
+fn moved_to_pb(before: &[Vec<String>], step: &[Vec<String>]) -> usize {
+    let mut moved = 0;
+    for (b, s) in before.iter().zip(step) {
+        if b[0] == "pb" {
+            assert_eq!(s, b, "a session on pb moved");
+        } else if s[0] == "pb" {
+            moved += 1;
+        }
+    }
+    moved
+}
+
 /// Polls until `pred` holds for the orders of `sessions` (10 s at most).
 async fn orders_until(
     stack: &Stack,
@@ -736,14 +750,7 @@ async fn drains_and_steps_move_only_the_drained_pathways_sessions_and_bring_them
         o != before.as_slice()
     })
     .await;
-    let mut moved = 0;
-    for (b, s) in before.iter().zip(&step) {
-        if b[0] == "pb" {
-            assert_eq!(s, b, "a session on pb moved");
-        } else if s[0] == "pb" {
-            moved += 1;
-        }
-    }
+    let moved = moved_to_pb(&before, &step);
     assert_share(moved, on_a, 0.5, "pa sessions moved at the 50 % step");
     // Its end, from the first step: the one step back applies at once, and every
     // session gets its order of before.
@@ -808,14 +815,7 @@ async fn a_health_failover_step_moves_sessions_as_the_dns_answers_do() {
     })
     .await;
     let step = orders(&stack, slow, &sessions).await;
-    let mut moved = 0;
-    for (b, s) in before.iter().zip(&step) {
-        if b[0] == "pb" {
-            assert_eq!(s, b, "a session on pb moved");
-        } else if s[0] == "pb" {
-            moved += 1;
-        }
-    }
+    let moved = moved_to_pb(&before, &step);
     assert_share(
         moved,
         on_a,

@@ -192,7 +192,7 @@ fn subnets_inside(addr: std::net::Ipv4Addr, scope: u8) -> Vec<String> {
     let base = addr.to_bits() & (u32::MAX << (32 - u32::from(scope)));
     let stride = (count / 64).max(1);
     (0..count.min(64))
-        .map(|i| std::net::Ipv4Addr::from(base + (i * stride << 8)).to_string())
+        .map(|i| std::net::Ipv4Addr::from(base + ((i * stride) << 8)).to_string())
         .collect()
 }
 

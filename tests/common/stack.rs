@@ -177,17 +177,7 @@ impl Stack {
     }
 
     pub async fn get(&self, path: &str) -> Value {
-        let url = format!("http://{}{path}", self.api);
-        let body = self
-            .http
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        serde_json::from_slice(&body).unwrap()
+        get_json(&self.http, self.api, path).await
     }
 
     pub async fn state(&self) -> Value {
@@ -196,18 +186,7 @@ impl Stack {
 
     /// Polls `/v1/state` until `pred` holds (10 s at most).
     pub async fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let s = self.state().await;
-            if pred(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; state:\n{s:#}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_state(&self.http, self.api, what, pred).await
     }
 
     /// The own round counter of `cdn`.
@@ -424,4 +403,38 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
+}
+
+/// `GET http://{api}{path}`, the body as JSON.
+pub async fn get_json(http: &reqwest::Client, api: SocketAddr, path: &str) -> Value {
+    let body = http
+        .get(format!("http://{api}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// Polls `/v1/state` of the API at `api` until `pred` holds (10 s at most).
+pub async fn wait_state(
+    http: &reqwest::Client,
+    api: SocketAddr,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = get_json(http, api, "/v1/state").await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; state:\n{s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
