@@ -171,8 +171,11 @@ async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second(
             i + 1
         );
     }
-    // Who wrote it, when and why, on another node.
-    let s = set.nodes[2].state().await;
+    // Who wrote it, when and why, on another node (`/v1/state` shows it once saved, a
+    // moment after the answers change).
+    let s = set.nodes[2]
+        .wait_for("the drain in ns3's state", |s| s["drains"][0].is_object())
+        .await;
     let d = &s["drains"][0];
     assert_eq!(d["written_by"], "ns1", "{s:#}");
     assert_eq!(d["reason"], "INC-7 a drained");
