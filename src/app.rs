@@ -194,6 +194,9 @@ impl Drop for Running {
     }
 }
 
+/// `--reload-poll-ms` unless given: how often `serve` checks its inputs for edits.
+pub const DEFAULT_RELOAD_POLL_MS: u64 = 250;
+
 /// How `serve` runs besides the DNS sockets.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {

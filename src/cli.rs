@@ -77,7 +77,7 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         api_token_file: Option<PathBuf>,
         /// How often the inputs are checked for changes; 0 = reload on SIGHUP only.
-        #[arg(long, value_name = "MS", default_value_t = 250)]
+        #[arg(long, value_name = "MS", default_value_t = app::DEFAULT_RELOAD_POLL_MS)]
         reload_poll_ms: u64,
         /// Content steering for HLS and DASH players: `GET /steer/hls/{name}` and
         /// `/steer/dash/{name}` (`off` to disable).

@@ -229,17 +229,104 @@ mod tests {
         let (a, b, c) = (salt("a"), salt("b"), salt("c"));
         let before = [(a, 6000), (b, 3000), (c, 1000)];
         let step = [(a, 3000), (b, 5250), (c, 1750)];
+        // The last step: a out, its share spread over b and c by one common factor.
+        let out = [(a, 0), (b, 6750), (c, 2250)];
         let mut moved = 0;
         for k in (0..100_000u64).map(mix) {
-            let (x, y) = (winner(k, &before), winner(k, &step));
+            let (x, y, z) = (winner(k, &before), winner(k, &step), winner(k, &out));
             if x != y {
                 assert_eq!(x, 0, "only keys on the demoted CDN move");
                 moved += 1;
             }
-            assert_eq!(winner(k, &before), x, "failback returns the same keys");
+            // Failback walks the steps backwards: a key on a at the first step was on a
+            // before, and a key off a stays where the last step put it, so restoring
+            // the weights brings back exactly the keys each step sent away.
+            if y == 0 {
+                assert_eq!(x, 0, "a key a keeps at the step was a's before");
+            } else {
+                assert_eq!(z, y, "a key off a keeps its CDN through the next step");
+            }
+            if x != 0 {
+                assert_eq!((y, z), (x, x), "keys never on a never move");
+            }
         }
         // Half of a's 60 %.
         assert!((moved as f64 / 100_000.0 - 0.30).abs() < 0.01, "{moved}");
+    }
+
+    /// Nodes of a set are upgraded one at a time, so every version must pick as the
+    /// last did: these values were computed by this code and must never change (a
+    /// change to a mixing constant, the salt, the window or the score moves clients
+    /// between CDNs on every upgraded node, and splits the set's answers until the
+    /// last node is upgraded).
+    #[test]
+    fn picks_are_the_same_in_every_version() {
+        let keys = [
+            (
+                "192.0.2.53",
+                "81.2.69.0",
+                24,
+                1_800_000_000,
+                0x26d5_ec70_4260_441f,
+            ),
+            (
+                "192.0.2.53",
+                "81.2.69.0",
+                24,
+                1_800_003_600,
+                0x09a4_07e3_a895_33bb,
+            ),
+            (
+                "198.51.100.7",
+                "2.125.160.0",
+                24,
+                1_800_000_000,
+                0x0d93_8586_565f_bbc4,
+            ),
+            (
+                "2001:db8::53",
+                "2001:218::",
+                56,
+                1_800_000_000,
+                0x8e13_30d2_b0c8_2e64,
+            ),
+            (
+                "192.0.2.53",
+                "0.0.0.0",
+                0,
+                1_700_000_000,
+                0xcfa3_c5af_a80b_bb6a,
+            ),
+            (
+                "127.0.0.1",
+                "10.1.0.0",
+                18,
+                1_750_000_000,
+                0xc8f7_dcd1_b438_cace,
+            ),
+        ];
+        for (resolver, client, prefix, now, want) in keys {
+            let got = key(ip(resolver), ip(client), prefix, now);
+            assert_eq!(
+                got, want,
+                "key({resolver}, {client}/{prefix}, {now}): {got:#018x}"
+            );
+        }
+        assert_eq!(salt("fastly"), 0x40e8_e451_05ea_e773);
+        assert_eq!(salt("cloudflare"), 0x1de3_c005_ffce_2eab);
+        let s = score(0x0123_4567_89ab_cdef, salt("fastly"), 90);
+        assert_eq!(s.to_bits(), 0xbf84_be4a_8d20_5375, "{s:e}");
+        // The CDN picked at 50/50 for 32 neighbouring /24s (81.2.0.0 to 81.2.31.0)
+        // asked through one resolver at one time.
+        let cdns = [(salt("fastly"), 50), (salt("cloudflare"), 50)];
+        let picked: String = (0..32u32)
+            .map(|n| {
+                let client = IpAddr::V4(Ipv4Addr::from(0x5102_0000 | n << 8));
+                let k = key(ip("192.0.2.53"), client, 24, 1_800_000_000);
+                ["f", "c"][winner(k, &cdns)]
+            })
+            .collect();
+        assert_eq!(picked, "cfcccfffcccfffcfccfcfccfcfcccccf");
     }
 
     #[test]

@@ -766,3 +766,172 @@ impl Drop for Reaper {
         }
     }
 }
+
+/// A real crash: `steerdns serve` killed with SIGKILL while a failover step is under
+/// way and while drains are being saved, then started again on the same state
+/// directory. The last drain the API acknowledged is there after the restart (an API
+/// change is answered once saved), no half-written file is taken for the state, and the
+/// step under way resumes at its time (its next step at the first step plus the
+/// interval, the time the process was away counted), not an interval after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_step_and_mid_save_loses_nothing_saved() {
+    use common::mock_cdn::{MockCdn, Mode};
+    use common::stack::{probe, removed, scratch as stack_dir, stepped_at, wait_state, TOKEN};
+    const INTERVAL_MS: u64 = 2500;
+    let dir = stack_dir("crash");
+    std::fs::write(
+        dir.join("steering.yaml"),
+        format!(
+            "hostname: www.example.com
+ttl: 30
+incident_ttl: 5
+cdns:
+  a: {{ cname: a.cdn.test. }}
+  b: {{ cname: b.cdn.test. }}
+  c: {{ cname: c.cdn.test. }}
+regions:
+  - match: [\"*\"]
+    weights: {{ a: 40, b: 30, c: 30 }}
+failover:
+  steps: [50, 100]
+  step_interval_seconds: {}
+",
+            INTERVAL_MS as f64 / 1000.0
+        ),
+    )
+    .unwrap();
+    let a = MockCdn::start(Mode::Healthy).await;
+    probe(&dir, "a", &a.url("/_health/v1.txt"), 1);
+    let state_dir = dir.join("state");
+    let start = || {
+        let arg = |p: &str| dir.join(p).to_str().unwrap().to_string();
+        let args = [
+            "--config".to_string(),
+            arg("steering.yaml"),
+            "--zones".into(),
+            arg("zones"),
+            "--geo".into(),
+            arg("geo.mmdb"),
+            "--probes".into(),
+            arg("probes"),
+            "--state-dir".into(),
+            arg("state"),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--api".into(),
+            "127.0.0.1:0".into(),
+            "--steering-http".into(),
+            "off".into(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        std::env::set_var("STEERDNS_API_TOKEN", TOKEN);
+        let served = Served::start(&dir, &args);
+        let line = served.next_line("api listening");
+        let api = line
+            .split("addr=")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next();
+        let api: std::net::SocketAddr = api.unwrap().parse().unwrap();
+        (served, api)
+    };
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+
+    let (served, api) = start();
+    wait_state(&http, api, "a probed", |s| {
+        s["health"]["a"]["verdicts"]["up"].as_u64() > Some(0)
+    })
+    .await;
+    a.set(Mode::Status(503));
+    let s = wait_state(&http, api, "the first step", |s| {
+        removed(s, "a") == Some(50)
+    })
+    .await;
+    let first = stepped_at(&s, "a");
+
+    // Drains posted back to back (each replaces the one before: one drain per name,
+    // CDN and scope), then one more, and the process is killed while it is in flight.
+    let post = |i: usize| {
+        let http = http.clone();
+        let body = serde_json::json!({"name": "www.example.com", "cdn": "c",
+            "reason": format!("crash {i}"), "immediate": true, "ttl_seconds": 600});
+        async move {
+            let r = http
+                .post(format!("http://{api}/v1/drains"))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .ok()?;
+            let status = r.status().as_u16();
+            let doc: serde_json::Value = serde_json::from_slice(&r.bytes().await.ok()?).ok()?;
+            assert_eq!(status, 201, "{doc}");
+            Some(doc["id"].as_str().unwrap().to_string())
+        }
+    };
+    let mut acknowledged = String::new();
+    for i in 0..8 {
+        acknowledged = post(i).await.expect("an answer before the crash");
+    }
+    let in_flight = tokio::spawn(post(8));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let pid = served.child.id() as libc::pid_t;
+    // SAFETY: kill(2) on the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let mut served = served;
+    served.child.wait().unwrap();
+    served.reaper.armed = false;
+    let _ = in_flight.await;
+    // `api-<ms>-<n>`: drains are numbered in the order they were taken.
+    let number = |id: &str| id.rsplit('-').next().unwrap().parse::<u64>().unwrap();
+
+    // Away for a while (under half the interval), then started again: the step under
+    // way keeps its time.
+    let away = Duration::from_millis(INTERVAL_MS * 2 / 5);
+    let since_first = Duration::from_millis(common::stack::unix_ms() - first);
+    tokio::time::sleep(away.saturating_sub(since_first)).await;
+    let (served, api) = start();
+    // The restored state, once the controller serves its document.
+    let s = wait_state(&http, api, "the restored state", |s| s["drains"].is_array()).await;
+    let drains: Vec<&str> = s["drains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .filter(|id| id.starts_with("api-"))
+        .collect();
+    // The last drain acknowledged, or the one in flight that replaced it.
+    assert!(
+        drains.len() == 1 && number(drains[0]) >= number(&acknowledged),
+        "acknowledged drain {acknowledged} lost: {drains:?}"
+    );
+    assert_eq!(removed(&s, "a"), Some(50), "{s:#}");
+    assert!(
+        s["state_save"]["ok"] == true,
+        "the saved state was taken as it was: {s:#}"
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(&state_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "steerdns-state.json")
+        // The restarted server's own save in progress, if any.
+        .filter(|n| !n.contains(&format!(".{}.", served.child.id())))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "corrupt or temporary files: {leftovers:?}"
+    );
+    let s = wait_state(&http, api, "the second step", |s| {
+        removed(s, "a") == Some(100)
+    })
+    .await;
+    let gap = stepped_at(&s, "a") - first;
+    assert!(
+        (INTERVAL_MS - 2..INTERVAL_MS + 500).contains(&gap),
+        "second step {gap} ms after the first, want {INTERVAL_MS} (the process was away {away:?})"
+    );
+    served.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

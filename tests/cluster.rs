@@ -234,9 +234,11 @@ async fn a_cdn_broken_for_every_vantage_point_steps_every_node_together() {
                 .await;
             since.push(step_since(&s, "a").expect("the step's time"));
         }
+        // "Within milliseconds": 300 ms allows for a loaded machine's late timers; a
+        // node that steps on its own clock or a watch it polls does not make it.
         let spread = since.iter().max().unwrap() - since.iter().min().unwrap();
         assert!(
-            spread < 1000,
+            spread < 300,
             "step {pct}%: nodes took it at {since:?} (Unix ms)"
         );
     }
@@ -591,7 +593,118 @@ async fn a_freeze_posted_to_one_node_holds_every_node_and_a_resume_on_another_re
         assert_eq!(timelines(&s)[0]["written_by"], "ns2", "{s:#}");
     }
     let spread = since.iter().max().unwrap() - since.iter().min().unwrap();
-    assert!(spread < 1000, "{since:?}");
+    assert!(spread < 300, "{since:?}");
+}
+
+/// Failing static while a timeline runs: the timeline goes on by the clock (a node cut
+/// off after the first step takes the second at the set's time), and a health change a
+/// node made while the whole set was failing static (no etcd quorum: nobody could
+/// write) is written once etcd answers again, so that the set follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeline_goes_on_while_failing_static_and_a_change_made_meanwhile_is_written() {
+    if !require_etcd("a_timeline_goes_on_while_failing_static…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let mut set = set_up(
+        "static-timeline",
+        SetUp {
+            step_seconds: 2.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    set.a.set(Mode::Status(503));
+    let s = set.nodes[2]
+        .wait_for("a's first step on ns3", |s| removed(s, "a") == Some(50))
+        .await;
+    // Every node derives its steps from the shared timeline's start.
+    let start = timelines(&s)[0]["start_unix_ms"].as_u64().unwrap();
+    let vantages = |s: &Value| s["cluster"]["vantages"].to_string();
+    assert!(vantages(&set.nodes[0].state().await).contains("ns3"));
+    let cut = Instant::now();
+    for r in &set.relays[2] {
+        r.cut();
+    }
+    set.nodes[2]
+        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
+        .await;
+    // A vantage point that can no longer reach etcd is as good as dead to the set: its
+    // observations go with their lease (three probe intervals, at least 2 s).
+    set.nodes[0]
+        .wait_for("ns3's observations gone", |s| !vantages(s).contains("ns3"))
+        .await;
+    let gone = cut.elapsed();
+    assert!(
+        gone < Duration::from_secs(5),
+        "ns3's observations gone {gone:?} after the cut, want its 2 s lease"
+    );
+    // The second step, on ns3 as on the others: at the timeline's time, cut off or not.
+    let mut since = Vec::new();
+    for n in &set.nodes {
+        let s = n
+            .wait_for("a's second step", |s| removed(s, "a") == Some(100))
+            .await;
+        since.push(step_since(&s, "a").unwrap());
+    }
+    assert_eq!(
+        set.nodes[2].state().await["cluster"]["fail_static"],
+        true,
+        "still cut off at its second step"
+    );
+    for (i, t) in since.iter().enumerate() {
+        let gap = t.saturating_sub(start);
+        assert!(
+            (1995..2500).contains(&gap),
+            "ns{}: second step {gap} ms after the timeline's start, want 2000",
+            i + 1
+        );
+    }
+    for r in &set.relays[2] {
+        r.join();
+    }
+    for n in &set.nodes {
+        n.wait_for("connected", |s| s["cluster"]["connected"] == true)
+            .await;
+    }
+
+    // No quorum: every node fails static. a recovers meanwhile; every node sees it
+    // with its own probes, but none may start the recovery alone.
+    set.etcd.kill(0);
+    set.etcd.kill(1);
+    for n in &set.nodes {
+        n.wait_for("fail static", |s| s["cluster"]["fail_static"] == true)
+            .await;
+    }
+    set.a.set(Mode::Healthy);
+    for n in &set.nodes {
+        n.wait_for("a up by its own probes", |s| {
+            health(s, "a")["state"] == "up"
+        })
+        .await;
+    }
+    set.nodes[0].rounds("a", 5).await;
+    for n in &set.nodes {
+        let s = n.state().await;
+        assert_eq!(removed(&s, "a"), Some(100), "failing static: {s:#}");
+    }
+    // etcd back: the change made meanwhile is written, and every node brings a back.
+    set.etcd.restart(0);
+    set.etcd.restart(1);
+    for n in &set.nodes {
+        n.wait_for("rejoined", |s| s["cluster"]["connected"] == true)
+            .await;
+    }
+    for n in &set.nodes {
+        let s = n
+            .wait_for("a promoted by the set", |s| removed(s, "a") != Some(100))
+            .await;
+        let t = timelines(&s);
+        assert!(
+            t.len() == 1 && t[0]["direction"] == "promote",
+            "the recovery written as the set's timeline: {s:#}"
+        );
+    }
 }
 
 /// The member of etcd node `i` watches now (from `cluster.endpoint`).

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::stack::{scratch, Stack};
+use common::mock_cdn::{MockCdn, Mode};
+use common::stack::{probe, scratch, up_verdict, Stack};
 use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -666,6 +667,20 @@ async fn orders(stack: &Stack, name: &str, sessions: &[String]) -> Vec<Vec<Strin
     out
 }
 
+/// How many sessions went from pa to pb between `before` and `step`; none may have
+/// left pb.
+fn moved_to_pb(before: &[Vec<String>], step: &[Vec<String>]) -> usize {
+    let mut moved = 0;
+    for (b, s) in before.iter().zip(step) {
+        if b[0] == "pb" {
+            assert_eq!(s, b, "a session on pb moved");
+        } else if s[0] == "pb" {
+            moved += 1;
+        }
+    }
+    moved
+}
+
 /// Polls until `pred` holds for the orders of `sessions` (10 s at most).
 async fn orders_until(
     stack: &Stack,
@@ -735,27 +750,85 @@ async fn drains_and_steps_move_only_the_drained_pathways_sessions_and_bring_them
         o != before.as_slice()
     })
     .await;
-    let mut moved = 0;
-    for (b, s) in before.iter().zip(&step) {
-        if b[0] == "pb" {
-            assert_eq!(s, b, "a session on pb moved");
-        } else if s[0] == "pb" {
-            moved += 1;
-        }
-    }
+    let moved = moved_to_pb(&before, &step);
     assert_share(moved, on_a, 0.5, "pa sessions moved at the 50 % step");
-    // The drain's end returns traffic in steps too; the first step back (to the 50 %
-    // plateau) is where it was, so here nothing moves yet, and it is no worse.
+    // Its end, from the first step: the one step back applies at once, and every
+    // session gets its order of before.
     let id = rule["id"].as_str().unwrap();
     let status = stack.undrain(id).await;
     assert_eq!(status, 200);
-    let back = orders(&stack, slow, &sessions).await;
-    for ((b, s), k) in before.iter().zip(&step).zip(&back) {
-        assert!(
-            k == s || k == b,
-            "a session went elsewhere: {b:?} {s:?} {k:?}"
-        );
-    }
+    let back = orders_until(&stack, slow, &sessions, "the drain ended", |o| {
+        o != step.as_slice()
+    })
+    .await;
+    assert_eq!(back, before, "one step back from the first step: all of it");
+
+    // From the last step, the sessions come back in steps: an immediate drain takes all
+    // of pa at once, and its end brings back the sessions of the 50 % step (the same
+    // ones, since a pick is consistent), the rest ten minutes later.
+    let (status, rule) = stack
+        .post(
+            "/v1/drains",
+            json!({"name": slow, "cdn": "a", "reason": "all at once", "immediate": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{rule}");
+    orders_until(&stack, slow, &sessions, "pa drained", |o| {
+        o.iter().all(|o| o[0] == "pb")
+    })
+    .await;
+    let status = stack.undrain(rule["id"].as_str().unwrap()).await;
+    assert_eq!(status, 200);
+    let back = orders_until(&stack, slow, &sessions, "the first step back", |o| {
+        o.iter().any(|o| o[0] == "pa")
+    })
+    .await;
+    assert_eq!(
+        back, step,
+        "the first step back is the 50 % plateau, not all of pa"
+    );
+}
+
+/// Content steering under a health failover step: pa's CDN fails its probes, and the
+/// sessions move as the DNS answers do: on slow.example.com (steps [50, 100]) about
+/// half of pa's sessions at the first step and none of pb's, on www.example.com
+/// ([100]) all of them; when it recovers, every session gets its order back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_failover_step_moves_sessions_as_the_dns_answers_do() {
+    let dir = scratch("content-health");
+    stack_policy(&dir);
+    let a = MockCdn::start(Mode::Healthy).await;
+    probe(&dir, "a", &a.url("/_health/v1.txt"), 1);
+    let stack = Stack::start(&dir).await;
+    stack.wait_for("a probed", |s| up_verdict(s, "a")).await;
+    let sessions: Vec<String> = (0..400u64)
+        .map(|i| format!("{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+        .collect();
+    let (www, slow) = ("www.example.com", "slow.example.com");
+    let before_www = orders(&stack, www, &sessions).await;
+    let before = orders(&stack, slow, &sessions).await;
+    let on_a = before.iter().filter(|o| o[0] == "pa").count();
+
+    a.set(Mode::Status(503));
+    orders_until(&stack, www, &sessions, "a out of www", |o| {
+        o.iter().all(|o| o[0] == "pb")
+    })
+    .await;
+    let step = orders(&stack, slow, &sessions).await;
+    let moved = moved_to_pb(&before, &step);
+    assert_share(
+        moved,
+        on_a,
+        0.5,
+        "pa sessions moved at the first failover step",
+    );
+
+    a.set(Mode::Healthy);
+    orders_until(&stack, www, &sessions, "a back", |o| {
+        o == before_www.as_slice()
+    })
+    .await;
+    assert_eq!(orders(&stack, slow, &sessions).await, before);
 }
 
 #[tokio::test]

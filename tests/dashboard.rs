@@ -53,7 +53,14 @@ impl Prometheus {
     /// Starts `bin` scraping `target` every second under `job="steerdns"`, with the
     /// alert rules, and waits until it is ready.
     async fn start(bin: &str, dir: &Path, target: std::net::SocketAddr) -> Prometheus {
-        let rules = repo("deploy/prometheus/steerdns-alerts.yml");
+        let rules = dir.join("steerdns-alerts.yml");
+        std::fs::write(
+            &rules,
+            minutes_as_seconds(
+                &std::fs::read_to_string(repo("deploy/prometheus/steerdns-alerts.yml")).unwrap(),
+            ),
+        )
+        .unwrap();
         let config = format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
              rule_files:\n  - {}\n\
@@ -142,6 +149,74 @@ impl Drop for Prometheus {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// The alert rules with time sped up 60 times: every duration in minutes (`for: 1m`,
+/// `[10m]`) read as seconds, so that an alert's `for` and windows pass during a drill.
+/// Nothing else changes: the expressions and labels are the shipped ones.
+fn minutes_as_seconds(rules: &str) -> String {
+    let mut out = String::new();
+    let mut rest = rules;
+    while let Some(at) = rest.find(|c: char| c.is_ascii_digit()) {
+        let digits = rest[at..]
+            .find(|c: char| !c.is_ascii_digit())
+            .map_or(rest.len(), |n| at + n);
+        let after = &rest[digits..];
+        let minutes = after.starts_with('m')
+            && !after[1..].starts_with(|c: char| c.is_ascii_alphanumeric())
+            && (rest[..at].ends_with("for: ") || rest[..at].ends_with('['));
+        out.push_str(&rest[..digits]);
+        rest = if minutes {
+            out.push('s');
+            &after[1..]
+        } else {
+            after
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The alerts Prometheus holds now: (alert name, state, labels).
+async fn alerts(prom: &Prometheus) -> Vec<(String, String, Value)> {
+    let data = prom.api("alerts", &[]).await;
+    data["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["labels"]["alertname"].as_str().unwrap().to_string(),
+                a["state"].as_str().unwrap().to_string(),
+                a["labels"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until `alert` (with `label` = `value`) is firing (`true`) or gone (`false`).
+async fn alert_until(prom: &Prometheus, alert: &str, label: (&str, &str), firing: bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = alerts(prom).await;
+        let fires = now
+            .iter()
+            .any(|(n, st, l)| n == alert && st == "firing" && l[label.0] == label.1);
+        let present = now
+            .iter()
+            .any(|(n, _, l)| n == alert && l[label.0] == label.1);
+        if (firing && fires) || (!firing && !present) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{alert}{{{}=\"{}\"}} never {}: {now:?}",
+            label.0,
+            label.1,
+            if firing { "fired" } else { "resolved" }
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -262,6 +337,15 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_during_a_dril
                 && !s["fail_open"].as_array().unwrap().is_empty()
         })
         .await;
+    // The alerts fire from the real series: other.example.com fails open, c demoted.
+    alert_until(
+        &prom,
+        "SteerdnsFailOpen",
+        ("name", "other.example.com."),
+        true,
+    )
+    .await;
+    alert_until(&prom, "SteerdnsCdnDemoted", ("cdn", "c"), true).await;
     let (status, rule) = stack
         .post(
             "/v1/drains",
@@ -395,6 +479,18 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_during_a_dril
         }
     }
     assert!(n >= 8, "{n} alert rules loaded");
+
+    // c recovers: both alerts resolve (SteerdnsCdnDemoted once its window of recent
+    // demotions, 10 s here, has passed).
+    c.set(Mode::Healthy);
+    alert_until(
+        &prom,
+        "SteerdnsFailOpen",
+        ("name", "other.example.com."),
+        false,
+    )
+    .await;
+    alert_until(&prom, "SteerdnsCdnDemoted", ("cdn", "c"), false).await;
     drop(prom);
     let _ = std::fs::remove_dir_all(&stack.dir);
 }

@@ -185,3 +185,68 @@ async fn malformed_client_subnets_get_formerr() {
         assert_eq!(raw_rcode(&ok), 0);
     }
 }
+
+/// The /24s of `addr / scope`: all of them, or 64 spread evenly when there are more.
+fn subnets_inside(addr: std::net::Ipv4Addr, scope: u8) -> Vec<String> {
+    let count = 1u32 << (24 - u32::from(scope));
+    let base = addr.to_bits() & (u32::MAX << (32 - u32::from(scope)));
+    let stride = (count / 64).max(1);
+    (0..count.min(64))
+        .map(|i| std::net::Ipv4Addr::from(base + ((i * stride) << 8)).to_string())
+        .collect()
+}
+
+/// RFC 7871 §7.3: a resolver caches an answer for the whole echoed scope and gives it
+/// to every client inside, so the server must give them all that same answer too: the
+/// key of a consistent pick goes only as far as min(source, scope), never to the
+/// source. 50/50 weights: a key cut at the source (/24) would split the /24s of one
+/// scope about evenly between the CDNs.
+#[tokio::test]
+async fn every_subnet_inside_the_echoed_scope_gets_the_same_answer() {
+    let srv = TestServer::demo().await;
+    // Addresses the test database does not hold: the default region, 50/50, with
+    // scopes much wider than /24.
+    let mut widest = 32;
+    for addr in ["100.64.0.0", "23.1.2.0", "198.18.7.0"] {
+        for r in 0..3 {
+            let from = resolver(700 + r);
+            let (first, ecs) = steered_from(&srv, from, Proto::Udp, addr, 24).await;
+            let scope = ecs.scope_prefix();
+            assert!(
+                scope < 24,
+                "{addr}/24: scope {scope}, no wider than the source"
+            );
+            widest = widest.min(scope);
+            for proto in BOTH {
+                for net in subnets_inside(addr.parse().unwrap(), scope) {
+                    let (got, ecs) = steered_from(&srv, from, proto, &net, 24).await;
+                    assert_eq!(
+                        (got.as_str(), ecs.scope_prefix()),
+                        (first.as_str(), scope),
+                        "{net}/24 inside {addr}/{scope} through {from} over {proto:?}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(widest <= 18, "at least one scope of /18 or wider: {widest}");
+}
+
+/// As [`steered`], asked through the resolver `from` for `www.example.com`.
+async fn steered_from(
+    srv: &TestServer,
+    from: std::net::IpAddr,
+    proto: Proto,
+    addr: &str,
+    source: u8,
+) -> (String, hickory_proto::rr::rdata::opt::ClientSubnet) {
+    let m = srv
+        .ask_from(
+            from,
+            proto,
+            &query_edns("www.example.com.", RecordType::A, Some((addr, source))),
+        )
+        .await;
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    (cname_of(&m), ecs_of(&m).expect("an ECS answer"))
+}

@@ -677,8 +677,16 @@ async fn a_hung_disk_holds_up_neither_the_controller_nor_the_api() {
             hung
         })
     };
+    let posted = Instant::now();
     let (status, rule) = stack.post("/v1/drains", drain_a()).await;
+    let took = posted.elapsed();
     assert_eq!(status, 201, "{rule}");
+    // Answered after 2 s on a hung disk (the README): not before, and not much later
+    // (one more second for a loaded machine).
+    assert!(
+        (Duration::from_millis(1900)..Duration::from_secs(3)).contains(&took),
+        "the drain was answered after {took:?}, want 2 s"
+    );
     let id = rule["id"].as_str().unwrap().to_string();
     // It serves at once, and the controller still answers what goes through it.
     all_to(&stack, "b", 50).await;

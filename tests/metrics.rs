@@ -512,6 +512,7 @@ const MAX_FDS: u32 = 1537;
 struct Binary {
     child: std::process::Child,
     api: std::net::SocketAddr,
+    dns: std::net::SocketAddr,
 }
 
 impl Binary {
@@ -525,6 +526,8 @@ impl Binary {
             .arg(format!("ulimit -n {MAX_FDS} && exec \"$0\" \"$@\""))
             .arg(env!("CARGO_BIN_EXE_steerdns"))
             .args(["serve", "--listen", "127.0.0.1:0", "--api", "127.0.0.1:0"])
+            // Not the default 127.0.0.1:8053, which another test or server may hold.
+            .args(["--steering-http", "off"])
             .args(["--zones", TEST_ZONES, "--geo", TEST_GEO, "--state-dir"])
             .arg(state)
             .env("RUST_LOG", "info")
@@ -537,8 +540,11 @@ impl Binary {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(addr) = line.split("addr=").nth(1) {
+                    let addr = addr.split_whitespace().next().unwrap().to_string();
                     if line.contains("api listening") {
-                        let _ = tx.send(addr.split_whitespace().next().unwrap().to_string());
+                        let _ = tx.send(("api", addr));
+                    } else if line.contains("listening (udp, tcp)") {
+                        let _ = tx.send(("dns", addr));
                     }
                 }
             }
@@ -546,11 +552,17 @@ impl Binary {
         let mut served = Binary {
             child,
             api: "0.0.0.0:0".parse().unwrap(),
+            dns: "0.0.0.0:0".parse().unwrap(),
         };
-        let addr = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("no `api listening` line from steerdns serve");
-        served.api = addr.parse().unwrap();
+        for _ in 0..2 {
+            let (what, addr) = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("no `listening` lines from steerdns serve");
+            match what {
+                "api" => served.api = addr.parse().unwrap(),
+                _ => served.dns = addr.parse().unwrap(),
+            }
+        }
         served
     }
 }
@@ -582,6 +594,48 @@ fn expected_commit() -> String {
         })
 }
 
+/// The CPU time of `pid` so far, in seconds (utime + stime of /proc/PID/stat).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf only reads a system constant.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Sends DNS queries to `server` (from many loopback resolvers, under the rate limit of
+/// each) until the kernel says it has used `seconds` of CPU (60 s of wall time at most).
+fn burn_cpu(server: &Binary, pid: u32, seconds: f64) {
+    let started = std::time::Instant::now();
+    let q = query("www.example.com.", RecordType::A).to_vec().unwrap();
+    let socks: Vec<std::net::UdpSocket> = (0..64)
+        .map(|i| {
+            let s = std::net::UdpSocket::bind((resolver(5000 + i * 300), 0)).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let mut buf = [0u8; 512];
+    while cpu_seconds(pid) < seconds {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the server used only {} s of CPU",
+            cpu_seconds(pid)
+        );
+        for s in &socks {
+            for _ in 0..8 {
+                let _ = s.send_to(&q, server.dns);
+            }
+            while s.recv(&mut buf).is_ok() {}
+        }
+    }
+}
+
 /// A /proc/PID/status field, in its unit (kB for memory).
 fn proc_status(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -602,6 +656,9 @@ async fn the_binary_serves_build_info_and_its_own_process_metrics() {
         .as_secs_f64();
     let server = Binary::start(&state);
     let pid = server.child.id();
+    // The prometheus crate counts CPU time in whole seconds: make the server spend
+    // more than one, so that a CPU collector stuck at 0 cannot pass.
+    burn_cpu(&server, pid, 1.1);
     let text = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -662,21 +719,11 @@ async fn the_binary_serves_build_info_and_its_own_process_metrics() {
     );
     // The prometheus crate counts CPU time in whole seconds: the server's own, from
     // /proc/PID/stat (utime and stime, in clock ticks), read just after the scrape.
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf only reads a system constant.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let proc_cpu = cpu_seconds(pid);
     let cpu = get("process_cpu_seconds_total");
     assert!(
-        cpu <= ticks / per_second && cpu >= (ticks / per_second).floor() - 1.0,
-        "{cpu} s of CPU; /proc/{pid}/stat says {} s",
-        ticks / per_second
+        cpu >= 1.0 && cpu <= proc_cpu && cpu >= proc_cpu.floor() - 1.0,
+        "{cpu} s of CPU; /proc/{pid}/stat says {proc_cpu} s"
     );
     assert!(get("process_virtual_memory_bytes") >= rss);
     drop(server);

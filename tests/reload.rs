@@ -59,36 +59,43 @@ fn query_loop(stack: &Stack, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(
     })
 }
 
+/// At the default `--reload-poll-ms` (the other tests poll every 50 ms): three edits in
+/// a row, each made as soon as the last is served, each served within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_applies_within_a_second_while_queries_keep_flowing() {
-    let (stack, _a, _b, _c) = healthy_stack("reload-edit", "[100]", 0.2).await;
+    let dir = scratch("reload-edit");
+    policy(&dir, "[100]", 0.2);
+    let poll = Duration::from_millis(steerdns::app::DEFAULT_RELOAD_POLL_MS);
+    let stack = Stack::start_polling(&dir, poll).await;
     let version = stack.state().await["config_version"].clone();
     let stop = Arc::new(AtomicBool::new(false));
     let flowing = query_loop(&stack, stop.clone());
 
-    edit(
-        &stack.dir.join("steering.yaml"),
-        "a: { cname: a.cdn.test. }",
-        "a: { cname: a2.cdn.test. }",
-    );
-    let edited = Instant::now();
-    loop {
-        let (counts, _) = stack.answers(20).await;
-        if counts.contains_key("a2") {
-            break;
-        }
-        assert!(
-            edited.elapsed() < Duration::from_secs(1),
-            "the edit did not apply within a second"
+    for (from, to) in [("a", "a2"), ("a2", "a33"), ("a33", "a444")] {
+        edit(
+            &stack.dir.join("steering.yaml"),
+            &format!("a: {{ cname: {from}.cdn.test. }}"),
+            &format!("a: {{ cname: {to}.cdn.test. }}"),
         );
+        let edited = Instant::now();
+        loop {
+            let (counts, _) = stack.answers(20).await;
+            if counts.contains_key(to) {
+                break;
+            }
+            assert!(
+                edited.elapsed() < Duration::from_secs(1),
+                "the edit to {to} did not apply within a second (poll {poll:?})"
+            );
+        }
+        // One swap: never an answer from the old a once the new one is seen.
+        let (counts, _) = stack.answers(100).await;
+        assert!(!counts.contains_key(from), "{counts:?}");
     }
-    // One swap: never an answer from the old a once the new one is seen.
-    let (counts, _) = stack.answers(100).await;
-    assert!(!counts.contains_key("a"), "{counts:?}");
     stop.store(true, Ordering::Relaxed);
     let (ok, bad) = flowing.await.unwrap();
     assert!(ok > 50, "only {ok} answers");
-    assert_eq!(bad, 0, "{bad} failed answers during the reload");
+    assert_eq!(bad, 0, "{bad} failed answers during the reloads");
     // `/v1/state` follows once the state is saved, a moment after the swap.
     let s = stack
         .wait_for("the reload in /v1/state", |s| last_reload(s).0 == "applied")
@@ -102,6 +109,21 @@ async fn broken_edits_change_nothing_and_say_why() {
     let dir = stack.dir.clone();
     let policy = dir.join("steering.yaml");
     let zone = dir.join("zones/example.com.zone");
+    // First an edit that applies (a's CNAME, mail's address): the last good
+    // configuration is this one, not the one the server started with.
+    edit(
+        &policy,
+        "a: { cname: a.cdn.test. }",
+        "a: { cname: a2.cdn.test. }",
+    );
+    edit(
+        &zone,
+        "mail    IN A    192.0.2.25",
+        "mail    IN A    192.0.2.26",
+    );
+    stack
+        .wait_for("the edit applied", |s| last_reload(s).0 == "applied")
+        .await;
     let good_policy = std::fs::read_to_string(&policy).unwrap();
     let good_zone = std::fs::read_to_string(&zone).unwrap();
     let good_geo = std::fs::read(dir.join("geo.mmdb")).unwrap();
@@ -145,7 +167,7 @@ async fn broken_edits_change_nothing_and_say_why() {
                 move || {
                     edit(
                         &z,
-                        "mail    IN A    192.0.2.25",
+                        "mail    IN A    192.0.2.26",
                         "mail    IN A    192.0.2.256",
                     )
                 }
@@ -167,7 +189,14 @@ async fn broken_edits_change_nothing_and_say_why() {
             "corrupt search tree",
         ),
     ];
+    let refused = || async {
+        stack
+            .metric(r#"steerdns_config_reloads_total{result="refused"}"#)
+            .await
+            .unwrap_or(0.0)
+    };
     for (what, break_it, expected) in cases {
+        let refused_before = refused().await;
         break_it();
         let s = stack
             .wait_for(what, |s| {
@@ -175,16 +204,15 @@ async fn broken_edits_change_nothing_and_say_why() {
             })
             .await;
         assert!(last_reload(&s).1.contains(expected), "{what}: {s:#}");
-        assert!(
-            stack
-                .metric(r#"steerdns_config_reloads_total{result="refused"}"#)
-                .await
-                >= Some(1.0)
+        assert_eq!(
+            refused().await,
+            refused_before + 1.0,
+            "{what}: counted once"
         );
-        // Still serving the last good configuration.
+        // Still serving the last good configuration: the edited one.
         let (counts, _) = stack.answers(50).await;
         assert!(
-            counts.keys().all(|k| k == "a" || k == "b") && counts.len() == 2,
+            counts.keys().all(|k| k == "a2" || k == "b") && counts.len() == 2,
             "{what}: {counts:?}"
         );
         let m = ask(
@@ -194,6 +222,11 @@ async fn broken_edits_change_nothing_and_say_why() {
         )
         .await;
         assert_eq!(m.answers.len(), 1, "{what}: the zone still serves");
+        assert_eq!(
+            m.answers[0].data.to_string(),
+            "192.0.2.26",
+            "{what}: the edited zone still serves"
+        );
 
         std::fs::write(&policy, &good_policy).unwrap();
         std::fs::write(&zone, &good_zone).unwrap();

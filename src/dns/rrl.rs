@@ -215,6 +215,25 @@ mod tests {
         assert!(slipped.abs_diff(dropped) <= 1, "{slipped} vs {dropped}");
         // Another prefix has its own budget.
         assert_eq!(r.check(other), Verdict::Answer);
+
+        // Within one second: once one address has spent the budget, its neighbours in
+        // the /24 get nothing, and another /24 everything.
+        let r = rrl(10, 2);
+        let spent = (0..10).filter(|_| r.check_at(a, 7) == Verdict::Answer);
+        assert_eq!(spent.count(), 10);
+        for ip in [a, same_24, "192.0.2.0".parse().unwrap()] {
+            assert_ne!(
+                r.check_at(ip, 7),
+                Verdict::Answer,
+                "{ip} shares the /24's budget"
+            );
+        }
+        assert!((0..10).all(|_| r.check_at(other, 7) == Verdict::Answer));
+        assert_eq!(
+            r.check_at(a, 8),
+            Verdict::Answer,
+            "a new second, a new budget"
+        );
     }
 
     #[test]
@@ -250,13 +269,11 @@ mod tests {
         let a: IpAddr = "2001:db8:0:1::1".parse().unwrap();
         let same_56: IpAddr = "2001:db8:0:ff::2".parse().unwrap();
         let other_56: IpAddr = "2001:db8:0:100::1".parse().unwrap();
-        assert_eq!(r.check(a), Verdict::Answer);
-        // The same /56: over budget (one more if the second rolls over meanwhile).
-        let answered = (0..5)
-            .filter(|_| r.check(same_56) == Verdict::Answer)
-            .count();
-        assert!(answered <= 1, "{answered}");
-        assert_eq!(r.check(other_56), Verdict::Answer);
+        // One second: `a` spends the /56's budget; another address of the /56 gets
+        // nothing, another /56 its own.
+        assert_eq!(r.check_at(a, 3), Verdict::Answer);
+        assert_eq!(r.check_at(same_56, 3), Verdict::Drop, "the same /56");
+        assert_eq!(r.check_at(other_56, 3), Verdict::Answer);
     }
 
     /// Two /24s whose prefixes land in the same slot of `r`.

@@ -103,7 +103,13 @@ impl Stack {
     /// As [`Stack::start`], saving the state through `disk` (simulated disk faults
     /// the test can switch on and off).
     pub async fn start_with_disk(dir: &Path, disk: DiskFaults) -> Stack {
-        Stack::start_full(dir, disk, "test", None).await
+        Stack::start_full(dir, disk, "test", None, Duration::from_millis(50)).await
+    }
+
+    /// As [`Stack::start`], checking the inputs for edits every `poll` (the tests' 50
+    /// ms elsewhere).
+    pub async fn start_polling(dir: &Path, poll: Duration) -> Stack {
+        Stack::start_full(dir, DiskFaults::default(), "test", None, poll).await
     }
 
     /// A node `name` of a set sharing one view through etcd (`serve --etcd`).
@@ -112,7 +118,14 @@ impl Stack {
         name: &str,
         cluster: steerdns::control::cluster::ClusterOptions,
     ) -> Stack {
-        Stack::start_full(dir, DiskFaults::default(), name, Some(cluster)).await
+        Stack::start_full(
+            dir,
+            DiskFaults::default(),
+            name,
+            Some(cluster),
+            Duration::from_millis(50),
+        )
+        .await
     }
 
     async fn start_full(
@@ -120,6 +133,7 @@ impl Stack {
         disk: DiskFaults,
         vantage: &str,
         cluster: Option<steerdns::control::cluster::ClusterOptions>,
+        reload_poll: Duration,
     ) -> Stack {
         let inputs = Inputs {
             config: dir.join("steering.yaml"),
@@ -133,7 +147,7 @@ impl Stack {
         let opts = ServeOptions {
             api_hosts: Vec::new(),
             inputs: inputs.clone(),
-            reload_poll: Duration::from_millis(50),
+            reload_poll,
             listen: vec!["127.0.0.1:0".parse().unwrap()],
             dns: app::DnsOptions {
                 udp_sockets: 2,
@@ -165,17 +179,7 @@ impl Stack {
     }
 
     pub async fn get(&self, path: &str) -> Value {
-        let url = format!("http://{}{path}", self.api);
-        let body = self
-            .http
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        serde_json::from_slice(&body).unwrap()
+        get_json(&self.http, self.api, path).await
     }
 
     pub async fn state(&self) -> Value {
@@ -184,18 +188,7 @@ impl Stack {
 
     /// Polls `/v1/state` until `pred` holds (10 s at most).
     pub async fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let s = self.state().await;
-            if pred(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; state:\n{s:#}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_state(&self.http, self.api, what, pred).await
     }
 
     /// The own round counter of `cdn`.
@@ -404,4 +397,46 @@ pub fn stepped_at(s: &Value, cdn: &str) -> u64 {
         })
         .and_then(|f| f["since_unix_ms"].as_u64())
         .unwrap_or_else(|| panic!("no failover step of {cdn}: {s:#}"))
+}
+
+/// The wall clock in Unix milliseconds, as the server's `*_unix_ms` fields read.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `GET http://{api}{path}`, the body as JSON.
+pub async fn get_json(http: &reqwest::Client, api: SocketAddr, path: &str) -> Value {
+    let body = http
+        .get(format!("http://{api}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// Polls `/v1/state` of the API at `api` until `pred` holds (10 s at most).
+pub async fn wait_state(
+    http: &reqwest::Client,
+    api: SocketAddr,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = get_json(http, api, "/v1/state").await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; state:\n{s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

@@ -1,0 +1,162 @@
+//! "No allocation on the fast path once buffers have grown" (ARCHITECTURE), counted: a
+//! global allocator that counts the allocations of the thread that asks, around the
+//! UDP data plane's per-query steps called in-process on the bytes a client sends:
+//! response rate limiting, the fast path (`dns::wire::answer`, every ECS shape, both
+//! families) and a hit of the answer cache (`dns::cache::AnswerCache::lookup`).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use common::*;
+use hickory_proto::rr::RecordType;
+use hickory_server::net::xfer::Protocol;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use steerdns::dns::cache::{AnswerCache, Lookup};
+use steerdns::dns::rrl::{Rrl, RrlConfig, Verdict};
+use steerdns::dns::{wire, Handler};
+use steerdns::metrics::Metrics;
+
+/// Counts allocations (and reallocations) made by threads that set `COUNTING`.
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note() {
+    // `try_with`: the allocator also runs while thread locals are torn down.
+    let _ = COUNTING.try_with(|c| {
+        if c.get() {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; counting touches
+// only const-initialised thread locals, which never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        System.alloc(layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        System.realloc(ptr, layout, new_size)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The allocations `f` makes on this thread.
+fn allocations(f: impl FnOnce()) -> u64 {
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(|n| n.get())
+}
+
+/// The plain forms of a steered query the fast path answers.
+fn steered_queries() -> Vec<(&'static str, Vec<u8>)> {
+    let q = |ecs: Option<(&str, u8)>| {
+        query_edns("www.example.com.", RecordType::A, ecs)
+            .to_vec()
+            .unwrap()
+    };
+    vec![
+        (
+            "no EDNS",
+            query("www.example.com.", RecordType::A).to_vec().unwrap(),
+        ),
+        ("EDNS", q(None)),
+        ("ECS GB /24", q(Some(("81.2.69.0", 24)))),
+        ("ECS US /27", q(Some(("216.160.83.32", 27)))),
+        ("ECS JP /48", q(Some(("2001:218::", 48)))),
+        ("ECS unknown /24", q(Some(("100.64.0.0", 24)))),
+        ("ECS opt-out", q(Some(("0.0.0.0", 0)))),
+    ]
+}
+
+#[test]
+fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
+    let snap = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO).snapshot();
+    let rrl = Rrl::new(RrlConfig::default()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut out = Vec::new();
+    let sources: Vec<IpAddr> = (0..64).map(resolver).collect();
+    let now = 1_800_000_000;
+    for (what, packet) in steered_queries() {
+        // Grow the buffer (and whatever else starts lazily) first.
+        assert!(wire::answer(&snap, &packet, sources[0], &mut out, now, &mut rng).is_some());
+        let n = allocations(|| {
+            for (i, src) in sources.iter().enumerate() {
+                assert_eq!(rrl.check(*src), Verdict::Answer);
+                let steer = wire::answer(&snap, &packet, *src, &mut out, now + i as u64, &mut rng);
+                assert!(steer.is_some(), "{what}: not taken by the fast path");
+            }
+        });
+        assert_eq!(n, 0, "{what}: {n} allocations in 64 answers");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_hit_of_the_answer_cache_allocates_nothing() {
+    let live = Arc::new(steerdns::plan::Live::from_pointee(
+        load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO).snapshot(),
+    ));
+    let handler = Handler::new(live.clone(), Metrics::new());
+    let snap = live.load_full();
+    let src: SocketAddr = "127.0.0.1:5353".parse().unwrap();
+    let mut cache = AnswerCache::default();
+    let (mut out, mut stripped) = (Vec::new(), Vec::new());
+    let zone = [
+        ("SOA", query("example.com.", RecordType::SOA)),
+        ("A", query_edns("mail.example.com.", RecordType::A, None)),
+        (
+            "NXDOMAIN with ECS",
+            query_edns("nope.example.com.", RecordType::A, Some(("81.2.69.0", 24))),
+        ),
+    ];
+    for (what, q) in zone {
+        let packet = q.to_vec().unwrap();
+        match cache.lookup(&snap, &packet, &mut out, &mut stripped) {
+            Lookup::Miss(miss) => {
+                let answer = handler
+                    .respond(&stripped, src, Protocol::Udp)
+                    .await
+                    .expect("a full path answer");
+                assert!(cache.store(miss, &answer, &mut out), "{what}: not stored");
+            }
+            _ => panic!("{what}: the first lookup must miss"),
+        }
+        // Once more to grow the output buffer, then counted.
+        assert!(matches!(
+            cache.lookup(&snap, &packet, &mut out, &mut stripped),
+            Lookup::Hit(_)
+        ));
+        let n = allocations(|| {
+            for _ in 0..64 {
+                let hit = cache.lookup(&snap, &packet, &mut out, &mut stripped);
+                assert!(
+                    matches!(hit, Lookup::Hit(_)),
+                    "{what}: a stored answer must hit"
+                );
+            }
+        });
+        assert_eq!(n, 0, "{what}: {n} allocations in 64 cache hits");
+    }
+}
