@@ -595,6 +595,10 @@ async fn nothing_from_the_network_writes_outside_the_state_directory() {
         .await;
     assert!(status == 400 || status == 404, "{status}");
 
+    // The audit thread has appended what came before: a page of the log is read by
+    // the same thread, after every append queued ahead of it.
+    let audit = stack.get("/v1/audit").await;
+    assert!(audit.to_string().contains("freeze"), "{audit}");
     // The state is saved, in its one file, with the hostile text inside it as data.
     let saved = std::fs::read_to_string(dir.join("state/steerdns-state.json")).unwrap();
     assert!(saved.contains(&escape), "{saved}");
