@@ -909,6 +909,21 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
             false,
         ),
         (node, format!("{PREFIX}drain/hand-1"), drain.clone(), true),
+        // ...and its own audit entries (not another's), and a tenant's freeze.
+        (node, format!("{PREFIX}audit/ns1/1"), "{}".to_string(), true),
+        (
+            node,
+            format!("{PREFIX}audit/ns2/1"),
+            "{}".to_string(),
+            false,
+        ),
+        (
+            agent,
+            format!("{PREFIX}audit/agent1/1"),
+            "{}".to_string(),
+            false,
+        ),
+        (node, format!("{PREFIX}freeze/acme"), "{}".to_string(), true),
     ];
     for (user, key, value, allowed) in &cases {
         let (ok, said) = set.etcd.put_as(*user, key, value);
@@ -917,7 +932,9 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
             assert!(said.contains("permission denied"), "{said}");
         }
     }
-    set.etcd.delete(&format!("{PREFIX}drain/hand-1"));
+    for key in ["drain/hand-1", "audit/ns1/1", "freeze/acme"] {
+        set.etcd.delete(&format!("{PREFIX}{key}"));
+    }
     // Observations under names outside --members (written by root: someone who can
     // write the prefix) are refused and counted by every node, and never count: two
     // invented vantage points seeing b fail demote nothing.

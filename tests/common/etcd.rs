@@ -207,7 +207,7 @@ impl EtcdSet {
 
     /// Turns authentication on with one user per member of the set, each with the
     /// role the README gives it: a node (`nodes`) reads the prefix and writes its own
-    /// observations and the shared keys; an agent (`agents`) writes its own
+    /// observations, its own audit entries and the shared keys; an agent (`agents`) writes its own
     /// observations only. Passwords are `pw-{name}`.
     pub fn enable_member_roles(&mut self, prefix: &str, nodes: &[&str], agents: &[&str]) {
         let root = self.add_root();
@@ -234,8 +234,9 @@ impl EtcdSet {
                 grant("read", prefix);
                 grant("readwrite", &format!("{prefix}timeline/"));
                 grant("readwrite", &format!("{prefix}drain/"));
-                let freeze = format!("{prefix}freeze");
-                self.etcdctl(&["role", "grant-permission", &role, "readwrite", &freeze]);
+                // `freeze` and the tenants' `freeze/{tenant}`.
+                grant("readwrite", &format!("{prefix}freeze"));
+                grant("readwrite", &format!("{prefix}audit/{name}/"));
             }
             self.etcdctl(&[
                 "user",
