@@ -19,6 +19,7 @@ use crate::control::peers::Peers;
 use crate::control::prober::Local;
 use crate::control::reload;
 use crate::control::status::{self, History, StatusSource};
+use crate::control::writers::Exited;
 use crate::dns::rrl::{Rrl, RrlConfig};
 use crate::dns::tcp::{self, TcpLimits};
 use crate::dns::{listen, udp, Handler};
@@ -250,6 +251,8 @@ pub struct Service {
     /// What `/metrics` serves; the DNS handler and the prober count into it.
     pub metrics: Metrics,
     stop: CancellationToken,
+    /// The threads writing into the state directory (see [`Service::stop`]).
+    writers: Vec<Exited>,
 }
 
 /// Starts everything `serve` runs.
@@ -358,6 +361,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         reload_tx,
         stop.clone(),
     );
+    let writers = controller.writers();
     tokio::spawn(controller.run(dns.live().clone(), reload_rx, command_rx, stop.clone()));
     Ok(Service {
         dns,
@@ -365,6 +369,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         steering,
         metrics,
         stop,
+        writers,
     })
 }
 
@@ -379,6 +384,18 @@ impl Service {
         let r = self.dns.wait().await;
         self.stop.cancel();
         r
+    }
+
+    /// Stops everything (as dropping it does), then waits until the threads writing
+    /// into the state directory (the saver, the audit log) have written what they were
+    /// handed and returned: a service started next on the same directory has nothing
+    /// of this one writing behind it. On a hung disk this waits for the disk.
+    pub async fn stop(mut self) {
+        let writers = std::mem::take(&mut self.writers);
+        drop(self);
+        for w in writers {
+            w.wait().await;
+        }
     }
 }
 

@@ -3,8 +3,9 @@
 //!
 //! - `check` refuses AS entries without an ASN database, naming the file and line, and
 //!   accepts them with one;
-//! - a client in a matched AS gets that region's answer, with an ECS scope no wider
-//!   than its AS network; others fall through to the next regions;
+//! - a client in a matched AS gets that region's answer, with the ECS scope of its AS
+//!   network (or narrower: its country's); others fall through to the next regions,
+//!   with a scope cut at their AS network too;
 //! - `explain` shows the origin AS and the entry that matched.
 
 mod common;
@@ -69,25 +70,29 @@ async fn a_client_in_a_matched_as_gets_that_region() {
         .await
         .unwrap();
     let addr = running.addrs()[0];
-    // (client subnet, CNAME, narrowest scope allowed): AS1221 is 1.128.0.0/11, AS15169
-    // 1.0.0.0/24 in the test database; 81.2.69.0 is GB, in no AS of the policy.
+    // (client subnet, source, CNAME, the scope echoed). The scope is exact: the widest
+    // block over which the answer holds is cut at the client's AS network when a policy
+    // matches by AS (outside it, the origin AS, and so the answer, may differ).
+    // In the test databases: AS1221 is 1.128.0.0/11 (AU /11 in the country database),
+    // AS15169 1.0.0.0/24 (AU /24); 81.2.69.0 is GB /18 in an AS-less /9; 216.160.83.0 is
+    // US /15 but AS209 /18, so its scope is the AS network's /18, not the country's /15.
     let cases = [
         ("1.128.0.0", 16, "telstra.cdn.example.net.", 11),
         ("1.130.7.0", 24, "telstra.cdn.example.net.", 11),
         ("1.0.0.0", 24, "google.cdn.example.net.", 24),
-        // No AS of the policy: still a tailored answer, no wider than the AS network.
-        ("81.2.69.0", 24, "google.cdn.example.net.", 1),
-        ("216.160.83.0", 24, "world.cdn.example.net.", 1),
+        // No AS of the policy: the region by place, within its country and AS network.
+        ("81.2.69.0", 24, "google.cdn.example.net.", 18),
+        ("216.160.83.0", 24, "world.cdn.example.net.", 18),
     ];
     for proto in [Proto::Udp, Proto::Tcp] {
-        for (client, source, want, at_least) in cases {
+        for (client, source, want, scope) in cases {
             let q = query_edns("www.example.com.", RecordType::A, Some((client, source)));
             let m = ask(addr, proto, &q).await;
             assert_eq!(cname_of(&m), want, "{client}/{source} over {proto:?}");
-            let scope = ecs_of(&m).unwrap().scope_prefix();
-            assert!(
-                scope >= at_least,
-                "{client}: scope /{scope} is wider than its AS network"
+            assert_eq!(
+                ecs_of(&m).unwrap().scope_prefix(),
+                scope,
+                "{client}/{source} over {proto:?}: the scope echoed (a wider one than its AS network's is wrong)"
             );
         }
     }

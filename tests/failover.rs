@@ -659,7 +659,8 @@ async fn a_restart_mid_failover_resumes_the_timeline() {
         .wait_for("first step", |s| removed(s, "a") == Some(90))
         .await;
     let dir = stack.dir.clone();
-    drop(stack);
+    // Stopped, and its saver done: nothing of the old service writes behind the new one.
+    stack.stop().await;
 
     let stack = Stack::start(&dir).await;
     // Before any round of the new process: still failed over, not snapped back.

@@ -716,6 +716,45 @@ async fn a_hung_disk_holds_up_neither_the_controller_nor_the_api() {
         .contains(&id));
 }
 
+/// `Service::stop` returns once the saver has written what it was handed and returned:
+/// stopped with a drain waiting behind a hung disk, it waits for the disk; then the
+/// drain is in the file and no temporary file is left. (A restart on the same directory
+/// relies on it: no old saver writes behind the new service.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_waits_until_the_saver_has_written_what_it_was_handed() {
+    let (dir, disk, stack) = frozen_on_disk_faults("fault-stop", "before the stop").await;
+    disk.set_stalled(true);
+    // Answered after 2 s (the reply's wait on a hung disk), not yet saved.
+    let (status, rule) = stack.post("/v1/drains", drain_a()).await;
+    assert_eq!(status, 201, "{rule}");
+    let id = rule["id"].as_str().unwrap().to_string();
+    let stopping = tokio::spawn(stack.stop());
+    // The saver hangs on the disk whatever the wait: 200 ms lets a stop that does not
+    // wait for it return.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let early = stopping.is_finished();
+    disk.set_stalled(false);
+    assert!(
+        !early,
+        "the stop returned while the saver still had the drain to write"
+    );
+    tokio::time::timeout(Duration::from_secs(10), stopping)
+        .await
+        .expect("stopped once the disk is back")
+        .unwrap();
+    let saved = std::fs::read_to_string(state_file(&dir)).unwrap();
+    assert!(
+        saved.contains(&id),
+        "the drain handed over before the stop: {saved}"
+    );
+    let names: Vec<String> = std::fs::read_dir(dir.join("state"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "audit.jsonl")
+        .collect();
+    assert_eq!(names, ["steerdns-state.json"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_state_file_is_set_aside_and_serving_starts_fresh() {
     let dir = scratch("fault-corrupt");

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Hostile traffic for tests/soak.sh (issue 14, item 11), on loopback only.
 
-    hostile-traffic.py DNS_PORT API_PORT SECONDS
+    hostile-traffic.py DNS_PORT API_PORT SECONDS [GARBAGE_PORT]
 
 For SECONDS, at the same time:
   - a TCP slowloris from 127.66.0.1: up to 300 connections to the DNS port, each sending
     one byte every 2 s of a message that never ends (a length of 257); the connections
     the server closes are opened again (at most 50 a second);
-  - UDP garbage from 127.67.0.1: about 1,000 datagrams a second to the DNS port: random
-    bytes of random length (0 to 600), headers only, and responses (QR=1);
+  - UDP garbage from 127.67.0.1: about 1,000 datagrams a second to GARBAGE_PORT (the
+    DNS port unless given: the soak gives another port of the same server, so that the
+    kernel's drops of the garbage are not counted with its load's): random bytes of
+    random length (0 to 600), headers only, and responses (QR=1);
   - an API connection flood from 127.68.0.1: up to 300 idle connections to the API port,
     opened again when closed;
   - the same flood spread over the addresses of one /24 (127.70.0.1 to .250), which the
@@ -180,6 +182,7 @@ def amplify(port, until, stats):
 
 def main():
     dns_port, api_port, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    garbage_port = int(sys.argv[4]) if len(sys.argv) > 4 else dns_port
     raise_fd_limit()
     until = time.monotonic() + seconds
     stats = {
@@ -195,7 +198,7 @@ def main():
     threads = [
         threading.Thread(target=holder, args=("tcp", "127.66.0.1", dns_port, until, stats, True)),
         threading.Thread(target=holder, args=("api", "127.68.0.1", api_port, until, stats, False)),
-        threading.Thread(target=garbage, args=(dns_port, until, stats)),
+        threading.Thread(target=garbage, args=(garbage_port, until, stats)),
         threading.Thread(
             target=holder,
             args=("api_spread", ["127.70.0.%d" % i for i in range(1, 251)], api_port, until,

@@ -14,6 +14,10 @@
 //! Needs `chromium`, `node` (with `npm ci` run in `tests/players/`), `ffmpeg` and
 //! `python3`; without them the test is skipped with a message, except under CI
 //! (`CI=true`), where it fails. Takes about 15 s.
+//!
+//! Chromium comes from Debian, which moves it a major version with its security
+//! updates, while puppeteer-core is pinned and built for one Chrome major: the pair is
+//! checked first ([`browser_pair`]), and a mismatch fails naming both.
 
 mod common;
 
@@ -96,6 +100,100 @@ fn require() -> bool {
     }
     eprintln!("SKIPPED players: missing {what}");
     false
+}
+
+/// The first major version number in `text` (`Chromium 156.0.8078.114 built on …`,
+/// `156.0.8078.47`).
+fn major(text: &str) -> Option<u32> {
+    text.split(|c: char| !c.is_ascii_digit() && c != '.')
+        .find(|w| w.contains('.') && w.starts_with(|c: char| c.is_ascii_digit()))?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether Chromium (major `chromium`) and puppeteer-core (built for Chrome major
+/// `built_for`) go together: an older Chromium than puppeteer-core's never does (it
+/// lacks the DevTools protocol puppeteer-core speaks); a newer one may, with a warning
+/// (`Ok(Some)`), except under CI (`strict`), where the majors must be the same, so that
+/// the pair CI runs is the pair the test was seen passing with.
+fn pair_verdict(chromium: u32, built_for: u32, strict: bool) -> Result<Option<String>, String> {
+    let fix = format!(
+        "pin the puppeteer-core release built for Chrome {chromium} in tests/players/package.json \
+         (its PUPPETEER_REVISIONS.chrome; `npm view puppeteer-core` lists the \
+         releases), run `npm install` there and this test"
+    );
+    if chromium < built_for {
+        return Err(format!("Chromium {chromium} is older than the Chrome {built_for} puppeteer-core is built for: {fix}"));
+    }
+    if chromium == built_for {
+        return Ok(None);
+    }
+    let what = format!(
+        "Chromium {chromium} is newer than the Chrome {built_for} puppeteer-core is built for"
+    );
+    if strict {
+        Err(format!("{what} (CI=true wants the same major): {fix}"))
+    } else {
+        Ok(Some(format!("{what}; it may work: {fix}")))
+    }
+}
+
+/// Checks the installed Chromium against the installed puppeteer-core (see
+/// [`pair_verdict`]); panics naming both when they do not go together.
+fn browser_pair() {
+    let out = Command::new("chromium")
+        .arg("--version")
+        .output()
+        .expect("chromium --version");
+    let chromium = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // Asked of puppeteer-core itself, as play.mjs loads it.
+    let out = Command::new("node")
+        .args([
+            "--input-type=module",
+            "-e",
+            "import { PUPPETEER_REVISIONS as r } from 'puppeteer-core';\
+             import { readFileSync } from 'node:fs';\
+             const p = JSON.parse(readFileSync('node_modules/puppeteer-core/package.json'));\
+             console.log(p.version + ' ' + r.chrome);",
+        ])
+        .current_dir(repo("tests/players"))
+        .output()
+        .expect("node");
+    let puppeteer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (version, built_for) = puppeteer.split_once(' ').unwrap_or_else(|| {
+        panic!(
+            "players: cannot read puppeteer-core's version and Chrome: {puppeteer}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let both = format!("`{chromium}` (chromium --version) and puppeteer-core {version} (built for Chrome {built_for})");
+    let (Some(c), Some(p)) = (major(&chromium), major(built_for)) else {
+        panic!("players: no major version in {both}");
+    };
+    let strict = std::env::var("CI").is_ok_and(|v| v == "true");
+    match pair_verdict(c, p, strict) {
+        Ok(None) => eprintln!("players: {both}"),
+        Ok(Some(warning)) => eprintln!("players: WARNING: {both}: {warning}"),
+        Err(e) => panic!("players: {both} do not go together: {e}"),
+    }
+}
+
+#[test]
+fn the_browser_pair_is_checked_by_major_version() {
+    assert_eq!(
+        major("Chromium 156.0.8078.114 built on Debian GNU/Linux 12"),
+        Some(156)
+    );
+    assert_eq!(major("136.0.7103.94"), Some(136));
+    assert_eq!(major("Chromium"), None);
+    assert_eq!(pair_verdict(156, 156, true), Ok(None));
+    assert!(pair_verdict(156, 136, true)
+        .unwrap_err()
+        .contains("Chromium 156 is newer than the Chrome 136"));
+    assert!(pair_verdict(156, 136, false).unwrap().is_some());
+    assert!(pair_verdict(135, 136, false).is_err());
 }
 
 /// `program`'s path on PATH (puppeteer wants one).
@@ -294,6 +392,7 @@ fn hls_js_and_dash_js_follow_a_drain_in_chromium() {
     if !require() {
         return;
     }
+    browser_pair();
     let dir = std::env::temp_dir().join(format!("steerdns-players-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (media, site) = (dir.join("media"), dir.join("site"));

@@ -26,6 +26,7 @@ use tracing::{error, warn};
 
 use crate::config::tokens::{hex, sha256};
 use crate::control::drains::now_ms;
+use crate::control::writers::{self, Exited};
 
 /// The file's size past which it is rotated.
 pub const MAX_BYTES: u64 = 16 * 1024 * 1024;
@@ -41,6 +42,8 @@ const HASH_MARK: &str = ",\"hash\":\"";
 #[derive(Clone)]
 pub struct Audit {
     tx: mpsc::Sender<Job>,
+    /// Resolves once the thread has returned (every sender dropped, all appended).
+    exited: Exited,
     /// The etcd revision of the last entry of the log when it was opened (a set).
     pub start_rev: i64,
 }
@@ -85,9 +88,11 @@ impl Audit {
             size,
         };
         let (tx, rx) = mpsc::channel::<Job>();
+        let (alive, exited) = writers::pair();
         std::thread::Builder::new()
             .name("audit".into())
             .spawn(move || {
+                let _alive = alive;
                 for job in rx {
                     match job {
                         Job::Append(fields) => {
@@ -101,7 +106,17 @@ impl Audit {
                     }
                 }
             })?;
-        Ok(Audit { tx, start_rev })
+        Ok(Audit {
+            tx,
+            exited,
+            start_rev,
+        })
+    }
+
+    /// Resolves once the thread has returned: after every clone of this is dropped,
+    /// once what was handed over is appended.
+    pub fn exited(&self) -> Exited {
+        self.exited.clone()
     }
 
     /// Appends an entry shared through etcd at revision `rev` (a set): its fields are

@@ -356,6 +356,16 @@ impl Controller {
         }
     }
 
+    /// The threads writing into the state directory: they return once this
+    /// controller is gone and what it handed them is written.
+    pub fn writers(&self) -> Vec<crate::control::writers::Exited> {
+        let saver = self.saver.as_ref().map(Saver::exited);
+        saver
+            .into_iter()
+            .chain(self.audit.as_ref().map(Audit::exited))
+            .collect()
+    }
+
     /// Runs until `stop`, publishing into `live`.
     pub async fn run(
         mut self,

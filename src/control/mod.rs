@@ -20,3 +20,4 @@ pub mod state_doc;
 pub mod status;
 pub mod stepper;
 pub mod times;
+pub mod writers;

@@ -23,6 +23,7 @@ use tracing::{error, info, warn};
 
 use crate::control::persist::{self, DiskFaults, Saved};
 use crate::control::state_doc::{SaveStatus, StateDoc};
+use crate::control::writers::{self, Alive, Exited};
 use crate::metrics::Metrics;
 
 /// How long after a failed save it is tried again.
@@ -37,6 +38,8 @@ pub struct Saver {
     /// The generation last written and shown.
     written: watch::Receiver<u64>,
     thread: JoinHandle<()>,
+    /// Resolves once the thread has returned.
+    exited: Exited,
 }
 
 /// What waits for the thread: only the newest of each, so that a hung disk holds one
@@ -65,6 +68,8 @@ struct Writer {
     failing: Option<(String, u64)>,
     /// The newest document, shown again with the outcome of each retry.
     latest: Option<StateDoc>,
+    /// Dropped when the thread returns.
+    _alive: Alive,
 }
 
 impl Saver {
@@ -77,6 +82,7 @@ impl Saver {
     ) -> std::io::Result<Saver> {
         let slot = Arc::new((Mutex::new(Slot::default()), Condvar::new()));
         let (written_tx, written) = watch::channel(0);
+        let (alive, exited) = writers::pair();
         let writer = Writer {
             dir,
             disk,
@@ -87,6 +93,7 @@ impl Saver {
             unsaved: None,
             failing: None,
             latest: None,
+            _alive: alive,
         };
         let thread = std::thread::Builder::new()
             .name("steerdns-saver".into())
@@ -95,6 +102,7 @@ impl Saver {
             slot,
             written,
             thread,
+            exited,
         })
     }
 
@@ -119,6 +127,12 @@ impl Saver {
     /// The generation last written and shown.
     pub fn written(&self) -> watch::Receiver<u64> {
         self.written.clone()
+    }
+
+    /// Resolves once the thread has returned: after the saver is dropped, once what it
+    /// was handed last has been tried.
+    pub fn exited(&self) -> Exited {
+        self.exited.clone()
     }
 }
 

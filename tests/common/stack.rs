@@ -178,6 +178,13 @@ impl Stack {
         }
     }
 
+    /// Stops the service and waits until its state saver and audit log have written
+    /// what they were handed (`Service::stop`): a stack started next on the same
+    /// directory has nothing of this one writing behind it.
+    pub async fn stop(self) {
+        self.svc.stop().await
+    }
+
     pub async fn get(&self, path: &str) -> Value {
         get_json(&self.http, self.api, path).await
     }
