@@ -349,7 +349,7 @@ async fn overrides_survive_a_restart() {
     let (status, rule) = stack.post("/v1/drains", drain(&["continent:EU"])).await;
     assert_eq!(status, 201);
     let dir = stack.dir.clone();
-    drop(stack);
+    stack.stop().await;
     let stack = Stack::start(&dir).await;
     assert!(
         only_b(&stack, SE).await,

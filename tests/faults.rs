@@ -576,7 +576,7 @@ async fn an_unwritable_state_file_loses_nothing_when_it_clears() {
     flow.finish().await;
 
     // And the drain survives a restart.
-    drop(stack);
+    stack.stop().await;
     let stack = Stack::start(&dir).await;
     all_to(&stack, "b", 50).await;
     assert!(stack.state().await["drains"].to_string().contains(&id));
@@ -646,7 +646,7 @@ async fn a_full_disk_loses_nothing_when_it_clears() {
         .contains(&id));
     flow.finish().await;
 
-    drop(stack);
+    stack.stop().await;
     let stack = Stack::start(&dir).await;
     all_to(&stack, "b", 50).await;
     assert_eq!(
