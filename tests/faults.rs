@@ -133,6 +133,16 @@ fn state_file(dir: &Path) -> PathBuf {
     dir.join("state/steerdns-state.json")
 }
 
+/// The state directory holds the state file (and the audit log), no temporary file.
+fn assert_only_the_state_file(dir: &Path) {
+    let names: Vec<String> = std::fs::read_dir(dir.join("state"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "audit.jsonl")
+        .collect();
+    assert_eq!(names, ["steerdns-state.json"]);
+}
+
 async fn wait_file(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !path.is_file() {
@@ -626,12 +636,7 @@ async fn a_full_disk_loses_nothing_when_it_clears() {
         .expect("the previous state is still a whole file");
     assert_eq!(kept["frozen"], "before the disk fills");
     assert!(!kept.to_string().contains(&id));
-    let names: Vec<String> = std::fs::read_dir(dir.join("state"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "audit.jsonl")
-        .collect();
-    assert_eq!(names, ["steerdns-state.json"]);
+    assert_only_the_state_file(&dir);
     all_to(&stack, "b", 50).await;
     flow.more(10).await;
 
@@ -747,12 +752,7 @@ async fn a_stop_waits_until_the_saver_has_written_what_it_was_handed() {
         saved.contains(&id),
         "the drain handed over before the stop: {saved}"
     );
-    let names: Vec<String> = std::fs::read_dir(dir.join("state"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "audit.jsonl")
-        .collect();
-    assert_eq!(names, ["steerdns-state.json"]);
+    assert_only_the_state_file(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
