@@ -57,10 +57,19 @@ impl Loaded {
     ) -> (Snapshot, Vec<(String, String)>) {
         let mut planned = plan(&self.policy, removed, drains);
         planned.plan.fit(self.geo.places());
+        let zones = match &self.dnssec {
+            Some((_, signed)) => {
+                planned
+                    .plan
+                    .set_rrsigs(|name, target| signed.cname(name, target));
+                signed.catalog.clone()
+            }
+            None => self.zones.catalog().clone(),
+        };
         let snapshot = Snapshot {
             plan: planned.plan,
             geo: self.geo.clone(),
-            zones: self.zones.catalog().clone(),
+            zones,
         };
         (snapshot, planned.fail_open)
     }

@@ -1,0 +1,235 @@
+//! DNSSEC, checked by a real validator: BIND's `delv` with the zone's DS as its trust
+//! anchor asks steerdns (through a small relay that adds an ECS option, since delv has
+//! no `+subnet`) and must report "fully validated" for the steered CNAME from three
+//! regions, for SOA, NS, DNSKEY, an NXDOMAIN and a NODATA. The fast path, the full path
+//! and TCP give the same signed bytes.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::str::FromStr;
+
+use common::{raw, repo, Proto, MULTI_POLICY, TEST_GEO, TEST_ZONES};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_proto::rr::{Name, RecordType};
+use steerdns::app::{self, Inputs, Running};
+use tokio::net::UdpSocket;
+
+/// A scratch directory with the multi-name policy plus a `dnssec:` block, and one key
+/// of `algorithm` for example.com.
+struct Signed {
+    dir: PathBuf,
+    /// `trust-anchors { … static-ds … };` for delv.
+    anchor: PathBuf,
+}
+
+fn signed_setup(tag: &str, algorithm: u8) -> Signed {
+    let dir = std::env::temp_dir().join(format!("steerdns-dnssec-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let now = steerdns::selection::unix_now();
+    steerdns::dnssec::keygen(&dir.join("keys"), "example.com", algorithm, now).unwrap();
+    let policy = std::fs::read_to_string(repo(MULTI_POLICY)).unwrap();
+    std::fs::write(
+        dir.join("steering.yaml"),
+        format!("{policy}\ndnssec:\n  keys: keys\n"),
+    )
+    .unwrap();
+    let ds = steerdns::dnssec::ds(&dir.join("keys"), "example.com", now).unwrap();
+    let anchors: String = ds
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            format!(
+                "trust-anchors {{ {} static-ds {} {} {} \"{}\"; }};\n",
+                f[0], f[3], f[4], f[5], f[6]
+            )
+        })
+        .collect();
+    let anchor = dir.join("anchor.conf");
+    std::fs::write(&anchor, anchors).unwrap();
+    Signed { dir, anchor }
+}
+
+fn inputs(dir: &Path) -> Inputs {
+    Inputs {
+        config: dir.join("steering.yaml"),
+        zones: repo(TEST_ZONES),
+        geo: repo(TEST_GEO),
+        probes: repo("tests/fixtures/no-probes"),
+        asn: None,
+        api_tokens: None,
+    }
+}
+
+async fn serve(dir: &Path) -> Running {
+    let loaded = app::load(&inputs(dir)).unwrap_or_else(|e| panic!("does not load: {e}"));
+    app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
+        .await
+        .expect("bind loopback")
+}
+
+/// A UDP relay on loopback that adds `ecs` to each query's OPT record (the client a
+/// resolver asks for) and passes the answers back as they are.
+async fn ecs_relay(server: SocketAddr, ecs: &'static str) -> SocketAddr {
+    let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = front.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        loop {
+            let Ok((n, client)) = front.recv_from(&mut buf).await else {
+                return;
+            };
+            let Ok(mut m) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let (net, len) = ecs.split_once('/').unwrap();
+            let subnet = ClientSubnet::new(net.parse().unwrap(), len.parse().unwrap(), 0);
+            let mut edns = m.edns.take().unwrap_or_default();
+            edns.options_mut().insert(EdnsOption::Subnet(subnet));
+            m.edns = Some(edns);
+            let Some(answer) = raw(server, Proto::Udp, &m.to_vec().unwrap()).await else {
+                continue;
+            };
+            let _ = front.send_to(&answer, client).await;
+        }
+    });
+    addr
+}
+
+/// `delv` against `server` with the test's trust anchor: its whole output.
+fn delv(anchor: &Path, server: SocketAddr, name: &str, qtype: &str) -> String {
+    let out = Command::new("delv")
+        .arg("-a")
+        .arg(anchor)
+        .args(["+root=example.com", "+tcp"])
+        .arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string(), name, qtype])
+        .output()
+        .expect("delv (bind9-dnsutils) must be installed: .ci/run installs it");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The same, over UDP (delv falls back to TCP only on truncation).
+fn delv_udp(anchor: &Path, server: SocketAddr, name: &str, qtype: &str) -> String {
+    let out = Command::new("delv")
+        .arg("-a")
+        .arg(anchor)
+        .arg("+root=example.com")
+        .arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string(), name, qtype])
+        .output()
+        .expect("delv (bind9-dnsutils) must be installed: .ci/run installs it");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delv_validates_steered_answers_and_the_zone() {
+    for algorithm in [13, 15] {
+        let s = signed_setup(&format!("delv{algorithm}"), algorithm);
+        let running = serve(&s.dir).await;
+        let server = running.addrs()[0];
+        // Three regions, each pinned to its CDN: the signed CNAME of each validates.
+        for (ecs, target) in [
+            ("2.125.160.216/29", "uk.cdn.example.net."),
+            ("2001:218::/32", "asia.cdn.example.net."),
+            ("192.0.2.0/24", "world.cdn.example.net."),
+        ] {
+            let relay = ecs_relay(server, ecs).await;
+            let out = delv_udp(&s.anchor, relay, "pinned.example.com", "CNAME");
+            assert!(
+                out.contains("; fully validated"),
+                "alg {algorithm} {ecs}: {out}"
+            );
+            assert!(
+                out.contains(&format!("CNAME\t{target}")),
+                "alg {algorithm} {ecs}: {out}"
+            );
+            assert!(out.contains("RRSIG\tCNAME"), "{out}");
+        }
+        // The zone's own data, over UDP (the fast path and the cache) and over TCP.
+        for ask in [delv_udp, delv] {
+            for (name, qtype, expect) in [
+                ("example.com", "SOA", "; fully validated"),
+                ("example.com", "NS", "; fully validated"),
+                ("example.com", "DNSKEY", "; fully validated"),
+                ("flat.example.com", "CNAME", "; fully validated"),
+                (
+                    "nothing-here.example.com",
+                    "A",
+                    "; negative response, fully validated",
+                ),
+                (
+                    "mail.example.com",
+                    "TXT",
+                    "; negative response, fully validated",
+                ),
+            ] {
+                let out = ask(&s.anchor, server, name, qtype);
+                assert!(
+                    out.contains(expect),
+                    "alg {algorithm} {name} {qtype}: {out}"
+                );
+            }
+        }
+        let nx = delv_udp(&s.anchor, server, "nothing-here.example.com", "A");
+        assert!(nx.contains("NXDOMAIN"), "{nx}");
+        running.stop().await.unwrap();
+        let _ = std::fs::remove_dir_all(&s.dir);
+    }
+}
+
+/// The NSEC chain lists every steered name: the NSEC at a steered name says CNAME, and
+/// no NSEC covers (denies) one.
+#[tokio::test]
+async fn the_nsec_chain_lists_every_steered_name() {
+    let s = signed_setup("chain", 13);
+    let running = serve(&s.dir).await;
+    let server = running.addrs()[0];
+    // `pinned0` sorts right after `pinned` (RFC 4034 §6.1): its NXDOMAIN proof is the
+    // NSEC owned by the steered name.
+    let mut owners = Vec::new();
+    for name in ["pinned0.example.com.", "flat0.example.com."] {
+        let m = ask_do(server, name, RecordType::A).await;
+        for r in m
+            .authorities
+            .iter()
+            .filter(|r| r.record_type() == RecordType::NSEC)
+        {
+            let text = r.to_string();
+            owners.push(text);
+        }
+    }
+    let all = owners.join("\n");
+    for steered in ["pinned.example.com.", "flat.example.com."] {
+        let at = all
+            .lines()
+            .find(|l| l.starts_with(steered))
+            .unwrap_or_else(|| panic!("no NSEC at {steered} in:\n{all}"));
+        assert!(at.contains("CNAME"), "{at}");
+    }
+    running.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+async fn ask_do(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
+    let mut m = Message::new(7, MessageType::Query, OpCode::Query);
+    m.add_query(Query::query(Name::from_str(name).unwrap(), qtype));
+    let mut edns = Edns::new();
+    edns.set_dnssec_ok(true);
+    edns.set_max_payload(1232);
+    m.edns = Some(edns);
+    let bytes = raw(server, Proto::Tcp, &m.to_vec().unwrap()).await.unwrap();
+    Message::from_vec(&bytes).unwrap()
+}
