@@ -7,66 +7,20 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::str::FromStr;
 
-use common::{raw, repo, Proto, MULTI_POLICY, TEST_GEO, TEST_ZONES};
+use common::dnssec::{signed_dir, signed_inputs};
+use common::{raw, Proto};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
-use steerdns::app::{self, Inputs, Running};
+use steerdns::app::{self, Running};
 use tokio::net::UdpSocket;
 
-/// A scratch directory with the multi-name policy plus a `dnssec:` block, and one key
-/// of `algorithm` for example.com.
-struct Signed {
-    dir: PathBuf,
-    /// `trust-anchors { … static-ds … };` for delv.
-    anchor: PathBuf,
-}
-
-fn signed_setup(tag: &str, algorithm: u8) -> Signed {
-    let dir = std::env::temp_dir().join(format!("steerdns-dnssec-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let now = steerdns::selection::unix_now();
-    steerdns::dnssec::keygen(&dir.join("keys"), "example.com", algorithm, now).unwrap();
-    let policy = std::fs::read_to_string(repo(MULTI_POLICY)).unwrap();
-    std::fs::write(
-        dir.join("steering.yaml"),
-        format!("{policy}\ndnssec:\n  keys: keys\n"),
-    )
-    .unwrap();
-    let ds = steerdns::dnssec::ds(&dir.join("keys"), "example.com", now).unwrap();
-    let anchors: String = ds
-        .iter()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            format!(
-                "trust-anchors {{ {} static-ds {} {} {} \"{}\"; }};\n",
-                f[0], f[3], f[4], f[5], f[6]
-            )
-        })
-        .collect();
-    let anchor = dir.join("anchor.conf");
-    std::fs::write(&anchor, anchors).unwrap();
-    Signed { dir, anchor }
-}
-
-fn inputs(dir: &Path) -> Inputs {
-    Inputs {
-        config: dir.join("steering.yaml"),
-        zones: repo(TEST_ZONES),
-        geo: repo(TEST_GEO),
-        probes: repo("tests/fixtures/no-probes"),
-        asn: None,
-        api_tokens: None,
-    }
-}
-
 async fn serve(dir: &Path) -> Running {
-    let loaded = app::load(&inputs(dir)).unwrap_or_else(|e| panic!("does not load: {e}"));
+    let loaded = app::load(&signed_inputs(dir)).unwrap_or_else(|e| panic!("does not load: {e}"));
     app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
         .await
         .expect("bind loopback")
@@ -137,7 +91,7 @@ fn delv_udp(anchor: &Path, server: SocketAddr, name: &str, qtype: &str) -> Strin
 #[tokio::test(flavor = "multi_thread")]
 async fn delv_validates_steered_answers_and_the_zone() {
     for algorithm in [13, 15] {
-        let s = signed_setup(&format!("delv{algorithm}"), algorithm);
+        let s = signed_dir(&format!("delv{algorithm}"), algorithm, "");
         let running = serve(&s.dir).await;
         let server = running.addrs()[0];
         // Three regions, each pinned to its CDN: the signed CNAME of each validates.
@@ -186,7 +140,6 @@ async fn delv_validates_steered_answers_and_the_zone() {
         let nx = delv_udp(&s.anchor, server, "nothing-here.example.com", "A");
         assert!(nx.contains("NXDOMAIN"), "{nx}");
         running.stop().await.unwrap();
-        let _ = std::fs::remove_dir_all(&s.dir);
     }
 }
 
@@ -194,7 +147,7 @@ async fn delv_validates_steered_answers_and_the_zone() {
 /// no NSEC covers (denies) one.
 #[tokio::test]
 async fn the_nsec_chain_lists_every_steered_name() {
-    let s = signed_setup("chain", 13);
+    let s = signed_dir("chain", 13, "");
     let running = serve(&s.dir).await;
     let server = running.addrs()[0];
     // `pinned0` sorts right after `pinned` (RFC 4034 §6.1): its NXDOMAIN proof is the
@@ -220,7 +173,6 @@ async fn the_nsec_chain_lists_every_steered_name() {
         assert!(at.contains("CNAME"), "{at}");
     }
     running.stop().await.unwrap();
-    let _ = std::fs::remove_dir_all(&s.dir);
 }
 
 async fn ask_do(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
