@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use crate::config::probes::{self, Probes};
 use crate::config::tokens::{self, Tokens};
 use crate::config::{self, Policy};
-use crate::dnssec::{Signed, Signing};
+use crate::dnssec::{Dnssec, Signing};
 use crate::error::{ConfigIssue, Issues};
 use crate::place::asn::AsnDb;
 use crate::place::geo::{GeoDb, GeoError};
@@ -55,8 +55,8 @@ pub struct Loaded {
     pub probes: Probes,
     /// The API's scoped tokens (`--api-tokens`); empty without the file.
     pub tokens: Tokens,
-    /// DNSSEC keys and settings (`dnssec:` in the policy), and what they signed at load.
-    pub dnssec: Option<(Arc<Signing>, Arc<Signed>)>,
+    /// DNSSEC keys and settings (`dnssec:` in the policy), and what they sign.
+    pub dnssec: Option<Arc<Dnssec>>,
     /// A short hash of every input file: which configuration this is.
     pub version: String,
     /// Warnings from every file (the load succeeded).
@@ -158,7 +158,7 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
     };
     let dnssec = match Signing::load(&policy, &zones) {
         Ok(Some(signing)) => match signing.sign(&policy, &zones, crate::selection::unix_now()) {
-            Ok(signed) => Some((Arc::new(signing), Arc::new(signed))),
+            Ok(signed) => Some(Arc::new(Dnssec::new(signing, signed))),
             Err(e) => {
                 issues.push(ConfigIssue::error(
                     &signing.settings.keys,

@@ -40,6 +40,8 @@ pub struct Snapshot {
     pub plan: Plan,
     pub geo: Arc<GeoDb>,
     pub zones: Arc<Catalog>,
+    /// When (Unix seconds) the signatures served expire; `None`: nothing is signed.
+    pub signed_until: Option<u64>,
 }
 
 /// The live snapshot: the data plane loads it, the control plane stores a new one.

@@ -185,3 +185,79 @@ async fn ask_do(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
     let bytes = raw(server, Proto::Tcp, &m.to_vec().unwrap()).await.unwrap();
     Message::from_vec(&bytes).unwrap()
 }
+
+/// A server with a signed zone shows it: `/v1/state` lists the key as active with the
+/// signatures' expiry, `/metrics` has `steerdns_dnssec_signature_expiry_seconds` (at
+/// least `refresh` left, at most `validity`), the status page has its DNSSEC section,
+/// and `steerdns explain` says the answer is signed and until when.
+#[tokio::test(flavor = "multi_thread")]
+async fn state_metrics_status_and_explain_show_signing() {
+    use common::stack::{policy, scratch, Stack};
+    let dir = scratch("dnssec-state");
+    policy(&dir, "[100]", 1.0);
+    let now = steerdns::selection::unix_now();
+    let key = steerdns::dnssec::keygen(&dir.join("keys"), "example.com", 15, now).unwrap();
+    let text = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+    std::fs::write(
+        dir.join("steering.yaml"),
+        format!("{text}dnssec:\n  keys: keys\n  validity: 10d\n  refresh: 4d\n"),
+    )
+    .unwrap();
+    let stack = Stack::start(&dir).await;
+    let state = stack.state().await;
+    let d = &state["dnssec"];
+    assert_eq!(d["keys"][0]["phase"], "active", "{state}");
+    assert_eq!(d["keys"][0]["algorithm"], 15, "{state}");
+    assert_eq!(d["keys"][0]["file"], key.display().to_string(), "{state}");
+    let until = d["signed_until_unix"].as_u64().unwrap();
+    assert!(
+        until >= now + 4 * 86_400 && until <= now + 10 * 86_400,
+        "{state}"
+    );
+    let left = stack
+        .metric("steerdns_dnssec_signature_expiry_seconds")
+        .await
+        .expect("the expiry gauge");
+    assert!(
+        left >= 4.0 * 86_400.0 - 5.0 && left <= 10.0 * 86_400.0,
+        "{left}"
+    );
+    let page = stack
+        .http
+        .get(format!("http://{}/", stack.api))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<h2>DNSSEC</h2>"), "{page}");
+    assert!(page.contains("<td>active</td>"), "{page}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_steerdns"))
+        .current_dir(&dir)
+        .args(["explain", "www.example.com", "--client", "81.2.69.160"])
+        .args([
+            "--config",
+            "steering.yaml",
+            "--zones",
+            "zones",
+            "--geo",
+            "geo.mmdb",
+        ])
+        .args(["--probes", "probes", "--state-dir", "state"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("dnssec:  signed (DO=1 answers carry the CNAME's RRSIG), valid until 20"),
+        "{text}"
+    );
+    drop(stack);
+    let _ = std::fs::remove_dir_all(&dir);
+}

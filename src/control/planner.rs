@@ -57,8 +57,9 @@ impl Loaded {
     ) -> (Snapshot, Vec<(String, String)>) {
         let mut planned = plan(&self.policy, removed, drains);
         planned.plan.fit(self.geo.places());
-        let zones = match &self.dnssec {
-            Some((_, signed)) => {
+        let signed = self.dnssec.as_ref().map(|d| d.signed());
+        let zones = match &signed {
+            Some(signed) => {
                 planned
                     .plan
                     .set_rrsigs(|name, target| signed.cname(name, target));
@@ -70,6 +71,7 @@ impl Loaded {
             plan: planned.plan,
             geo: self.geo.clone(),
             zones,
+            signed_until: signed.map(|s| s.window.expiration),
         };
         (snapshot, planned.fail_open)
     }

@@ -66,6 +66,17 @@ impl Times {
     pub fn active(&self, now: u64) -> bool {
         self.activate <= now && self.retire.is_none_or(|r| now < r)
     }
+
+    /// The key's phase at `now` (see `dnssec::KeyStatus::phase`).
+    pub fn phase(&self, now: u64) -> &'static str {
+        match (self.published(now), self.active(now)) {
+            (true, true) => "active",
+            (true, false) if now < self.activate => "published",
+            (true, false) => "retired",
+            (false, _) if now < self.publish => "waiting",
+            (false, _) => "removed",
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]

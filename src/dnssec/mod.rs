@@ -18,10 +18,13 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use hickory_proto::rr::Name;
 use hickory_server::zone_handler::Catalog;
+use serde::Serialize;
 
 use crate::config::dnssec::DnssecSettings;
 use crate::config::Policy;
@@ -188,9 +191,171 @@ fn zone_name(zone: &str) -> Result<Name, String> {
     Ok(name)
 }
 
+/// Signing as the server runs it: the keys, and what is signed now, replaced when the
+/// window ends ([`Dnssec::refresh`]); a failed signing leaves the last signatures
+/// serving.
+pub struct Dnssec {
+    pub signing: Signing,
+    signed: ArcSwap<Signed>,
+    /// After a failed signing, when to try again (Unix seconds; 0: no failure).
+    retry: AtomicU64,
+}
+
+/// How long after a failed signing the next attempt is made.
+pub const RETRY: u64 = 60;
+
+impl Dnssec {
+    pub fn new(signing: Signing, signed: Signed) -> Dnssec {
+        Dnssec {
+            signing,
+            signed: ArcSwap::from_pointee(signed),
+            retry: AtomicU64::new(0),
+        }
+    }
+
+    /// What is signed now.
+    pub fn signed(&self) -> Arc<Signed> {
+        self.signed.load_full()
+    }
+
+    /// When (Unix seconds) the signatures are to be replaced (or, after a failure,
+    /// signing tried again).
+    pub fn due(&self) -> u64 {
+        let next = self.signed.load().window.next;
+        next.max(self.retry.load(Ordering::Relaxed))
+    }
+
+    /// Signs again for the window of `now` if it has moved on; `Ok(true)`: new
+    /// signatures. On an error the current ones stay, and the next attempt is
+    /// [`RETRY`] seconds later.
+    pub fn refresh(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<bool, String> {
+        if now < self.due() {
+            return Ok(false);
+        }
+        match self.signing.sign(policy, zones, now) {
+            Ok(signed) => {
+                self.signed.store(Arc::new(signed));
+                self.retry.store(0, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(e) => {
+                self.retry.store(now + RETRY, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What `/v1/state` and the status page show of signing.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    /// When the signatures served expire, and when they are replaced (Unix seconds).
+    pub signed_until_unix: u64,
+    pub resign_at_unix: u64,
+    pub keys: Vec<KeyStatus>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyStatus {
+    pub zone: String,
+    pub tag: u16,
+    pub algorithm: u8,
+    /// `waiting` (not yet published), `published` (DNSKEY served, not signing),
+    /// `active` (served and signing), `retired` (served, no longer signing),
+    /// `removed`.
+    pub phase: &'static str,
+    pub file: String,
+}
+
+impl Dnssec {
+    /// Every key's phase at `now`, and the signatures' times.
+    pub fn status(&self, now: u64) -> Status {
+        let signed = self.signed();
+        Status {
+            signed_until_unix: signed.window.expiration,
+            resign_at_unix: self.due(),
+            keys: self
+                .signing
+                .keys
+                .iter()
+                .map(|k| KeyStatus {
+                    zone: k.zone.to_string(),
+                    tag: k.tag,
+                    algorithm: u8::from(k.algorithm),
+                    phase: k.times.phase(now),
+                    file: k.file.display().to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
 impl Signed {
     /// The RRSIGs of `name CNAME target`, if its zone is signed.
     pub fn cname(&self, name: &Name, target: &Name) -> Option<Arc<[u8]>> {
         self.cnames.get(&(name.clone(), target.clone())).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(keys: PathBuf) -> DnssecSettings {
+        DnssecSettings {
+            keys,
+            validity: DnssecSettings::DEFAULT_VALIDITY,
+            refresh: DnssecSettings::DEFAULT_REFRESH,
+            dnskey_ttl: 3600,
+        }
+    }
+
+    #[test]
+    fn windows_are_aligned_backdated_and_leave_refresh() {
+        let s = settings(PathBuf::new());
+        let t = 1_796_152_579;
+        let w = Window::at(t, &s);
+        // Every moment of a window gives the same signature times.
+        assert_eq!(Window::at(w.next - 1, &s), w);
+        assert_eq!(w.inception + sign::BACKDATE, w.next - 7 * 86_400);
+        assert!(w.inception + 3600 <= t);
+        for now in [w.next - 7 * 86_400, t, w.next - 1] {
+            let left = w.expiration - now;
+            assert!(left > 7 * 86_400 && left <= 14 * 86_400, "{left}");
+        }
+        assert_ne!(Window::at(w.next, &s), w);
+    }
+
+    /// A signing that fails (no key active at that moment) keeps the signatures of
+    /// the last window serving, and is tried again a minute later.
+    #[test]
+    fn a_failed_signing_keeps_the_last_signatures() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = std::env::temp_dir().join(format!("steerdns-resign-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = 1_796_152_579;
+        let path = keygen(&dir, "example.com", 13, t).unwrap();
+        let text = std::fs::read_to_string(repo.join("steering.yaml")).unwrap();
+        let (mut policy, _) = crate::config::parse(&repo.join("steering.yaml"), text).unwrap();
+        policy.dnssec = Some(settings(dir.clone()));
+        let (zones, _) = Zones::load(&repo.join("zones")).unwrap();
+        let signing = Signing::load(&policy, &zones).unwrap().unwrap();
+        let first = signing.sign(&policy, &zones, t).unwrap();
+        let www = Name::from_str("www.example.com.").unwrap();
+        let fastly = Name::from_str("example.map.fastly.net.").unwrap();
+        assert!(first.cname(&www, &fastly).is_some());
+        let before = first.window;
+        let mut signing = signing;
+        // The key retires before the next window: nothing can sign then.
+        signing.keys[0].times.retire = Some(before.next - 10);
+        let d = Dnssec::new(signing, first);
+        assert_eq!(d.refresh(&policy, &zones, before.next - 20), Ok(false));
+        let e = d.refresh(&policy, &zones, before.next).unwrap_err();
+        assert!(e.contains("no key is active"), "{e}");
+        assert_eq!(d.signed().window, before, "the last signatures stay");
+        assert_eq!(d.due(), before.next + RETRY);
+        assert_eq!(d.status(before.next).keys[0].phase, "retired");
+        std::fs::remove_file(path).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
