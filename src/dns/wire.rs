@@ -12,7 +12,8 @@
 //! ```text
 //! query:    header | question (copied as received) | [OPT: payload, DO, ECS]
 //! response: header (QR AA, RD and CD copied) | question | CNAME, owner = pointer to the
-//!           question | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope]
+//!           question | [DO=1, signed zone: the CNAME's pre-signed RRSIGs, same owner]
+//!           | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope]
 //! ```
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
