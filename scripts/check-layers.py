@@ -3,7 +3,7 @@
 
 The layers, top to bottom (ARCHITECTURE.md explains each):
 
-    cli → app → control → inputs → dns → metrics → plan → selection → config → zones
+    cli → app → control → inputs → dnssec → dns → metrics → plan → selection → config → zones
         → place → error, huge, secret
 
 A module's layer is its first path segment under src/ (`src/control/api.rs` is
@@ -24,6 +24,7 @@ LAYERS = [
     ["app"],
     ["control"],
     ["inputs"],
+    ["dnssec"],
     ["dns"],
     ["metrics"],
     ["plan"],

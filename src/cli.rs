@@ -139,6 +139,11 @@ pub enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// DNSSEC zone keys: make one, print the DS records for the parent zone.
+    Dnssec {
+        #[command(subcommand)]
+        command: DnssecCommand,
+    },
     /// Write the manual pages (steerdns.1, steerdns-serve.1, ...) into DIR, or
     /// steerdns.1 to standard output.
     #[command(hide = true)]
@@ -253,6 +258,29 @@ pub enum AuditCommand {
         /// How many entries.
         #[arg(short = 'n', long, value_name = "N", default_value_t = 20)]
         lines: usize,
+    },
+}
+
+/// `steerdns dnssec …`.
+#[derive(Subcommand, Debug)]
+pub enum DnssecCommand {
+    /// Make a key (a CSK: it signs the whole zone) for ZONE in the key directory,
+    /// owner-only, published and active from now; prints its file name.
+    Keygen {
+        zone: String,
+        /// 13 (ECDSA P-256 with SHA-256) or 15 (Ed25519).
+        #[arg(long, short = 'a', value_name = "N", default_value_t = 13)]
+        algorithm: u8,
+        /// The key directory (`dnssec: keys:` of the policy).
+        #[arg(long, value_name = "DIR", default_value = "keys/")]
+        keys: PathBuf,
+    },
+    /// Print the DS records (SHA-256) of ZONE's published keys, for the parent zone.
+    Ds {
+        zone: String,
+        /// The key directory (`dnssec: keys:` of the policy).
+        #[arg(long, value_name = "DIR", default_value = "keys/")]
+        keys: PathBuf,
     },
 }
 
@@ -555,6 +583,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             end_quietly_on_a_closed_pipe();
             audit(command)
         }
+        Command::Dnssec { command } => dnssec(command),
         Command::Man { dir } => man(dir.as_deref()),
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -586,6 +615,30 @@ fn verify_report(files: &[PathBuf]) -> ExitCode {
 }
 
 /// `audit verify` and `audit tail`.
+fn dnssec(command: DnssecCommand) -> ExitCode {
+    let now = crate::selection::unix_now();
+    let done = match command {
+        DnssecCommand::Keygen {
+            zone,
+            algorithm,
+            keys,
+        } => crate::dnssec::keygen(&keys, &zone, algorithm, now)
+            .map(|path| println!("{}", path.display())),
+        DnssecCommand::Ds { zone, keys } => crate::dnssec::ds(&keys, &zone, now).map(|lines| {
+            for l in lines {
+                println!("{l}");
+            }
+        }),
+    };
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("steerdns: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn audit(command: AuditCommand) -> ExitCode {
     use crate::control::audit;
     match command {

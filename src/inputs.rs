@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use crate::config::probes::{self, Probes};
 use crate::config::tokens::{self, Tokens};
 use crate::config::{self, Policy};
+use crate::dnssec::{Dnssec, Signing};
 use crate::error::{ConfigIssue, Issues};
 use crate::place::asn::AsnDb;
 use crate::place::geo::{GeoDb, GeoError};
@@ -54,6 +55,8 @@ pub struct Loaded {
     pub probes: Probes,
     /// The API's scoped tokens (`--api-tokens`); empty without the file.
     pub tokens: Tokens,
+    /// DNSSEC keys and settings (`dnssec:` in the policy), and what they sign.
+    pub dnssec: Option<Arc<Dnssec>>,
     /// A short hash of every input file: which configuration this is.
     pub version: String,
     /// Warnings from every file (the load succeeded).
@@ -153,12 +156,32 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
             .unwrap_or_default(),
         None => Tokens::default(),
     };
+    let dnssec = match Signing::load(&policy, &zones) {
+        Ok(Some(signing)) => match signing.sign(&policy, &zones, crate::selection::unix_now()) {
+            Ok(signed) => Some(Arc::new(Dnssec::new(signing, signed))),
+            Err(e) => {
+                issues.push(ConfigIssue::error(
+                    &signing.settings.keys,
+                    None,
+                    "",
+                    format!("cannot sign: {e}"),
+                ));
+                None
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            issues.extend(e);
+            None
+        }
+    };
     if issues.has_errors() {
         return Err(issues);
     }
     Ok(Loaded {
         policy,
         zones,
+        dnssec,
         geo,
         probes,
         tokens,

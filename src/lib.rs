@@ -34,6 +34,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod dns;
+pub mod dnssec;
 pub mod error;
 pub mod huge;
 pub mod inputs;

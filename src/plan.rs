@@ -40,6 +40,8 @@ pub struct Snapshot {
     pub plan: Plan,
     pub geo: Arc<GeoDb>,
     pub zones: Arc<Catalog>,
+    /// When (Unix seconds) the signatures served expire; `None`: nothing is signed.
+    pub signed_until: Option<u64>,
 }
 
 /// The live snapshot: the data plane loads it, the control plane stores a new one.
@@ -121,6 +123,9 @@ struct Labels {
     asns: Box<[(u32, u16)]>,
     /// Content steering for players: pathway ids by target, TTL, throughput floor.
     content: ContentSteering,
+    /// Per target: the pre-signed RRSIGs of its CNAME (RDLENGTH and RDATA of each),
+    /// for DO=1 queries; empty when the zone is unsigned.
+    rrsigs: Box<[Arc<[u8]>]>,
 }
 
 /// One steered name of a plan: what the data plane looks up and answers from.
@@ -440,6 +445,7 @@ impl Plan {
             drain_scopes: spec.drain_scopes.into_boxed_slice(),
             asns: spec.index.asns.into_boxed_slice(),
             content: spec.content,
+            rrsigs: Box::default(),
         };
         (header, labels)
     }
@@ -484,6 +490,19 @@ impl Plan {
                 }
             }
             at = (at + 1) & mask;
+        }
+    }
+
+    /// Attaches the pre-signed RRSIGs of each (name, CNAME target) that `signed` gives
+    /// (`crate::dnssec`); a name missing one for any target stays unsigned.
+    pub fn set_rrsigs(&mut self, signed: impl Fn(&Name, &Name) -> Option<Arc<[u8]>>) {
+        for l in self.labels.iter_mut() {
+            let sigs: Option<Vec<_>> = l
+                .targets
+                .iter()
+                .map(|t| signed(&l.name, &t.cname))
+                .collect();
+            l.rrsigs = sigs.unwrap_or_default().into_boxed_slice();
         }
     }
 
@@ -840,6 +859,12 @@ impl<'p> Steered<'p> {
     /// Every CDN the name can be answered with, in policy order.
     pub fn targets(self) -> &'p [Target] {
         &self.labels.targets
+    }
+
+    /// The pre-signed RRSIGs of target `i`'s CNAME (RDLENGTH and RDATA of each); empty
+    /// when unsigned.
+    pub fn rrsigs(self, i: usize) -> &'p [u8] {
+        self.labels.rrsigs.get(i).map_or(&[], |s| &s[..])
     }
 
     /// Target `i` (as in [`Pick::target`]).

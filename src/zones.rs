@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use hickory_proto::rr::{LowerName, Name, RecordSet, RecordType, RrKey};
 use hickory_proto::serialize::txt::Parser;
+use hickory_server::dnssec::NxProofKind;
 use hickory_server::net::runtime::TokioRuntimeProvider;
 use hickory_server::store::in_memory::InMemoryZoneHandler;
-use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneType};
+use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneHandler, ZoneType};
 
 use crate::error::{ConfigIssue, Issues};
 
@@ -31,6 +32,10 @@ pub struct Zone {
     origin: Name,
     file: PathBuf,
     names: BTreeSet<(LowerName, RecordType)>,
+    /// The records as loaded, for signing (`crate::dnssec`).
+    records: BTreeMap<RrKey, RecordSet>,
+    /// The zone unsigned, as the Catalog serves it.
+    handler: Arc<InMemoryZoneHandler<TokioRuntimeProvider>>,
 }
 
 impl Zones {
@@ -75,7 +80,7 @@ impl Zones {
                         ));
                         continue;
                     }
-                    catalog.upsert(LowerName::new(&zone.origin), vec![Arc::new(handler)]);
+                    catalog.upsert(LowerName::new(&zone.origin), vec![handler]);
                     zones.push(zone);
                 }
                 Err(e) => issues.extend(e),
@@ -106,6 +111,24 @@ impl Zones {
         &self.catalog
     }
 
+    /// A Catalog of the same zones, each served by `replace`'s handler when it gives
+    /// one (a signed copy), else as loaded.
+    pub fn catalog_with(
+        &self,
+        mut replace: impl FnMut(&Zone) -> Option<Arc<dyn ZoneHandler>>,
+    ) -> Catalog {
+        let mut catalog = Catalog::new();
+        for z in &self.zones {
+            let handler = replace(z).unwrap_or_else(|| z.handler.clone());
+            catalog.upsert(LowerName::new(&z.origin), vec![handler]);
+        }
+        catalog
+    }
+
+    pub fn zones(&self) -> &[Zone] {
+        &self.zones
+    }
+
     pub fn origins(&self) -> impl Iterator<Item = &Name> {
         self.zones.iter().map(|z| &z.origin)
     }
@@ -126,6 +149,23 @@ impl Zone {
 
     pub fn file(&self) -> &Path {
         &self.file
+    }
+
+    /// The records as loaded.
+    pub fn records(&self) -> &BTreeMap<RrKey, RecordSet> {
+        &self.records
+    }
+
+    /// A zone handler serving `records` (a signed copy of this zone), with NSEC denials.
+    pub fn handler_of(&self, records: BTreeMap<RrKey, Arc<RecordSet>>) -> Arc<dyn ZoneHandler> {
+        let mut h = InMemoryZoneHandler::<TokioRuntimeProvider>::empty(
+            self.origin.clone(),
+            ZoneType::Primary,
+            AxfrPolicy::Deny,
+            Some(NxProofKind::Nsec),
+        );
+        *h.records_get_mut() = records;
+        Arc::new(h)
     }
 
     /// Record types present at `name`.
@@ -159,7 +199,7 @@ fn is_zone_file(p: &Path) -> bool {
         || name.ends_with('~'))
 }
 
-type Loaded = (Zone, InMemoryZoneHandler<TokioRuntimeProvider>, Issues);
+type Loaded = (Zone, Arc<dyn ZoneHandler>, Issues);
 
 fn load_file(file: &Path) -> Result<Loaded, Issues> {
     let text = std::fs::read_to_string(file).map_err(|e| {
@@ -256,17 +296,22 @@ fn load_text(file: &Path, text: &str) -> Result<Loaded, Issues> {
         return Err(issues);
     }
 
-    let handler = InMemoryZoneHandler::<TokioRuntimeProvider>::new(
-        origin.clone(),
-        records,
-        ZoneType::Primary,
-        AxfrPolicy::Deny,
-    )
-    .map_err(|e| err(None, "", e))?;
+    let handler = Arc::new(
+        InMemoryZoneHandler::<TokioRuntimeProvider>::new(
+            origin.clone(),
+            records.clone(),
+            ZoneType::Primary,
+            AxfrPolicy::Deny,
+            None,
+        )
+        .map_err(|e| err(None, "", e))?,
+    );
     let zone = Zone {
         origin,
         file: file.to_path_buf(),
         names,
+        records,
+        handler: handler.clone(),
     };
     Ok((zone, handler, issues))
 }

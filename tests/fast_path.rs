@@ -10,6 +10,7 @@ mod common;
 
 use common::*;
 use hickory_proto::op::Message;
+use hickory_proto::rr::RecordType;
 use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -248,14 +249,36 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
 async fn fast_and_full_paths_give_the_same_answer() {
     let srv = TestServer::multi().await;
     let loaded = load_fixture(MULTI_POLICY, TEST_ZONES, TEST_GEO);
-    let snap = loaded.snapshot();
+    same_answers(&srv, &loaded.snapshot(), false).await;
+}
+
+/// The same forms against a signed zone: DO=1 answers carry the CNAME's pre-signed
+/// RRSIG, byte for byte the same on the fast path (UDP and TCP) and the full path.
+#[tokio::test]
+async fn signed_fast_and_full_paths_give_the_same_answer() {
+    let signed = common::dnssec::signed_dir("fastpath", 13, "");
+    let loaded = steerdns::app::load(&common::dnssec::signed_inputs(&signed.dir)).unwrap();
+    let running = steerdns::app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
+        .await
+        .unwrap();
+    let srv = TestServer {
+        addr: running.addrs()[0],
+        running,
+    };
+    same_answers(&srv, &loaded.snapshot(), true).await;
+}
+
+/// Every form of [`forms`] on the fast path in-process, then over UDP and TCP and
+/// through the full path, all the same message; with `signed`, DO=1 answers hold the
+/// CNAME and its RRSIG, and the others the CNAME alone.
+async fn same_answers(srv: &TestServer, snap: &steerdns::plan::Snapshot, signed: bool) {
     let mut rng = SmallRng::seed_from_u64(1);
     for (what, q) in forms() {
         // In-process: these bytes take the fast path.
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
         assert!(
-            wire::answer(&snap, &q, src, &mut out, unix_now(), &mut rng).is_some(),
+            wire::answer(snap, &q, src, &mut out, unix_now(), &mut rng).is_some(),
             "{what}: not on the fast path"
         );
         let udp = raw(srv.addr, Proto::Udp, &q).await.expect("UDP answer");
@@ -269,7 +292,12 @@ async fn fast_and_full_paths_give_the_same_answer() {
         let full = Message::from_vec(&full).unwrap_or_else(|e| panic!("{what}: full: {e}"));
         assert_eq!(udp, full, "{what}: fast path (UDP) and full path differ");
         assert_eq!(tcp, full, "{what}: fast path (TCP) and full path differ");
-        assert_eq!(udp.answers.len(), 1, "{what}: {udp:?}");
+        let dnssec_ok = udp.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok);
+        let expect = if signed && dnssec_ok { 2 } else { 1 };
+        assert_eq!(udp.answers.len(), expect, "{what}: {udp:?}");
+        if expect == 2 {
+            assert_eq!(udp.answers[1].record_type(), RecordType::RRSIG, "{what}");
+        }
     }
 }
 

@@ -22,6 +22,7 @@
 //!
 //! Under `hostnames:`, an entry may also carry `tenant: acme` (the customer it belongs to).
 
+pub mod dnssec;
 mod locate;
 pub mod probes;
 pub mod tokens;
@@ -53,6 +54,8 @@ pub struct Policy {
     /// find the line of a field.
     pub source: String,
     pub hosts: Vec<HostPolicy>,
+    /// Signing (`dnssec:`); `None`: the zones are served unsigned.
+    pub dnssec: Option<dnssec::DnssecSettings>,
 }
 
 /// The policy of one steered name.
@@ -243,6 +246,7 @@ struct RawFile {
     failover: Option<RawFailover>,
     drain: Option<Vec<RawDrain>>,
     content_steering: Option<RawContent>,
+    dnssec: Option<dnssec::RawDnssec>,
 }
 
 #[derive(Deserialize)]

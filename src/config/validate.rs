@@ -122,7 +122,10 @@ pub(super) fn validate(
         }
     }
 
-    let issues = cx.issues;
+    let mut issues = cx.issues;
+    let dnssec = raw
+        .dnssec
+        .and_then(|d| super::dnssec::validate(file, &source, d, &mut issues));
     if issues.has_errors() {
         return Err(issues);
     }
@@ -131,6 +134,7 @@ pub(super) fn validate(
             file: file.to_path_buf(),
             source,
             hosts,
+            dnssec,
         },
         issues,
     ))

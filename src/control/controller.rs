@@ -307,6 +307,35 @@ impl Controller {
         snapshot
     }
 
+    /// When the DNSSEC signatures are to be replaced, if the zones are signed.
+    fn resign_due(&self) -> Option<Instant> {
+        let at = self.loaded.dnssec.as_ref()?.due();
+        let wait = at.saturating_sub(crate::selection::unix_now());
+        Some(Instant::now() + Duration::from_secs(wait))
+    }
+
+    /// Signs again when the signature window has moved on; a failure is logged and the
+    /// last signatures keep serving. Whether there are new ones to publish.
+    fn resign(&mut self) -> bool {
+        let Some(d) = &self.loaded.dnssec else {
+            return false;
+        };
+        let now = crate::selection::unix_now();
+        match d.refresh(&self.loaded.policy, &self.loaded.zones, now) {
+            Ok(changed) => {
+                if changed {
+                    let until = d.signed().window.expiration;
+                    info!(until = %crate::control::times::rfc3339(until * 1000), "DNSSEC: signed again");
+                }
+                changed
+            }
+            Err(e) => {
+                error!(error = %e, "DNSSEC: signing failed; the last signatures keep serving");
+                false
+            }
+        }
+    }
+
     /// Makes this controller a node of a set: steps, drains and freeze follow etcd.
     pub fn join(&mut self, mut link: ClusterLink) {
         link.audit_rev = self.audit.as_ref().map_or(0, |a| a.start_rev);
@@ -389,6 +418,7 @@ impl Controller {
                 .next_due(&self.loaded.policy)
                 .into_iter()
                 .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
+                .chain(self.resign_due())
                 .min();
             let due = async {
                 match next {
@@ -435,6 +465,7 @@ impl Controller {
                     let mut changed = self.tick_steps(now);
                     changed |= self.drains.tick(&self.loaded.policy, now);
                     changed |= self.drains.sync(&self.loaded.policy, now, now_ms());
+                    changed |= self.resign();
                     self.drains.prune(now_ms());
                     if changed {
                         self.publish();
@@ -1015,6 +1046,7 @@ impl Controller {
     fn doc_now(&self) -> StateDoc {
         let f = &self.failover;
         StateDoc {
+            dnssec: (self.loaded.dnssec.as_ref()).map(|d| d.status(crate::selection::unix_now())),
             config_version: self.loaded.version.clone(),
             failover_frozen: f.frozen.clone(),
             failover_frozen_tenants: f.frozen_tenants.clone(),

@@ -101,6 +101,10 @@ pub struct Explanation {
     pub content_steering: SteeringFound,
     pub drains: Vec<DrainStatus>,
     pub failover_frozen: Option<String>,
+    /// Until when (Unix seconds) the signature of the answer is valid, when the zone is
+    /// signed (DO=1 queries get the CNAME's RRSIG); `None`: unsigned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed_until_unix: Option<u64>,
     pub state: String,
     pub config_version: String,
 }
@@ -311,6 +315,10 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
             .cloned()
             .collect(),
         failover_frozen: facts.frozen.clone(),
+        signed_until_unix: facts
+            .snapshot
+            .signed_until
+            .filter(|_| !steered.rrsigs(0).is_empty()),
         state: facts.state.clone(),
         config_version: facts.loaded.version.clone(),
     })
@@ -399,6 +407,14 @@ impl fmt::Display for Explanation {
                 f,
                 "pick:    a random draw per query by the shares above (selection: random)"
             )?,
+        }
+        match self.signed_until_unix {
+            Some(until) => writeln!(
+                f,
+                "dnssec:  signed (DO=1 answers carry the CNAME's RRSIG), valid until {}",
+                times::rfc3339(until.saturating_mul(1000))
+            )?,
+            None => writeln!(f, "dnssec:  unsigned")?,
         }
         let s = &self.content_steering;
         let first: Vec<String> = s

@@ -57,10 +57,21 @@ impl Loaded {
     ) -> (Snapshot, Vec<(String, String)>) {
         let mut planned = plan(&self.policy, removed, drains);
         planned.plan.fit(self.geo.places());
+        let signed = self.dnssec.as_ref().map(|d| d.signed());
+        let zones = match &signed {
+            Some(signed) => {
+                planned
+                    .plan
+                    .set_rrsigs(|name, target| signed.cname(name, target));
+                signed.catalog.clone()
+            }
+            None => self.zones.catalog().clone(),
+        };
         let snapshot = Snapshot {
             plan: planned.plan,
             geo: self.geo.clone(),
-            zones: self.zones.catalog().clone(),
+            zones,
+            signed_until: signed.map(|s| s.window.expiration),
         };
         (snapshot, planned.fail_open)
     }

@@ -40,6 +40,10 @@ pub struct StateDoc {
     /// single node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterDoc>,
+    /// Signing (a `dnssec:` block): the keys and their phases, the signatures' expiry;
+    /// absent when nothing is signed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dnssec: Option<crate::dnssec::Status>,
 }
 
 /// A node of a set: is it in touch, and who wrote what.

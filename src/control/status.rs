@@ -300,6 +300,7 @@ fn write_page(
     failover(h, doc, now)?;
     drains(h, doc, now)?;
     fail_open(h, doc)?;
+    dnssec(h, doc, now)?;
     reload(h, doc)?;
     h.push_str("</body></html>\n");
     Ok(())
@@ -556,6 +557,32 @@ fn fail_open(h: &mut String, doc: &StateDoc) -> std::fmt::Result {
             esc(&f.region),
             esc(&f.name),
             esc(&f.region),
+        )?;
+    }
+    h.push_str("</table>\n");
+    Ok(())
+}
+
+/// Signing, when the zones are signed: the signatures' expiry and each key's phase.
+fn dnssec(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
+    let Some(d) = &doc.dnssec else {
+        return Ok(());
+    };
+    writeln!(
+        h,
+        "<h2>DNSSEC</h2>\n<p id=\"dnssec\">Signatures valid until {}, replaced {}.</p>",
+        when(d.signed_until_unix.saturating_mul(1000), now),
+        when(d.resign_at_unix.saturating_mul(1000), now)
+    )?;
+    h.push_str("<table id=\"dnssec-keys\"><tr><th>zone</th><th>key tag</th><th>algorithm</th><th>phase</th></tr>\n");
+    for k in &d.keys {
+        writeln!(
+            h,
+            "<tr class=\"key\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&k.zone),
+            k.tag,
+            k.algorithm,
+            k.phase
         )?;
     }
     h.push_str("</table>\n");

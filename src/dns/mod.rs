@@ -35,7 +35,9 @@ use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCod
 use hickory_proto::rr::rdata::tsig::TsigError;
 use hickory_proto::rr::rdata::{CNAME, TSIG};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
+use hickory_proto::serialize::binary::{
+    BinDecodable, BinDecoder, BinEncodable, BinEncoder, Restrict,
+};
 use hickory_server::net::runtime::{Time, TokioTime};
 use hickory_server::net::xfer::Protocol;
 use hickory_server::net::NetError;
@@ -313,17 +315,43 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         steered.ttl(),
         RData::CNAME(CNAME(steered.target(pick.target).cname.clone())),
     );
+    // DO=1: the pre-signed RRSIGs, decoded from the bytes the fast path copies.
+    let dnssec_ok = request.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok);
+    let rrsigs = if dnssec_ok {
+        rrsig_records(
+            query.original().name(),
+            steered.ttl(),
+            steered.rrsigs(pick.target),
+        )
+    } else {
+        Vec::new()
+    };
     let mut metadata = Metadata::response_from_request(&request.metadata);
     metadata.authoritative = true;
     let message = MessageResponseBuilder::new(&request.queries, opt.as_ref()).build(
         metadata,
-        iter::once(&record),
+        iter::once(&record).chain(&rrsigs),
         iter::empty(),
         iter::empty(),
         iter::empty(),
     );
     let info = send(request, message_send(response, message).await);
     (info, Some(Steer { pick }))
+}
+
+/// The RRSIG records of a pre-signed run (`Plan::set_rrsigs`), owned by `owner`.
+fn rrsig_records(owner: &Name, ttl: u32, mut run: &[u8]) -> Vec<Record> {
+    let mut out = Vec::new();
+    while let Some((len, rdata)) = wire::next_rrsig(run) {
+        let mut decoder = BinDecoder::new(rdata);
+        let Ok(data) = RData::read(&mut decoder, RecordType::RRSIG, Restrict::new(len as u16))
+        else {
+            break;
+        };
+        out.push(Record::from_rdata(owner.clone(), ttl, data));
+        run = &run[2 + len..];
+    }
+    out
 }
 
 /// A response without records: the header of [`reply_metadata`], the question as received

@@ -12,7 +12,8 @@
 //! ```text
 //! query:    header | question (copied as received) | [OPT: payload, DO, ECS]
 //! response: header (QR AA, RD and CD copied) | question | CNAME, owner = pointer to the
-//!           question | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope]
+//!           question | [DO=1, signed zone: the CNAME's pre-signed RRSIGs, same owner]
+//!           | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope]
 //! ```
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -27,6 +28,7 @@ const HEADER: usize = 12;
 const TYPE_OPT: u16 = 41;
 const TYPE_CNAME: u16 = 5;
 const TYPE_TSIG: u16 = 250;
+const TYPE_RRSIG: u16 = 46;
 const CLASS_IN: u16 = 1;
 const OPTION_ECS: u16 = 8;
 
@@ -77,12 +79,18 @@ pub fn answer<'s, R: Rng + ?Sized>(
     let Answer { pick, scope, .. } = steered.answer(&snap.geo, &asker, now, rng);
 
     let h = query.packet;
+    // DO=1 in a signed zone: the CNAME's pre-signed RRSIGs follow it.
+    let rrsigs = match &query.opt {
+        Some(o) if o.dnssec_ok => steered.rrsigs(pick.target),
+        _ => &[],
+    };
+    let answers = 1 + rrsig_count(rrsigs);
     out.clear();
     // Header: id; QR, opcode 0, AA, RD copied; RA 0, AD 0, CD copied, NOERROR.
     out.extend_from_slice(&h[0..2]);
     out.push(0x80 | 0x04 | (h[2] & 0x01));
     out.push(h[3] & 0x10);
-    out.extend_from_slice(&[0, 1, 0, 1, 0, 0, 0, u8::from(query.opt.is_some())]);
+    out.extend_from_slice(&[0, 1, 0, answers, 0, 0, 0, u8::from(query.opt.is_some())]);
     out.extend_from_slice(&h[HEADER..query.question_end]);
     // The answer: owner = a pointer to the question's name (offset 12), so its case
     // is the client's (RFC 4343).
@@ -92,6 +100,17 @@ pub fn answer<'s, R: Rng + ?Sized>(
     out.extend_from_slice(&steered.ttl().to_be_bytes());
     out.extend_from_slice(&(pick.cname_wire.len() as u16).to_be_bytes());
     out.extend_from_slice(pick.cname_wire);
+    // Each RRSIG: same owner and TTL (at most its original TTL), RDATA as signed.
+    let mut rest = rrsigs;
+    while let Some((len, rdata)) = next_rrsig(rest) {
+        out.extend_from_slice(&[0xc0, HEADER as u8]);
+        out.extend_from_slice(&TYPE_RRSIG.to_be_bytes());
+        out.extend_from_slice(&CLASS_IN.to_be_bytes());
+        out.extend_from_slice(&steered.ttl().to_be_bytes());
+        out.extend_from_slice(&rest[..2]);
+        out.extend_from_slice(rdata);
+        rest = &rest[2 + len..];
+    }
     let limit = match &query.opt {
         None => 512,
         Some(opt) => {
@@ -113,6 +132,23 @@ pub fn answer<'s, R: Rng + ?Sized>(
     };
     // Long names near the limit: the full path truncates as hickory does.
     (out.len() <= limit).then_some(Steer { pick })
+}
+
+/// The first of a run of pre-signed RRSIGs (`Plan::set_rrsigs`): its RDATA length and
+/// RDATA; `None` at the end (or on a cut run, which the planner never builds).
+pub(crate) fn next_rrsig(run: &[u8]) -> Option<(usize, &[u8])> {
+    let len = usize::from(u16_at(run, 0)?);
+    Some((len, run.get(2..2 + len)?))
+}
+
+/// How many RRSIGs a run holds.
+fn rrsig_count(mut run: &[u8]) -> u8 {
+    let mut n = 0;
+    while let Some((len, _)) = next_rrsig(run) {
+        n += 1;
+        run = &run[2 + len..];
+    }
+    n
 }
 
 /// A truncated answer to `packet` for the rate limiter's slip: header (QR, TC; RD and

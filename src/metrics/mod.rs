@@ -28,6 +28,7 @@
 //! | `etcd_clock_skew_seconds` | | this node's clock against etcd's, as etcd's answers date them (positive: etcd is ahead); a set needs NTP |
 //! | `steering_responses_total` | name, region, pathway | content steering manifests served, by the pathway listed first |
 //! | `steering_refused_total` | status | content steering requests refused: 400, 404 or 405 |
+//! | `dnssec_signature_expiry_seconds` | | seconds until the DNSSEC signatures served expire (signed zones only; read from the snapshot at scrape time) |
 //! | `build_info` | version, commit | 1; the crate version and the git commit built (`unknown` outside a checkout) |
 //! | `process_*` (no prefix) | | the standard process metrics (Linux): CPU seconds, resident and virtual memory, open and max fds, threads, start time |
 //!
@@ -617,6 +618,9 @@ impl Metrics {
         };
         if let Some(snapshot) = serving {
             families.push(effective_weights(&snapshot.plan));
+            if let Some(until) = snapshot.signed_until {
+                families.push(signature_expiry(until, crate::selection::unix_now()));
+            }
         }
         families.sort_by(|a, b| a.name().cmp(b.name()));
         if let Some(f) = families
@@ -644,6 +648,23 @@ impl Metrics {
             .map_err(|e| format!("cannot encode metrics: {e}"))?;
         Ok(buf)
     }
+}
+
+/// `steerdns_dnssec_signature_expiry_seconds`: how long the signatures being served
+/// remain valid, read from the snapshot when `/metrics` is scraped.
+fn signature_expiry(until: u64, now: u64) -> prometheus::proto::MetricFamily {
+    let mut family = prometheus::proto::MetricFamily::default();
+    family.set_name("steerdns_dnssec_signature_expiry_seconds".into());
+    family.set_help(
+        "Seconds until the DNSSEC signatures being served expire (negative: expired).".into(),
+    );
+    family.set_field_type(prometheus::proto::MetricType::GAUGE);
+    let mut m = prometheus::proto::Metric::default();
+    let mut g = prometheus::proto::Gauge::default();
+    g.set_value(until as f64 - now as f64);
+    m.set_gauge(g);
+    family.mut_metric().push(m);
+    family
 }
 
 /// A registry without prefix holding the `process_*` collector (Linux only: it reads

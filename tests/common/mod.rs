@@ -2,6 +2,7 @@
 //! client (hickory-proto messages over tokio sockets, UDP and TCP).
 #![allow(dead_code)]
 
+pub mod dnssec;
 pub mod etcd;
 pub mod mock_cdn;
 pub mod relay;

@@ -1,0 +1,257 @@
+//! Input: zone keys. One file per key, owner-only (refused otherwise, as every secret
+//! is: [`crate::secret`]), the same files on every node of a set:
+//!
+//! ```text
+//! # steerdns DNSSEC key (CSK); keep it owner-only (chmod 600)
+//! zone: example.com.
+//! algorithm: 13
+//! private_key: <base64 of the PKCS#8 document>
+//! created: 1764600000
+//! publish: 1764600000     # the DNSKEY is served from then on
+//! activate: 1764600000    # the key signs from then on
+//! ```
+//!
+//! Times are Unix seconds; later optional fields (`retire`, `remove`) end signing and
+//! publication. Every node reads the same times and the same clock, so every node
+//! computes the same key set at the same moment.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use base64::Engine;
+use hickory_proto::dnssec::crypto::{signing_key_from_der, EcdsaSigningKey, Ed25519SigningKey};
+use hickory_proto::dnssec::rdata::{DNSKEY, DS};
+use hickory_proto::dnssec::{Algorithm, DigestType, SigningKey};
+use hickory_proto::rr::Name;
+use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ConfigIssue, Issues};
+use crate::secret::read_secret_file;
+
+/// One zone key, loaded.
+pub struct Key {
+    pub zone: Name,
+    pub file: PathBuf,
+    pub algorithm: Algorithm,
+    pub tag: u16,
+    pub dnskey: DNSKEY,
+    pub times: Times,
+    /// The private key; shared by every signer built from it.
+    signing: Arc<dyn SigningKey>,
+}
+
+/// When a key enters and leaves service (Unix seconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Times {
+    pub created: u64,
+    /// Its DNSKEY is served from then on.
+    pub publish: u64,
+    /// It signs from then on.
+    pub activate: u64,
+    /// It stops signing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retire: Option<u64>,
+    /// Its DNSKEY is withdrawn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<u64>,
+}
+
+impl Times {
+    pub fn published(&self, now: u64) -> bool {
+        self.publish <= now && self.remove.is_none_or(|r| now < r)
+    }
+
+    pub fn active(&self, now: u64) -> bool {
+        self.activate <= now && self.retire.is_none_or(|r| now < r)
+    }
+
+    /// The key's phase at `now` (see `dnssec::KeyStatus::phase`).
+    pub fn phase(&self, now: u64) -> &'static str {
+        match (self.published(now), self.active(now)) {
+            (true, true) => "active",
+            (true, false) if now < self.activate => "published",
+            (true, false) => "retired",
+            (false, _) if now < self.publish => "waiting",
+            (false, _) => "removed",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    zone: String,
+    algorithm: u8,
+    private_key: String,
+    #[serde(flatten)]
+    times: Times,
+}
+
+/// The algorithms `keygen` makes: ECDSA P-256 with SHA-256 (13) and Ed25519 (15).
+pub fn algorithm(number: u8) -> Result<Algorithm, String> {
+    match number {
+        13 => Ok(Algorithm::ECDSAP256SHA256),
+        15 => Ok(Algorithm::ED25519),
+        n => Err(format!(
+            "algorithm {n} is not offered: 13 (ECDSA P-256, the default) or 15 (Ed25519)"
+        )),
+    }
+}
+
+/// A new key for `zone`, published and active from `now`: the file's name and text.
+pub fn generate(zone: &Name, number: u8, now: u64) -> Result<(String, String), String> {
+    let alg = algorithm(number)?;
+    let pkcs8 = match alg {
+        Algorithm::ED25519 => Ed25519SigningKey::generate_pkcs8(),
+        _ => EcdsaSigningKey::generate_pkcs8(alg),
+    }
+    .map_err(|e| format!("cannot generate a key: {e}"))?;
+    let file = KeyFile {
+        zone: zone.to_lowercase().to_string(),
+        algorithm: number,
+        private_key: base64::engine::general_purpose::STANDARD.encode(pkcs8.secret_pkcs8_der()),
+        times: Times {
+            created: now,
+            publish: now,
+            activate: now,
+            retire: None,
+            remove: None,
+        },
+    };
+    let key = from_file(Path::new("new"), file)?;
+    let yaml = serde_yaml::to_string(&KeyFile {
+        zone: key.zone.to_string(),
+        algorithm: number,
+        private_key: base64::engine::general_purpose::STANDARD.encode(pkcs8.secret_pkcs8_der()),
+        times: key.times,
+    })
+    .map_err(|e| e.to_string())?;
+    let text = format!("# steerdns DNSSEC key (CSK); keep it owner-only (chmod 600)\n{yaml}");
+    Ok((key.file_name(), text))
+}
+
+/// Reads one key file (owner-only).
+pub fn load(path: &Path) -> Result<Key, String> {
+    let bytes = read_secret_file(path)?;
+    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
+    let file: KeyFile =
+        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    from_file(path, file).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn from_file(path: &Path, file: KeyFile) -> Result<Key, String> {
+    let zone = Name::from_str(&file.zone)
+        .map_err(|e| format!("zone `{}`: {e}", file.zone))?
+        .to_lowercase();
+    let mut zone = zone;
+    zone.set_fqdn(true);
+    let alg = algorithm(file.algorithm)?;
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(file.private_key.trim())
+        .map_err(|e| format!("private_key: not base64: {e}"))?;
+    let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der));
+    let signing: Arc<dyn SigningKey> = signing_key_from_der(&der, alg)
+        .map_err(|e| {
+            format!(
+                "private_key: not a PKCS#8 key of algorithm {}: {e}",
+                file.algorithm
+            )
+        })?
+        .into();
+    let public = signing
+        .to_public_key()
+        .map_err(|e| format!("private_key: {e}"))?;
+    let dnskey = DNSKEY::from_key(&public);
+    let tag = dnskey.calculate_key_tag().map_err(|e| e.to_string())?;
+    Ok(Key {
+        zone,
+        file: path.to_path_buf(),
+        algorithm: alg,
+        tag,
+        dnskey,
+        times: file.times,
+        signing,
+    })
+}
+
+/// Every key file (`*.key`) of `dir`, each problem reported against its file.
+pub fn load_dir(dir: &Path) -> Result<Vec<Key>, Issues> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        Issues(vec![ConfigIssue::error(
+            dir,
+            None,
+            "",
+            format!("cannot read the key directory: {e}"),
+        )])
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "key") && p.is_file())
+        .collect();
+    files.sort();
+    let mut keys = Vec::new();
+    let mut issues = Issues::default();
+    for f in files {
+        match load(&f) {
+            Ok(k) => keys.push(k),
+            Err(e) => issues.push(ConfigIssue::error(&f, None, "", e)),
+        }
+    }
+    if issues.has_errors() {
+        return Err(issues);
+    }
+    Ok(keys)
+}
+
+impl Key {
+    /// `K<zone>+<algorithm>+<tag>.key`, as BIND names its key files.
+    pub fn file_name(&self) -> String {
+        format!(
+            "K{}+{:03}+{:05}.key",
+            self.zone,
+            u8::from(self.algorithm),
+            self.tag
+        )
+    }
+
+    pub fn signing(&self) -> &Arc<dyn SigningKey> {
+        &self.signing
+    }
+
+    /// The DS record for the parent (SHA-256), in presentation form.
+    pub fn ds(&self) -> Result<String, String> {
+        let digest = self
+            .dnskey
+            .to_digest(&self.zone, DigestType::SHA256)
+            .map_err(|e| e.to_string())?;
+        let ds = DS::new(
+            self.tag,
+            self.algorithm,
+            DigestType::SHA256,
+            digest.as_ref().to_vec(),
+        );
+        Ok(format!("{} IN DS {ds}", self.zone))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_load_back_with_their_tag() {
+        let zone = Name::from_str("example.com.").unwrap();
+        for alg in [13, 15] {
+            let (name, text) = generate(&zone, alg, 1_700_000_000).unwrap();
+            let file: KeyFile = serde_yaml::from_str(&text).unwrap();
+            let key = from_file(Path::new(&name), file).unwrap();
+            assert_eq!(key.file_name(), name);
+            assert_eq!(u8::from(key.algorithm), alg);
+            assert!(key.ds().unwrap().starts_with("example.com. IN DS "));
+        }
+        assert!(generate(&zone, 8, 0).unwrap_err().contains("not offered"));
+    }
+}

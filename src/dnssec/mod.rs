@@ -1,0 +1,361 @@
+//! Input: DNSSEC. Zone keys are files ([`keys`]); signing happens off the query path,
+//! when the inputs are loaded and whenever a signature window ends ([`sign`]):
+//!
+//! - each signed zone becomes a signed copy (DNSKEY set, NSEC chain listing every
+//!   steered name, an RRSIG over each RRset) that hickory's Catalog serves, NSEC
+//!   denials included;
+//! - each (steered name, CNAME target) gets its RRSIG, with the original TTL the
+//!   largest TTL the name answers with; the planner puts those bytes in the plan
+//!   (`Plan::set_rrsigs`) and the data plane copies them into answers to DO=1 queries.
+//!
+//! A zone is signed when the `dnssec:` block of the policy is present and the key
+//! directory holds a key for it.
+
+pub mod keys;
+pub mod sign;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use hickory_proto::rr::Name;
+use hickory_server::zone_handler::Catalog;
+use serde::Serialize;
+
+use crate::config::dnssec::DnssecSettings;
+use crate::config::Policy;
+use crate::error::{ConfigIssue, Issues};
+use crate::zones::Zones;
+use keys::Key;
+use sign::Window;
+
+/// The keys and settings of a policy with a `dnssec:` block.
+pub struct Signing {
+    pub settings: DnssecSettings,
+    pub keys: Vec<Key>,
+}
+
+/// Everything signed for one window.
+pub struct Signed {
+    pub window: Window,
+    /// The zones, signed ones replaced by their signed copies.
+    pub catalog: Arc<Catalog>,
+    /// The RRSIGs of each (steered name, CNAME target), as [`sign::cname_rrsigs`].
+    cnames: HashMap<(Name, Name), Arc<[u8]>>,
+    /// Per signed zone: (origin, tags of the keys published, tags of those signing).
+    pub zones: Vec<(Name, Vec<u16>, Vec<u16>)>,
+}
+
+impl Signing {
+    /// The keys of the policy's key directory, checked against the zones: each key's
+    /// zone is served. `None` without a `dnssec:` block.
+    pub fn load(policy: &Policy, zones: &Zones) -> Result<Option<Signing>, Issues> {
+        let Some(settings) = policy.dnssec.clone() else {
+            return Ok(None);
+        };
+        let keys = keys::load_dir(&settings.keys)?;
+        let mut issues = Issues::default();
+        for k in &keys {
+            if !zones.origins().any(|o| *o == k.zone) {
+                issues.push(ConfigIssue::error(
+                    &k.file,
+                    None,
+                    "zone",
+                    format!("{} is not a zone served here (zones/)", k.zone),
+                ));
+            }
+        }
+        if keys.is_empty() {
+            issues.push(ConfigIssue::error(
+                &settings.keys,
+                None,
+                "",
+                "no key file (*.key): make one with `steerdns dnssec keygen ZONE`",
+            ));
+        }
+        if issues.has_errors() {
+            return Err(issues);
+        }
+        Ok(Some(Signing { settings, keys }))
+    }
+
+    /// Signs every zone that has a key, and every steered CNAME in those zones, for
+    /// the window of `now`.
+    pub fn sign(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<Signed, String> {
+        let w = Window::at(now, &self.settings);
+        let steered: Vec<Name> = policy.hosts.iter().map(|h| h.name.clone()).collect();
+        let mut cnames = HashMap::new();
+        let mut summary = Vec::new();
+        let mut signed = HashMap::new();
+        for z in zones.zones() {
+            let of_zone = |k: &&Key| k.zone == *z.origin();
+            let published: Vec<&Key> = self
+                .keys
+                .iter()
+                .filter(of_zone)
+                .filter(|k| k.times.published(now))
+                .collect();
+            let active: Vec<&Key> = published
+                .iter()
+                .copied()
+                .filter(|k| k.times.active(now))
+                .collect();
+            if published.is_empty() && !self.keys.iter().any(|k| of_zone(&k)) {
+                continue;
+            }
+            if active.is_empty() {
+                return Err(format!("{}: no key is active now", z.origin()));
+            }
+            let records = sign::sign_zone(
+                z.origin(),
+                z.records(),
+                &steered,
+                &published,
+                &active,
+                &self.settings,
+                w,
+            )?;
+            signed.insert(z.origin().clone(), z.handler_of(sign::shared(records)));
+            for h in policy.hosts.iter().filter(|h| {
+                zones
+                    .zone_of(&h.name)
+                    .is_some_and(|o| o.origin() == z.origin())
+            }) {
+                let ttl = h.ttl.max(h.incident_ttl.unwrap_or(0));
+                for c in &h.cdns {
+                    let sigs = sign::cname_rrsigs(&h.name, &c.cname, ttl, &active, w)?;
+                    cnames.insert((h.name.clone(), c.cname.clone()), Arc::from(sigs));
+                }
+            }
+            summary.push((
+                z.origin().clone(),
+                published.iter().map(|k| k.tag).collect(),
+                active.iter().map(|k| k.tag).collect(),
+            ));
+        }
+        let catalog = zones.catalog_with(|z| signed.remove(z.origin()));
+        Ok(Signed {
+            window: w,
+            catalog: Arc::new(catalog),
+            cnames,
+            zones: summary,
+        })
+    }
+}
+
+/// `steerdns dnssec keygen`: a new key for `zone` in `dir` (made if missing), written
+/// owner-only; its path.
+pub fn keygen(dir: &Path, zone: &str, algorithm: u8, now: u64) -> Result<PathBuf, String> {
+    let zone = zone_name(zone)?;
+    let (name, text) = keys::generate(&zone, algorithm, now)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(name);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// `steerdns dnssec ds`: the DS records of `zone`'s keys in `dir` published at `now`
+/// or later (a key waiting to be published goes to the parent first).
+pub fn ds(dir: &Path, zone: &str, now: u64) -> Result<Vec<String>, String> {
+    let zone = zone_name(zone)?;
+    let keys = keys::load_dir(dir).map_err(|e| e.to_string())?;
+    let lines: Vec<String> = keys
+        .iter()
+        .filter(|k| k.zone == zone && k.times.remove.is_none_or(|r| now < r))
+        .map(Key::ds)
+        .collect::<Result<_, _>>()?;
+    if lines.is_empty() {
+        return Err(format!("no key for {zone} in {}", dir.display()));
+    }
+    Ok(lines)
+}
+
+fn zone_name(zone: &str) -> Result<Name, String> {
+    let mut name = Name::from_str(zone)
+        .map_err(|e| format!("`{zone}` is not a zone name: {e}"))?
+        .to_lowercase();
+    name.set_fqdn(true);
+    Ok(name)
+}
+
+/// Signing as the server runs it: the keys, and what is signed now, replaced when the
+/// window ends ([`Dnssec::refresh`]); a failed signing leaves the last signatures
+/// serving.
+pub struct Dnssec {
+    pub signing: Signing,
+    signed: ArcSwap<Signed>,
+    /// After a failed signing, when to try again (Unix seconds; 0: no failure).
+    retry: AtomicU64,
+}
+
+/// How long after a failed signing the next attempt is made.
+pub const RETRY: u64 = 60;
+
+impl Dnssec {
+    pub fn new(signing: Signing, signed: Signed) -> Dnssec {
+        Dnssec {
+            signing,
+            signed: ArcSwap::from_pointee(signed),
+            retry: AtomicU64::new(0),
+        }
+    }
+
+    /// What is signed now.
+    pub fn signed(&self) -> Arc<Signed> {
+        self.signed.load_full()
+    }
+
+    /// When (Unix seconds) the signatures are to be replaced (or, after a failure,
+    /// signing tried again).
+    pub fn due(&self) -> u64 {
+        let next = self.signed.load().window.next;
+        next.max(self.retry.load(Ordering::Relaxed))
+    }
+
+    /// Signs again for the window of `now` if it has moved on; `Ok(true)`: new
+    /// signatures. On an error the current ones stay, and the next attempt is
+    /// [`RETRY`] seconds later.
+    pub fn refresh(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<bool, String> {
+        if now < self.due() {
+            return Ok(false);
+        }
+        match self.signing.sign(policy, zones, now) {
+            Ok(signed) => {
+                self.signed.store(Arc::new(signed));
+                self.retry.store(0, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(e) => {
+                self.retry.store(now + RETRY, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What `/v1/state` and the status page show of signing.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    /// When the signatures served expire, and when they are replaced (Unix seconds).
+    pub signed_until_unix: u64,
+    pub resign_at_unix: u64,
+    pub keys: Vec<KeyStatus>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyStatus {
+    pub zone: String,
+    pub tag: u16,
+    pub algorithm: u8,
+    /// `waiting` (not yet published), `published` (DNSKEY served, not signing),
+    /// `active` (served and signing), `retired` (served, no longer signing),
+    /// `removed`.
+    pub phase: &'static str,
+    pub file: String,
+}
+
+impl Dnssec {
+    /// Every key's phase at `now`, and the signatures' times.
+    pub fn status(&self, now: u64) -> Status {
+        let signed = self.signed();
+        Status {
+            signed_until_unix: signed.window.expiration,
+            resign_at_unix: self.due(),
+            keys: self
+                .signing
+                .keys
+                .iter()
+                .map(|k| KeyStatus {
+                    zone: k.zone.to_string(),
+                    tag: k.tag,
+                    algorithm: u8::from(k.algorithm),
+                    phase: k.times.phase(now),
+                    file: k.file.display().to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Signed {
+    /// The RRSIGs of `name CNAME target`, if its zone is signed.
+    pub fn cname(&self, name: &Name, target: &Name) -> Option<Arc<[u8]>> {
+        self.cnames.get(&(name.clone(), target.clone())).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(keys: PathBuf) -> DnssecSettings {
+        DnssecSettings {
+            keys,
+            validity: DnssecSettings::DEFAULT_VALIDITY,
+            refresh: DnssecSettings::DEFAULT_REFRESH,
+            dnskey_ttl: 3600,
+        }
+    }
+
+    #[test]
+    fn windows_are_aligned_backdated_and_leave_refresh() {
+        let s = settings(PathBuf::new());
+        let t = 1_796_152_579;
+        let w = Window::at(t, &s);
+        // Every moment of a window gives the same signature times.
+        assert_eq!(Window::at(w.next - 1, &s), w);
+        assert_eq!(w.inception + sign::BACKDATE, w.next - 7 * 86_400);
+        assert!(w.inception + 3600 <= t);
+        for now in [w.next - 7 * 86_400, t, w.next - 1] {
+            let left = w.expiration - now;
+            assert!(left > 7 * 86_400 && left <= 14 * 86_400, "{left}");
+        }
+        assert_ne!(Window::at(w.next, &s), w);
+    }
+
+    /// A signing that fails (no key active at that moment) keeps the signatures of
+    /// the last window serving, and is tried again a minute later.
+    #[test]
+    fn a_failed_signing_keeps_the_last_signatures() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = std::env::temp_dir().join(format!("steerdns-resign-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = 1_796_152_579;
+        let path = keygen(&dir, "example.com", 13, t).unwrap();
+        let text = std::fs::read_to_string(repo.join("steering.yaml")).unwrap();
+        let (mut policy, _) = crate::config::parse(&repo.join("steering.yaml"), text).unwrap();
+        policy.dnssec = Some(settings(dir.clone()));
+        let (zones, _) = Zones::load(&repo.join("zones")).unwrap();
+        let signing = Signing::load(&policy, &zones).unwrap().unwrap();
+        let first = signing.sign(&policy, &zones, t).unwrap();
+        let www = Name::from_str("www.example.com.").unwrap();
+        let fastly = Name::from_str("example.map.fastly.net.").unwrap();
+        assert!(first.cname(&www, &fastly).is_some());
+        let before = first.window;
+        let mut signing = signing;
+        // The key retires before the next window: nothing can sign then.
+        signing.keys[0].times.retire = Some(before.next - 10);
+        let d = Dnssec::new(signing, first);
+        assert_eq!(d.refresh(&policy, &zones, before.next - 20), Ok(false));
+        let e = d.refresh(&policy, &zones, before.next).unwrap_err();
+        assert!(e.contains("no key is active"), "{e}");
+        assert_eq!(d.signed().window, before, "the last signatures stay");
+        assert_eq!(d.due(), before.next + RETRY);
+        assert_eq!(d.status(before.next).keys[0].phase, "retired");
+        std::fs::remove_file(path).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

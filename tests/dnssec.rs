@@ -1,0 +1,248 @@
+//! DNSSEC, checked by a real validator: BIND's `delv` with the zone's DS as its trust
+//! anchor asks steerdns (through a small relay that adds an ECS option, since delv has
+//! no `+subnet`) and must report "fully validated" for the steered CNAME from three
+//! regions, for SOA, NS, DNSKEY, an NXDOMAIN and a NODATA. The fast path, the full path
+//! and TCP give the same signed bytes.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::str::FromStr;
+
+use common::dnssec::{signed_dir, signed_inputs};
+use common::{raw, Proto};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_proto::rr::{Name, RecordType};
+use steerdns::app::{self, Running};
+use tokio::net::UdpSocket;
+
+async fn serve(dir: &Path) -> Running {
+    let loaded = app::load(&signed_inputs(dir)).unwrap_or_else(|e| panic!("does not load: {e}"));
+    app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
+        .await
+        .expect("bind loopback")
+}
+
+/// A UDP relay on loopback that adds `ecs` to each query's OPT record (the client a
+/// resolver asks for) and passes the answers back as they are.
+async fn ecs_relay(server: SocketAddr, ecs: &'static str) -> SocketAddr {
+    let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = front.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        loop {
+            let Ok((n, client)) = front.recv_from(&mut buf).await else {
+                return;
+            };
+            let Ok(mut m) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let (net, len) = ecs.split_once('/').unwrap();
+            let subnet = ClientSubnet::new(net.parse().unwrap(), len.parse().unwrap(), 0);
+            let mut edns = m.edns.take().unwrap_or_default();
+            edns.options_mut().insert(EdnsOption::Subnet(subnet));
+            m.edns = Some(edns);
+            let Some(answer) = raw(server, Proto::Udp, &m.to_vec().unwrap()).await else {
+                continue;
+            };
+            let _ = front.send_to(&answer, client).await;
+        }
+    });
+    addr
+}
+
+/// `delv` against `server` with the test's trust anchor, over UDP (delv's own choice:
+/// TCP only on truncation) or TCP: its whole output.
+fn delv(anchor: &Path, server: SocketAddr, tcp: bool, name: &str, qtype: &str) -> String {
+    let out = Command::new("delv")
+        .arg("-a")
+        .arg(anchor)
+        .arg("+root=example.com")
+        .args(tcp.then_some("+tcp"))
+        .arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string(), name, qtype])
+        .output()
+        .expect("delv (bind9-dnsutils) must be installed: .ci/run installs it");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delv_validates_steered_answers_and_the_zone() {
+    for algorithm in [13, 15] {
+        let s = signed_dir(&format!("delv{algorithm}"), algorithm, "");
+        let running = serve(&s.dir).await;
+        let server = running.addrs()[0];
+        // Three regions, each pinned to its CDN: the signed CNAME of each validates.
+        for (ecs, target) in [
+            ("2.125.160.216/29", "uk.cdn.example.net."),
+            ("2001:218::/32", "asia.cdn.example.net."),
+            ("192.0.2.0/24", "world.cdn.example.net."),
+        ] {
+            let relay = ecs_relay(server, ecs).await;
+            let out = delv(&s.anchor, relay, false, "pinned.example.com", "CNAME");
+            assert!(
+                out.contains("; fully validated"),
+                "alg {algorithm} {ecs}: {out}"
+            );
+            assert!(
+                out.contains(&format!("CNAME\t{target}")),
+                "alg {algorithm} {ecs}: {out}"
+            );
+            assert!(out.contains("RRSIG\tCNAME"), "{out}");
+        }
+        // The zone's own data, over UDP (the fast path and the cache) and over TCP.
+        for tcp in [false, true] {
+            for (name, qtype, expect) in [
+                ("example.com", "SOA", "; fully validated"),
+                ("example.com", "NS", "; fully validated"),
+                ("example.com", "DNSKEY", "; fully validated"),
+                ("flat.example.com", "CNAME", "; fully validated"),
+                (
+                    "nothing-here.example.com",
+                    "A",
+                    "; negative response, fully validated",
+                ),
+                (
+                    "mail.example.com",
+                    "TXT",
+                    "; negative response, fully validated",
+                ),
+            ] {
+                let out = delv(&s.anchor, server, tcp, name, qtype);
+                assert!(
+                    out.contains(expect),
+                    "alg {algorithm} {name} {qtype}: {out}"
+                );
+            }
+        }
+        let nx = delv(&s.anchor, server, false, "nothing-here.example.com", "A");
+        assert!(nx.contains("NXDOMAIN"), "{nx}");
+        running.stop().await.unwrap();
+    }
+}
+
+/// The NSEC chain lists every steered name: the NSEC at a steered name says CNAME, and
+/// no NSEC covers (denies) one.
+#[tokio::test]
+async fn the_nsec_chain_lists_every_steered_name() {
+    let s = signed_dir("chain", 13, "");
+    let running = serve(&s.dir).await;
+    let server = running.addrs()[0];
+    // `pinned0` sorts right after `pinned` (RFC 4034 §6.1): its NXDOMAIN proof is the
+    // NSEC owned by the steered name.
+    let mut owners = Vec::new();
+    for name in ["pinned0.example.com.", "flat0.example.com."] {
+        let m = ask_do(server, name, RecordType::A).await;
+        for r in m
+            .authorities
+            .iter()
+            .filter(|r| r.record_type() == RecordType::NSEC)
+        {
+            let text = r.to_string();
+            owners.push(text);
+        }
+    }
+    let all = owners.join("\n");
+    for steered in ["pinned.example.com.", "flat.example.com."] {
+        let at = all
+            .lines()
+            .find(|l| l.starts_with(steered))
+            .unwrap_or_else(|| panic!("no NSEC at {steered} in:\n{all}"));
+        assert!(at.contains("CNAME"), "{at}");
+    }
+    running.stop().await.unwrap();
+}
+
+async fn ask_do(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
+    let mut m = Message::new(7, MessageType::Query, OpCode::Query);
+    m.add_query(Query::query(Name::from_str(name).unwrap(), qtype));
+    let mut edns = Edns::new();
+    edns.set_dnssec_ok(true);
+    edns.set_max_payload(1232);
+    m.edns = Some(edns);
+    let bytes = raw(server, Proto::Tcp, &m.to_vec().unwrap()).await.unwrap();
+    Message::from_vec(&bytes).unwrap()
+}
+
+/// A server with a signed zone shows it: `/v1/state` lists the key as active with the
+/// signatures' expiry, `/metrics` has `steerdns_dnssec_signature_expiry_seconds` (at
+/// least `refresh` left, at most `validity`), the status page has its DNSSEC section,
+/// and `steerdns explain` says the answer is signed and until when.
+#[tokio::test(flavor = "multi_thread")]
+async fn state_metrics_status_and_explain_show_signing() {
+    use common::stack::{policy, scratch, Stack};
+    let dir = scratch("dnssec-state");
+    policy(&dir, "[100]", 1.0);
+    let now = steerdns::selection::unix_now();
+    let key = steerdns::dnssec::keygen(&dir.join("keys"), "example.com", 15, now).unwrap();
+    let text = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+    std::fs::write(
+        dir.join("steering.yaml"),
+        format!("{text}dnssec:\n  keys: keys\n  validity: 10d\n  refresh: 4d\n"),
+    )
+    .unwrap();
+    let stack = Stack::start(&dir).await;
+    let state = stack.state().await;
+    let d = &state["dnssec"];
+    assert_eq!(d["keys"][0]["phase"], "active", "{state}");
+    assert_eq!(d["keys"][0]["algorithm"], 15, "{state}");
+    assert_eq!(d["keys"][0]["file"], key.display().to_string(), "{state}");
+    let until = d["signed_until_unix"].as_u64().unwrap();
+    assert!(
+        (now + 4 * 86_400..=now + 10 * 86_400).contains(&until),
+        "{state}"
+    );
+    let left = stack
+        .metric("steerdns_dnssec_signature_expiry_seconds")
+        .await
+        .expect("the expiry gauge");
+    assert!(
+        (4.0 * 86_400.0 - 5.0..=10.0 * 86_400.0).contains(&left),
+        "{left}"
+    );
+    let page = stack
+        .http
+        .get(format!("http://{}/", stack.api))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<h2>DNSSEC</h2>"), "{page}");
+    assert!(page.contains("<td>active</td>"), "{page}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_steerdns"))
+        .current_dir(&dir)
+        .args(["explain", "www.example.com", "--client", "81.2.69.160"])
+        .args([
+            "--config",
+            "steering.yaml",
+            "--zones",
+            "zones",
+            "--geo",
+            "geo.mmdb",
+        ])
+        .args(["--probes", "probes", "--state-dir", "state"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("dnssec:  signed (DO=1 answers carry the CNAME's RRSIG), valid until 20"),
+        "{text}"
+    );
+    drop(stack);
+    let _ = std::fs::remove_dir_all(&dir);
+}
