@@ -95,6 +95,9 @@ struct Header {
     ttl: u32,
     /// `selection: random`: a random key per query instead of a consistent one.
     random: bool,
+    /// Whether the answer depends on the client's origin AS (AS entries in the regions
+    /// or a drain's `where:`): only then is the ASN database read.
+    origin: bool,
     /// Where the name's salts start in `Plan::salts`.
     salts: u32,
     /// Where the name's country table starts in `Plan::countries`.
@@ -415,6 +418,12 @@ impl Plan {
             scopes: spec.drain_scopes.len() as u8,
             ttl: spec.ttl,
             random: spec.selection == Selection::Random,
+            origin: !spec.index.asns.is_empty()
+                || spec
+                    .drain_scopes
+                    .iter()
+                    .flatten()
+                    .any(|m| matches!(m, Match::Asn(_))),
             salts: self.salts.len() as u32,
             countries: self.countries.len() as u32,
             choices: self.choices.len() as u32,
@@ -550,11 +559,14 @@ impl<'p> Steered<'p> {
     /// finding: the widest block around the client whose every address gets the same
     /// answer (neighbouring networks of other countries in the same region included).
     ///
+    /// Without `tailored` (no ECS, or source /0) no scope is echoed: the steps up are
+    /// not followed and the scope is 0.
+    ///
     /// # Hot path
     /// Table lookups, a set test per step up the geo database's tree
-    /// ([`GeoDb::widest`]) and, only for policies with CIDR entries or location-scoped
-    /// drains, a short scan.
-    pub fn decide(self, ip: IpAddr, place: &Place, geo: &GeoDb) -> Decision {
+    /// ([`GeoDb::widest`], tailored only) and, only for policies with CIDR entries or
+    /// location-scoped drains, a short scan.
+    pub fn decide(self, ip: IpAddr, place: &Place, geo: &GeoDb, tailored: bool) -> Decision {
         let at = self.header.countries as usize;
         let by_country = &self.plan.countries[at..at + COUNTRIES];
         let regions = &self.header.regions;
@@ -569,12 +581,15 @@ impl<'p> Steered<'p> {
         let by_place = self.by_place(by_country, place);
         let at = self.header.choices as usize + by_place;
         let widest = match self.plan.allowed.get(at) {
-            Some(allowed) => geo.widest(ip, place, allowed),
-            None => place.prefix_len,
+            Some(allowed) if tailored => geo.widest(ip, place, allowed),
+            _ => place.prefix_len,
         };
         let at = regions.nets as usize;
         let nets = &self.plan.nets[at..at + regions.nets_len as usize];
         let mut d = regions.decide(by_country, nets, &self.labels.asns, ip, place, widest);
+        if !tailored {
+            d.scope = 0;
+        }
         if self.header.scopes == 0 {
             return d;
         }
@@ -587,7 +602,10 @@ impl<'p> Steered<'p> {
                 // A CIDR scope splits the networks it cuts: the answer's scope narrows.
                 match *m {
                     Match::Net(n) => {
-                        if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
+                        if tailored
+                            && n.prefix_len() > d.scope
+                            && same_network(ip, n.addr(), d.scope)
+                        {
                             d.scope = n.prefix_len();
                         }
                         if n.contains(&ip) {
@@ -595,7 +613,9 @@ impl<'p> Steered<'p> {
                         }
                     }
                     Match::Asn(a) => {
-                        d.scope = d.scope.max(place.origin.prefix_len);
+                        if tailored {
+                            d.scope = d.scope.max(place.origin.prefix_len);
+                        }
                         if place.origin.asn == Some(a) {
                             d.mask |= 1 << i;
                         }
@@ -654,6 +674,19 @@ impl<'p> Steered<'p> {
         }
     }
 
+    /// Where `ip` is, as far as this name's answer cares: its place, and its origin AS
+    /// only when the name has AS entries.
+    ///
+    /// # Hot path
+    /// One geo lookup, and an ASN lookup for names that need it; no allocation.
+    pub fn locate(self, geo: &GeoDb, ip: IpAddr) -> Place {
+        let mut place = geo.locate(ip);
+        if self.header.origin {
+            place.origin = geo.origin(ip);
+        }
+        place
+    }
+
     /// The answer to `asker` at `now` (Unix seconds): locate, decide the region and
     /// drains, choose, pick. The one function the fast path, the full path and
     /// explain answer with; `rng` draws only for `selection: random`.
@@ -667,9 +700,9 @@ impl<'p> Steered<'p> {
         now: u64,
         rng: &mut R,
     ) -> Answer<'p> {
-        let place = geo.locate(asker.client);
-        let decision = self.decide(asker.client, &place, geo);
-        let scope = if asker.tailored() { decision.scope } else { 0 };
+        let place = self.locate(geo, asker.client);
+        let decision = self.decide(asker.client, &place, geo, asker.tailored());
+        let scope = decision.scope;
         // The network in the key goes as far as the scope echoed, and no further than
         // what the resolver told.
         let within = asker.source.map_or(0, |s| s.min(scope));

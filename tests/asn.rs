@@ -109,3 +109,33 @@ fn explain_shows_the_origin_as() {
     assert!(out.contains("first region matching `AS1221`"), "{out}");
     assert!(out.contains("telstra.cdn.example.net."), "{out}");
 }
+
+/// Only names whose policy has AS entries read the ASN database: with the same
+/// database attached, the demo name (no AS entries) locates a client without its
+/// origin, the AS policy's name with it.
+#[test]
+fn only_names_with_as_entries_look_the_origin_up() {
+    let load = |config: &str| {
+        let inputs = Inputs {
+            config: repo(config),
+            zones: repo("zones"),
+            geo: repo(SHIPPED_GEO),
+            probes: repo("tests/fixtures/no-probes"),
+            asn: Some(repo(ASN_DB)),
+            api_tokens: None,
+        };
+        app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let ip = "1.130.7.1".parse().unwrap();
+    for (config, want) in [("steering.yaml", None), (POLICY, Some(1221))] {
+        let loaded = load(config);
+        let snap = loaded.snapshot();
+        let name = snap.plan.names().next().unwrap();
+        assert_eq!(name.locate(&snap.geo, ip).origin.asn, want, "{config}");
+        assert_eq!(
+            snap.geo.origin(ip).asn,
+            Some(1221),
+            "{config}: the database"
+        );
+    }
+}

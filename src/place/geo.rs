@@ -43,7 +43,7 @@ pub struct Place {
     pub prefix_len: u8,
     /// Where the steps up the tree from that network start ([`GeoDb::widest`]).
     pub start: Start,
-    /// The origin AS, when an ASN database is attached ([`GeoDb::with_asn`]).
+    /// The origin AS, for names whose policy has AS entries ([`GeoDb::origin`]).
     pub origin: Origin,
 }
 
@@ -257,11 +257,18 @@ impl GeoDb {
             }
         };
         // Nothing found: an IPv6 address in an IPv4 database.
-        let mut place = found.unwrap_or_default();
-        if let Some(asn) = &self.asn {
-            place.origin = asn.origin(ip);
-        }
-        place
+        found.unwrap_or_default()
+    }
+
+    /// The origin AS of `ip` (nothing without an ASN database). Only names whose
+    /// policy has AS entries ask ([`crate::plan`]).
+    ///
+    /// # Hot path
+    /// A walk of the ASN database's search tree; no allocation.
+    pub fn origin(&self, ip: IpAddr) -> Origin {
+        self.asn
+            .as_ref()
+            .map_or_else(Origin::default, |a| a.origin(ip))
     }
 
     /// An IPv6 address in the tables.
