@@ -610,7 +610,7 @@ mod tests {
             let v6 = short.chain(long).zip(places.map(|&p| u32::from(p as u8)));
             for (start, p) in v6.step_by(7).chain(aliases) {
                 let last = start | u128::MAX.checked_shr(p).unwrap_or(0);
-                let mid = start | (last - start) / 3;
+                let mid = start + (last - start) / 3;
                 ips.extend([start, mid, last, last.wrapping_add(1)].map(|a| IpAddr::V6(a.into())));
             }
             ips.extend(
