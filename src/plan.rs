@@ -120,6 +120,10 @@ struct Labels {
     /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
     /// set when it matches `drain_scopes[i]`. Usually empty.
     drain_scopes: Box<[Box<[Match]>]>,
+    /// The location-scoped drains a client falls in by its place, precomputed from
+    /// `drain_scopes` ([`drain_masks`]): per country, per continent, then those that
+    /// hold every place. Empty without such drains.
+    drain_masks: Box<[u8]>,
     /// AS entries of the regions, with the first region listing each. Usually empty.
     asns: Box<[(u32, u16)]>,
     /// Content steering for players: pathway ids by target, TTL, throughput floor.
@@ -446,6 +450,7 @@ impl Plan {
             name: spec.name,
             regions: spec.regions.into_boxed_slice(),
             targets: spec.targets.into_boxed_slice(),
+            drain_masks: drain_masks(&spec.drain_scopes),
             drain_scopes: spec.drain_scopes.into_boxed_slice(),
             asns: spec.index.asns.into_boxed_slice(),
             content: spec.content,
@@ -629,15 +634,23 @@ impl<'p> Steered<'p> {
 
     /// The index of the choice a client at `place` gets by its place alone (CIDR
     /// entries aside): its region, shifted, and the drain scopes it falls in.
+    ///
+    /// # Hot path
+    /// Table lookups: the drains by place are precomputed ([`drain_masks`]).
     fn by_place(self, by_country: &[u16], place: &Place) -> usize {
         let region = usize::from(self.header.regions.of_place(by_country, place));
+        let masks = &self.labels.drain_masks[..];
         let mut mask = 0;
-        for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
-            if scope.iter().any(|m| m.covers_place(place)) {
-                mask |= 1 << i;
+        if let Some(&everywhere) = masks.get(COUNTRIES + CONTINENTS) {
+            mask = everywhere;
+            if let Some(c) = place.country {
+                mask |= masks[c.index()];
+            }
+            if let Some(c) = place.continent {
+                mask |= masks[COUNTRIES + c.index()];
             }
         }
-        region << self.header.scopes | mask
+        region << self.header.scopes | usize::from(mask)
     }
 
     /// The choice for a decision.
@@ -1087,6 +1100,33 @@ impl Regions {
             mask: 0,
         }
     }
+}
+
+/// Continents, after the countries in [`drain_masks`].
+const CONTINENTS: usize = 7;
+const _: () = assert!(crate::config::MAX_DRAIN_SCOPES <= 8, "a drain mask is a u8");
+
+/// For each country, then each continent, then every place: the location-scoped
+/// drains (bit `i` for `scopes[i]`) whose entries hold it by place
+/// ([`Match::covers_place`]; CIDR and AS entries are decided per address). Empty
+/// without scopes.
+fn drain_masks(scopes: &[Box<[Match]>]) -> Box<[u8]> {
+    if scopes.is_empty() {
+        return Box::default();
+    }
+    let mut masks = vec![0u8; COUNTRIES + CONTINENTS + 1];
+    for (i, scope) in scopes.iter().enumerate() {
+        for m in scope.iter() {
+            let at = match *m {
+                Match::Country(c) => c.index(),
+                Match::Continent(c) => COUNTRIES + c.index(),
+                Match::Any => COUNTRIES + CONTINENTS,
+                Match::Net(_) | Match::Asn(_) => continue,
+            };
+            masks[at] |= 1 << i;
+        }
+    }
+    masks.into_boxed_slice()
 }
 
 fn first(slot: &mut u16, region: u16) {
