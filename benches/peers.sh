@@ -17,12 +17,17 @@
 #   UDP_SOCKETS=    --udp-sockets for steerdns (default: its own default)
 #   STEERDNS_BIN    the binary (default: built with cargo build --release, in
 #                   CARGO_TARGET_DIR if set)
-#   SHARED=../shared  where peers/ and geo/ are (outside this repository)
+#   SHARED=../shared  where peers/ is (outside this repository)
+#   GEO=geo/country.mmdb  the database every server is given: steerdns reads it as it
+#                   is; gdnsd and PowerDNS a GeoIP2-Country copy of it, node for node
+#                   (benches/scope/scope.py geoip2), and the ECS queries are drawn from
+#                   its networks with data
 #   KEEP=1          keep the temp dir (logs, rendered configs, raw dnsperf outputs)
 #
 # Every server is pinned to CPU 1 and dnsperf to CPU 0. Runs are interleaved
 # (A B C A B C ...) and the medians printed as a markdown table. Server CPU per answered
-# query = (utime + stime of the server over the run) / queries completed.
+# query = (utime + stime of the server over the run) / queries completed; RSS is the
+# server's VmRSS after each throughput run (median, MB).
 # Needs root for apt-get only when dnsperf, or a server of SERVERS, is missing.
 # Quickest: SERVERS="steerdns gdnsd" benches/peers.sh --quick (about a minute once built).
 # shellcheck source-path=SCRIPTDIR
@@ -44,8 +49,7 @@ QUERIES=${QUERIES:-20000}
 SERVERS=${SERVERS:-steerdns gdnsd pdns}
 MIXES=${MIXES:-plain ecs mix tcp}
 SHARED=${SHARED:-$REPO/../shared}
-GEODB=$SHARED/geo/GeoIP2-Country-bench.mmdb
-PREFIXES=$SHARED/geo/GeoIP2-Country-bench.prefixes.tsv
+GEO=${GEO:-$REPO/geo/country.mmdb}
 PORT_STEERDNS=${PORT_STEERDNS:-25353}
 PORT_GDNSD=${PORT_GDNSD:-25354}
 PORT_PDNS=${PORT_PDNS:-25355}
@@ -64,9 +68,15 @@ case " $SERVERS " in
     ((${#missing[@]} == 0)) || apt_install "${missing[@]}"
     ;;
 esac
-[[ -r $GEODB ]] || die "no $GEODB"
+[[ -r $GEO ]] || die "no $GEO"
 build_release
 make_tmp peers
+# The peers read GeoIP2-Country: the same database in that shape, and its networks with
+# data for the query files.
+GEODB=$TMP/GeoIP2-Country.mmdb
+PREFIXES=$TMP/prefixes.tsv
+log "writing a GeoIP2-Country copy of $GEO for the peers"
+python3 "$REPO/benches/scope/scope.py" geoip2 --db "$GEO" --out "$GEODB" --prefixes "$PREFIXES"
 
 render() { # template output threads lua_mode
     sed -e "s|@PORT@|$5|g" -e "s|@RUN@|$3|g" -e "s|@GEODB@|$GEODB|g" \
@@ -107,7 +117,7 @@ regions:
 YAML
 # The peers' zone without the steered name.
 grep -v -E '^(www|[[:space:]]+")' "$SHARED/peers/pdns/example.com.zone" >"$S/zones/example.com.zone"
-STEERDNS_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$GEODB"
+STEERDNS_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$GEO"
     --probes "$S/probes" --state-dir "$S/state" --api off --reload-poll-ms 0 --steering-http off
     --listen "127.0.0.1:$PORT_STEERDNS")
 [[ -n ${UDP_SOCKETS:-} ]] && STEERDNS_ARGS+=(--udp-sockets "$UDP_SOCKETS")
@@ -240,13 +250,15 @@ run_one() { # server mix rep
     taskset -c 0 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" $(datafile "$m") "${DNSPERF_ARGS[@]}" \
         -l "$DURATION" >"$out" 2>&1 || true
     c1=$(cpu_ticks "$pid") t1=$(date +%s.%N)
+    local rss
+    rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")
     local lat=$TMP/lat-$1-$2-$3.txt
     # shellcheck disable=SC2046
     taskset -c 0 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" $(datafile "$m") "${DNSPERF_ARGS[@]}" \
         -Q "$LAT_QPS" -l "$LAT_DURATION" -v >"$lat" 2>&1 || true
-    python3 - "$out" "$lat" "$c0" "$c1" "$t0" "$t1" "$(clock_ticks)" "$s" "$m" "$r" >>"$RESULTS" <<'PY'
+    python3 - "$out" "$lat" "$c0" "$c1" "$t0" "$t1" "$(clock_ticks)" "$s" "$m" "$r" "$rss" >>"$RESULTS" <<'PY'
 import re, sys
-out, lat, c0, c1, t0, t1, hz, s, m, r = sys.argv[1:]
+out, lat, c0, c1, t0, t1, hz, s, m, r, rss = sys.argv[1:]
 text = open(out).read()
 def num(label):
     g = re.search(label + r":\s+([0-9.]+)", text)
@@ -272,7 +284,7 @@ lats.sort()
 def pct(p):
     return lats[min(len(lats) - 1, int(p * len(lats)))] * 1e6 if lats else float("nan")
 us = cpu / completed * 1e6 if completed else float("nan")
-print(f"{s}\t{m}\t{r}\t{qps:.0f}\t{cpu / wall:.3f}\t{us:.2f}\t{lost:.0f}\t{pct(0.5):.0f}\t{pct(0.99):.0f}")
+print(f"{s}\t{m}\t{r}\t{qps:.0f}\t{cpu / wall:.3f}\t{us:.2f}\t{lost:.0f}\t{pct(0.5):.0f}\t{pct(0.99):.0f}\t{int(rss) / 1000:.1f}")
 PY
     log "$(tail -1 "$RESULTS")"
 }
@@ -301,8 +313,8 @@ echo
 echo "dnsperf ${DNSPERF_ARGS[*]}, ${DURATION} s per run, median of $RUNS interleaved runs;" \
     "server on CPU 1, dnsperf on CPU 0; latency: -Q $LAT_QPS for ${LAT_DURATION} s; $QUERIES queries per binary file"
 echo
-echo "| server | mix | QPS | server CPU busy | server CPU per answered query | lost | p50 at ${LAT_QPS} QPS | p99 at ${LAT_QPS} QPS |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| server | mix | QPS | server CPU busy | server CPU per answered query | lost | p50 at ${LAT_QPS} QPS | p99 at ${LAT_QPS} QPS | RSS |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 python3 - "$RESULTS" "$SERVERS" "$MIXES" <<'PY' | while IFS=$'\t' read -r s rest; do echo "| $(version "$s") $rest"; done
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
@@ -312,5 +324,5 @@ for m in sys.argv[3].split():
         if not rs:
             continue
         med = lambda i: statistics.median(float(r[i]) for r in rs)
-        print(f"{s}\t| {m} | {med(3):,.0f} | {med(4) * 100:.0f} % | {med(5):.2f} µs | {med(6):,.0f} | {med(7):.0f} µs | {med(8):.0f} µs |")
+        print(f"{s}\t| {m} | {med(3):,.0f} | {med(4) * 100:.0f} % | {med(5):.2f} µs | {med(6):,.0f} | {med(7):.0f} µs | {med(8):.0f} µs | {med(9):.1f} MB |")
 PY

@@ -76,7 +76,7 @@ fn steering(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % ADDRS;
             let (ip, place) = &places[i];
-            black_box(steered.decide(black_box(*ip), black_box(place), &snap.geo))
+            black_box(steered.decide(black_box(*ip), black_box(place), &snap.geo, true))
         })
     });
     let choice = steered.choice(0);

@@ -134,7 +134,7 @@ fn decision(c: &mut Criterion) {
                 let steered = snap.plan.get(black_box(&qnames[i])).expect("steered");
                 let ip = black_box(ips[i]);
                 let place = snap.geo.locate(ip);
-                let d = steered.decide(ip, &place, &snap.geo);
+                let d = steered.decide(ip, &place, &snap.geo, true);
                 let key = steered.pick_key(ip, ip, d.scope.min(24), 1_800_000_000, &mut rng);
                 black_box(steered.pick(steered.choose(&d), key).cname_wire.len())
             })

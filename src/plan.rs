@@ -97,6 +97,9 @@ struct Header {
     ttl: u32,
     /// `selection: random`: a random key per query instead of a consistent one.
     random: bool,
+    /// Whether the answer depends on the client's origin AS (AS entries in the regions
+    /// or a drain's `where:`): only then is the ASN database read.
+    origin: bool,
     /// Where the name's salts start in `Plan::salts`.
     salts: u32,
     /// Where the name's country table starts in `Plan::countries`.
@@ -119,6 +122,10 @@ struct Labels {
     /// Location scopes of active drains (`where: [GB]`): bit `i` of a client's mask is
     /// set when it matches `drain_scopes[i]`. Usually empty.
     drain_scopes: Box<[Box<[Match]>]>,
+    /// The location-scoped drains a client falls in by its place, precomputed from
+    /// `drain_scopes` ([`drain_masks`]): per country, per continent, then those that
+    /// hold every place. Empty without such drains.
+    drain_masks: Box<[u8]>,
     /// AS entries of the regions, with the first region listing each. Usually empty.
     asns: Box<[(u32, u16)]>,
     /// Content steering for players: pathway ids by target, TTL, throughput floor.
@@ -420,6 +427,12 @@ impl Plan {
             scopes: spec.drain_scopes.len() as u8,
             ttl: spec.ttl,
             random: spec.selection == Selection::Random,
+            origin: !spec.index.asns.is_empty()
+                || spec
+                    .drain_scopes
+                    .iter()
+                    .flatten()
+                    .any(|m| matches!(m, Match::Asn(_))),
             salts: self.salts.len() as u32,
             countries: self.countries.len() as u32,
             choices: self.choices.len() as u32,
@@ -442,6 +455,7 @@ impl Plan {
             name: spec.name,
             regions: spec.regions.into_boxed_slice(),
             targets: spec.targets.into_boxed_slice(),
+            drain_masks: drain_masks(&spec.drain_scopes),
             drain_scopes: spec.drain_scopes.into_boxed_slice(),
             asns: spec.index.asns.into_boxed_slice(),
             content: spec.content,
@@ -569,11 +583,14 @@ impl<'p> Steered<'p> {
     /// finding: the widest block around the client whose every address gets the same
     /// answer (neighbouring networks of other countries in the same region included).
     ///
+    /// Without `tailored` (no ECS, or source /0) no scope is echoed: the steps up are
+    /// not followed and the scope is 0.
+    ///
     /// # Hot path
     /// Table lookups, a set test per step up the geo database's tree
-    /// ([`GeoDb::widest`]) and, only for policies with CIDR entries or location-scoped
-    /// drains, a short scan.
-    pub fn decide(self, ip: IpAddr, place: &Place, geo: &GeoDb) -> Decision {
+    /// ([`GeoDb::widest`], tailored only) and, only for policies with CIDR entries or
+    /// location-scoped drains, a short scan.
+    pub fn decide(self, ip: IpAddr, place: &Place, geo: &GeoDb, tailored: bool) -> Decision {
         let at = self.header.countries as usize;
         let by_country = &self.plan.countries[at..at + COUNTRIES];
         let regions = &self.header.regions;
@@ -588,12 +605,15 @@ impl<'p> Steered<'p> {
         let by_place = self.by_place(by_country, place);
         let at = self.header.choices as usize + by_place;
         let widest = match self.plan.allowed.get(at) {
-            Some(allowed) => geo.widest(ip, place, allowed),
-            None => place.prefix_len,
+            Some(allowed) if tailored => geo.widest(ip, place, allowed),
+            _ => place.prefix_len,
         };
         let at = regions.nets as usize;
         let nets = &self.plan.nets[at..at + regions.nets_len as usize];
         let mut d = regions.decide(by_country, nets, &self.labels.asns, ip, place, widest);
+        if !tailored {
+            d.scope = 0;
+        }
         if self.header.scopes == 0 {
             return d;
         }
@@ -606,7 +626,10 @@ impl<'p> Steered<'p> {
                 // A CIDR scope splits the networks it cuts: the answer's scope narrows.
                 match *m {
                     Match::Net(n) => {
-                        if n.prefix_len() > d.scope && same_network(ip, n.addr(), d.scope) {
+                        if tailored
+                            && n.prefix_len() > d.scope
+                            && same_network(ip, n.addr(), d.scope)
+                        {
                             d.scope = n.prefix_len();
                         }
                         if n.contains(&ip) {
@@ -614,7 +637,9 @@ impl<'p> Steered<'p> {
                         }
                     }
                     Match::Asn(a) => {
-                        d.scope = d.scope.max(place.origin.prefix_len);
+                        if tailored {
+                            d.scope = d.scope.max(place.origin.prefix_len);
+                        }
                         if place.origin.asn == Some(a) {
                             d.mask |= 1 << i;
                         }
@@ -628,15 +653,23 @@ impl<'p> Steered<'p> {
 
     /// The index of the choice a client at `place` gets by its place alone (CIDR
     /// entries aside): its region, shifted, and the drain scopes it falls in.
+    ///
+    /// # Hot path
+    /// Table lookups: the drains by place are precomputed ([`drain_masks`]).
     fn by_place(self, by_country: &[u16], place: &Place) -> usize {
         let region = usize::from(self.header.regions.of_place(by_country, place));
+        let masks = &self.labels.drain_masks[..];
         let mut mask = 0;
-        for (i, scope) in self.labels.drain_scopes.iter().enumerate() {
-            if scope.iter().any(|m| m.covers_place(place)) {
-                mask |= 1 << i;
+        if let Some(&everywhere) = masks.get(COUNTRIES + CONTINENTS) {
+            mask = everywhere;
+            if let Some(c) = place.country {
+                mask |= masks[c.index()];
+            }
+            if let Some(c) = place.continent {
+                mask |= masks[COUNTRIES + c.index()];
             }
         }
-        region << self.header.scopes | mask
+        region << self.header.scopes | usize::from(mask)
     }
 
     /// The choice for a decision.
@@ -673,6 +706,19 @@ impl<'p> Steered<'p> {
         }
     }
 
+    /// Where `ip` is, as far as this name's answer cares: its place, and its origin AS
+    /// only when the name has AS entries.
+    ///
+    /// # Hot path
+    /// One geo lookup, and an ASN lookup for names that need it; no allocation.
+    pub fn locate(self, geo: &GeoDb, ip: IpAddr) -> Place {
+        let mut place = geo.locate(ip);
+        if self.header.origin {
+            place.origin = geo.origin(ip);
+        }
+        place
+    }
+
     /// The answer to `asker` at `now` (Unix seconds): locate, decide the region and
     /// drains, choose, pick. The one function the fast path, the full path and
     /// explain answer with; `rng` draws only for `selection: random`.
@@ -686,9 +732,9 @@ impl<'p> Steered<'p> {
         now: u64,
         rng: &mut R,
     ) -> Answer<'p> {
-        let place = geo.locate(asker.client);
-        let decision = self.decide(asker.client, &place, geo);
-        let scope = if asker.tailored() { decision.scope } else { 0 };
+        let place = self.locate(geo, asker.client);
+        let decision = self.decide(asker.client, &place, geo, asker.tailored());
+        let scope = decision.scope;
         // The network in the key goes as far as the scope echoed, and no further than
         // what the resolver told.
         let within = asker.source.map_or(0, |s| s.min(scope));
@@ -1079,6 +1125,33 @@ impl Regions {
             mask: 0,
         }
     }
+}
+
+/// Continents, after the countries in [`drain_masks`].
+const CONTINENTS: usize = 7;
+const _: () = assert!(crate::config::MAX_DRAIN_SCOPES <= 8, "a drain mask is a u8");
+
+/// For each country, then each continent, then every place: the location-scoped
+/// drains (bit `i` for `scopes[i]`) whose entries hold it by place
+/// ([`Match::covers_place`]; CIDR and AS entries are decided per address). Empty
+/// without scopes.
+fn drain_masks(scopes: &[Box<[Match]>]) -> Box<[u8]> {
+    if scopes.is_empty() {
+        return Box::default();
+    }
+    let mut masks = vec![0u8; COUNTRIES + CONTINENTS + 1];
+    for (i, scope) in scopes.iter().enumerate() {
+        for m in scope.iter() {
+            let at = match *m {
+                Match::Country(c) => c.index(),
+                Match::Continent(c) => COUNTRIES + c.index(),
+                Match::Any => COUNTRIES + CONTINENTS,
+                Match::Net(_) | Match::Asn(_) => continue,
+            };
+            masks[at] |= 1 << i;
+        }
+    }
+    masks.into_boxed_slice()
 }
 
 fn first(slot: &mut u16, region: u16) {

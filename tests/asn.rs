@@ -34,6 +34,19 @@ fn steerdns(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `config` with the zones, the shipped geo database and the test ASN database.
+fn load(config: &str) -> app::Loaded {
+    let inputs = Inputs {
+        config: repo(config),
+        zones: repo("zones"),
+        geo: repo(SHIPPED_GEO),
+        probes: repo("tests/fixtures/no-probes"),
+        asn: Some(repo(ASN_DB)),
+        api_tokens: None,
+    };
+    app::load(&inputs).unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[test]
 fn check_refuses_as_entries_without_an_asn_database() {
     let (ok, out) = steerdns(&["check"]);
@@ -57,15 +70,7 @@ fn check_refuses_as_entries_without_an_asn_database() {
 
 #[tokio::test]
 async fn a_client_in_a_matched_as_gets_that_region() {
-    let inputs = Inputs {
-        config: repo(POLICY),
-        zones: repo("zones"),
-        geo: repo(SHIPPED_GEO),
-        probes: repo("tests/fixtures/no-probes"),
-        asn: Some(repo(ASN_DB)),
-        api_tokens: None,
-    };
-    let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
+    let loaded = load(POLICY);
     let running = app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
         .await
         .unwrap();
@@ -113,4 +118,23 @@ fn explain_shows_the_origin_as() {
     assert!(out.contains("origin:  AS1221 (network /11 in"), "{out}");
     assert!(out.contains("first region matching `AS1221`"), "{out}");
     assert!(out.contains("telstra.cdn.example.net."), "{out}");
+}
+
+/// Only names whose policy has AS entries read the ASN database: with the same
+/// database attached, the demo name (no AS entries) locates a client without its
+/// origin, the AS policy's name with it.
+#[test]
+fn only_names_with_as_entries_look_the_origin_up() {
+    let ip = "1.130.7.1".parse().unwrap();
+    for (config, want) in [("steering.yaml", None), (POLICY, Some(1221))] {
+        let loaded = load(config);
+        let snap = loaded.snapshot();
+        let name = snap.plan.names().next().unwrap();
+        assert_eq!(name.locate(&snap.geo, ip).origin.asn, want, "{config}");
+        assert_eq!(
+            snap.geo.origin(ip).asn,
+            Some(1221),
+            "{config}: the database"
+        );
+    }
 }

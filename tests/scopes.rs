@@ -25,7 +25,7 @@ use steerdns::config::DrainScope;
 use steerdns::control::planner::{DrainCut, Removed};
 use steerdns::place::countries::{Continent, Country};
 use steerdns::place::Match;
-use steerdns::plan::{Snapshot, Steered};
+use steerdns::plan::{Asker, Snapshot, Steered};
 
 const SHIPPED_GEO: &str = "geo/country.mmdb";
 
@@ -83,7 +83,7 @@ fn ip(bits: u32, a: u128) -> IpAddr {
 
 /// What an answer depends on: the region and the location-scoped drains.
 fn label(snap: &Snapshot, name: Steered, a: IpAddr) -> (usize, usize) {
-    let d = name.decide(a, &snap.geo.locate(a), &snap.geo);
+    let d = name.decide(a, &snap.geo.locate(a), &snap.geo, true);
     (d.region, d.mask)
 }
 
@@ -177,7 +177,7 @@ fn tally(snap: &Snapshot, name: Steered, family: &Family, edges: &[IpNet]) -> Ta
         let k = cuts.partition_point(|&c| c <= first) - 1;
         let (lo, hi) = (run_first[k], run_last[k]);
         let place = snap.geo.locate(a);
-        let scope = name.decide(a, &place, &snap.geo).scope;
+        let scope = name.decide(a, &place, &snap.geo, true).scope;
         // The widest block around `first` inside its run.
         let mut best = bits as u8;
         while best > 0 {
@@ -328,4 +328,26 @@ async fn the_scope_on_the_wire_is_the_widest_correct_one() {
         wider_than_network * 4 > asked,
         "{wider_than_network} of {asked} answers reach past their network"
     );
+}
+
+/// A query without ECS (or with source /0) echoes no scope, so its decision follows
+/// no steps up the tree: the decision's scope is 0, where the same client with ECS
+/// gets the widest block of its region.
+#[test]
+fn without_ecs_the_decision_widens_nothing() {
+    let loaded = load_fixture(DEMO_POLICY, "zones", SHIPPED_GEO);
+    let snap = loaded.snapshot();
+    let name = snap.plan.names().next().unwrap();
+    // GB (region of the first entry) and an address in the default region.
+    for client in ["81.2.69.160", "216.160.83.56", "2a02:c7f::1"] {
+        let ip: IpAddr = client.parse().unwrap();
+        let mut rng = rand::rng();
+        let tailored = name.answer(&snap.geo, &Asker::new(ip, Some((ip, 24))), 0, &mut rng);
+        assert!(tailored.decision.scope > 0, "{client}: with ECS");
+        for asker in [Asker::new(ip, None), Asker::new(ip, Some((ip, 0)))] {
+            let a = name.answer(&snap.geo, &asker, 0, &mut rng);
+            assert_eq!((a.scope, a.decision.scope), (0, 0), "{client}: {asker:?}");
+            assert_eq!(a.decision.region, tailored.decision.region, "{client}");
+        }
+    }
 }

@@ -28,6 +28,7 @@
 #   QUERIES=20000   messages in the binary query file (varied ECS, 20 % non-steered)
 #   FLIP_EVERY=2    seconds between flips of the mock CDN
 #   MAX_RSS_GROWTH=10   percent
+#   MAX_RSS_KB=60000    the server's VmRSS after the warm-up and at the end (60 MB)
 #   STEERDNS_BIN=target/release/steerdns (built with cargo build --release unless set)
 #   KEEP=1          keep the scratch directory (server log, dnsperf output, policies)
 #   HOSTILE=1       the hostile traffic of 4. (0: none)
@@ -39,7 +40,7 @@
 # one of the two CNAMEs.
 # Exits non-zero unless: no query lost but those the kernel dropped on a full receive
 # queue, every dig answer one of the two CNAMEs (and at least 90 % answered), no
-# SERVFAIL, RSS growth under MAX_RSS_GROWTH %,
+# SERVFAIL, RSS growth under MAX_RSS_GROWTH % and RSS under MAX_RSS_KB,
 # and enough reloads applied, reloads refused, health transitions and drain calls
 # happened (so that it cannot pass without having churned); with HOSTILE=1 also every
 # drain call and every TCP dig answered (one of the two CNAMEs) while the hostile
@@ -62,6 +63,7 @@ QPS=${QPS:-20000}
 QUERIES=${QUERIES:-20000}
 FLIP_EVERY=${FLIP_EVERY:-2}
 MAX_RSS_GROWTH=${MAX_RSS_GROWTH:-10}
+MAX_RSS_KB=${MAX_RSS_KB:-60000}
 TOTAL=$((WARMUP + DURATION))
 # Each kind of edit is written TOTAL/2 times; a reload can merge with the next edit
 # only if the server falls a second behind, so half of that is a safe floor.
@@ -416,6 +418,8 @@ fi
 ((${servfail:-0} == 0)) || fail+=("$servfail SERVFAIL")
 ((${completed:-0} > 0)) || fail+=("no query completed")
 awk -v g="$growth" -v m="$MAX_RSS_GROWTH" 'BEGIN { exit !(g < m) }' || fail+=("RSS grew $growth % (limit $MAX_RSS_GROWTH %)")
+((rss_start <= MAX_RSS_KB && rss_end <= MAX_RSS_KB)) ||
+    fail+=("RSS $rss_start kB after the warm-up, $rss_end kB at the end (limit $MAX_RSS_KB kB)")
 ((applied >= MIN_EACH)) || fail+=("only $applied reloads applied (want $MIN_EACH)")
 ((refused >= MIN_EACH)) || fail+=("only $refused reloads refused (want $MIN_EACH)")
 ((transitions >= MIN_TRANSITIONS)) || fail+=("only $transitions health transitions (want $MIN_TRANSITIONS): the mock CDN flips did not fail over")

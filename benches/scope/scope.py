@@ -3,7 +3,7 @@
 
     scope.py measure --db DB --policy YAML --server NAME=PORT [--server ...]
                      [--sample 5000] [--seed 16] [--name www.example.com]
-    scope.py geoip2 --db DB --out FILE      # a GeoIP2-Country-shaped copy, for gdnsd
+    scope.py geoip2 --db DB --out FILE [--prefixes TSV]   # a GeoIP2-Country-shaped copy, for gdnsd
 
 `measure` walks the IPv4 search tree of DB (every network, with data or empty), labels
 each with the answer the policy gives it, merges runs of equal labels, and so knows for
@@ -414,6 +414,16 @@ def geoip2(args):
     count, rsize = mmdb.write(args.out, nets, values, "GeoIP2-Country",
                               f"GeoIP2-Country-shaped copy of {os.path.basename(args.db)} (benches/scope)")
     log(f"wrote {args.out}: {len(nets):,} networks, {count:,} nodes, record size {rsize}")
+    if args.prefixes:
+        # Every network with data, as benches/queries.py reads them.
+        with open(args.prefixes, "w") as f:
+            for first, plen, cc in nets:
+                if cc is None:
+                    continue
+                if first >> 32 == 0 and plen >= 96:
+                    f.write(f"{ipaddress.IPv4Address(first)}/{plen - 96}\t{cc}\t{CONTINENT_OF.get(cc, '')}\n")
+                else:
+                    f.write(f"{ipaddress.IPv6Address(first)}/{plen}\t{cc}\t{CONTINENT_OF.get(cc, '')}\n")
     return 0
 
 
@@ -452,6 +462,8 @@ def main():
     m.add_argument("--examples", type=int, default=10)
     g = sub.add_parser("geoip2")
     g.add_argument("--db", default="geo/country.mmdb")
+    g.add_argument("--prefixes", help="also write every network with data to this file "
+                   "(prefix, country, continent; tab-separated), for benches/queries.py")
     g.add_argument("--out", required=True)
     g.add_argument("--ipv4-only", action="store_true")
     d = sub.add_parser("is-demo")

@@ -21,6 +21,7 @@ use crate::control::health::Tracker;
 use crate::control::planner::{removed_of, Removed};
 use crate::control::times;
 use crate::inputs::Loaded;
+use crate::place::geo::Place;
 use crate::plan::{Asker, Reason, Snapshot};
 
 /// What explain reads besides the question: the inputs, the snapshot served, and the
@@ -188,8 +189,13 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
     ) else {
         return Err(ExplainError::NotSteered(lower.to_string()));
     };
-    let place = facts.snapshot.geo.locate(q.client);
-    let d = steered.decide(q.client, &place, &facts.snapshot.geo);
+    let geo = &facts.snapshot.geo;
+    // Explain shows the origin AS whenever an ASN database is attached.
+    let place = Place {
+        origin: geo.origin(q.client),
+        ..geo.locate(q.client)
+    };
+    let d = steered.decide(q.client, &place, geo, true);
     let choice = steered.choose(&d);
     let region = &host.regions[d.region];
     let why = region

@@ -43,15 +43,24 @@ pub struct Place {
     pub prefix_len: u8,
     /// Where the steps up the tree from that network start ([`GeoDb::widest`]).
     pub start: Start,
-    /// The origin AS, when an ASN database is attached ([`GeoDb::with_asn`]).
+    /// The origin AS, for names whose policy has AS entries ([`GeoDb::origin`]).
     pub origin: Origin,
 }
 
-/// A validated, in-memory geo database.
+/// A validated, in-memory geo database: its flat tables (the file itself is not kept).
 pub struct GeoDb {
-    reader: Reader<Vec<u8>>,
     v4: Flat<u32>,
-    v6: Flat<u128>,
+    /// IPv6 networks of up to 64 bits (nearly all), by their first 64 bits: half the
+    /// memory of full addresses. Its `around` is the family's.
+    v6: Flat<u64>,
+    /// IPv6 networks longer than /64, whose `/64` the first table then does not cover.
+    v6_long: Flat<u128>,
+    /// The blocks of an IPv6 database that its walk skips: aliases of the IPv4 space
+    /// (`::ffff:0:0/96`, `2002::/16`, ...), each with its prefix; an address there is
+    /// located by the IPv4 address in the 32 bits past the prefix.
+    aliases: Box<[(u128, u8)]>,
+    /// `database_type` from the metadata.
+    database_type: String,
     /// Every distinct place, by index.
     index: wider::Index,
     /// The AS-number database, for policies that match AS numbers.
@@ -112,7 +121,7 @@ impl GeoDb {
         // found" for everyone, which would silently send all clients to the default.
         let mut networks = 0usize;
         let mut with_country = 0usize;
-        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        let (mut v4, mut v6) = (Columns::default(), Columns::default());
         let mut index = wider::Index::default();
         // The empty networks too: unknown addresses are a place of their own, and the
         // tables then describe the whole tree (but for the IPv4 aliases in IPv6).
@@ -140,8 +149,8 @@ impl GeoDb {
                 ..place
             };
             match net.network() {
-                IpAddr::V4(a) => v4.push((u32::from(a), place, i)),
-                IpAddr::V6(a) => v6.push((u128::from(a), place, i)),
+                IpAddr::V4(a) => v4.push(u32::from(a), place, i),
+                IpAddr::V6(a) => v6.push(u128::from(a), place, i),
             }
         }
         if with_country == 0 {
@@ -151,10 +160,24 @@ impl GeoDb {
                 reader.metadata().database_type
             ));
         }
+        let meta = reader.metadata();
+        let database_type = meta.database_type.clone();
+        let ipv6 = meta.ip_version == 6;
+        // The file's bytes go now: the tables below are all a lookup needs.
+        drop(reader);
+        let v4 = v4.sorted();
+        let (around, up) = v4.widen();
+        let v4 = Flat::new(v4.starts, v4.places, up, around);
+        let v6 = v6.sorted();
+        let aliases = if ipv6 { gaps(&v6) } else { Vec::new() };
+        let (around, up) = v6.widen();
+        let (v6, v6_long) = v6.split(up, around);
         Ok(GeoDb {
-            reader,
-            v4: Flat::new(v4),
-            v6: Flat::new(v6),
+            v4,
+            v6,
+            v6_long,
+            aliases: aliases.into_boxed_slice(),
+            database_type,
             index,
             asn: None,
             path: path.to_path_buf(),
@@ -207,7 +230,7 @@ impl GeoDb {
 
     /// `database_type` from the metadata, e.g. `GeoIP2-Country`.
     pub fn database_type(&self) -> &str {
-        &self.reader.metadata().database_type
+        &self.database_type
     }
 
     /// Locates an address.
@@ -219,23 +242,63 @@ impl GeoDb {
     /// whole empty block.
     pub fn locate(&self, ip: IpAddr) -> Place {
         let found = match ip {
-            IpAddr::V4(a) => self.v4.get(u32::from(a)),
-            IpAddr::V6(a) => self.v6.get(u128::from(a)),
+            IpAddr::V4(a) => self.v4.get(u32::from(a)).or_else(|| {
+                // An IPv6 database whose IPv4 space lies in a network wider than ::/96.
+                let p = self.get6(u128::from(u32::from(a)))?;
+                Some(Place {
+                    prefix_len: p.prefix_len.saturating_sub(96),
+                    start: Start::default(),
+                    ..p
+                })
+            }),
+            IpAddr::V6(a) => {
+                let a = u128::from(a);
+                self.get6(a).or_else(|| self.aliased(a))
+            }
         };
-        let mut place = found.unwrap_or_else(|| self.walk(ip));
-        if let Some(asn) = &self.asn {
-            place.origin = asn.origin(ip);
-        }
-        place
+        // Nothing found: an IPv6 address in an IPv4 database.
+        found.unwrap_or_default()
     }
 
-    /// The reference lookup: a walk of the search tree and a decode of the record.
-    fn walk(&self, ip: IpAddr) -> Place {
-        let (rec, prefix_len): (Record, u8) = walk(&self.reader, ip);
-        Place {
-            prefix_len,
-            ..place_of(&rec)
+    /// The origin AS of `ip` (nothing without an ASN database). Only names whose
+    /// policy has AS entries ask ([`crate::plan`]).
+    ///
+    /// # Hot path
+    /// A walk of the ASN database's search tree; no allocation.
+    pub fn origin(&self, ip: IpAddr) -> Origin {
+        self.asn
+            .as_ref()
+            .map_or_else(Origin::default, |a| a.origin(ip))
+    }
+
+    /// An IPv6 address in the tables.
+    ///
+    /// # Hot path
+    /// The table of networks up to /64, then the other.
+    fn get6(&self, a: u128) -> Option<Place> {
+        self.v6
+            .get((a >> 64) as u64)
+            .or_else(|| self.v6_long.get(a))
+    }
+
+    /// An IPv6 address in an alias of the IPv4 space: located as the IPv4 address past
+    /// the alias's prefix, its network counted from the IPv6 root, with no widening
+    /// (the tables describe the IPv4 space once, at `::/96`).
+    fn aliased(&self, a: u128) -> Option<Place> {
+        let i = self
+            .aliases
+            .partition_point(|&(s, _)| s <= a)
+            .checked_sub(1)?;
+        let (start, prefix) = self.aliases[i];
+        if prefix > 96 || !a.within(start, prefix) {
+            return None;
         }
+        let p = self.v4.get((a >> (96 - prefix)) as u32)?;
+        Some(Place {
+            prefix_len: prefix + p.prefix_len,
+            start: Start::default(),
+            ..p
+        })
     }
 }
 
@@ -306,46 +369,159 @@ struct Flat<K> {
     index: Box<[u32]>,
 }
 
+/// The range `from..=to` as aligned blocks, each with its prefix.
+fn blocks<K: Key>(mut from: K, to: K, out: &mut Vec<(K, u8)>) {
+    loop {
+        // The widest block starting at `from` that ends by `to`.
+        let p = (0..=K::BITS)
+            .find(|&p| from.first(p) == from && from.last(p) <= to)
+            .unwrap_or(K::BITS);
+        out.push((from, p));
+        match from.last(p).next() {
+            Some(n) if n <= to => from = n,
+            _ => return,
+        }
+    }
+}
+
 /// An address as an unsigned integer.
 trait Key: Bits {
+    const MAX: Self;
     fn top16(self) -> usize;
+    /// The next address, if any.
+    fn next(self) -> Option<Self>;
+    /// The address before (`self` is above zero).
+    fn prev(self) -> Self;
     /// Whether `self` lies in the network starting at `start` with `prefix` bits.
     fn within(self, start: Self, prefix: u8) -> bool {
         self >= start && self <= start.last(prefix)
     }
 }
 
-impl Key for u32 {
-    fn top16(self) -> usize {
-        (self >> 16) as usize
+/// `Key` for an unsigned integer type of `$bits` bits.
+macro_rules! key {
+    ($t:ty, $bits:expr) => {
+        impl Key for $t {
+            const MAX: $t = <$t>::MAX;
+            fn top16(self) -> usize {
+                (self >> ($bits - 16)) as usize
+            }
+            fn next(self) -> Option<$t> {
+                self.checked_add(1)
+            }
+            fn prev(self) -> $t {
+                self - 1
+            }
+        }
+    };
+}
+
+key!(u32, 32);
+key!(u64, 64);
+key!(u128, 128);
+
+/// The networks of one family as the tree walk yields them, in columns (the tables'
+/// own, so that loading holds no copy of them).
+struct Columns<K, I = u16> {
+    starts: Vec<K>,
+    /// Packed places ([`pack`]).
+    places: Vec<u32>,
+    /// Place indexes ([`wider::Index`]), or what else goes with each network.
+    index: Vec<I>,
+}
+
+impl<K, I> Default for Columns<K, I> {
+    fn default() -> Self {
+        Columns {
+            starts: Vec::new(),
+            places: Vec::new(),
+            index: Vec::new(),
+        }
     }
 }
 
-impl Key for u128 {
-    fn top16(self) -> usize {
-        (self >> 112) as usize
+impl<K: Key> Columns<K> {
+    fn push(&mut self, start: K, place: Place, index: u16) {
+        self.starts.push(start);
+        self.places.push(pack(place));
+        self.index.push(index);
     }
+
+    /// Sorted by start (a sound tree's walk yields them so already).
+    fn sorted(self) -> Columns<K> {
+        if self.starts.is_sorted() {
+            return self;
+        }
+        let mut order: Vec<usize> = (0..self.starts.len()).collect();
+        order.sort_unstable_by_key(|&i| self.starts[i]);
+        Columns {
+            starts: order.iter().map(|&i| self.starts[i]).collect(),
+            places: order.iter().map(|&i| self.places[i]).collect(),
+            index: order.iter().map(|&i| self.index[i]).collect(),
+        }
+    }
+
+    /// The steps up from every network ([`wider::build`]).
+    fn widen(&self) -> (Around, Vec<Start>) {
+        wider::build(self.starts.len(), |i| {
+            (self.starts[i], self.places[i] as u8, self.index[i])
+        })
+    }
+}
+
+impl Columns<u128> {
+    /// The IPv6 tables, given the steps up from every network: networks up to /64 by
+    /// their first 64 bits, and the others (the steps in the first).
+    fn split(self, up: Vec<Start>, around: Around) -> (Flat<u64>, Flat<u128>) {
+        let (mut short, mut long) = ((Vec::new(), Vec::new(), Vec::new()), Columns::default());
+        for (i, (&start, &place)) in self.starts.iter().zip(&self.places).enumerate() {
+            if place as u8 <= 64 {
+                short.0.push((start >> 64) as u64);
+                short.1.push(place);
+                short.2.push(up[i]);
+            } else {
+                long.starts.push(start);
+                long.places.push(place);
+                long.index.push(i);
+            }
+        }
+        let long_up = long.index.iter().map(|&i| up[i]).collect();
+        drop(up);
+        (
+            Flat::new(short.0, short.1, short.2, around),
+            Flat::new(long.starts, long.places, long_up, Around::default()),
+        )
+    }
+}
+
+/// The blocks between the networks of a family (and before and after them), as
+/// aligned blocks, each with its prefix: what the walk skipped.
+fn gaps<K: Key, I>(columns: &Columns<K, I>) -> Vec<(K, u8)> {
+    let mut gaps = Vec::new();
+    let mut from = Some(K::ZERO);
+    for (&s, &place) in columns.starts.iter().zip(&columns.places) {
+        if let Some(f) = from.filter(|&f| f < s) {
+            blocks(f, s.prev(), &mut gaps);
+        }
+        from = s.last(place as u8).next();
+    }
+    if let Some(f) = from {
+        blocks(f, K::MAX, &mut gaps);
+    }
+    gaps
 }
 
 impl<K: Key> Flat<K> {
-    /// The networks of one family, as the tree walk yields them.
-    fn new(mut networks: Vec<(K, Place, u16)>) -> Flat<K> {
-        if !networks.is_sorted_by_key(|n| n.0) {
-            networks.sort_unstable_by_key(|n| n.0);
-        }
-        let leaves: Vec<(K, u8, u16)> = networks
-            .iter()
-            .map(|&(s, p, i)| (s, p.prefix_len, i))
-            .collect();
-        let (around, starts_up) = wider::build(&leaves);
-        let starts: Box<[K]> = networks.iter().map(|n| n.0).collect();
+    /// A table from its columns, sorted by start.
+    fn new(starts: Vec<K>, places: Vec<u32>, up: Vec<Start>, around: Around) -> Flat<K> {
+        let starts = starts.into_boxed_slice();
         let index = (0..=1usize << 16)
             .map(|h| starts.partition_point(|s| s.top16() < h) as u32)
             .collect();
         Flat {
             starts,
-            places: networks.iter().map(|n| pack(n.1)).collect(),
-            starts_up: starts_up.into_boxed_slice(),
+            places: places.into_boxed_slice(),
+            starts_up: up.into_boxed_slice(),
             around,
             index,
         }
@@ -405,6 +581,14 @@ mod tests {
                 continue;
             }
             let geo = GeoDb::open(&path).unwrap();
+            let reader = Reader::from_source(std::fs::read(&path).unwrap()).unwrap();
+            let reference = |ip: IpAddr| {
+                let (rec, prefix_len): (Record, u8) = walk(&reader, ip);
+                Place {
+                    prefix_len,
+                    ..place_of(&rec)
+                }
+            };
             let mut ips: Vec<IpAddr> = (0..20_000)
                 .map(|_| IpAddr::V4(Ipv4Addr::from(rng.random::<u32>())))
                 .collect();
@@ -418,10 +602,16 @@ mod tests {
                 let last = start | u32::MAX.checked_shr(u32::from(p)).unwrap_or(0);
                 ips.extend([*start, last, last.wrapping_add(1)].map(|a| IpAddr::V4(a.into())));
             }
-            for (i, start) in geo.v6.starts.iter().enumerate().step_by(7) {
-                let p = geo.v6.places[i] as u8;
-                let last = start | u128::MAX.checked_shr(u32::from(p)).unwrap_or(0);
-                ips.extend([*start, last, last.wrapping_add(1)].map(|a| IpAddr::V6(a.into())));
+            // Both IPv6 tables, and the aliases of the IPv4 space the walk skipped.
+            let short = geo.v6.starts.iter().map(|&s| u128::from(s) << 64);
+            let long = geo.v6_long.starts.iter().copied();
+            let places = geo.v6.places.iter().chain(geo.v6_long.places.iter());
+            let aliases = geo.aliases.iter().map(|&(s, p)| (s, u32::from(p)));
+            let v6 = short.chain(long).zip(places.map(|&p| u32::from(p as u8)));
+            for (start, p) in v6.step_by(7).chain(aliases) {
+                let last = start | u128::MAX.checked_shr(p).unwrap_or(0);
+                let mid = start + (last - start) / 3;
+                ips.extend([start, mid, last, last.wrapping_add(1)].map(|a| IpAddr::V6(a.into())));
             }
             ips.extend(
                 [
@@ -429,6 +619,8 @@ mod tests {
                     "::1",
                     "::ffff:81.2.69.160",
                     "::81.2.69.160",
+                    "2002:5102:45a0::1",
+                    "2001:0:5102:45a0::",
                     "0.0.0.0",
                     "::",
                 ]
@@ -439,12 +631,17 @@ mod tests {
                     start: Start::default(),
                     ..geo.locate(ip)
                 };
-                assert_eq!(flat, geo.walk(ip), "{db}: {ip}");
+                assert_eq!(flat, reference(ip), "{db}: {ip}");
             }
             // Every network's first address is answered by the tables, not the walk.
             assert!(!geo.v4.starts.is_empty(), "{db}: no IPv4 table");
             assert!(geo.v4.starts.iter().all(|&a| geo.v4.get(a).is_some()));
             assert!(geo.v6.starts.iter().all(|&a| geo.v6.get(a).is_some()));
+            assert!(geo
+                .v6_long
+                .starts
+                .iter()
+                .all(|&a| geo.v6_long.get(a).is_some()));
         }
     }
 }

@@ -186,81 +186,86 @@ pub trait Bits: Copy + Ord {
     fn first(self, prefix: u8) -> Self;
 }
 
-impl Bits for u32 {
-    const BITS: u8 = 32;
-    const ZERO: u32 = 0;
-    fn bit(q: u8) -> u32 {
-        1 << (31 - u32::from(q))
-    }
-    fn or(self, other: u32) -> u32 {
-        self | other
-    }
-    fn last(self, prefix: u8) -> u32 {
-        self | u32::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
-    }
-    fn first(self, prefix: u8) -> u32 {
-        self & !u32::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
-    }
+/// `Bits` for an unsigned integer type of `$bits` bits.
+macro_rules! bits {
+    ($t:ty, $bits:expr) => {
+        impl Bits for $t {
+            const BITS: u8 = $bits;
+            const ZERO: $t = 0;
+            fn bit(q: u8) -> $t {
+                1 << ($bits - 1 - u32::from(q))
+            }
+            fn or(self, other: $t) -> $t {
+                self | other
+            }
+            fn last(self, prefix: u8) -> $t {
+                self | <$t>::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
+            }
+            fn first(self, prefix: u8) -> $t {
+                self & !<$t>::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
+            }
+        }
+    };
 }
 
-impl Bits for u128 {
-    const BITS: u8 = 128;
-    const ZERO: u128 = 0;
-    fn bit(q: u8) -> u128 {
-        1 << (127 - u32::from(q))
-    }
-    fn or(self, other: u128) -> u128 {
-        self | other
-    }
-    fn last(self, prefix: u8) -> u128 {
-        self | u128::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
-    }
-    fn first(self, prefix: u8) -> u128 {
-        self & !u128::MAX.checked_shr(u32::from(prefix)).unwrap_or(0)
-    }
-}
+bits!(u32, 32);
+bits!(u64, 64);
+bits!(u128, 128);
 
-/// Computes the steps of one family and each network's [`Start`]. `networks` are the
-/// search tree's leaves: sorted by start, aligned and disjoint, each with its prefix
-/// and place index. Networks that are not (a malformed database) get no widening.
-pub fn build<K: Bits>(networks: &[(K, u8, u16)]) -> (Around, Vec<Start>) {
-    let aligned = |&(s, p, _): &(K, u8, u16)| p <= K::BITS && s.first(p) == s;
-    let ordered = networks.windows(2).all(|w| w[0].0.last(w[0].1) < w[1].0);
-    if !networks.iter().all(aligned) || !ordered {
-        return (Around::default(), vec![Start::default(); networks.len()]);
+/// Computes the steps of one family and each network's [`Start`]. `net(i)` is the
+/// search tree's `i`th leaf of `n`: sorted by start, aligned and disjoint, each with its
+/// prefix and place index. Networks that are not (a malformed database) get no widening.
+///
+/// Two traversals of the tree: the first gives every block its set of places, keeping
+/// only those of the blocks that split (4 bytes each); the second makes the steps.
+pub fn build<K: Bits>(n: usize, net: impl Fn(usize) -> (K, u8, u16)) -> (Around, Vec<Start>) {
+    let aligned = |i: usize| {
+        let (s, p, _) = net(i);
+        p <= K::BITS && s.first(p) == s
+    };
+    let ordered = |i: usize| {
+        let ((a, p, _), (b, _, _)) = (net(i - 1), net(i));
+        a.last(p) < b
+    };
+    if !(0..n).all(aligned) || !(1..n).all(ordered) {
+        return (Around::default(), vec![Start::default(); n]);
     }
     let mut tree = Tree {
-        networks,
+        net: &net,
+        n,
         next: 0,
-        blocks: Vec::with_capacity(networks.len() * 2),
+        splits: Vec::with_capacity(n),
         sets: Sets::default(),
+        _k: std::marker::PhantomData,
     };
     tree.sets_of(0, K::ZERO);
     let mut walk = Walk {
         tree: &tree,
         next: 0,
-        block: 0,
+        split: 0,
         runs: Vec::new(),
-        starts: Vec::with_capacity(networks.len()),
+        starts: Vec::with_capacity(n),
     };
     walk.visit(0, K::ZERO, None);
+    let Walk { runs, starts, .. } = walk;
+    let Tree { splits, sets, .. } = tree;
+    drop(splits);
     // Sets of one or two places go inline; the others, once each, to the arena.
-    let mut sets = vec![0u32];
+    let mut arena = vec![0u32];
     let mut places = Vec::new();
     let mut numbers: HashMap<u32, u32> = HashMap::new();
-    let steps = walk
-        .runs
+    let steps = runs
         .iter()
         .map(|&(set, up)| {
-            let all = &tree.sets.all[set as usize];
+            let all = &sets.all[set as usize];
             let places = match **all {
                 [a] => [a, SPARE],
                 [a, b] => [a, b],
                 _ => {
                     let n = *numbers.entry(set).or_insert_with(|| {
                         places.extend_from_slice(all);
-                        sets.push(places.len() as u32);
-                        (sets.len() - 2) as u32
+                        arena.push(places.len() as u32);
+                        (arena.len() - 2) as u32
                     });
                     [SET | (n >> 16) as u16, n as u16]
                 }
@@ -270,10 +275,10 @@ pub fn build<K: Bits>(networks: &[(K, u8, u16)]) -> (Around, Vec<Start>) {
         .collect();
     let around = Around {
         steps,
-        sets: sets.into_boxed_slice(),
+        sets: arena.into_boxed_slice(),
         places: places.into_boxed_slice(),
     };
-    (around, walk.starts)
+    (around, starts)
 }
 
 /// Distinct sets of places (sorted indexes), numbered as first seen.
@@ -292,6 +297,11 @@ impl Sets {
         self.all.push(set.clone());
         self.ids.insert(set, id);
         id
+    }
+
+    /// The set of one place, if it has a number.
+    fn single(&self, place: u16) -> Option<u32> {
+        self.ids.get(&[place][..]).copied()
     }
 
     fn union(&mut self, a: u32, b: u32) -> u32 {
@@ -328,15 +338,21 @@ impl Sets {
     }
 }
 
-/// The blocks of the search tree, in pre-order, each with its set of places (`None`:
-/// it holds space no network describes).
-struct Tree<'a, K> {
-    networks: &'a [(K, u8, u16)],
+/// The search tree's blocks that split, in pre-order, each with its set of places
+/// (`NONE`: it holds space no network describes). A network's own set is that of its
+/// place alone, and a gap has none: neither is kept.
+struct Tree<'f, K, F> {
+    net: &'f F,
+    n: usize,
     /// The next network not yet visited.
     next: usize,
-    blocks: Vec<Option<u32>>,
+    splits: Vec<u32>,
     sets: Sets,
+    _k: std::marker::PhantomData<K>,
 }
+
+/// No set: the block holds space no network describes.
+const NONE: u32 = u32::MAX;
 
 /// What a block of the tree is, seen from a traversal that has visited every network
 /// before `next`.
@@ -349,44 +365,47 @@ enum Block {
     Split,
 }
 
-impl<K: Bits> Tree<'_, K> {
+impl<K: Bits, F: Fn(usize) -> (K, u8, u16)> Tree<'_, K, F> {
     fn block(&self, next: usize, prefix: u8, start: K) -> Block {
-        match self.networks.get(next) {
-            Some(&(s, p, _)) if s == start && p == prefix => Block::Network,
-            Some(&(s, _, _)) if s <= start.last(prefix) && prefix < K::BITS => Block::Split,
+        if next >= self.n {
+            return Block::Gap;
+        }
+        match (self.net)(next) {
+            (s, p, _) if s == start && p == prefix => Block::Network,
+            (s, _, _) if s <= start.last(prefix) && prefix < K::BITS => Block::Split,
             _ => Block::Gap,
         }
     }
 
-    /// Fills `blocks` for the block and everything under it; returns the block's set.
+    /// Fills `splits` for the block and everything under it; returns the block's set.
     fn sets_of(&mut self, prefix: u8, start: K) -> Option<u32> {
-        let id = self.blocks.len();
-        self.blocks.push(None);
-        let set = match self.block(self.next, prefix, start) {
+        match self.block(self.next, prefix, start) {
             Block::Network => {
-                let own = self.networks[self.next].2;
+                let own = (self.net)(self.next).2;
                 self.next += 1;
                 Some(self.sets.id(Box::new([own])))
             }
             Block::Gap => None,
             Block::Split => {
+                let id = self.splits.len();
+                self.splits.push(NONE);
                 let left = self.sets_of(prefix + 1, start);
                 let right = self.sets_of(prefix + 1, start.or(K::bit(prefix)));
-                left.zip(right).map(|(l, r)| self.sets.union(l, r))
+                let set = left.zip(right).map(|(l, r)| self.sets.union(l, r));
+                self.splits[id] = set.unwrap_or(NONE);
+                set
             }
-        };
-        self.blocks[id] = set;
-        set
+        }
     }
 }
 
 /// The same traversal again, now that every block's set is known: the steps, and each
 /// network's start.
-struct Walk<'t, 'a, K> {
-    tree: &'t Tree<'a, K>,
+struct Walk<'t, 'f, K, F> {
+    tree: &'t Tree<'f, K, F>,
     next: usize,
-    /// The pre-order index of the block visited.
-    block: usize,
+    /// The pre-order index of the next block that splits.
+    split: usize,
     /// The steps: each run's set (in `Tree::sets`), and its widest prefix and next
     /// step up.
     runs: Vec<(u32, Start)>,
@@ -397,30 +416,31 @@ struct Walk<'t, 'a, K> {
 /// block is not described).
 type Above = Option<(u32, u32)>;
 
-impl<K: Bits> Walk<'_, '_, K> {
+impl<K: Bits, F: Fn(usize) -> (K, u8, u16)> Walk<'_, '_, K, F> {
     fn visit(&mut self, prefix: u8, start: K, above: Above) {
-        let set = self.tree.blocks[self.block];
-        self.block += 1;
         match self.tree.block(self.next, prefix, start) {
             Block::Network => {
+                let own = self.tree.sets.single((self.tree.net)(self.next).2);
                 self.next += 1;
-                let start = match (above, set) {
+                let start = match above {
                     // The run above holds only this network's place: start past it.
-                    (Some((a, step)), Some(own)) if a == own => self.runs[step as usize].1,
-                    (Some((_, step)), _) => Start::new(prefix, step),
-                    (None, _) => Start::new(prefix, NO_STEP),
+                    Some((a, step)) if Some(a) == own => self.runs[step as usize].1,
+                    Some((_, step)) => Start::new(prefix, step),
+                    None => Start::new(prefix, NO_STEP),
                 };
                 self.starts.push(start);
             }
             Block::Gap => {}
             Block::Split => {
-                let here = set.map(|s| match above {
+                let set = self.tree.splits[self.split];
+                self.split += 1;
+                let here = (set != NONE).then(|| match above {
                     // The same places as the block above: the same run.
-                    Some((a, step)) if a == s => (s, step),
+                    Some((a, step)) if a == set => (set, step),
                     _ => {
                         let next = above.map_or(NO_STEP, |(_, step)| step);
-                        self.runs.push((s, Start::new(prefix, next)));
-                        (s, (self.runs.len() - 1) as u32)
+                        self.runs.push((set, Start::new(prefix, next)));
+                        (set, (self.runs.len() - 1) as u32)
                     }
                 });
                 self.visit(prefix + 1, start, here);
@@ -455,7 +475,7 @@ mod tests {
     fn a_network_reaches_as_far_as_its_places_are_allowed() {
         // 0/1 A, 128/2 B, 192/3 C, 224/3 D.
         let nets = [net(0, 1, 0), net(128, 2, 1), net(192, 3, 2), net(224, 3, 3)];
-        let built = build(&nets);
+        let built = build(nets.len(), |i| nets[i]);
         assert_eq!(built.1.len(), 4);
         assert_eq!(widest(&built, &nets, 2, &[2]), 3);
         assert_eq!(widest(&built, &nets, 2, &[2, 3]), 2);
@@ -471,7 +491,7 @@ mod tests {
     fn runs_of_one_place_are_one_step_and_gaps_end_the_walk() {
         // 0/3 A, 32/3 A, 64/2 A: A's /1 holds only A. 128/2 not described; 192/2 B.
         let nets = [net(0, 3, 0), net(32, 3, 0), net(64, 2, 0), net(192, 2, 1)];
-        let built = build(&nets);
+        let built = build(nets.len(), |i| nets[i]);
         assert_eq!(built.1.len(), 4);
         assert_eq!(widest(&built, &nets, 0, &[0]), 1);
         assert_eq!(widest(&built, &nets, 0, &[0, 1]), 1, "the gap stops it");
@@ -482,7 +502,7 @@ mod tests {
     fn many_places_in_one_block() {
         // 64 networks of /8 bits... /6 each, all different places, then the same again.
         let nets: Vec<(u32, u8, u16)> = (0..64u32).map(|i| net(i * 4, 6, i as u16)).collect();
-        let built = build(&nets);
+        let built = build(nets.len(), |i| nets[i]);
         let all: Vec<u16> = (0..64).collect();
         assert_eq!(widest(&built, &nets, 5, &all), 0);
         assert_eq!(widest(&built, &nets, 5, &all[..32]), 1);
@@ -493,7 +513,7 @@ mod tests {
     #[test]
     fn malformed_tables_get_no_widening() {
         let nets = [net(0, 1, 0), net(64, 2, 1)];
-        let built = build(&nets);
+        let built = build(nets.len(), |i| nets[i]);
         assert_eq!(widest(&built, &nets, 1, &[0, 1]), 2);
     }
 

@@ -257,8 +257,8 @@ pub fn order(
     session: u64,
     params: &Params,
 ) -> Order {
-    let place = geo.locate(client);
-    let d = steered.decide(client, &place, geo);
+    let place = steered.locate(geo, client);
+    let d = steered.decide(client, &place, geo, false);
     let choice = steered.choose(&d);
     let content = steered.content();
     let n = steered.targets().len();
