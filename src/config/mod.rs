@@ -23,6 +23,7 @@
 //! Under `hostnames:`, an entry may also carry `tenant: acme` (the customer it belongs to).
 
 mod locate;
+pub mod perf;
 pub mod probes;
 pub mod tokens;
 mod validate;
@@ -144,6 +145,8 @@ pub struct Region {
     pub matches: Vec<Match>,
     /// Weight of each CDN of the host, by CDN index; 0 = never answered here.
     pub weights: Vec<u32>,
+    /// How measured performance may move `weights` (`performance:`); `None`: static.
+    pub performance: Option<perf::Performance>,
 }
 
 /// At most this many distinct location scopes of drains per name: each doubles the
@@ -280,6 +283,7 @@ struct RawRegion {
     #[serde(rename = "match")]
     matches: Option<Vec<Scalar>>,
     weights: Option<OrderedMap<i64>>,
+    performance: Option<perf::RawPerformance>,
 }
 
 #[derive(Deserialize)]

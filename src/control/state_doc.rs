@@ -40,6 +40,10 @@ pub struct StateDoc {
     /// single node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterDoc>,
+    /// Regions whose weights follow measured performance (`performance:`): the
+    /// measured values, the band, the shares and the reason per CDN.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub performance: Vec<crate::control::perf::RegionView>,
 }
 
 /// A node of a set: is it in touch, and who wrote what.
