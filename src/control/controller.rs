@@ -440,6 +440,9 @@ impl Controller {
                     changed |= self.drains.tick(&self.loaded.policy, now);
                     changed |= self.drains.sync(&self.loaded.policy, now, now_ms());
                     changed |= self.perf.tick(now, now_ms());
+                    if let Some(m) = self.local.metrics() {
+                        self.perf.export(m);
+                    }
                     self.drains.prune(now_ms());
                     if changed {
                         self.publish();

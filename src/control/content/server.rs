@@ -129,11 +129,7 @@ async fn rum(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply {
     let reply = beacon(shared, req, peer).await;
     if reply.status() == StatusCode::BAD_REQUEST || reply.status() == StatusCode::PAYLOAD_TOO_LARGE
     {
-        shared
-            .perf
-            .counts
-            .invalid
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.metrics.rum_samples("invalid", 1);
     }
     reply
 }
@@ -151,11 +147,7 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
     let net = perf::network(client);
     let now_ms = crate::control::drains::now_ms();
     if !shared.perf.admit(net, now_ms) {
-        shared
-            .perf
-            .counts
-            .refused_rate
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.metrics.rum_samples("refused_rate", 1);
         return error(
             StatusCode::TOO_MANY_REQUESTS,
             "too many beacons from this network: slow down",
@@ -190,7 +182,8 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
         .perf
         .record(&dns_name.to_string(), region, net, &samples, now_ms)
     {
-        Ok(()) => {
+        Ok(recorded) => {
+            recorded.count(&shared.metrics);
             let mut r = Response::new(Full::new(Bytes::new()));
             *r.status_mut() = StatusCode::NO_CONTENT;
             r
@@ -337,9 +330,12 @@ fn feed_throughput(
     }
     let name = steered.name().to_string();
     let now_ms = crate::control::drains::now_ms();
-    let _ = shared
+    if let Ok(recorded) = shared
         .perf
-        .record(&name, region, perf::network(client), &samples, now_ms);
+        .record(&name, region, perf::network(client), &samples, now_ms)
+    {
+        recorded.count(&shared.metrics);
+    }
 }
 
 /// The client of a request from `peer`: `peer` itself, or, from a trusted proxy, the

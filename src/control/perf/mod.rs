@@ -28,7 +28,6 @@ pub mod modifier;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
@@ -46,32 +45,23 @@ pub fn network(ip: IpAddr) -> u64 {
     }
 }
 
-/// Samples by what became of them, since start (`steerdns_rum_samples_total`).
-#[derive(Debug, Default)]
-pub struct Counts {
+/// What became of a beacon's samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
     /// Added to a cell.
-    pub accepted: AtomicU64,
+    pub accepted: u64,
     /// Refused: their network already held its share of the cell.
-    pub refused_share: AtomicU64,
-    /// Refused: their source prefix was over its beacon rate (429).
-    pub refused_rate: AtomicU64,
-    /// Refused: the beacon was malformed or out of range (400, 413).
-    pub invalid: AtomicU64,
-    /// Accepted but unused: the client's region has no `performance:` block.
-    pub unused: AtomicU64,
+    pub refused_share: u64,
+    /// Taken but unused: the client's region has no `performance:` block.
+    pub unused: u64,
 }
 
-impl Counts {
-    /// (result label, count), for metrics.
-    pub fn read(&self) -> [(&'static str, u64); 5] {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        [
-            ("accepted", r(&self.accepted)),
-            ("refused_share", r(&self.refused_share)),
-            ("refused_rate", r(&self.refused_rate)),
-            ("invalid", r(&self.invalid)),
-            ("unused", r(&self.unused)),
-        ]
+impl Recorded {
+    /// Counts them in `steerdns_rum_samples_total`.
+    pub fn count(&self, metrics: &crate::metrics::Metrics) {
+        metrics.rum_samples("accepted", self.accepted);
+        metrics.rum_samples("refused_share", self.refused_share);
+        metrics.rum_samples("unused", self.unused);
     }
 }
 
@@ -89,7 +79,6 @@ struct NameCells {
 pub struct Store {
     cells: Mutex<HashMap<String, NameCells>>,
     limiter: Mutex<beacon::Limiter>,
-    pub counts: Counts,
 }
 
 impl Store {
@@ -143,7 +132,7 @@ impl Store {
         net: u64,
         samples: &[(&str, Sample)],
         now_ms: u64,
-    ) -> Result<(), String> {
+    ) -> Result<Recorded, String> {
         let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         let n = cells
             .get_mut(name)
@@ -155,25 +144,19 @@ impl Store {
                 None => return Err(format!("unknown CDN `{cdn}` for {name}")),
             }
         }
+        let mut out = Recorded::default();
         let Some(Some((_, perf, region_cells))) = n.regions.get_mut(region) else {
-            self.counts
-                .unused
-                .fetch_add(samples.len() as u64, Ordering::Relaxed);
-            return Ok(());
+            out.unused = samples.len() as u64;
+            return Ok(out);
         };
-        let (mut accepted, mut refused) = (0, 0);
         for (&i, (_, s)) in idx.iter().zip(samples) {
             if region_cells[i].record(perf, net, s, now_ms) {
-                accepted += 1;
+                out.accepted += 1;
             } else {
-                refused += 1;
+                out.refused_share += 1;
             }
         }
-        self.counts.accepted.fetch_add(accepted, Ordering::Relaxed);
-        self.counts
-            .refused_share
-            .fetch_add(refused, Ordering::Relaxed);
-        Ok(())
+        Ok(out)
     }
 
     /// Whether a beacon from `net` may be taken now (its source's rate).
@@ -353,6 +336,25 @@ impl Perf {
             }
         }
         Some(out)
+    }
+
+    /// Sets the measured value and the reason of every CDN of a shifted region
+    /// (`steerdns_perf_measured`, `steerdns_perf_reason`).
+    pub fn export(&self, metrics: &crate::metrics::Metrics) {
+        for ((name, _), s) in &self.shifts {
+            for (i, cdn) in s.cdns.iter().enumerate() {
+                let measured = s.measured.get(i).and_then(|(a, _)| a.usable(&s.perf));
+                let reason = s.reasons.get(i).map_or("perf_stale", |r| r.as_str());
+                metrics.perf_cdn(
+                    name,
+                    &s.region,
+                    cdn,
+                    s.perf.metric.as_str(),
+                    measured,
+                    reason,
+                );
+            }
+        }
     }
 
     /// Every region with a `performance:` block, for `/v1/state` and the status page.
