@@ -293,6 +293,36 @@ async fn shares_follow_measurements_within_the_bounds() {
         (share - 10.0).abs() <= 3.0,
         "DNS: fastly {share} % at the floor"
     );
+    // explain and the status page say why.
+    let e = s
+        .get(&format!(
+            "/v1/explain?name=www.example.com&client={}",
+            player(5)
+        ))
+        .await;
+    let p = &e["performance"];
+    assert_eq!(p["region"], "gb", "{e}");
+    assert_eq!(p["cdns"][0]["reason"], "perf_floor", "{e}");
+    assert_eq!(p["cdns"][1]["reason"], "perf_band", "{e}");
+    assert!(p["cdns"][0]["measured"].as_f64().unwrap() > 250.0, "{e}");
+    let page = s
+        .http
+        .get(format!("http://{}/", s.api))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"data-region="gb" data-cdn="fastly" data-reason="perf_floor""#),
+        "the status page shows the reason"
+    );
+    assert_eq!(
+        s.metric(r#"steerdns_perf_reason{cdn="fastly",name="www.example.com.",reason="perf_floor",region="gb"}"#)
+            .await,
+        Some(1.0)
+    );
     // It stays there.
     let held = Instant::now();
     let seen = watch(&s, |_, _| held.elapsed() > Duration::from_millis(1000)).await;
@@ -369,4 +399,48 @@ async fn sparse_or_poisoned_data_moves_nothing() {
         t.elapsed()
     );
     feeder.abort();
+}
+
+/// Flapping: fastly 80 ↔ 300 ms every half period. The window (two periods) always
+/// holds both halves, so the target does not follow each flap: the share moves one
+/// way (to the floor, since p75 of a half-slow CDN is slow), without oscillating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flapping_does_not_oscillate() {
+    let s = start("perf-flap", 0.3, 0.6).await;
+    let conditions: Conditions = Arc::new(Mutex::new((80, 78, 30)));
+    let feeder = players(&s, conditions.clone());
+    let flapper = {
+        let conditions = conditions.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let mut c = conditions.lock().unwrap();
+                c.0 = if c.0 == 80 { 300 } else { 80 };
+            }
+        })
+    };
+    let t = Instant::now();
+    let seen = watch(&s, |_, _| t.elapsed() > Duration::from_secs(4)).await;
+    flapper.abort();
+    feeder.abort();
+    // Direction changes, and the largest move against the first direction.
+    let steps: Vec<f64> = seen.windows(2).map(|w| w[1] - w[0]).collect();
+    let reversals = steps
+        .windows(2)
+        .filter(|w| w[0].signum() != w[1].signum())
+        .count();
+    assert!(reversals <= 2, "{reversals} reversals: {seen:?}");
+    let first = steps.first().copied().unwrap_or(0.0).signum();
+    let against: f64 = steps
+        .iter()
+        .filter(|d| d.signum() != first)
+        .map(|d| d.abs())
+        .sum();
+    assert!(against <= 10.0, "{against} points of swing back: {seen:?}");
+    for w in seen.windows(2) {
+        assert!(
+            (w[1] - w[0]).abs() <= 10.0 + 1e-6,
+            "a step over 10 points: {seen:?}"
+        );
+    }
 }

@@ -592,7 +592,9 @@ impl Controller {
             now: crate::selection::unix_now(),
             session,
         };
-        explain::explain(&facts, &question)
+        let mut e = explain::explain(&facts, &question)?;
+        e.performance = self.perf.region_view(&e.name, e.region.index);
+        Ok(e)
     }
 
     /// Starts the prober and the peer readers for the current probes; the returned

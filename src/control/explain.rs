@@ -103,6 +103,10 @@ pub struct Explanation {
     pub failover_frozen: Option<String>,
     pub state: String,
     pub config_version: String,
+    /// The region's performance shift (`performance:`), when the server has one
+    /// (live only: `steerdns explain` offline has no measurements).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub performance: Option<crate::control::perf::RegionView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -313,6 +317,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
         failover_frozen: facts.frozen.clone(),
         state: facts.state.clone(),
         config_version: facts.loaded.version.clone(),
+        performance: None,
     })
 }
 
@@ -434,6 +439,9 @@ impl fmt::Display for Explanation {
                 "drain:   {} {} [{scope}] {}: {} % removed ({}, {until})",
                 d.id, d.cdn, d.status, d.removed_percent, d.reason
             )?;
+        }
+        if let Some(p) = &self.performance {
+            crate::control::perf::page::explain(f, p)?;
         }
         writeln!(f, "config:  version {}", self.config_version)
     }

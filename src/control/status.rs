@@ -300,6 +300,7 @@ fn write_page(
     failover(h, doc, now)?;
     drains(h, doc, now)?;
     fail_open(h, doc)?;
+    crate::control::perf::page::section(h, &doc.performance)?;
     reload(h, doc)?;
     h.push_str("</body></html>\n");
     Ok(())

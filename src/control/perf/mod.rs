@@ -25,6 +25,7 @@ pub mod beacon;
 pub mod cell;
 pub mod hist;
 pub mod modifier;
+pub mod page;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -355,6 +356,16 @@ impl Perf {
                 );
             }
         }
+    }
+
+    /// The view of region `region` of `name` (absolute), if it has a `performance:`
+    /// block: what `explain` shows.
+    pub fn region_view(&self, name: &str, region: usize) -> Option<RegionView> {
+        let at = self
+            .shifts
+            .keys()
+            .position(|k| k.0.eq_ignore_ascii_case(name) && k.1 == region)?;
+        self.view().into_iter().nth(at)
     }
 
     /// Every region with a `performance:` block, for `/v1/state` and the status page.
