@@ -60,6 +60,23 @@ pub struct Performance {
     pub min_networks: u32,
 }
 
+impl Performance {
+    /// The block with every optional key at its default: band 10 %, floor 10 %, 10
+    /// points per 600 s, a 300 s window, 50 samples from 5 networks.
+    pub fn defaults(metric: Metric) -> Performance {
+        Performance {
+            metric,
+            band_percent: 10.0,
+            floor_percent: 10.0,
+            max_shift_points: 10.0,
+            shift_period: Duration::from_secs(600),
+            window: Duration::from_secs(300),
+            min_samples: 50,
+            min_networks: 5,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPerformance {
@@ -81,6 +98,7 @@ const MAX_SECONDS: f64 = 86_400.0;
 /// Validates a `performance:` block found at `path`; `None` after an error.
 pub(super) fn validate(cx: &mut Ctx, path: &[Seg], raw: RawPerformance) -> Option<Performance> {
     let errors = cx.errors();
+    let d = Performance::defaults(Metric::TtfbP75);
     let field = |k: &str| -> Vec<Seg> {
         let mut p = path.to_vec();
         p.push(Seg::Key(k.to_string()));
@@ -94,31 +112,48 @@ pub(super) fn validate(cx: &mut Ctx, path: &[Seg], raw: RawPerformance) -> Optio
             default
         }
     };
-    let band_percent = percent(cx, "band_percent", raw.band_percent, 10.0, 1000.0);
-    let floor_percent = percent(cx, "floor_percent", raw.floor_percent, 10.0, 100.0);
-    let max_shift_points = percent(cx, "max_shift_points", raw.max_shift_points, 10.0, 100.0);
+    let band_percent = percent(cx, "band_percent", raw.band_percent, d.band_percent, 1000.0);
+    let floor_percent = percent(
+        cx,
+        "floor_percent",
+        raw.floor_percent,
+        d.floor_percent,
+        100.0,
+    );
+    let max_shift_points = percent(
+        cx,
+        "max_shift_points",
+        raw.max_shift_points,
+        d.max_shift_points,
+        100.0,
+    );
     if max_shift_points == 0.0 && raw.max_shift_points.is_some() {
         cx.error(
             &field("max_shift_points"),
             "0 would never move anything: remove the performance block instead",
         );
     }
-    let seconds = |cx: &mut Ctx, k: &str, v: Option<f64>, default: f64| {
+    let seconds = |cx: &mut Ctx, k: &str, v: Option<f64>, default: Duration| {
         let s = match v {
-            None => default,
+            None => default.as_secs_f64(),
             Some(v) if v.is_finite() && (MIN_SECONDS..=MAX_SECONDS).contains(&v) => v,
             Some(v) => {
                 cx.error(
                     &field(k),
                     format!("{v} is not {MIN_SECONDS} to {MAX_SECONDS} seconds"),
                 );
-                default
+                default.as_secs_f64()
             }
         };
         Duration::from_secs_f64(s)
     };
-    let shift_period = seconds(cx, "shift_period_seconds", raw.shift_period_seconds, 600.0);
-    let window = seconds(cx, "window_seconds", raw.window_seconds, 300.0);
+    let shift_period = seconds(
+        cx,
+        "shift_period_seconds",
+        raw.shift_period_seconds,
+        d.shift_period,
+    );
+    let window = seconds(cx, "window_seconds", raw.window_seconds, d.window);
     let count = |cx: &mut Ctx, k: &str, v: Option<i64>, default: u32| match v {
         None => default,
         Some(v) if (1..=1_000_000).contains(&v) => v as u32,
@@ -127,8 +162,8 @@ pub(super) fn validate(cx: &mut Ctx, path: &[Seg], raw: RawPerformance) -> Optio
             default
         }
     };
-    let min_samples = count(cx, "min_samples", raw.min_samples, 50);
-    let min_networks = count(cx, "min_networks", raw.min_networks, 5);
+    let min_samples = count(cx, "min_samples", raw.min_samples, d.min_samples);
+    let min_networks = count(cx, "min_networks", raw.min_networks, d.min_networks);
     let metric = match raw.metric {
         Some(m) => m,
         None => {

@@ -38,13 +38,16 @@ pub struct Bucket {
     pub throughput: Hist,
     pub ok: u32,
     pub failed: u32,
+    /// Samples in all (the sum of `nets`, kept so that a sample's check does not walk
+    /// every network).
+    pub samples: u32,
     /// Samples per source network (the /24 or /48, as a number).
     pub nets: HashMap<u64, u32>,
 }
 
 impl Bucket {
     fn samples(&self) -> u64 {
-        self.nets.values().map(|&n| u64::from(n)).sum()
+        u64::from(self.samples)
     }
 }
 
@@ -126,6 +129,7 @@ impl Cell {
         }
         let b = self.bucket(perf, now_ms);
         *b.nets.entry(net).or_default() += 1;
+        b.samples += 1;
         if let Some(t) = s.ttfb_ms {
             b.ttfb.add(t);
         }
@@ -187,19 +191,9 @@ pub fn aggregate<'b>(buckets: impl IntoIterator<Item = &'b Bucket>) -> Aggregate
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn perf() -> Performance {
-        Performance {
-            metric: Metric::TtfbP75,
-            band_percent: 10.0,
-            floor_percent: 10.0,
-            max_shift_points: 10.0,
-            shift_period: Duration::from_secs(600),
-            window: Duration::from_secs(300),
-            min_samples: 50,
-            min_networks: 5,
-        }
+        Performance::defaults(Metric::TtfbP75)
     }
 
     fn ttfb(ms: u64) -> Sample {

@@ -158,19 +158,9 @@ pub fn weights_of(shares: &[f64]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn perf(metric: Metric) -> Performance {
-        Performance {
-            metric,
-            band_percent: 10.0,
-            floor_percent: 10.0,
-            max_shift_points: 10.0,
-            shift_period: Duration::from_secs(600),
-            window: Duration::from_secs(300),
-            min_samples: 50,
-            min_networks: 5,
-        }
+        Performance::defaults(metric)
     }
 
     fn close(a: &[f64], b: &[f64]) {
