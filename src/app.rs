@@ -343,14 +343,22 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     };
     let steering = match &opts.steering {
         Some(s) => Some(
-            content::spawn(s.clone(), dns.live().clone(), metrics.clone(), stop.clone())
-                .await
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot listen on {} (--steering-http): {e}", s.addr),
-                    )
-                })?,
+            content::spawn(
+                content::SteeringOptions {
+                    perf: controller.perf_store(),
+                    ..s.clone()
+                },
+                dns.live().clone(),
+                metrics.clone(),
+                stop.clone(),
+            )
+            .await
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {} (--steering-http): {e}", s.addr),
+                )
+            })?,
         ),
         None => None,
     };

@@ -24,6 +24,7 @@
 
 pub mod dnssec;
 mod locate;
+pub mod perf;
 pub mod probes;
 pub mod tokens;
 mod validate;
@@ -147,6 +148,8 @@ pub struct Region {
     pub matches: Vec<Match>,
     /// Weight of each CDN of the host, by CDN index; 0 = never answered here.
     pub weights: Vec<u32>,
+    /// How measured performance may move `weights` (`performance:`); `None`: static.
+    pub performance: Option<perf::Performance>,
 }
 
 /// At most this many distinct location scopes of drains per name: each doubles the
@@ -284,6 +287,7 @@ struct RawRegion {
     #[serde(rename = "match")]
     matches: Option<Vec<Scalar>>,
     weights: Option<OrderedMap<i64>>,
+    performance: Option<perf::RawPerformance>,
 }
 
 #[derive(Deserialize)]

@@ -23,14 +23,18 @@ const MAX_WEIGHT: i64 = 1_000_000;
 /// A secondary below this share keeps a cold cache (design: warn, allow).
 const WARN_SHARE_PERCENT: u64 = 10;
 
-struct Ctx<'a> {
+pub(super) struct Ctx<'a> {
     file: &'a Path,
     source: &'a str,
     issues: Issues,
 }
 
 impl Ctx<'_> {
-    fn error(&mut self, path: &[Seg], msg: impl Into<String>) {
+    /// The errors found so far.
+    pub(super) fn errors(&self) -> usize {
+        self.issues.errors().count()
+    }
+    pub(super) fn error(&mut self, path: &[Seg], msg: impl Into<String>) {
         let line = locate::line_of(self.source, path);
         self.issues.push(ConfigIssue::error(
             self.file,
@@ -479,10 +483,14 @@ fn regions(cx: &mut Ctx, base: &[Seg], raw: Option<Vec<RawRegion>>, cdns: &[Cdn]
                 format!("region name `{name}` is used twice"),
             );
         }
+        let performance = r
+            .performance
+            .and_then(|p| super::perf::validate(cx, &at(&rpath, &[key("performance")]), p));
         out.push(Region {
             name,
             matches,
             weights,
+            performance,
         });
     }
     if default_at.is_none() {

@@ -34,6 +34,7 @@ use crate::control::explain::{self, ExplainError, Explanation};
 use crate::control::failover::{FailoverState, Step};
 use crate::control::health::{self, State, VantageView, VerdictKind};
 use crate::control::peers::Peers;
+use crate::control::perf::{self, Perf};
 use crate::control::persist::{self, Saved};
 use crate::control::planner::Removed;
 use crate::control::prober::{self, Local, Round};
@@ -111,6 +112,8 @@ pub struct Controller {
     audit: Option<Audit>,
     /// The API's scoped tokens, swapped on every reload.
     tokens: ScopedTokens,
+    /// The performance modifier of the policy weights (`performance:` blocks).
+    perf: Perf,
 }
 
 /// A node's link to the set: where to write, what it read last.
@@ -227,7 +230,9 @@ impl Controller {
             cluster: None,
             audit: None,
             tokens: ScopedTokens::default(),
+            perf: Perf::default(),
         };
+        c.perf.configure(&c.loaded.policy, Instant::now());
         c.tokens.store(Arc::new(c.loaded.tokens.clone()));
         if let Some(sf) = &c.state_file {
             let metrics = c.local.metrics().cloned();
@@ -302,7 +307,10 @@ impl Controller {
 
     fn plan(&mut self) -> Snapshot {
         let cuts = self.drains.cuts(&self.loaded.policy);
-        let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
+        // Modifiers change the policy weights; failover and drains apply after them.
+        let modified = self.perf.apply(&self.loaded.policy);
+        let policy = modified.as_ref().unwrap_or(&self.loaded.policy);
+        let (snapshot, fail_open) = self.loaded.snapshot_for(policy, &self.removed(), &cuts);
         self.note_fail_open(fail_open);
         snapshot
     }
@@ -353,6 +361,11 @@ impl Controller {
     /// The API's scoped tokens, as the policy's reloads swap them.
     pub fn tokens(&self) -> ScopedTokens {
         self.tokens.clone()
+    }
+
+    /// The store of performance samples (beacons, steering polls).
+    pub fn perf_store(&self) -> Arc<perf::Store> {
+        self.perf.store()
     }
 
     /// Refuses a freeze or resume of a tenant the policy does not have.
@@ -419,6 +432,7 @@ impl Controller {
                 .into_iter()
                 .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
                 .chain(self.resign_due())
+                .chain(self.perf.next_due())
                 .min();
             let due = async {
                 match next {
@@ -466,6 +480,10 @@ impl Controller {
                     changed |= self.drains.tick(&self.loaded.policy, now);
                     changed |= self.drains.sync(&self.loaded.policy, now, now_ms());
                     changed |= self.resign();
+                    changed |= self.perf.tick(now, now_ms());
+                    if let Some(m) = self.local.metrics() {
+                        self.perf.export(m);
+                    }
                     self.drains.prune(now_ms());
                     if changed {
                         self.publish();
@@ -615,7 +633,9 @@ impl Controller {
             now: crate::selection::unix_now(),
             session,
         };
-        explain::explain(&facts, &question)
+        let mut e = explain::explain(&facts, &question)?;
+        e.performance = self.perf.region_view(&e.name, e.region.index);
+        Ok(e)
     }
 
     /// Starts the prober and the peer readers for the current probes; the returned
@@ -722,6 +742,7 @@ impl Controller {
                 });
                 self.drains
                     .sync(&self.loaded.policy, Instant::now(), now_ms());
+                self.perf.configure(&self.loaded.policy, Instant::now());
                 self.publish();
                 probes_changed
             }
@@ -1099,6 +1120,7 @@ impl Controller {
                 })
                 .collect(),
             cluster: self.cluster_doc(),
+            performance: self.perf.view(),
             peers: self
                 .peer_views()
                 .iter()

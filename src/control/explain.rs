@@ -108,6 +108,10 @@ pub struct Explanation {
     pub signed_until_unix: Option<u64>,
     pub state: String,
     pub config_version: String,
+    /// The region's performance shift (`performance:`), when the server has one
+    /// (live only: `steerdns explain` offline has no measurements).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub performance: Option<crate::control::perf::RegionView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -327,6 +331,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
             .filter(|_| !steered.rrsigs(0).is_empty()),
         state: facts.state.clone(),
         config_version: facts.loaded.version.clone(),
+        performance: None,
     })
 }
 
@@ -456,6 +461,9 @@ impl fmt::Display for Explanation {
                 "drain:   {} {} [{scope}] {}: {} % removed ({}, {until})",
                 d.id, d.cdn, d.status, d.removed_percent, d.reason
             )?;
+        }
+        if let Some(p) = &self.performance {
+            crate::control::perf::page::explain(f, p)?;
         }
         writeln!(f, "config:  version {}", self.config_version)
     }

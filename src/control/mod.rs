@@ -11,6 +11,7 @@ pub mod explain;
 pub mod failover;
 pub mod health;
 pub mod peers;
+pub mod perf;
 pub mod persist;
 pub mod planner;
 pub mod prober;

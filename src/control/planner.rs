@@ -55,7 +55,18 @@ impl Loaded {
         removed: &Removed,
         drains: &[DrainCut],
     ) -> (Snapshot, Vec<(String, String)>) {
-        let mut planned = plan(&self.policy, removed, drains);
+        self.snapshot_for(&self.policy, removed, drains)
+    }
+
+    /// The snapshot of `policy` (the loaded one, or it with weights changed by a
+    /// modifier, `control/perf/`) for a failover state.
+    pub fn snapshot_for(
+        &self,
+        policy: &Policy,
+        removed: &Removed,
+        drains: &[DrainCut],
+    ) -> (Snapshot, Vec<(String, String)>) {
+        let mut planned = plan(policy, removed, drains);
         planned.plan.fit(self.geo.places());
         let signed = self.dnssec.as_ref().map(|d| d.signed());
         let zones = match &signed {

@@ -44,6 +44,10 @@ pub struct StateDoc {
     /// absent when nothing is signed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dnssec: Option<crate::dnssec::Status>,
+    /// Regions whose weights follow measured performance (`performance:`): the
+    /// measured values, the band, the shares and the reason per CDN.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub performance: Vec<crate::control::perf::RegionView>,
 }
 
 /// A node of a set: is it in touch, and who wrote what.

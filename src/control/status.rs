@@ -301,6 +301,7 @@ fn write_page(
     drains(h, doc, now)?;
     fail_open(h, doc)?;
     dnssec(h, doc, now)?;
+    crate::control::perf::page::section(h, &doc.performance)?;
     reload(h, doc)?;
     h.push_str("</body></html>\n");
     Ok(())

@@ -29,6 +29,9 @@
 //! | `steering_responses_total` | name, region, pathway | content steering manifests served, by the pathway listed first |
 //! | `steering_refused_total` | status | content steering requests refused: 400, 404 or 405 |
 //! | `dnssec_signature_expiry_seconds` | | seconds until the DNSSEC signatures served expire (signed zones only; read from the snapshot at scrape time) |
+//! | `rum_samples_total` | result | performance samples (beacons, steering polls): `accepted`, `refused_share` (one network over 5 % of a cell), `refused_rate` (beacons over a network's rate), `invalid` (beacons refused 400/413), `unused` (a region without `performance:`) |
+//! | `perf_measured` | name, region, cdn, metric | the measured value a region's shift uses (ms, bit/s or a ratio); absent without enough fresh samples |
+//! | `perf_reason` | name, region, cdn, reason | 1 for the reason of the CDN's target share: `perf_band`, `perf_penalty`, `perf_floor`, `perf_stale` |
 //! | `build_info` | version, commit | 1; the crate version and the git commit built (`unknown` outside a checkout) |
 //! | `process_*` (no prefix) | | the standard process metrics (Linux): CPU seconds, resident and virtual memory, open and max fds, threads, start time |
 //!
@@ -114,6 +117,9 @@ struct Inner {
     state_load_errors: IntCounterVec,
     steering_responses: IntCounterVec,
     steering_refused: IntCounterVec,
+    rum_samples: IntCounterVec,
+    perf_measured: prometheus::GaugeVec,
+    perf_reason: IntGaugeVec,
 }
 
 /// The crate version, as in `steerdns_build_info{version}`.
@@ -362,6 +368,36 @@ impl Metrics {
                      steered name, another path), 405 (another method).",
                     &["status"],
                 ),
+                rum_samples: reg.counters(
+                    "rum_samples_total",
+                    "Performance samples (beacons on POST /rum/{name}, steering polls' throughput) \
+                     by result: accepted, refused_share (one network over its share of a cell), \
+                     refused_rate (beacons over a network's rate, 429), invalid (beacons refused \
+                     400 or 413), unused (the client's region has no performance block).",
+                    &["result"],
+                ),
+                perf_measured: {
+                    let v = prometheus::GaugeVec::new(
+                        Opts::new(
+                            "perf_measured",
+                            "The measured value a region's performance shift compares (ms for \
+                             ttfb_p75, bit/s for throughput_p25, a ratio for error_rate); absent \
+                             without enough fresh samples.",
+                        ),
+                        &["name", "region", "cdn", "metric"],
+                    )
+                    .expect("static gauge");
+                    reg.0
+                        .register(Box::new(v.clone()))
+                        .expect("registered once");
+                    v
+                },
+                perf_reason: reg.gauges(
+                    "perf_reason",
+                    "1 for the reason of a CDN's target share in a region with a performance \
+                     block: perf_band, perf_penalty, perf_floor or perf_stale.",
+                    &["name", "region", "cdn", "reason"],
+                ),
                 registry,
                 process: process_registry(),
             }),
@@ -455,6 +491,42 @@ impl Metrics {
             .steering_responses
             .with_label_values(&[name, region, pathway])
             .inc();
+    }
+
+    /// Counts `n` performance samples by what became of them.
+    pub fn rum_samples(&self, result: &str, n: u64) {
+        if n > 0 {
+            self.inner
+                .rum_samples
+                .with_label_values(&[result])
+                .inc_by(n);
+        }
+    }
+
+    /// Shows a CDN's measured value (removed when `None`) and the reason of its target
+    /// share in a region with a performance block.
+    pub fn perf_cdn(
+        &self,
+        name: &str,
+        region: &str,
+        cdn: &str,
+        metric: &str,
+        measured: Option<f64>,
+        reason: &str,
+    ) {
+        let labels = [name, region, cdn, metric];
+        match measured {
+            Some(v) => self.inner.perf_measured.with_label_values(&labels).set(v),
+            None => {
+                let _ = self.inner.perf_measured.remove_label_values(&labels);
+            }
+        }
+        for r in ["perf_band", "perf_penalty", "perf_floor", "perf_stale"] {
+            self.inner
+                .perf_reason
+                .with_label_values(&[name, region, cdn, r])
+                .set(i64::from(r == reason));
+        }
     }
 
     /// Counts a refused content steering request (4xx).

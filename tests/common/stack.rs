@@ -162,9 +162,10 @@ impl Stack {
             }),
             vantage: vantage.into(),
             cluster,
+            // 127.0.0.1 is a trusted proxy: tests place players with X-Forwarded-For.
             steering: Some(steerdns::control::content::SteeringOptions::new(
                 "127.0.0.1:0".parse().unwrap(),
-                Vec::new(),
+                vec!["127.0.0.1/32".parse().unwrap()],
             )),
         };
         let svc = app::serve(loaded, &opts).await.unwrap();

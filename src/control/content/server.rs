@@ -38,8 +38,11 @@ use ipnet::IpNet;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use http_body_util::{BodyExt, Limited};
+
 use super::manifest::{self, Format};
 use crate::control::api::{error, serve_http, ApiLimits, Conn, Reply};
+use crate::control::perf::{self, beacon, Store};
 use crate::metrics::Metrics;
 use crate::plan::Live;
 
@@ -50,6 +53,9 @@ pub struct SteeringOptions {
     /// Peers whose `X-Forwarded-For` is believed (`--trusted-proxies`).
     pub trusted_proxies: Vec<IpNet>,
     pub limits: ApiLimits,
+    /// Where beacons (`POST /rum/{name}`) and the throughput of steering polls go
+    /// (the controller's, `Controller::perf_store`).
+    pub perf: Arc<Store>,
 }
 
 impl SteeringOptions {
@@ -67,6 +73,7 @@ impl SteeringOptions {
             addr,
             trusted_proxies,
             limits,
+            perf: Arc::default(),
         }
     }
 }
@@ -75,6 +82,9 @@ struct Shared {
     live: Arc<Live>,
     metrics: Metrics,
     trusted: Vec<IpNet>,
+    perf: Arc<Store>,
+    /// Time to send a beacon's body.
+    body_timeout: std::time::Duration,
 }
 
 /// Binds `opts.addr` and serves steering manifests from `live` until `stop`; returns
@@ -91,19 +101,100 @@ pub async fn spawn(
         live,
         metrics,
         trusted: opts.trusted_proxies,
+        perf: opts.perf,
+        body_timeout: opts.limits.body_timeout,
     });
     serve_http(listener, opts.limits, stop, move |req, conn: Conn| {
         let shared = shared.clone();
-        async move { Ok::<_, Infallible>(answer(&shared, &req, conn.peer.ip().to_canonical())) }
+        async move {
+            let peer = conn.peer.ip().to_canonical();
+            let reply = if req.method() == Method::POST && req.uri().path().starts_with("/rum/") {
+                rum(&shared, req, peer).await
+            } else {
+                answer(&shared, &req, peer)
+            };
+            Ok::<_, Infallible>(finish(&shared, reply))
+        }
     });
     Ok(bound)
 }
 
 const ALLOW: &str = "GET, HEAD, OPTIONS";
+/// What a preflight allows: beacons are posted.
+const ALLOW_CORS: &str = "GET, HEAD, POST, OPTIONS";
 
-/// The answer to one request. Never panics, never waits.
+/// A beacon, `POST /rum/{name}`: 204 once its samples are recorded for the client's
+/// region (located here, as for manifests); 400, 413 or 429 with a message.
+async fn rum(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply {
+    let reply = beacon(shared, req, peer).await;
+    if reply.status() == StatusCode::BAD_REQUEST || reply.status() == StatusCode::PAYLOAD_TOO_LARGE
+    {
+        shared.metrics.rum_samples("invalid", 1);
+    }
+    reply
+}
+
+async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply {
+    let name = req.uri().path().trim_start_matches("/rum/");
+    let Ok(mut dns_name) = hickory_proto::rr::Name::from_ascii(name) else {
+        return error(StatusCode::BAD_REQUEST, "the name is not a DNS name");
+    };
+    dns_name.set_fqdn(true);
+    let client = match client_of(peer, req.headers(), &shared.trusted) {
+        Ok(ip) => ip,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let net = perf::network(client);
+    let now_ms = crate::control::drains::now_ms();
+    if !shared.perf.admit(net, now_ms) {
+        shared.metrics.rum_samples("refused_rate", 1);
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many beacons from this network: slow down",
+        );
+    }
+    let collect = Limited::new(req.into_body(), beacon::MAX_BODY).collect();
+    let body = match tokio::time::timeout(shared.body_timeout, collect).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body over 16 KiB or unreadable",
+            )
+        }
+        Err(_) => return error(StatusCode::REQUEST_TIMEOUT, "body not sent in time"),
+    };
+    let samples = match beacon::parse(&body) {
+        Ok(s) => s,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
+    let snapshot = shared.live.load();
+    let Some(steered) = snapshot.plan.get(&dns_name) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("{dns_name} is not a steered name"),
+        );
+    };
+    let region = steered
+        .decide(client, &snapshot.geo.locate(client), &snapshot.geo)
+        .region;
+    match shared
+        .perf
+        .record(&dns_name.to_string(), region, net, &samples, now_ms)
+    {
+        Ok(recorded) => {
+            recorded.count(&shared.metrics);
+            let mut r = Response::new(Full::new(Bytes::new()));
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            r
+        }
+        Err(why) => error(StatusCode::BAD_REQUEST, &why),
+    }
+}
+
+/// The answer to one request but a beacon. Never panics, never waits.
 fn answer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
-    let mut reply = match *req.method() {
+    match *req.method() {
         Method::GET | Method::HEAD => steer(shared, req, peer),
         Method::OPTIONS => {
             let mut r = Response::new(Full::new(Bytes::new()));
@@ -111,7 +202,7 @@ fn answer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
             let h = r.headers_mut();
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_METHODS,
-                HeaderValue::from_static(ALLOW),
+                HeaderValue::from_static(ALLOW_CORS),
             );
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
@@ -129,7 +220,11 @@ fn answer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
                 .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
             r
         }
-    };
+    }
+}
+
+/// Every answer's last touch: CORS, and `no-store` and a count for refusals.
+fn finish(shared: &Shared, mut reply: Reply) -> Reply {
     let status = reply.status();
     if status.is_client_error() {
         shared.metrics.steering_refused(status.as_u16());
@@ -185,6 +280,7 @@ fn steer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
     };
     let session = params.session.unwrap_or_else(rand::random);
     let order = manifest::order(steered, &snapshot.geo, client, session, &params);
+    feed_throughput(shared, steered, order.region, client, &params);
     let mut body = String::with_capacity(192);
     manifest::write(format, steered, &order, session, &mut body);
     if let Some(&first) = order.targets.first() {
@@ -204,6 +300,42 @@ fn steer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
         h.insert(header::CACHE_CONTROL, v);
     }
     r
+}
+
+/// The throughput a steering poll reports for its pathways, recorded as samples of
+/// their CDNs for the client's region (performance steering).
+fn feed_throughput(
+    shared: &Shared,
+    steered: crate::plan::Steered,
+    region: usize,
+    client: IpAddr,
+    params: &manifest::Params,
+) {
+    let n = steered.targets().len();
+    let samples: Vec<(&str, perf::cell::Sample)> = params
+        .reported
+        .iter()
+        .filter_map(|(id, bps)| {
+            let bps = (*bps).filter(|&b| b > 0 && b <= beacon::MAX_THROUGHPUT_BPS)?;
+            let t = (0..n).find(|&t| manifest::pathway(steered, t) == id.as_str())?;
+            let sample = perf::cell::Sample {
+                throughput_bps: Some(bps),
+                ..perf::cell::Sample::default()
+            };
+            Some((&*steered.target(t).cdn, sample))
+        })
+        .collect();
+    if samples.is_empty() {
+        return;
+    }
+    let name = steered.name().to_string();
+    let now_ms = crate::control::drains::now_ms();
+    if let Ok(recorded) = shared
+        .perf
+        .record(&name, region, perf::network(client), &samples, now_ms)
+    {
+        recorded.count(&shared.metrics);
+    }
 }
 
 /// The client of a request from `peer`: `peer` itself, or, from a trusted proxy, the

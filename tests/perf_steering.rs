@@ -1,0 +1,446 @@
+//! Performance steering over real sockets: beacons posted to `POST /rum/{name}` on
+//! the content steering server through a trusted proxy (127.0.0.1, with
+//! `X-Forwarded-For`), the shares they move read from `/v1/state`, and measured over
+//! DNS with ECS from many client networks. Short periods (a few hundred ms) so that
+//! the whole timeline runs in seconds; nothing sleeps for a fixed time to decide,
+//! every wait polls for a state.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::stack::{scratch, Stack};
+use hickory_proto::rr::RecordType::A;
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// The GB region: the test database's GB networks and 100.64.0.0/10, whose /24s are
+/// the players (the test database holds too few GB /24s to make many networks).
+fn policy(dir: &std::path::Path, period: f64, window: f64) {
+    let text = format!(
+        "hostname: www.example.com
+ttl: 30
+cdns:
+  fastly: {{ cname: fastly.cdn.test. }}
+  cloudflare: {{ cname: cloudflare.cdn.test. }}
+regions:
+  - name: gb
+    match: [GB, 100.64.0.0/10]
+    weights: {{ fastly: 90, cloudflare: 10 }}
+    performance:
+      metric: ttfb_p75
+      band_percent: 10
+      floor_percent: 10
+      max_shift_points: 10
+      shift_period_seconds: {period}
+      window_seconds: {window}
+      min_samples: 50
+      min_networks: 5
+  - match: [\"*\"]
+    weights: {{ fastly: 50, cloudflare: 50 }}
+"
+    );
+    std::fs::write(dir.join("steering.yaml"), text).unwrap();
+}
+
+async fn start(tag: &str, period: f64, window: f64) -> Stack {
+    let dir = scratch(tag);
+    policy(&dir, period, window);
+    Stack::start(&dir).await
+}
+
+/// Player `i`'s address: one per /24 of 100.64.0.0/10.
+fn player(i: u32) -> String {
+    format!("100.{}.{}.7", 64 + i / 256, i % 256)
+}
+
+/// Posts `body` as a beacon from `client` (through the trusted proxy); status, body.
+async fn post(s: &Stack, name: &str, client: &str, body: impl Into<String>) -> (u16, String) {
+    let r = s
+        .http
+        .post(format!("http://{}/rum/{name}", s.steering))
+        .header("x-forwarded-for", client)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let cors = r
+        .headers()
+        .get("access-control-allow-origin")
+        .map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(cors.as_deref(), Some("*"), "CORS on every answer");
+    (status, r.text().await.unwrap())
+}
+
+fn beacon(fastly_ms: u64, cloudflare_ms: u64) -> String {
+    format!(
+        r#"{{"samples":[{{"cdn":"fastly","ttfb_ms":{fastly_ms},"ok":true}},{{"cdn":"fastly","ttfb_ms":{fastly_ms}}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms},"ok":true}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms}}}]}}"#
+    )
+}
+
+/// What the players measure now: (fastly ms, cloudflare ms, networks); 0 networks:
+/// silence.
+type Conditions = Arc<Mutex<(u64, u64, u32)>>;
+
+/// Players posting a beacon per network every 50 ms, as `conditions` say, until
+/// dropped.
+fn players(s: &Stack, conditions: Conditions) -> tokio::task::JoinHandle<()> {
+    let (http, addr) = (s.http.clone(), s.steering);
+    tokio::spawn(async move {
+        loop {
+            let (f, c, nets) = *conditions.lock().unwrap();
+            for i in 0..nets {
+                let r = http
+                    .post(format!("http://{addr}/rum/www.example.com"))
+                    .header("x-forwarded-for", player(i))
+                    .body(beacon(f, c))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 204);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+/// The GB region's performance document.
+fn gb(state: &Value) -> &Value {
+    state["performance"]
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["region"] == "gb"))
+        .unwrap_or(&Value::Null)
+}
+
+/// (fastly share, cloudflare share, fastly reason) of the GB region.
+fn shares(state: &Value) -> (f64, f64, String) {
+    let cdn = |n: &str| {
+        gb(state)["cdns"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["cdn"] == n))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    (
+        cdn("fastly")["share"].as_f64().unwrap_or(-1.0),
+        cdn("cloudflare")["share"].as_f64().unwrap_or(-1.0),
+        cdn("fastly")["reason"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Polls the shares every 10 ms until `until` holds (20 s at most); every distinct
+/// fastly share seen on the way, in order.
+async fn watch(s: &Stack, until: impl Fn(f64, &str) -> bool) -> Vec<f64> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen: Vec<f64> = Vec::new();
+    loop {
+        let (f, _, reason) = shares(&s.state().await);
+        if seen.last() != Some(&f) {
+            seen.push(f);
+        }
+        if until(f, &reason) {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shares never got there: {seen:?}, {reason}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Fastly's share (percent) of DNS answers to clients of `networks` GB /24s, each
+/// asking with ECS through its own resolver.
+async fn dns_share(s: &Stack, networks: u32) -> f64 {
+    let mut fastly = 0;
+    for i in 0..networks {
+        let q = common::query_edns("www.example.com.", A, Some((&player(1000 + i), 24)));
+        let m = common::ask_from(s.dns, common::resolver(i as usize), common::Proto::Udp, &q).await;
+        if common::cname_of(&m).starts_with("fastly.") {
+            fastly += 1;
+        }
+    }
+    100.0 * f64::from(fastly) / f64::from(networks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beacons_are_checked_located_and_limited() {
+    // Short periods: the state document shows the windows once a period.
+    let s = start("perf-beacons", 0.2, 300.0).await;
+    let name = "www.example.com";
+    // Accepted: 204, no body, counted for the client's region (the forwarded one).
+    let (status, body) = post(&s, name, &player(1), beacon(80, 78)).await;
+    assert_eq!((status, body.as_str()), (204, ""));
+    // A client outside the GB region: accepted, unused (its region has no block).
+    assert_eq!(post(&s, name, "192.0.2.1", beacon(80, 78)).await.0, 204);
+    let bad: &[(&str, String, u16, &str)] = &[
+        (name, "{".into(), 400, "bad beacon"),
+        (name, r#"{"samples":[]}"#.into(), 400, "no samples"),
+        (
+            name,
+            r#"{"samples":[{"cdn":"akamai","ttfb_ms":3}]}"#.into(),
+            400,
+            "unknown CDN `akamai`",
+        ),
+        (
+            name,
+            r#"{"samples":[{"cdn":"fastly","ttfb_ms":700000}]}"#.into(),
+            400,
+            "samples[0].ttfb_ms: 0 to 600000",
+        ),
+        (
+            "nope.example.com",
+            beacon(80, 78),
+            400,
+            "nope.example.com. is not a steered name",
+        ),
+        (name, "x".repeat(17 * 1024), 413, "16 KiB"),
+    ];
+    for (n, body, status, says) in bad {
+        let (got, text) = post(&s, n, &player(2), body.clone()).await;
+        assert_eq!(got, *status, "{body:.60}: {text}");
+        assert!(text.contains(says), "{text} should say {says}");
+    }
+    // The state shows the one accepted beacon's samples, in GB, from one network.
+    let state = s
+        .wait_for("beacon counted", |st| {
+            gb(st)["cdns"][0]["window"]["samples"].as_u64() == Some(2)
+        })
+        .await;
+    assert_eq!(gb(&state)["cdns"][0]["window"]["networks"], 1);
+    assert_eq!(gb(&state)["metric"], "ttfb_p75");
+    // A CORS preflight allows the POST.
+    let r = s
+        .http
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("http://{}/rum/{name}", s.steering),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let allowed = r.headers()["access-control-allow-methods"]
+        .to_str()
+        .unwrap();
+    assert!(allowed.contains("POST"), "{allowed}");
+    // One network over its rate: 429 (the burst is 100 beacons).
+    let mut statuses = HashMap::new();
+    for _ in 0..150 {
+        *statuses
+            .entry(post(&s, name, &player(3), beacon(80, 78)).await.0)
+            .or_insert(0) += 1;
+    }
+    assert!(
+        statuses.get(&429).copied().unwrap_or(0) >= 40,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.get(&204).copied().unwrap_or(0) >= 100,
+        "{statuses:?}"
+    );
+    let series = |r: &str| format!(r#"steerdns_rum_samples_total{{result="{r}"}}"#);
+    assert!(s.metric(&series("refused_rate")).await.unwrap_or(0.0) >= 40.0);
+    assert_eq!(s.metric(&series("unused")).await, Some(4.0));
+    assert!(s.metric(&series("invalid")).await.unwrap_or(0.0) >= 6.0);
+}
+
+/// Near tie, then fastly degrades, then the data stops: the shares stay at the
+/// policy, fall to the floor in steps of at most 10 points, stay there, and come back
+/// at the same pace; DNS answers follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_follow_measurements_within_the_bounds() {
+    let s = start("perf-shift", 0.3, 0.6).await;
+    let before = dns_share(&s, 400).await;
+    let conditions: Conditions = Arc::new(Mutex::new((80, 78, 30)));
+    let feeder = players(&s, conditions.clone());
+
+    // Near tie: both in the band, nothing moves, however many periods go by.
+    s.wait_for("measured", |st| {
+        gb(st)["cdns"][0]["measured"].as_f64().is_some()
+            && gb(st)["cdns"][1]["measured"].as_f64().is_some()
+    })
+    .await;
+    let tie_start = Instant::now();
+    let seen = watch(&s, |_, _| tie_start.elapsed() > Duration::from_millis(1500)).await;
+    assert_eq!(seen, [90.0], "near tie: no move");
+    let (_, _, reason) = shares(&s.state().await);
+    assert_eq!(reason, "perf_band");
+    // The plan is the policy's: the same answers, but for the few keys whose hourly
+    // selection window turned meanwhile.
+    let share = dns_share(&s, 400).await;
+    assert!(
+        (share - before).abs() <= 2.0,
+        "near tie: {share} % vs {before} %"
+    );
+
+    // Fastly degrades to 300 ms: down to the floor, at most 10 points per period.
+    conditions.lock().unwrap().0 = 300;
+    let seen = watch(&s, |f, r| f == 10.0 && r == "perf_floor").await;
+    for w in seen.windows(2) {
+        assert!(
+            w[0] - w[1] <= 10.0 + 1e-6,
+            "a step over 10 points: {seen:?}"
+        );
+        assert!(w[1] < w[0], "not monotonic: {seen:?}");
+    }
+    let share = dns_share(&s, 400).await;
+    assert!(
+        (share - 10.0).abs() <= 3.0,
+        "DNS: fastly {share} % at the floor"
+    );
+    // explain and the status page say why.
+    let e = s
+        .get(&format!(
+            "/v1/explain?name=www.example.com&client={}",
+            player(5)
+        ))
+        .await;
+    let p = &e["performance"];
+    assert_eq!(p["region"], "gb", "{e}");
+    assert_eq!(p["cdns"][0]["reason"], "perf_floor", "{e}");
+    assert_eq!(p["cdns"][1]["reason"], "perf_band", "{e}");
+    assert!(p["cdns"][0]["measured"].as_f64().unwrap() > 250.0, "{e}");
+    let page = s
+        .http
+        .get(format!("http://{}/", s.api))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"data-region="gb" data-cdn="fastly" data-reason="perf_floor""#),
+        "the status page shows the reason"
+    );
+    assert_eq!(
+        s.metric(r#"steerdns_perf_reason{cdn="fastly",name="www.example.com.",reason="perf_floor",region="gb"}"#)
+            .await,
+        Some(1.0)
+    );
+    // It stays there.
+    let held = Instant::now();
+    let seen = watch(&s, |_, _| held.elapsed() > Duration::from_millis(1000)).await;
+    assert_eq!(seen, [10.0], "the floor holds");
+
+    // The data stops: back to the policy at the same pace.
+    conditions.lock().unwrap().2 = 0;
+    let seen = watch(&s, |f, r| f == 90.0 && r == "perf_stale").await;
+    for w in seen.windows(2) {
+        assert!(
+            w[1] - w[0] <= 10.0 + 1e-6,
+            "a step over 10 points: {seen:?}"
+        );
+    }
+    assert!(seen.len() >= 8, "back in steps: {seen:?}");
+    feeder.abort();
+    let share = dns_share(&s, 400).await;
+    assert!(
+        (share - before).abs() <= 2.0,
+        "back: {share} % vs {before} %"
+    );
+}
+
+/// Too few networks do not move anything; one network flooding samples moves
+/// nothing and its refused samples are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_or_poisoned_data_moves_nothing() {
+    let s = start("perf-poison", 0.3, 3.0).await;
+    // Sparse: 4 networks (min_networks is 5) measuring fastly far slower.
+    let conditions: Conditions = Arc::new(Mutex::new((300, 78, 4)));
+    let feeder = players(&s, conditions.clone());
+    let t = Instant::now();
+    let seen = watch(&s, |_, _| t.elapsed() > Duration::from_millis(1500)).await;
+    assert_eq!(seen, [90.0], "sparse data: no move");
+    feeder.abort();
+
+    // Honest players on 30 networks: a near tie.
+    let conditions: Conditions = Arc::new(Mutex::new((80, 78, 30)));
+    let feeder = players(&s, conditions);
+    s.wait_for("measured", |st| {
+        gb(st)["cdns"][1]["measured"].as_f64().is_some()
+    })
+    .await;
+    // One /24 (behind the proxy, several addresses) claims fastly is slow, as fast
+    // as it can post.
+    let poisoner = {
+        let (http, addr) = (s.http.clone(), s.steering);
+        tokio::spawn(async move {
+            let body = r#"{"samples":[{"cdn":"fastly","ttfb_ms":5000,"ok":false}]}"#;
+            for i in 0..10_000u32 {
+                let r = http
+                    .post(format!("http://{addr}/rum/www.example.com"))
+                    .header("x-forwarded-for", format!("100.100.100.{}", i % 250))
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(matches!(r.status().as_u16(), 204 | 429));
+            }
+        })
+    };
+    let t = Instant::now();
+    let seen = watch(&s, |_, _| poisoner.is_finished()).await;
+    assert_eq!(seen, [90.0], "poisoning: no move");
+    let state = s.state().await;
+    let refused: u64 = gb(&state)["cdns"][0]["refused"].as_u64().unwrap();
+    let rate = s
+        .metric(r#"steerdns_rum_samples_total{result="refused_rate"}"#)
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        refused > 0 && refused as f64 + rate >= 9_000.0,
+        "refused: {refused} over the share, {rate} over the rate ({:?})",
+        t.elapsed()
+    );
+    feeder.abort();
+}
+
+/// Flapping: fastly 80 ↔ 300 ms every half period. The window (two periods) always
+/// holds both halves, so the target does not follow each flap: the share moves one
+/// way (to the floor, since p75 of a half-slow CDN is slow), without oscillating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flapping_does_not_oscillate() {
+    let s = start("perf-flap", 0.3, 0.6).await;
+    let conditions: Conditions = Arc::new(Mutex::new((80, 78, 30)));
+    let feeder = players(&s, conditions.clone());
+    let flapper = {
+        let conditions = conditions.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let mut c = conditions.lock().unwrap();
+                c.0 = if c.0 == 80 { 300 } else { 80 };
+            }
+        })
+    };
+    let t = Instant::now();
+    let seen = watch(&s, |_, _| t.elapsed() > Duration::from_secs(4)).await;
+    flapper.abort();
+    feeder.abort();
+    // Direction changes, and the largest move against the first direction.
+    let steps: Vec<f64> = seen.windows(2).map(|w| w[1] - w[0]).collect();
+    let reversals = steps
+        .windows(2)
+        .filter(|w| w[0].signum() != w[1].signum())
+        .count();
+    assert!(reversals <= 2, "{reversals} reversals: {seen:?}");
+    let first = steps.first().copied().unwrap_or(0.0).signum();
+    let against: f64 = steps
+        .iter()
+        .filter(|d| d.signum() != first)
+        .map(|d| d.abs())
+        .sum();
+    assert!(against <= 10.0, "{against} points of swing back: {seen:?}");
+    for w in seen.windows(2) {
+        assert!(
+            (w[1] - w[0]).abs() <= 10.0 + 1e-6,
+            "a step over 10 points: {seen:?}"
+        );
+    }
+}
