@@ -175,9 +175,8 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
             &format!("{dns_name} is not a steered name"),
         );
     };
-    let region = steered
-        .decide(client, &snapshot.geo.locate(client), &snapshot.geo)
-        .region;
+    let place = steered.locate(&snapshot.geo, client);
+    let region = steered.decide(client, &place, &snapshot.geo, false).region;
     match shared
         .perf
         .record(&dns_name.to_string(), region, net, &samples, now_ms)
