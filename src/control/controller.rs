@@ -31,7 +31,7 @@ use crate::control::cluster::{
 };
 use crate::control::drains::{now_ms, DrainError, DrainRule, DrainState, Drains};
 use crate::control::explain::{self, ExplainError, Explanation};
-use crate::control::failover::{FailoverState, Step};
+use crate::control::failover::Step;
 use crate::control::health::{self, State, VantageView, VerdictKind};
 use crate::control::peers::Peers;
 use crate::control::persist::{self, Saved};
@@ -39,6 +39,7 @@ use crate::control::planner::Removed;
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
 use crate::control::saver::{self, Saver};
+use crate::control::state::ControlState;
 use crate::control::state_doc::{
     ClusterDoc, ClusterDrainDoc, FailOpenDoc, HealthDoc, PeerDoc, ReloadOutcome, SaveStatus,
     StateDoc, StepDoc, TimelineDoc, VerdictCounts,
@@ -78,8 +79,8 @@ pub struct Controller {
     local: Local,
     peers: Peers,
     live: Option<Arc<Live>>,
-    /// Health, failover steps and freeze (pure; see `failover.rs`).
-    failover: FailoverState,
+    /// Health, failover steps and freeze, and the drains (pure; see `state.rs`).
+    state: ControlState,
     fail_open: Vec<(String, String)>,
     own_unhappy: Option<String>,
     /// Peers currently unhappy, with why (logged when it changes).
@@ -93,8 +94,6 @@ pub struct Controller {
     stepped: BTreeMap<(String, String), (u8, Instant)>,
     /// The outcome of the last reload, for `/v1/state`.
     last_reload: Option<ReloadOutcome>,
-    /// Drains from the policy and the API, with their progress.
-    drains: Drains,
     /// (name, CDN) pairs whose `drains_active` gauge is set.
     drain_gauges: BTreeSet<(String, String)>,
     state_file: Option<StateFile>,
@@ -210,7 +209,7 @@ impl Controller {
             local,
             peers,
             live: None,
-            failover: FailoverState::default(),
+            state: ControlState::default(),
             fail_open: Vec::new(),
             own_unhappy: None,
             unhappy_peers: BTreeMap::new(),
@@ -218,7 +217,6 @@ impl Controller {
             verdict_counts: BTreeMap::new(),
             stepped: BTreeMap::new(),
             last_reload: None,
-            drains: Drains::default(),
             drain_gauges: BTreeSet::new(),
             state_file,
             saver: None,
@@ -248,7 +246,9 @@ impl Controller {
             }
         }
         c.restore();
-        c.drains.sync(&c.loaded.policy, Instant::now(), now_ms());
+        c.state
+            .drains
+            .sync(&c.loaded.policy, Instant::now(), now_ms());
         c
     }
 
@@ -269,22 +269,13 @@ impl Controller {
             }
             Ok(Some(saved)) => {
                 let now = Instant::now();
-                self.failover = FailoverState {
-                    health: saved.health.clone(),
-                    steps: saved.steppers(now),
-                    frozen: saved.frozen.clone(),
-                    frozen_tenants: saved.frozen_tenants.clone(),
-                };
-                self.failover
-                    .retain_known(&self.loaded.policy, &self.loaded.probes);
-                self.drains
-                    .restore(saved.overrides.clone(), &saved.drains, now, saved.age_ms());
+                self.state = ControlState::from_saved(&saved, &self.loaded, now, now_ms());
                 info!(
                     age_s = saved.age_ms() / 1000,
-                    frozen = self.failover.frozen.is_some(),
-                    overrides = self.drains.overrides.len(),
-                    down = ?self.failover.down(),
-                    steps = self.failover.steps.len(),
+                    frozen = self.state.failover.frozen.is_some(),
+                    overrides = self.state.drains.overrides.len(),
+                    down = ?self.state.failover.down(),
+                    steps = self.state.failover.steps.len(),
                     "restored health and failover state"
                 );
                 self.tick_steps(now);
@@ -301,8 +292,7 @@ impl Controller {
     }
 
     fn plan(&mut self) -> Snapshot {
-        let cuts = self.drains.cuts(&self.loaded.policy);
-        let (snapshot, fail_open) = self.loaded.snapshot_with(&self.removed(), &cuts);
+        let (snapshot, fail_open) = self.state.snapshot(&self.loaded);
         self.note_fail_open(fail_open);
         snapshot
     }
@@ -375,10 +365,15 @@ impl Controller {
         loop {
             let now = Instant::now();
             let next = self
+                .state
                 .failover
                 .next_due(&self.loaded.policy)
                 .into_iter()
-                .chain(self.drains.next_due(&self.loaded.policy, now, now_ms()))
+                .chain(
+                    self.state
+                        .drains
+                        .next_due(&self.loaded.policy, now, now_ms()),
+                )
                 .min();
             let due = async {
                 match next {
@@ -423,9 +418,9 @@ impl Controller {
                 _ = due => {
                     let now = Instant::now();
                     let mut changed = self.tick_steps(now);
-                    changed |= self.drains.tick(&self.loaded.policy, now);
-                    changed |= self.drains.sync(&self.loaded.policy, now, now_ms());
-                    self.drains.prune(now_ms());
+                    changed |= self.state.drains.tick(&self.loaded.policy, now);
+                    changed |= self.state.drains.sync(&self.loaded.policy, now, now_ms());
+                    self.state.drains.prune(now_ms());
                     if changed {
                         self.publish();
                     } else {
@@ -456,33 +451,34 @@ impl Controller {
         }
         match command {
             Command::Drain(token, rule, reply) => {
-                let mut drains = self.drains.clone();
+                let mut drains = self.state.drains.clone();
                 let result = admit(&mut drains, &self.loaded.policy, &token, rule, now_ms());
                 if let Ok(rules) = &result {
-                    self.drains = drains;
+                    self.state.drains = drains;
                     for r in rules {
                         info!(id = %r.id, name = %r.name, cdn = %r.cdn, reason = %r.reason, author = ?r.author, "drain override added over the API");
                         self.audit("drain", audit_rule(r));
                     }
-                    self.drains.sync(&self.loaded.policy, now, now_ms());
+                    self.state.drains.sync(&self.loaded.policy, now, now_ms());
                     self.publish();
                 }
                 self.reply(reply, result);
             }
             Command::Undrain(token, id, reply) => {
-                let found = self.drains.overrides.iter().find(|o| o.id == id);
+                let found = self.state.drains.overrides.iter().find(|o| o.id == id);
                 if let Err(e) = may_undrain(&self.loaded.policy, &token, found) {
                     let _ = reply.send(Err(e));
                     return;
                 }
                 let result = self
+                    .state
                     .drains
                     .remove(&id)
                     .ok_or(DrainError::NoSuchOverride(id));
                 if let Ok(r) = &result {
                     info!(id = %r.id, name = %r.name, cdn = %r.cdn, author = %token.name, "drain override removed over the API");
                     self.audit("undrain", undrain_fields(r, &token));
-                    self.drains.sync(&self.loaded.policy, now, now_ms());
+                    self.state.drains.sync(&self.loaded.policy, now, now_ms());
                     self.publish();
                 }
                 self.reply(reply, result);
@@ -495,8 +491,8 @@ impl Controller {
                 warn!(reason = %lever.reason, author = %lever.author, tenant = ?lever.tenant, "automatic failover frozen: health is tracked, no step is taken");
                 self.audit("freeze", lever.fields());
                 match lever.tenant {
-                    Some(t) => self.failover.freeze_tenant(&t, lever.reason),
-                    None => self.failover.freeze(lever.reason),
+                    Some(t) => self.state.failover.freeze_tenant(&t, lever.reason),
+                    None => self.state.failover.freeze(lever.reason),
                 }
                 self.persist();
                 self.reply(reply, Ok(()));
@@ -509,8 +505,11 @@ impl Controller {
                 info!(reason = %lever.reason, author = %lever.author, tenant = ?lever.tenant, "automatic failover resumed");
                 self.audit("resume", lever.fields());
                 let taken = match &lever.tenant {
-                    Some(t) => self.failover.resume_tenant(&self.loaded.policy, t, now),
-                    None => self.failover.resume(&self.loaded.policy, now),
+                    Some(t) => self
+                        .state
+                        .failover
+                        .resume_tenant(&self.loaded.policy, t, now),
+                    None => self.state.failover.resume(&self.loaded.policy, now),
                 };
                 log_steps(&taken);
                 self.publish();
@@ -546,25 +545,10 @@ impl Controller {
         let facts = explain::Facts {
             loaded: &self.loaded,
             snapshot: &live,
-            health: &self.failover.health,
+            health: &self.state.failover.health,
             removed: &self.removed(),
-            drains: self.drains.report(&self.loaded.policy, now_ms()),
-            frozen: self.failover.frozen.clone().or_else(|| {
-                let name = name.trim_end_matches('.');
-                self.loaded
-                    .policy
-                    .hosts
-                    .iter()
-                    .find(|h| {
-                        h.name
-                            .to_string()
-                            .trim_end_matches('.')
-                            .eq_ignore_ascii_case(name)
-                    })
-                    .and_then(|h| h.tenant.as_ref())
-                    .and_then(|t| self.failover.frozen_tenants.get(t))
-                    .map(|why| format!("{why} (tenant freeze)"))
-            }),
+            drains: self.state.drains.report(&self.loaded.policy, now_ms()),
+            frozen: self.state.frozen_for(&self.loaded, name),
             state: "live".into(),
         };
         let question = explain::Question {
@@ -670,7 +654,8 @@ impl Controller {
                 self.tokens.store(Arc::new(loaded.tokens.clone()));
                 self.loaded = Arc::new(loaded);
                 // Health and failover progress carry over for the CDNs and names that remain.
-                self.failover
+                self.state
+                    .failover
                     .retain_known(&self.loaded.policy, &self.loaded.probes);
                 info!(trigger = %trigger, from = %from, to = %self.loaded.version, probes_changed, "configuration reloaded");
                 self.last_reload = Some(ReloadOutcome {
@@ -679,7 +664,8 @@ impl Controller {
                     errors: Vec::new(),
                     serving_version: self.loaded.version.clone(),
                 });
-                self.drains
+                self.state
+                    .drains
                     .sync(&self.loaded.policy, Instant::now(), now_ms());
                 self.publish();
                 probes_changed
@@ -747,10 +733,11 @@ impl Controller {
         }
         let changed = match &self.cluster {
             Some(_) => {
-                self.failover
+                self.state
+                    .failover
                     .track(&round.cdn, verdict.kind, spec.down_after, spec.up_after)
             }
-            None => self.failover.observe(
+            None => self.state.failover.observe(
                 &self.loaded.policy,
                 &round.cdn,
                 verdict.kind,
@@ -777,7 +764,7 @@ impl Controller {
                     "evidence": verdict.summary(),
                 }),
             );
-            if self.failover.frozen.is_some() {
+            if self.state.failover.frozen.is_some() {
                 warn!(cdn = %t.cdn, to = %t.to, "failover frozen: not acting on the health change");
                 self.persist();
                 return;
@@ -799,7 +786,7 @@ impl Controller {
 
     /// Applies due steps; returns whether any weight changed.
     fn tick_steps(&mut self, now: Instant) -> bool {
-        let taken = self.failover.tick(&self.loaded.policy, now);
+        let taken = self.state.failover.tick(&self.loaded.policy, now);
         log_steps(&taken);
         self.note_steps(now);
         !taken.is_empty()
@@ -834,7 +821,7 @@ impl Controller {
     }
 
     fn removed(&self) -> Removed {
-        self.failover.removed(&self.loaded.policy)
+        self.state.removed(&self.loaded)
     }
 
     /// Serves the current state, saves it, and only then shows it in `/v1/state`: what
@@ -864,6 +851,7 @@ impl Controller {
         // its series exists from the start.
         for spec in &self.loaded.probes.specs {
             let up = self
+                .state
                 .failover
                 .health
                 .get(&spec.cdn)
@@ -884,6 +872,7 @@ impl Controller {
             }
         }
         let active: BTreeSet<(String, String)> = self
+            .state
             .drains
             .report(&self.loaded.policy, now_ms())
             .into_iter()
@@ -943,15 +932,10 @@ impl Controller {
 
     /// Saves the state and then shows it in `/v1/state` (see [`saver`]).
     fn persist(&mut self) {
-        let saved = self.state_file.is_some().then(|| {
-            let now = Instant::now();
-            let mut saved = persist::capture(&self.failover.health, &self.failover.steps, now);
-            saved.overrides = self.drains.overrides.clone();
-            saved.drains = self.drains.saved(now);
-            saved.frozen = self.failover.frozen.clone();
-            saved.frozen_tenants = self.failover.frozen_tenants.clone();
-            saved
-        });
+        let saved = self
+            .state_file
+            .is_some()
+            .then(|| self.state.saved(Instant::now()));
         self.show(saved);
     }
 
@@ -1003,13 +987,13 @@ impl Controller {
 
     /// The `/v1/state` document for the state now.
     fn doc_now(&self) -> StateDoc {
-        let f = &self.failover;
+        let f = &self.state.failover;
         StateDoc {
             config_version: self.loaded.version.clone(),
             failover_frozen: f.frozen.clone(),
             failover_frozen_tenants: f.frozen_tenants.clone(),
             tenants: self.loaded.policy.tenants(),
-            drains: self.drains.report(&self.loaded.policy, now_ms()),
+            drains: self.state.drains.report(&self.loaded.policy, now_ms()),
             last_reload: self.last_reload.clone(),
             vantage: self.vantage.clone(),
             vantage_unhappy: self.own_unhappy.clone(),
@@ -1183,19 +1167,19 @@ impl Controller {
                 steps.insert((name.clone(), cdn.clone()), s);
             }
         }
-        self.failover.steps = steps;
+        self.state.failover.steps = steps;
         let frozen = view
             .freeze
             .as_ref()
             .map(|f| format!("{} (by {})", f.reason, f.node));
-        if frozen != self.failover.frozen {
+        if frozen != self.state.failover.frozen {
             match &frozen {
                 Some(why) => warn!(reason = %why, "automatic failover frozen for the whole set"),
                 None => info!("automatic failover resumed for the whole set"),
             }
         }
-        self.failover.frozen = frozen;
-        self.failover.frozen_tenants = view
+        self.state.failover.frozen = frozen;
+        self.state.failover.frozen_tenants = view
             .freeze_tenants
             .iter()
             .map(|(t, f)| (t.clone(), format!("{} (by {})", f.reason, f.node)))
@@ -1208,14 +1192,14 @@ impl Controller {
             .filter(|d| d.rule.resolve(policy).is_ok())
             .collect();
         written.sort_by_key(|d| (d.at_unix_ms, d.rule.id.clone()));
-        self.drains.overrides = written.into_iter().map(|d| d.rule.clone()).collect();
-        self.drains.sync(policy, now, wall);
+        self.state.drains.overrides = written.into_iter().map(|d| d.rule.clone()).collect();
+        self.state.drains.sync(policy, now, wall);
         self.note_refused(view);
         self.note_steps(now);
         self.publish();
         // Back in touch: what this node's health decided meanwhile is written now.
         for (cdn, state) in pending {
-            if self.failover.health.get(&cdn).map(|t| t.state) == Some(state) {
+            if self.state.failover.health.get(&cdn).map(|t| t.state) == Some(state) {
                 info!(cdn = %cdn, to = %state, "etcd back: writing the health change made while it was unreachable");
                 self.propose(&cdn, state);
             }
@@ -1225,7 +1209,7 @@ impl Controller {
     /// Counts, logs and shows the keys of `view` that do not count, and the drains
     /// refused for their location scope.
     fn note_refused(&mut self, view: &cluster::SharedView) {
-        let refused = refused_keys(view, &self.loaded) + self.drains.refused() as u64;
+        let refused = refused_keys(view, &self.loaded) + self.state.drains.refused() as u64;
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
@@ -1245,7 +1229,7 @@ impl Controller {
     /// This node's health of `cdn` changed: start (or turn around) the shared timeline
     /// of every name that uses it, unless another node did first.
     fn propose(&mut self, cdn: &str, to: State) {
-        let frozen = self.failover.frozen.is_some();
+        let frozen = self.state.failover.frozen.is_some();
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
@@ -1264,11 +1248,11 @@ impl Controller {
             .policy
             .hosts
             .iter()
-            .filter(|h| h.cdns.iter().any(|x| x.name == cdn) && !self.failover.held(h))
+            .filter(|h| h.cdns.iter().any(|x| x.name == cdn) && !self.state.failover.held(h))
         {
             let name = host.name.to_string();
             let key = (name.clone(), cdn.to_string());
-            let level = self.failover.steps.get(&key).map_or(0, |s| s.level);
+            let level = self.state.failover.steps.get(&key).map_or(0, |s| s.level);
             let existing = shared.view.timelines.get(&key).cloned();
             let direction = match to {
                 State::Down => Direction::Demote,
@@ -1329,7 +1313,7 @@ impl Controller {
                     let _ = reply.send(Err(DrainError::Unavailable(unreachable())));
                     return None;
                 }
-                let mut scratch = self.drains.clone();
+                let mut scratch = self.state.drains.clone();
                 let wall = now_ms();
                 let rules = match admit(&mut scratch, &policy, &token, rule, wall) {
                     Ok(r) => r,
@@ -1475,8 +1459,9 @@ impl Controller {
                 for host in policy.hosts.iter().filter(of_tenant) {
                     for cdn in &host.cdns {
                         let key = (host.name.to_string(), cdn.name.clone());
-                        let level = self.failover.steps.get(&key).map_or(0, |s| s.level);
+                        let level = self.state.failover.steps.get(&key).map_or(0, |s| s.level);
                         let down = self
+                            .state
                             .failover
                             .health
                             .get(&cdn.name)
@@ -1602,59 +1587,6 @@ fn refused_keys(view: &cluster::SharedView, loaded: &Loaded) -> u64 {
     view.refused + (cdns + timelines + drains) as u64
 }
 
-/// Checks a drain request against the token's scope and the drains in force, and
-/// adds its rules (one per name of a tenant) to `drains`; all or none.
-fn admit(
-    drains: &mut Drains,
-    policy: &Policy,
-    token: &Token,
-    rule: DrainRule,
-    now_ms: u64,
-) -> Result<Vec<DrainRule>, DrainError> {
-    let rules = rule.expand(policy)?;
-    let mut scratch = drains.clone();
-    let mut out = Vec::new();
-    for rule in rules {
-        if let Ok((host, _)) = rule.resolve(policy) {
-            token
-                .may_touch(host, &rule.scope)
-                .map_err(DrainError::Forbidden)?;
-        }
-        out.push(scratch.add(policy, rule, now_ms)?);
-    }
-    *drains = scratch;
-    Ok(out)
-}
-
-/// Whether `token` may end the override `found`.
-fn may_undrain(
-    policy: &Policy,
-    token: &Token,
-    found: Option<&DrainRule>,
-) -> Result<(), DrainError> {
-    let Some(rule) = found else { return Ok(()) };
-    match rule.resolve(policy) {
-        Ok((host, _)) => token
-            .may_touch(host, &rule.scope)
-            .map_err(DrainError::Forbidden),
-        // A name gone from the policy: only a token unlimited by name may end it.
-        Err(_) => token.may_touch_everything().map_err(DrainError::Forbidden),
-    }
-}
-
-/// A drain as the audit log records it.
-fn audit_rule(r: &DrainRule) -> serde_json::Value {
-    serde_json::json!({
-        "id": r.id, "name": r.name, "cdn": r.cdn, "where": r.scope, "reason": r.reason,
-        "until_unix_ms": r.until_unix_ms, "immediate": r.immediate, "tenant": r.tenant,
-        "author": r.author, "ticket": r.ticket,
-    })
-}
-
-fn undrain_fields(r: &DrainRule, token: &Token) -> serde_json::Value {
-    serde_json::json!({ "id": r.id, "name": r.name, "cdn": r.cdn, "author": token.name })
-}
-
 /// What a reload changed: names added, removed and changed, probes, tokens.
 fn reload_diff(old: &Loaded, new: &Loaded) -> serde_json::Value {
     let names = |l: &Loaded| -> BTreeMap<String, String> {
@@ -1701,6 +1633,34 @@ fn log_steps(taken: &[Step]) {
     }
 }
 
+/// Spawns the prober of `probes` alone (for `agent`).
+pub fn spawn_prober(
+    probes: &Probes,
+    vantage: &str,
+    local: &Local,
+    stop: &CancellationToken,
+) -> mpsc::Receiver<Round> {
+    let (tx, rx) = mpsc::channel(256);
+    prober::spawn(
+        probes.specs.clone(),
+        vantage.to_string(),
+        local.clone(),
+        tx,
+        stop.clone(),
+    );
+    rx
+}
+
+/// How often peers are read: as often as the most frequent probe.
+pub fn peer_interval(probes: &Probes) -> Duration {
+    probes
+        .specs
+        .iter()
+        .map(|s| s.interval)
+        .min()
+        .unwrap_or(Duration::from_secs(10))
+}
+
 /// A request from the admin API, answered on its oneshot.
 pub enum Command {
     /// A drain of a name, or of every name of a tenant, by the token: the rules made.
@@ -1742,35 +1702,60 @@ pub struct Lever {
 
 impl Lever {
     /// As the audit log records it.
-    fn fields(&self) -> serde_json::Value {
+    pub fn fields(&self) -> serde_json::Value {
         serde_json::json!({ "reason": self.reason, "author": self.author, "tenant": self.tenant })
     }
 }
 
-/// Spawns the prober of `probes` alone (for `agent`).
-pub fn spawn_prober(
-    probes: &Probes,
-    vantage: &str,
-    local: &Local,
-    stop: &CancellationToken,
-) -> mpsc::Receiver<Round> {
-    let (tx, rx) = mpsc::channel(256);
-    prober::spawn(
-        probes.specs.clone(),
-        vantage.to_string(),
-        local.clone(),
-        tx,
-        stop.clone(),
-    );
-    rx
+/// Checks a drain request against the token's scope and the drains in force, and
+/// adds its rules (one per name of a tenant) to `drains`; all or none.
+pub fn admit(
+    drains: &mut Drains,
+    policy: &Policy,
+    token: &Token,
+    rule: DrainRule,
+    now_ms: u64,
+) -> Result<Vec<DrainRule>, DrainError> {
+    let rules = rule.expand(policy)?;
+    let mut scratch = drains.clone();
+    let mut out = Vec::new();
+    for rule in rules {
+        if let Ok((host, _)) = rule.resolve(policy) {
+            token
+                .may_touch(host, &rule.scope)
+                .map_err(DrainError::Forbidden)?;
+        }
+        out.push(scratch.add(policy, rule, now_ms)?);
+    }
+    *drains = scratch;
+    Ok(out)
 }
 
-/// How often peers are read: as often as the most frequent probe.
-pub fn peer_interval(probes: &Probes) -> Duration {
-    probes
-        .specs
-        .iter()
-        .map(|s| s.interval)
-        .min()
-        .unwrap_or(Duration::from_secs(10))
+/// Whether `token` may end the override `found`.
+pub fn may_undrain(
+    policy: &Policy,
+    token: &Token,
+    found: Option<&DrainRule>,
+) -> Result<(), DrainError> {
+    let Some(rule) = found else { return Ok(()) };
+    match rule.resolve(policy) {
+        Ok((host, _)) => token
+            .may_touch(host, &rule.scope)
+            .map_err(DrainError::Forbidden),
+        // A name gone from the policy: only a token unlimited by name may end it.
+        Err(_) => token.may_touch_everything().map_err(DrainError::Forbidden),
+    }
+}
+
+/// A drain as the audit log records it.
+pub fn audit_rule(r: &DrainRule) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id, "name": r.name, "cdn": r.cdn, "where": r.scope, "reason": r.reason,
+        "until_unix_ms": r.until_unix_ms, "immediate": r.immediate, "tenant": r.tenant,
+        "author": r.author, "ticket": r.ticket,
+    })
+}
+
+pub fn undrain_fields(r: &DrainRule, token: &Token) -> serde_json::Value {
+    serde_json::json!({ "id": r.id, "name": r.name, "cdn": r.cdn, "author": token.name })
 }

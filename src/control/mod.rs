@@ -16,6 +16,7 @@ pub mod planner;
 pub mod prober;
 pub mod reload;
 pub mod saver;
+pub mod state;
 pub mod state_doc;
 pub mod status;
 pub mod stepper;
