@@ -4,6 +4,7 @@
 pub mod api;
 pub mod audit;
 pub mod cluster;
+pub mod command;
 pub mod content;
 pub mod controller;
 pub mod drains;
