@@ -270,6 +270,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         opts.vantage.clone(),
         local.clone(),
         peers.clone(),
+        metrics.clone(),
         opts.state.clone(),
     );
     if let Some(c) = &opts.cluster {

@@ -45,6 +45,7 @@ use crate::control::state_doc::{
 };
 use crate::control::stepper::Direction;
 use crate::inputs::Loaded;
+use crate::metrics::Metrics;
 use crate::plan::{Live, Snapshot};
 
 /// Where state is saved, and how old a saved state may be to be used.
@@ -77,6 +78,8 @@ pub struct Controller {
     vantage: String,
     local: Local,
     peers: Peers,
+    /// What `/metrics` serves: gauges set on every change, counts of what happened.
+    metrics: Metrics,
     live: Option<Arc<Live>>,
     /// Health, failover steps and freeze, and the drains (pure; see `state.rs`).
     state: ControlState,
@@ -200,6 +203,7 @@ impl Controller {
         vantage: String,
         local: Local,
         peers: Peers,
+        metrics: Metrics,
         state_file: Option<StateFile>,
     ) -> Controller {
         let mut c = Controller {
@@ -207,6 +211,7 @@ impl Controller {
             vantage,
             local,
             peers,
+            metrics,
             live: None,
             state: ControlState::default(),
             fail_open: Vec::new(),
@@ -227,7 +232,7 @@ impl Controller {
         };
         c.tokens.store(Arc::new(c.loaded.tokens.clone()));
         if let Some(sf) = &c.state_file {
-            let metrics = c.local.metrics().cloned();
+            let metrics = Some(c.metrics.clone());
             match Saver::start(sf.dir.clone(), sf.disk.clone(), metrics, c.doc.clone()) {
                 Ok(saver) => c.saver = Some(saver),
                 Err(e) => {
@@ -256,9 +261,7 @@ impl Controller {
         match persist::restore(&sf.dir, sf.max_age) {
             Ok(None) => {}
             Err((fault, kept)) => {
-                if let Some(m) = self.local.metrics() {
-                    m.state_load_error(fault.reason());
-                }
+                self.metrics.state_load_error(fault.reason());
                 error!(
                     reason = fault.reason(),
                     error = %fault,
@@ -299,9 +302,7 @@ impl Controller {
     /// Makes this controller a node of a set: steps, drains and freeze follow etcd.
     pub fn join(&mut self, mut link: ClusterLink) {
         link.audit_rev = self.audit.as_ref().map_or(0, |a| a.start_rev);
-        if let Some(m) = self.local.metrics() {
-            m.etcd_fail_static(true);
-        }
+        self.metrics.etcd_fail_static(true);
         self.cluster = Some(link);
     }
 
@@ -574,7 +575,7 @@ impl Controller {
                 self.loaded.probes.vantages.clone(),
                 peer_interval(&self.loaded.probes),
                 token.clone(),
-                self.local.metrics().cloned(),
+                Some(self.metrics.clone()),
             );
         } else if !self.loaded.probes.vantages.is_empty() {
             warn!("probes/vantages.yaml is not read in a set (--etcd): observations are shared through etcd only");
@@ -602,9 +603,7 @@ impl Controller {
         let trigger = reloaded.trigger;
         match reloaded.result {
             Err(issues) => {
-                if let Some(m) = self.local.metrics() {
-                    m.reload(false);
-                }
+                self.metrics.reload(false);
                 for issue in issues.errors() {
                     error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
                 }
@@ -631,12 +630,11 @@ impl Controller {
                     warn!(warning = %w, "configuration warning");
                 }
                 let probes_changed = loaded.probes != self.loaded.probes;
-                if let Some(m) = self.local.metrics() {
-                    m.reload(true);
-                    m.config_version(&loaded.version);
-                    for spec in &loaded.probes.specs {
-                        m.cdn_probed(&spec.cdn);
-                    }
+                let m = &self.metrics;
+                m.reload(true);
+                m.config_version(&loaded.version);
+                for spec in &loaded.probes.specs {
+                    m.cdn_probed(&spec.cdn);
                 }
                 let from = self.loaded.version.clone();
                 let diff = reload_diff(&self.loaded, &loaded);
@@ -692,9 +690,8 @@ impl Controller {
             .filter(|u| *u != health::Unhappy::WarmingUp)
             .map(|u| u.to_string());
         if unhappy != self.own_unhappy {
-            if let Some(m) = self.local.metrics() {
-                m.vantage_unhappy(&self.vantage, unhappy.is_some());
-            }
+            self.metrics
+                .vantage_unhappy(&self.vantage, unhappy.is_some());
             match &unhappy {
                 Some(why) => {
                     warn!(vantage = %self.vantage, reason = %why, "this vantage point is unhappy: its failures do not demote any CDN")
@@ -706,8 +703,8 @@ impl Controller {
         let mut views = vec![own];
         if let Some(c) = &self.cluster {
             c.rounds.notify_one();
-            if let (Some(m), Some(skew)) = (self.local.metrics(), c.etcd.skew_ms()) {
-                m.etcd_clock_skew(skew);
+            if let Some(skew) = c.etcd.skew_ms() {
+                self.metrics.etcd_clock_skew(skew);
             }
         }
         let peers = self.peer_views();
@@ -750,9 +747,7 @@ impl Controller {
             format!("{:?}: {}", verdict.kind, verdict.summary()),
         );
         if let Some(t) = changed {
-            if let Some(m) = self.local.metrics() {
-                m.transition(&t.cdn, t.to == State::Down);
-            }
+            self.metrics.transition(&t.cdn, t.to == State::Down);
             info!(cdn = %t.cdn, scope = "global", from = %t.from, to = %t.to, quorum, evidence = %verdict.summary(), "health changed");
             self.audit(
                 "health",
@@ -831,9 +826,7 @@ impl Controller {
         self.export();
         if let Some(live) = &self.live {
             let snapshot = Arc::new(snapshot);
-            if let Some(m) = self.local.metrics() {
-                m.adopt(&snapshot);
-            }
+            self.metrics.adopt(&snapshot);
             live.store(snapshot);
         }
         self.persist();
@@ -842,9 +835,7 @@ impl Controller {
     /// Sets the gauges that describe the plan: health, removed percentages, drains.
     /// (`/metrics` reads the effective shares from the plan being served.)
     fn export(&mut self) {
-        let Some(m) = self.local.metrics() else {
-            return;
-        };
+        let m = &self.metrics;
         let removed = self.removed();
         // Every probed CDN, the ones without a verdict yet too (up until shown down):
         // its series exists from the start.
@@ -892,15 +883,14 @@ impl Controller {
             .iter()
             .filter_map(|v| health::unhappy(v).map(|u| (v.name.clone(), u.to_string())))
             .collect();
-        if let Some(m) = self.local.metrics() {
-            for peer in now.keys() {
-                m.vantage_unhappy(peer, true);
-            }
-            // A vantage point no longer unhappy loses its series: names come from peers,
-            // and a peer renaming itself each reading must not grow /metrics.
-            for peer in self.unhappy_peers.keys().filter(|p| !now.contains_key(*p)) {
-                m.forget_vantage(peer);
-            }
+        let m = &self.metrics;
+        for peer in now.keys() {
+            m.vantage_unhappy(peer, true);
+        }
+        // A vantage point no longer unhappy loses its series: names come from peers,
+        // and a peer renaming itself each reading must not grow /metrics.
+        for peer in self.unhappy_peers.keys().filter(|p| !now.contains_key(*p)) {
+            m.forget_vantage(peer);
         }
         for (peer, why) in &now {
             if self.unhappy_peers.get(peer) != Some(why) {
@@ -916,15 +906,11 @@ impl Controller {
     fn note_fail_open(&mut self, now: Vec<(String, String)>) {
         for (name, region) in now.iter().filter(|r| !self.fail_open.contains(r)) {
             warn!(name = %name, region = %region, "fail-open: a removed share has no other CDN of the region to go to; the CDN it belongs to keeps serving it");
-            if let Some(m) = self.local.metrics() {
-                m.fail_open(name, region, true);
-            }
+            self.metrics.fail_open(name, region, true);
         }
         for (name, region) in self.fail_open.iter().filter(|r| !now.contains(r)) {
             info!(name = %name, region = %region, "fail-open over: every removed share of the region has somewhere to go");
-            if let Some(m) = self.local.metrics() {
-                m.fail_open(name, region, false);
-            }
+            self.metrics.fail_open(name, region, false);
         }
         self.fail_open = now;
     }
@@ -1087,9 +1073,7 @@ impl Controller {
         };
         let was_connected = c.connected();
         let connected = shared.link.connected;
-        if let Some(m) = self.local.metrics() {
-            m.etcd_fail_static(!connected);
-        }
+        self.metrics.etcd_fail_static(!connected);
         if !connected {
             // Fail static: keep what was applied last; its timelines go on by the clock.
             c.latest = Some(match c.latest.take() {
@@ -1216,9 +1200,7 @@ impl Controller {
             return;
         }
         c.refused = refused;
-        if let Some(m) = self.local.metrics() {
-            m.etcd_refused_keys(refused);
-        }
+        self.metrics.etcd_refused_keys(refused);
         if let Some(why) = &view.last_refused {
             warn!(refused, last = %why, "etcd: keys refused (they do not count)");
         }
