@@ -85,13 +85,8 @@ pub fn admit(
     Ok(out)
 }
 
-/// Whether `token` may end the override `found`.
-pub fn may_undrain(
-    policy: &Policy,
-    token: &Token,
-    found: Option<&DrainRule>,
-) -> Result<(), DrainError> {
-    let Some(rule) = found else { return Ok(()) };
+/// Whether `token` may end the override `rule`.
+pub fn may_undrain(policy: &Policy, token: &Token, rule: &DrainRule) -> Result<(), DrainError> {
     match rule.resolve(policy) {
         Ok((host, _)) => token
             .may_touch(host, &rule.scope)

@@ -10,6 +10,7 @@ pub mod controller;
 pub mod drains;
 pub mod explain;
 pub mod failover;
+pub mod gauges;
 pub mod health;
 pub mod peers;
 pub mod persist;
