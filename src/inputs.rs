@@ -244,3 +244,19 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The repository's demo inputs loaded (`steering.yaml`, `zones/`, the country
+/// database, no probes), for unit tests.
+#[cfg(test)]
+pub fn demo() -> Loaded {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    load(&Inputs {
+        config: repo.join("steering.yaml"),
+        zones: repo.join("zones"),
+        geo: repo.join("geo/country.mmdb"),
+        probes: repo.join("tests/fixtures/no-probes"),
+        asn: None,
+        api_tokens: None,
+    })
+    .expect("the demo inputs load")
+}

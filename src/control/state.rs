@@ -111,36 +111,14 @@ mod tests {
     use crate::control::health::VerdictKind;
     use std::path::Path;
 
-    const POLICY: &str = "\
-hostnames:
-  www.example.com:
-    tenant: shop
-    cdns:
-      a: { cname: a.example.net. }
-      b: { cname: b.example.net. }
-    regions:
-      - match: [\"*\"]
-        weights: { a: 90, b: 10 }
-    failover:
-      steps: [50, 100]
-      step_interval_seconds: 90
-";
-
-    /// The repository's inputs, with a policy of one tenant's name.
+    /// The demo inputs, with the failover tests' policy, its name of tenant `shop`.
     fn loaded() -> Loaded {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut loaded = crate::inputs::load(&crate::inputs::Inputs {
-            config: repo.join("steering.yaml"),
-            zones: repo.join("zones"),
-            geo: repo.join("geo/country.mmdb"),
-            probes: repo.join("tests/fixtures/no-probes"),
-            asn: None,
-            api_tokens: None,
-        })
-        .unwrap();
-        loaded.policy = crate::config::parse(Path::new("t.yaml"), POLICY.into())
+        let mut loaded = crate::inputs::demo();
+        let policy = crate::control::failover::tests::POLICY;
+        loaded.policy = crate::config::parse(Path::new("t.yaml"), policy.into())
             .unwrap()
             .0;
+        loaded.policy.hosts[0].tenant = Some("shop".into());
         loaded
     }
 
