@@ -1,8 +1,10 @@
-//! Control plane: the controller. Each finished probe round becomes a verdict (this
-//! vantage point's result plus the peers' fresh ones, by quorum), the verdicts go
-//! through hysteresis, health changes start failover steps, and every change of the
-//! steps publishes a new plan. Every state change is logged with its evidence, and the
-//! state is saved so that a restart resumes where it was.
+//! Control plane: the controller, the event loop (`Controller::run`). Each finished
+//! probe round becomes a verdict (this vantage point's result plus the peers' fresh
+//! ones, by quorum), the verdicts go through hysteresis, health changes start failover
+//! steps, and every change of the steps publishes a new plan. An API command is checked
+//! once (`on_command`), then applied here or, in a set, handed to the set's writer
+//! (`cluster/node.rs`). Every state change is logged with its evidence, and the state
+//! (`state.rs`) is saved so that a restart resumes where it was.
 //!
 //! ```text
 //!  prober rounds ─┐
