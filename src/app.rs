@@ -12,9 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::Probes;
 use crate::control::api::{self, ApiLimits, ApiState};
+use crate::control::cluster::node::ClusterLink;
 use crate::control::cluster::{self, ClusterOptions, Etcd};
 use crate::control::content::{self, SteeringOptions};
-use crate::control::controller::{self, ClusterLink, Controller, StateFile};
+use crate::control::controller::{self, Controller, StateFile};
 use crate::control::peers::Peers;
 use crate::control::prober::Local;
 use crate::control::reload;
@@ -273,6 +274,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         opts.vantage.clone(),
         local.clone(),
         peers.clone(),
+        metrics.clone(),
         opts.state.clone(),
     );
     if let Some(c) = &opts.cluster {

@@ -3,7 +3,6 @@
 //! commands write the manual pages and the shell completions from this definition
 //! (`steerdns man DIR`, `steerdns completions SHELL`), for packages.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +16,7 @@ use crate::app::{self, DnsOptions, Inputs, Loaded, ServeOptions};
 use crate::control::cluster::{ClusterOptions, EtcdOptions};
 use crate::control::content::SteeringOptions;
 use crate::control::controller::StateFile;
+use crate::control::state::{ControlState, SAVED_MAX_AGE};
 use crate::dns::rrl::RrlConfig;
 use crate::dns::tcp::TcpLimits;
 
@@ -64,7 +64,7 @@ pub enum Command {
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
         /// A saved state older than this is ignored at startup.
-        #[arg(long, value_name = "SECONDS", default_value_t = 900)]
+        #[arg(long, value_name = "SECONDS", default_value_t = SAVED_MAX_AGE.as_secs())]
         state_max_age_seconds: u64,
         /// This node's name: its vantage point in probes and in a set (default: the
         /// host name).
@@ -915,56 +915,44 @@ fn explain(
         return ExitCode::FAILURE;
     };
     // The failover state `serve` saved, if recent: explain what is served now.
-    let saved = match crate::control::persist::load(state_dir, Duration::from_secs(900)) {
+    let max_age = crate::control::state::SAVED_MAX_AGE;
+    let saved = match crate::control::persist::load(state_dir, max_age) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("warning: {e}: showing configured weights");
             None
         }
     };
-    let steppers = saved
-        .as_ref()
-        .map(|s| s.steppers(tokio::time::Instant::now()))
-        .unwrap_or_default();
-    let mut removed = crate::control::planner::Removed::new();
-    for h in &loaded.policy.hosts {
-        for c in &h.cdns {
-            let key = (h.name.to_string(), c.name.clone());
-            if let Some(s) = steppers.get(&key) {
-                removed.insert(key, s.removed_percent(&h.failover));
-            }
-        }
-    }
-    let mut drains = crate::control::drains::Drains::default();
-    if let Some(s) = &saved {
-        drains.restore(
-            s.overrides.clone(),
-            &s.drains,
-            tokio::time::Instant::now(),
-            s.age_ms(),
-        );
-    }
-    drains.sync(
-        &loaded.policy,
+    let (now, now_ms) = (
         tokio::time::Instant::now(),
         crate::control::drains::now_ms(),
     );
-    let (snapshot, _) = loaded.snapshot_with(&removed, &drains.cuts(&loaded.policy));
-    let no_health = BTreeMap::new();
+    let state = match &saved {
+        Some(s) => ControlState::from_saved(s, &loaded, now, now_ms),
+        None => {
+            let mut state = ControlState::default();
+            state.drains.sync(&loaded.policy, now, now_ms);
+            state
+        }
+    };
+    let (snapshot, _) = state.snapshot(&loaded);
     let facts = crate::control::explain::Facts {
         loaded: &loaded,
         snapshot: &snapshot,
-        health: saved.as_ref().map_or(&no_health, |s| &s.health),
-        removed: &removed,
-        drains: drains.report(&loaded.policy, crate::control::drains::now_ms()),
-        frozen: saved.as_ref().and_then(|s| s.frozen.clone()),
+        health: &state.failover.health,
+        removed: &state.removed(&loaded),
+        drains: state.drains.report(&loaded.policy, now_ms),
+        frozen: state.frozen_for(&loaded, name),
         state: match &saved {
             Some(s) => format!(
                 "saved by `serve` {} s ago in {}",
                 s.age_ms() / 1000,
                 state_dir.display()
             ),
-            None => "none saved by `serve` (or older than 15 min): no failover in progress".into(),
+            None => format!(
+                "none saved by `serve` (or older than {} min): no failover in progress",
+                max_age.as_secs() / 60
+            ),
         },
     };
     let question = crate::control::explain::Question {

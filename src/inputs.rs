@@ -236,6 +236,22 @@ fn path_bytes(p: &Path) -> Vec<u8> {
     p.to_string_lossy().as_bytes().to_vec()
 }
 
+/// The repository's demo inputs loaded (`steering.yaml`, `zones/`, the country
+/// database, no probes), for unit tests.
+#[cfg(test)]
+pub fn demo() -> Loaded {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    load(&Inputs {
+        config: repo.join("steering.yaml"),
+        zones: repo.join("zones"),
+        geo: repo.join("geo/country.mmdb"),
+        probes: repo.join("tests/fixtures/no-probes"),
+        asn: None,
+        api_tokens: None,
+    })
+    .expect("the demo inputs load")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,13 +21,20 @@
 //! - [`dns`]: the query path: [`dns::Handler`], [`dns::edns`], [`place::geo`], sockets.
 //! - [`plan`]: the immutable snapshot behind an `ArcSwap`; one atomic load per query.
 //! - [`selection`]: the weighted pick (rendezvous hashing) and its consistent key.
-//! - [`control`]: builds plans ([`control::planner`]).
+//! - [`place`]: where a client is: the geo and ASN databases, countries and
+//!   continents, [`place::Match`] (a `match:`/`where:` entry), the widest ECS scope.
+//! - [`control`]: the control plane: the event loop ([`control::controller`]), the
+//!   state it serves ([`control::state::ControlState`]), the planner
+//!   ([`control::planner`]), a set of nodes ([`control::cluster`]), the admin API.
 //! - [`control::content`]: the same plans served to HLS and DASH players as content
 //!   steering manifests (`--steering-http`).
 //! - [`config`], [`zones`]: inputs, validated with file, line and field.
+//! - [`inputs`]: every input loaded at once (start, reload, `check`, `explain`), with
+//!   the version of the files.
 //! - [`metrics`]: Prometheus families both planes update, served on `/metrics`.
 //! - [`app`]: lifecycle: load, bind, serve, stop.
-//! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`).
+//! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`, `agent`,
+//!   `audit`): loads the inputs, handles the signals.
 
 pub mod app;
 pub mod cli;

@@ -18,7 +18,7 @@ use hickory_proto::rr::RecordType;
 use reqwest::Method;
 use serde_json::{json, Value};
 use steerdns::control::api::{self, ApiLimits, ApiState};
-use steerdns::control::controller::Command;
+use steerdns::control::command::Command;
 use steerdns::control::prober::Local;
 use steerdns::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

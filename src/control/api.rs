@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::tokens::{Token, Tokens, Verb};
-use crate::control::controller::{Command, Lever};
+use crate::control::command::{Command, Lever};
 use crate::control::drains::{now_ms, unix_ms, DrainError, DrainRule};
 use crate::control::explain::ExplainError;
 use crate::control::peers::Published;

@@ -45,6 +45,16 @@ pub struct Transition {
     pub steps: Vec<(String, u8)>,
 }
 
+/// Where a resume turns the timeline of a (name, CDN) ([`FailoverState::turns`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Turn {
+    pub name: String,
+    pub cdn: String,
+    pub direction: Direction,
+    /// The level it starts from (0: normal weight).
+    pub from_level: usize,
+}
+
 /// A step taken by time: (name, CDN, percent removed now).
 pub type Step = (String, String, u8);
 
@@ -181,27 +191,63 @@ impl FailoverState {
     /// Turns the steps of every name (of `tenant`) toward what the health says, then
     /// takes the steps due.
     fn realign(&mut self, policy: &Policy, tenant: Option<&str>, now: Instant) -> Vec<Step> {
-        let hosts: Vec<&HostPolicy> = policy
-            .hosts
-            .iter()
-            .filter(|h| tenant.is_none_or(|t| h.tenant.as_deref() == Some(t)))
-            .filter(|h| !self.held(h))
-            .collect();
-        for host in hosts {
-            for cdn in &host.cdns {
-                let state = self.health.get(&cdn.name).map_or(State::Up, |t| t.state);
-                let s = self
-                    .steps
-                    .entry((host.name.to_string(), cdn.name.clone()))
-                    .or_default();
-                match (state, s.direction) {
-                    (State::Down, Direction::Promote) => s.demote(now, &host.failover),
-                    (State::Up, Direction::Demote) => s.promote(now, &host.failover),
-                    _ => {}
+        for turn in self.turns(policy, tenant) {
+            let Some(host) = policy
+                .hosts
+                .iter()
+                .find(|h| h.name.to_string() == turn.name)
+            else {
+                continue;
+            };
+            let s = self.steps.entry((turn.name, turn.cdn)).or_default();
+            if s.direction != turn.direction {
+                match turn.direction {
+                    Direction::Demote => s.demote(now, &host.failover),
+                    Direction::Promote => s.promote(now, &host.failover),
                 }
             }
         }
         self.tick(policy, now)
+    }
+
+    /// Where a resume (of `tenant`'s names, else of every name not held by its
+    /// tenant's freeze) turns each timeline: toward what the health says. Every
+    /// (name, CDN) off its normal weight or down, with the level it starts from. A
+    /// single node turns its steppers so ([`Self::resume`]); a node of a set writes
+    /// these timelines to etcd.
+    pub fn turns(&self, policy: &Policy, tenant: Option<&str>) -> Vec<Turn> {
+        let mut turns = Vec::new();
+        let hosts = policy.hosts.iter().filter(|h| match tenant {
+            Some(t) => h.tenant.as_deref() == Some(t),
+            None => !self.held(h),
+        });
+        for host in hosts {
+            for cdn in &host.cdns {
+                let name = host.name.to_string();
+                let down = self
+                    .health
+                    .get(&cdn.name)
+                    .is_some_and(|t| t.state == State::Down);
+                let from_level = self
+                    .steps
+                    .get(&(name.clone(), cdn.name.clone()))
+                    .map_or(0, |s| s.level);
+                if from_level == 0 && !down {
+                    continue;
+                }
+                turns.push(Turn {
+                    name,
+                    cdn: cdn.name.clone(),
+                    direction: if down {
+                        Direction::Demote
+                    } else {
+                        Direction::Promote
+                    },
+                    from_level,
+                });
+            }
+        }
+        turns
     }
 
     /// Forgets the health of CDNs no longer probed and the steps of names no longer
@@ -237,12 +283,13 @@ impl FailoverState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::path::Path;
     use std::time::Duration;
 
-    const POLICY: &str = "\
+    /// One name, CDNs a (90) and b (10) everywhere, steps [50, 100] every 90 s.
+    pub(crate) const POLICY: &str = "\
 hostname: www.example.com
 cdns:
   a: { cname: a.example.net. }

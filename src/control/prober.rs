@@ -59,12 +59,6 @@ impl Local {
         }
     }
 
-    /// The metrics this store counts into, if any: the controller, which holds the
-    /// `Local` it was given, reaches them here.
-    pub fn metrics(&self) -> Option<&Metrics> {
-        self.metrics.as_ref()
-    }
-
     fn record(&self, vantage: &str, cdn: &str, mut obs: Observation, started: Instant) {
         if let Some(m) = &self.metrics {
             m.probe(cdn, vantage, (!obs.ok).then_some(obs.reason.as_str()));

@@ -5,9 +5,15 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use tokio::time::Instant;
+
+use crate::control::cluster::node::ClusterLink;
 use crate::control::cluster::Freeze;
-use crate::control::drains::DrainStatus;
+use crate::control::drains::{now_ms, DrainStatus};
+use crate::control::health::{self, VantageView};
+use crate::control::state::ControlState;
 use crate::control::stepper::Direction;
+use crate::inputs::Loaded;
 
 /// Everything an operator asks "what is it doing now?" about.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -167,4 +173,162 @@ pub struct PeerDoc {
     /// Why the last reading failed, if it did.
     pub error: Option<String>,
     pub unhappy: Option<String>,
+}
+
+/// What the controller notes as it goes, besides the control state: shown in the
+/// document, and logged when it changes.
+#[derive(Debug, Default)]
+pub struct Noted {
+    /// (name, region) pairs failing open.
+    pub fail_open: Vec<(String, String)>,
+    /// Why this vantage point is unhappy, if it is.
+    pub own_unhappy: Option<String>,
+    /// The last round's verdict per CDN, with its evidence.
+    pub verdicts: BTreeMap<String, String>,
+    /// Round verdicts per CDN since start: what hysteresis was fed, which the last
+    /// verdict alone cannot tell.
+    pub verdict_counts: BTreeMap<String, VerdictCounts>,
+    /// The percentage of each (name, CDN)'s current failover step and when the step was
+    /// taken: the server's own account of the timeline.
+    pub stepped: BTreeMap<(String, String), (u8, Instant)>,
+    /// The outcome of the last reload.
+    pub last_reload: Option<ReloadOutcome>,
+}
+
+/// Everything the document is assembled from.
+pub struct Parts<'a> {
+    pub loaded: &'a Loaded,
+    pub state: &'a ControlState,
+    /// This vantage point's name.
+    pub vantage: &'a str,
+    pub noted: &'a Noted,
+    /// In a set: the link to it.
+    pub cluster: Option<&'a ClusterLink>,
+    /// The other vantage points now.
+    pub peers: &'a [VantageView],
+    /// The regions whose weights follow measured performance.
+    pub performance: Vec<crate::control::perf::RegionView>,
+}
+
+impl Parts<'_> {
+    /// The document for these parts.
+    pub fn assemble(&self) -> StateDoc {
+        let (loaded, noted) = (self.loaded, self.noted);
+        let f = &self.state.failover;
+        StateDoc {
+            dnssec: (loaded.dnssec.as_ref()).map(|d| d.status(crate::selection::unix_now())),
+            performance: self.performance.clone(),
+            config_version: loaded.version.clone(),
+            failover_frozen: f.frozen.clone(),
+            failover_frozen_tenants: f.frozen_tenants.clone(),
+            tenants: loaded.policy.tenants(),
+            drains: self.state.drains.report(&loaded.policy, now_ms()),
+            last_reload: noted.last_reload.clone(),
+            vantage: self.vantage.to_string(),
+            vantage_unhappy: noted.own_unhappy.clone(),
+            // Filled in by the saver, which knows how the save went.
+            state_save: None,
+            health: f
+                .health
+                .iter()
+                .map(|(cdn, t)| {
+                    let h = HealthDoc {
+                        state: t.state.to_string(),
+                        consecutive_down_rounds: t.bad,
+                        consecutive_up_rounds: t.good,
+                        last_verdict: noted.verdicts.get(cdn).cloned(),
+                        verdicts: noted.verdict_counts.get(cdn).copied(),
+                    };
+                    (cdn.clone(), h)
+                })
+                .collect(),
+            failover: self
+                .state
+                .removed(loaded)
+                .into_iter()
+                .map(|((name, cdn), pct)| StepDoc {
+                    direction: f
+                        .steps
+                        .get(&(name.clone(), cdn.clone()))
+                        .map(|s| s.direction),
+                    since_unix_ms: noted.stepped.get(&(name.clone(), cdn.clone())).map(
+                        |&(_, at)| {
+                            let ago = Instant::now().saturating_duration_since(at);
+                            now_ms().saturating_sub(ago.as_millis() as u64)
+                        },
+                    ),
+                    name,
+                    cdn,
+                    removed_percent: pct,
+                })
+                .collect(),
+            fail_open: noted
+                .fail_open
+                .iter()
+                .map(|(name, region)| FailOpenDoc {
+                    name: name.clone(),
+                    region: region.clone(),
+                })
+                .collect(),
+            cluster: self.cluster.map(cluster_doc),
+            peers: self
+                .peers
+                .iter()
+                .map(|v| PeerDoc {
+                    name: v.name.clone(),
+                    error: v.error.clone(),
+                    unhappy: health::unhappy(v).map(|u| u.to_string()),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A node of a set, for `/v1/state`.
+pub fn cluster_doc(c: &ClusterLink) -> ClusterDoc {
+    let shared = c.latest();
+    let view = shared.map(|s| s.view.clone()).unwrap_or_default();
+    let link = shared.map(|s| s.link.clone());
+    ClusterDoc {
+        node: c.node.clone(),
+        prefix: c.prefix.clone(),
+        connected: link.as_ref().is_some_and(|l| l.connected),
+        fail_static: !link.as_ref().is_some_and(|l| l.connected),
+        since_unix_ms: link.as_ref().map(|l| l.since_unix_ms),
+        error: link.as_ref().and_then(|l| l.error.clone()),
+        endpoint: link.map(|l| l.endpoint).unwrap_or_default(),
+        vantages: view.observations.keys().cloned().collect(),
+        timelines: view
+            .timelines
+            .iter()
+            .map(|((name, cdn), (t, _))| TimelineDoc {
+                name: name.clone(),
+                cdn: cdn.clone(),
+                direction: t.direction,
+                from_level: t.from_level,
+                start_unix_ms: t.start_unix_ms,
+                written_by: t.node.clone(),
+                reason: t.reason.clone(),
+            })
+            .collect(),
+        drains: view
+            .drains
+            .values()
+            .map(|d| ClusterDrainDoc {
+                id: d.rule.id.clone(),
+                written_by: d.node.clone(),
+                written_at_unix_ms: d.at_unix_ms,
+                reason: d.rule.reason.clone(),
+            })
+            .collect(),
+        freeze: view.freeze.clone(),
+        refused_keys: c.refused(),
+        last_refused: view.last_refused.clone(),
+        members: {
+            let mut m: Vec<String> = c.members.clone();
+            m.sort();
+            m
+        },
+        clock_skew_ms: c.etcd.skew_ms(),
+    }
 }

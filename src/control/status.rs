@@ -664,16 +664,7 @@ mod tests {
     use crate::control::state_doc::{FailOpenDoc, HealthDoc, StepDoc};
 
     fn loaded() -> crate::inputs::Loaded {
-        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        crate::inputs::load(&crate::inputs::Inputs {
-            config: repo.join("steering.yaml"),
-            zones: repo.join("zones"),
-            geo: repo.join("geo/country.mmdb"),
-            probes: repo.join("tests/fixtures/no-probes"),
-            asn: None,
-            api_tokens: None,
-        })
-        .unwrap()
+        crate::inputs::demo()
     }
 
     #[test]

@@ -930,16 +930,7 @@ mod tests {
 
     /// The demo policy's snapshot (the tests read its names and regions from the plan).
     fn demo() -> Snapshot {
-        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let inputs = crate::inputs::Inputs {
-            config: repo.join("steering.yaml"),
-            zones: repo.join("zones"),
-            geo: repo.join("geo/country.mmdb"),
-            probes: repo.join("tests/fixtures/no-probes"),
-            asn: None,
-            api_tokens: None,
-        };
-        crate::inputs::load(&inputs).unwrap().snapshot()
+        crate::inputs::demo().snapshot()
     }
 
     /// Answers `n` times from region 0 of the snapshot's first name.
@@ -1051,16 +1042,7 @@ mod tests {
     fn effective_weights_are_those_of_the_plan_being_served() {
         let m = Metrics::new();
         assert!(shares(&m).is_empty(), "no plan served yet");
-        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let loaded = crate::inputs::load(&crate::inputs::Inputs {
-            config: repo.join("steering.yaml"),
-            zones: repo.join("zones"),
-            geo: repo.join("geo/country.mmdb"),
-            probes: repo.join("tests/fixtures/no-probes"),
-            asn: None,
-            api_tokens: None,
-        })
-        .unwrap();
+        let loaded = crate::inputs::demo();
         let normal = Arc::new(loaded.snapshot());
         m.adopt(&normal);
         let before = shares(&m);

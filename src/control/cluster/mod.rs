@@ -42,6 +42,7 @@
 //! read comes in pages; a watch batch parses only the keys it changes.
 
 pub mod etcd;
+pub mod node;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

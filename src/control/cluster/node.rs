@@ -1,0 +1,607 @@
+//! Control plane: this node as a follower of the set (`serve --etcd`). The controller
+//! holds a [`ClusterLink`] when it is a node of a set, and hands it what is shared:
+//!
+//! - the session's view ([`ClusterLink::on_shared`]): timelines, drains and freeze are
+//!   applied to the [`ControlState`], the set's audit entries appended to the local log,
+//!   keys that do not count counted ([`refused_keys`]);
+//! - a health change of its own ([`ClusterLink::propose`]): the shared timeline of every
+//!   name of the CDN is created or turned around in etcd, never applied here directly;
+//! - an API change the controller validated ([`ClusterLink::write_drains`],
+//!   [`ClusterLink::write_undrain`], [`ClusterLink::write_freeze`],
+//!   [`ClusterLink::write_resume`]): written to etcd, applied from the watch like any
+//!   other node's.
+//!
+//! The view applied is the one kept ([`ClusterLink::latest`]): while etcd is
+//! unreachable it stays as it was (fail static) and only the link state changes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch, Notify};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::config::tokens::Token;
+use crate::control::audit::Audit;
+use crate::control::cluster::{
+    self, drain_key, freeze_key, timeline_key, Etcd, Freeze, Shared, SharedDrain, SharedView,
+    Timeline,
+};
+use crate::control::command::{audit_rule, undrain_fields, Lever};
+use crate::control::drains::{now_ms, DrainError, DrainRule};
+use crate::control::failover::Turn;
+use crate::control::health::{State, VantageView};
+use crate::control::state::ControlState;
+use crate::control::stepper::Direction;
+use crate::inputs::Loaded;
+use crate::metrics::Metrics;
+
+/// A node's link to the set: where to write, what it applied last.
+pub struct ClusterLink {
+    pub etcd: Etcd,
+    pub prefix: String,
+    /// This node's name (also its vantage name).
+    pub node: String,
+    /// The set's members (`--members`).
+    pub members: Vec<String>,
+    /// The session's latest view and link state.
+    pub shared: watch::Receiver<Shared>,
+    /// Woken after each probe round: the publisher writes the new observations.
+    pub rounds: Arc<Notify>,
+    /// The view applied last, with the link state now.
+    latest: Option<Shared>,
+    /// Health changes this node could not write (etcd unreachable): written when it is
+    /// back, if the health still says so.
+    pending: BTreeMap<String, State>,
+    /// Serial of drain ids made here.
+    next_id: u64,
+    /// Keys refused in the latest view.
+    refused: u64,
+    /// The revision of the last shared audit entry appended to the local log.
+    pub audit_rev: i64,
+    /// Serial of the audit keys written here.
+    audit_serial: u64,
+}
+
+/// What applying a view did, for the controller to show or publish.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Followed {
+    /// Nothing the state document shows changed.
+    Nothing,
+    /// The link state or the refused keys changed: show them.
+    Shown,
+    /// Steps, drains or freeze changed: publish a new plan, then write the health
+    /// changes made while etcd was unreachable (`propose` each).
+    Applied(BTreeMap<String, State>),
+}
+
+impl ClusterLink {
+    pub fn new(
+        etcd: Etcd,
+        prefix: String,
+        node: String,
+        members: Vec<String>,
+        shared: watch::Receiver<Shared>,
+        rounds: Arc<Notify>,
+    ) -> ClusterLink {
+        ClusterLink {
+            etcd,
+            prefix,
+            node,
+            members,
+            shared,
+            rounds,
+            latest: None,
+            pending: BTreeMap::new(),
+            next_id: 0,
+            refused: 0,
+            audit_rev: 0,
+            audit_serial: 0,
+        }
+    }
+
+    /// The view applied last, with the link state now (`None` before the first).
+    pub fn latest(&self) -> Option<&Shared> {
+        self.latest.as_ref()
+    }
+
+    /// Keys of the latest view that do not count.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Whether etcd answers (with a quorum).
+    pub fn connected(&self) -> bool {
+        self.latest.as_ref().is_some_and(|s| s.link.connected)
+    }
+
+    /// Whether etcd can be written now, or why not (for an API answer).
+    pub fn writable(&self) -> Result<(), DrainError> {
+        if self.connected() {
+            return Ok(());
+        }
+        Err(DrainError::Unavailable(
+            self.latest
+                .as_ref()
+                .and_then(|s| s.link.error.clone())
+                .unwrap_or_else(|| "not connected".into()),
+        ))
+    }
+
+    /// Writes an audit entry of this node to etcd, from where every node appends it.
+    pub fn audit(&mut self, kind: &str, fields: serde_json::Value) {
+        let (key, entry) = self.audit_entry(kind, fields);
+        tokio::spawn(put_audit(self.etcd.clone(), key, entry));
+    }
+
+    /// The key and entry of an audit event of this node, to write to etcd.
+    fn audit_entry(
+        &mut self,
+        kind: &str,
+        fields: serde_json::Value,
+    ) -> (String, serde_json::Value) {
+        self.audit_serial += 1;
+        let serial = now_ms() * 1000 + self.audit_serial % 1000;
+        (
+            cluster::audit_key(&self.prefix, &self.node, serial),
+            Audit::entry(kind, &self.node, fields),
+        )
+    }
+
+    /// The other vantage points of the set, as far as this policy probes their CDNs.
+    pub fn vantage_views(&self, loaded: &Loaded) -> Vec<VantageView> {
+        let probes = &loaded.probes;
+        self.latest.as_ref().map_or_else(Vec::new, |s| {
+            s.view
+                .vantage_views(&self.node, |cdn| probes.get(cdn).is_some())
+        })
+    }
+
+    /// A new view or link state from the session: applies the set's timelines, drains
+    /// and freeze to `state` when they changed.
+    pub fn on_shared(
+        &mut self,
+        shared: Shared,
+        state: &mut ControlState,
+        loaded: &Loaded,
+        metrics: &Metrics,
+        audit: Option<&Audit>,
+    ) -> Followed {
+        let was_connected = self.connected();
+        let connected = shared.link.connected;
+        metrics.etcd_fail_static(!connected);
+        if !connected {
+            // Fail static: keep what was applied last; its timelines go on by the clock.
+            self.latest = Some(match self.latest.take() {
+                Some(mut old) => {
+                    old.link = shared.link;
+                    old
+                }
+                None => shared,
+            });
+            return Followed::Shown;
+        }
+        // A view that changes only observations (each round of each vantage point)
+        // publishes nothing.
+        let same = was_connected
+            && self
+                .latest
+                .as_ref()
+                .is_some_and(|old| same_overrides(&old.view, &shared.view));
+        self.latest = Some(shared.clone());
+        if let Some(a) = audit {
+            for (rev, entry) in shared.view.audit.range(self.audit_rev + 1..) {
+                a.append_shared(*rev, entry.clone());
+                self.audit_rev = *rev;
+            }
+        }
+        let shown = self.note_refused(&shared.view, state, loaded, metrics);
+        if same {
+            return if shown {
+                Followed::Shown
+            } else {
+                Followed::Nothing
+            };
+        }
+        apply(&shared.view, state, loaded);
+        self.note_refused(&shared.view, state, loaded, metrics);
+        Followed::Applied(if was_connected {
+            BTreeMap::new()
+        } else {
+            std::mem::take(&mut self.pending)
+        })
+    }
+
+    /// Counts, logs and shows the keys of `view` that do not count, and the drains
+    /// refused for their location scope; returns whether the count changed.
+    fn note_refused(
+        &mut self,
+        view: &SharedView,
+        state: &ControlState,
+        loaded: &Loaded,
+        metrics: &Metrics,
+    ) -> bool {
+        let refused = refused_keys(view, loaded) + state.drains.refused() as u64;
+        if refused == self.refused {
+            return false;
+        }
+        self.refused = refused;
+        metrics.etcd_refused_keys(refused);
+        if let Some(why) = &view.last_refused {
+            warn!(refused, last = %why, "etcd: keys refused (they do not count)");
+        }
+        true
+    }
+
+    /// This node's health of `cdn` changed: start (or turn around) the shared timeline
+    /// of every name that uses it, unless another node did first.
+    pub fn propose(&mut self, state: &ControlState, loaded: &Loaded, cdn: &str, to: State) {
+        let failover = &state.failover;
+        if failover.frozen.is_some() {
+            warn!(cdn = %cdn, to = %to, "failover frozen: not acting on the health change");
+            return;
+        }
+        if !self.connected() {
+            warn!(cdn = %cdn, to = %to, "etcd unreachable: failing static, this node starts no failover on its own evidence (written when etcd is back)");
+            self.pending.insert(cdn.to_string(), to);
+            return;
+        }
+        let Some(shared) = &self.latest else { return };
+        for host in loaded
+            .policy
+            .hosts
+            .iter()
+            .filter(|h| h.cdns.iter().any(|x| x.name == cdn) && !failover.held(h))
+        {
+            let name = host.name.to_string();
+            let key = (name.clone(), cdn.to_string());
+            let level = failover.steps.get(&key).map_or(0, |s| s.level);
+            let existing = shared.view.timelines.get(&key).cloned();
+            let direction = match to {
+                State::Down => Direction::Demote,
+                State::Up => Direction::Promote,
+            };
+            let write = match (&existing, direction) {
+                (None, Direction::Demote) => Some(None),
+                (Some((t, rev)), d) if t.direction != d => Some(Some(*rev)),
+                _ => None,
+            };
+            let Some(compare) = write else { continue };
+            let timeline = Timeline {
+                direction,
+                from_level: level,
+                start_unix_ms: now_ms(),
+                node: self.node.clone(),
+                reason: format!("{cdn} marked {to} by {}", self.node),
+            };
+            let (etcd, k) = (self.etcd.clone(), timeline_key(&self.prefix, &name, cdn));
+            let value = serde_json::to_vec(&timeline).unwrap_or_default();
+            tokio::spawn(async move {
+                let r = match compare {
+                    None => etcd.create(&k, &value).await,
+                    Some(rev) => etcd.replace(&k, rev, &value).await,
+                };
+                match r {
+                    Ok(true) => {
+                        info!(key = %k, direction = ?timeline.direction, from_level = timeline.from_level, "failover timeline written for the set")
+                    }
+                    Ok(false) => {
+                        info!(key = %k, "another node wrote the failover timeline first: following it")
+                    }
+                    Err(e) => warn!(key = %k, error = %e, "cannot write the failover timeline"),
+                }
+            });
+        }
+    }
+
+    /// Back in touch: writes what this node's health decided meanwhile, if it still
+    /// says so.
+    pub fn catch_up(
+        &mut self,
+        pending: BTreeMap<String, State>,
+        state: &ControlState,
+        loaded: &Loaded,
+    ) {
+        for (cdn, to) in pending {
+            if state.failover.health.get(&cdn).map(|t| t.state) == Some(to) {
+                info!(cdn = %cdn, to = %to, "etcd back: writing the health change made while it was unreachable");
+                self.propose(state, loaded, &cdn, to);
+            }
+        }
+    }
+
+    /// The drain override `id` as the set holds it.
+    pub fn written_drain(&self, id: &str) -> Option<DrainRule> {
+        self.latest
+            .as_ref()
+            .and_then(|s| s.view.drains.get(id))
+            .map(|d| d.rule.clone())
+    }
+
+    /// Writes the drain rules an API call made (validated) to etcd, each under a lease
+    /// that ends it a little after its `until`.
+    pub fn write_drains(
+        &mut self,
+        rules: Vec<DrainRule>,
+        reply: oneshot::Sender<Result<Vec<DrainRule>, DrainError>>,
+    ) {
+        if let Err(e) = self.writable() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let wall = now_ms();
+        let mut writes = Vec::new();
+        for mut rule in rules {
+            self.next_id += 1;
+            rule.id = format!("api-{}-{}-{}", self.node, wall, self.next_id);
+            rule.written_by = Some(self.node.clone());
+            rule.written_at_unix_ms = Some(wall);
+            let ttl = rule
+                .until_unix_ms
+                .map(|u| Duration::from_millis(u.saturating_sub(wall)) + Duration::from_secs(10));
+            let record = SharedDrain {
+                rule,
+                node: self.node.clone(),
+                at_unix_ms: wall,
+            };
+            writes.push((drain_key(&self.prefix, &record.rule.id), ttl, record));
+        }
+        let audits: Vec<_> = writes
+            .iter()
+            .map(|(_, _, d)| self.audit_entry("drain", audit_rule(&d.rule)))
+            .collect();
+        let etcd = self.etcd.clone();
+        tokio::spawn(async move {
+            let r = async {
+                for (key, ttl, record) in &writes {
+                    let value = serde_json::to_vec(record).unwrap_or_default();
+                    let lease = match ttl {
+                        Some(t) => Some(etcd.grant(*t).await?),
+                        None => None,
+                    };
+                    etcd.put(key, &value, lease).await?;
+                }
+                Ok::<(), cluster::EtcdError>(())
+            }
+            .await;
+            let _ = reply.send(match r {
+                Ok(()) => {
+                    for (_, _, d) in &writes {
+                        let rule = &d.rule;
+                        info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, reason = %rule.reason, author = ?rule.author, "drain override written to etcd for the set");
+                    }
+                    for (key, entry) in audits {
+                        put_audit(etcd.clone(), key, entry).await;
+                    }
+                    Ok(writes.into_iter().map(|(_, _, d)| d.rule).collect())
+                }
+                Err(e) => Err(DrainError::Unavailable(e.to_string())),
+            });
+        });
+    }
+
+    /// Deletes the drain override `rule` (validated) from etcd.
+    pub fn write_undrain(
+        &mut self,
+        rule: DrainRule,
+        token: &Token,
+        reply: oneshot::Sender<Result<DrainRule, DrainError>>,
+    ) {
+        if let Err(e) = self.writable() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let (audit_key, entry) = self.audit_entry("undrain", undrain_fields(&rule, token));
+        let (etcd, key) = (self.etcd.clone(), drain_key(&self.prefix, &rule.id));
+        tokio::spawn(async move {
+            let r = etcd.delete(&key).await;
+            if r.is_ok() {
+                put_audit(etcd.clone(), audit_key, entry).await;
+            }
+            let _ = reply.send(match r {
+                Ok(()) => {
+                    info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, "drain override removed from etcd for the set");
+                    Ok(rule)
+                }
+                Err(e) => Err(DrainError::Unavailable(e.to_string())),
+            });
+        });
+    }
+
+    /// Writes a freeze (of every name, or of a tenant's) to etcd.
+    pub fn write_freeze(&mut self, lever: Lever, reply: oneshot::Sender<Result<(), DrainError>>) {
+        if let Err(e) = self.writable() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let (audit_key, entry) = self.audit_entry("freeze", lever.fields());
+        let record = Freeze {
+            reason: lever.reason,
+            node: self.node.clone(),
+            at_unix_ms: now_ms(),
+        };
+        let key = self.freeze_key(lever.tenant.as_deref());
+        let etcd = self.etcd.clone();
+        tokio::spawn(async move {
+            let value = serde_json::to_vec(&record).unwrap_or_default();
+            let r = etcd.put(&key, &value, None).await;
+            if r.is_ok() {
+                put_audit(etcd.clone(), audit_key, entry).await;
+            }
+            let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
+        });
+    }
+
+    /// Writes a resume to etcd: every timeline starts again from where the freeze held
+    /// it, in the direction [`FailoverState::turns`](crate::control::failover::FailoverState::turns)
+    /// gives it; then the freeze is lifted.
+    pub fn write_resume(
+        &mut self,
+        lever: Lever,
+        turns: &[Turn],
+        reply: oneshot::Sender<Result<(), DrainError>>,
+    ) {
+        if let Err(e) = self.writable() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let (audit_key, entry) = self.audit_entry("resume", lever.fields());
+        let wall = now_ms();
+        let writes: Vec<(String, Timeline)> = turns
+            .iter()
+            .map(|t| {
+                let timeline = Timeline {
+                    direction: t.direction,
+                    from_level: t.from_level,
+                    start_unix_ms: wall,
+                    node: self.node.clone(),
+                    reason: format!("resumed: {}", lever.reason),
+                };
+                (timeline_key(&self.prefix, &t.name, &t.cdn), timeline)
+            })
+            .collect();
+        let freeze = self.freeze_key(lever.tenant.as_deref());
+        let etcd = self.etcd.clone();
+        tokio::spawn(async move {
+            let r = async {
+                for (k, t) in &writes {
+                    etcd.put(k, &serde_json::to_vec(t).unwrap_or_default(), None)
+                        .await?;
+                }
+                etcd.delete(&freeze).await
+            }
+            .await;
+            if r.is_ok() {
+                put_audit(etcd.clone(), audit_key, entry).await;
+            }
+            let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
+        });
+    }
+
+    /// The key of the freeze of every name, or of `tenant`'s.
+    fn freeze_key(&self, tenant: Option<&str>) -> String {
+        match tenant {
+            Some(t) => cluster::tenant_freeze_key(&self.prefix, t),
+            None => freeze_key(&self.prefix),
+        }
+    }
+}
+
+/// Whether two views hold the same timelines, drains and freezes.
+fn same_overrides(a: &SharedView, b: &SharedView) -> bool {
+    a.timelines == b.timelines
+        && a.drains == b.drains
+        && a.freeze == b.freeze
+        && a.freeze_tenants == b.freeze_tenants
+}
+
+/// Applies the set's timelines, drains and freeze of `view` to `state`.
+fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded) {
+    let now = Instant::now();
+    let wall = now_ms();
+    let policy = &loaded.policy;
+    // The freeze holds every timeline where it stood when it was set.
+    let t = match &view.freeze {
+        Some(f) => wall.min(f.at_unix_ms),
+        None => wall,
+    };
+    let mut steps = BTreeMap::new();
+    for ((name, cdn), (tl, _)) in &view.timelines {
+        let Some(host) = policy
+            .hosts
+            .iter()
+            .find(|h| h.name.to_string() == *name && h.cdns.iter().any(|x| x.name == *cdn))
+        else {
+            continue;
+        };
+        let top = host.failover.steps.len();
+        let interval = host.failover.step_interval.as_millis() as u64;
+        let mut tl = tl.clone();
+        if let Some(start) = tl.clamp(interval, wall) {
+            warn!(name = %name, cdn = %cdn, written_by = %tl.node, start_unix_ms = start, now_unix_ms = wall, "failover timeline starts further ahead of this clock than a step interval (a clock is off: NTP?): scheduled one step interval from now");
+        }
+        // A tenant's freeze holds its names' timelines where they stood then.
+        let t = match host
+            .tenant
+            .as_ref()
+            .and_then(|x| view.freeze_tenants.get(x))
+        {
+            Some(f) => t.min(f.at_unix_ms),
+            None => t,
+        };
+        let s = tl.stepper(top, interval, t, now);
+        if s.is_active() {
+            steps.insert((name.clone(), cdn.clone()), s);
+        }
+    }
+    let failover = &mut state.failover;
+    failover.steps = steps;
+    let frozen = view
+        .freeze
+        .as_ref()
+        .map(|f| format!("{} (by {})", f.reason, f.node));
+    if frozen != failover.frozen {
+        match &frozen {
+            Some(why) => warn!(reason = %why, "automatic failover frozen for the whole set"),
+            None => info!("automatic failover resumed for the whole set"),
+        }
+    }
+    failover.frozen = frozen;
+    failover.frozen_tenants = view
+        .freeze_tenants
+        .iter()
+        .map(|(t, f)| (t.clone(), format!("{} (by {})", f.reason, f.node)))
+        .collect();
+    // In the order they were written: past the scope cap, every node refuses the
+    // same (later) ones, also a node that reads them all at once.
+    let mut written: Vec<&SharedDrain> = view
+        .drains
+        .values()
+        .filter(|d| d.rule.resolve(policy).is_ok())
+        .collect();
+    written.sort_by_key(|d| (d.at_unix_ms, d.rule.id.clone()));
+    state.drains.overrides = written.into_iter().map(|d| d.rule.clone()).collect();
+    state.drains.sync(policy, now, wall);
+}
+
+/// Keys of `view` that do not count: of a bad form, observations of CDNs not probed,
+/// timelines and drains of names or CDNs outside the policy.
+pub fn refused_keys(view: &SharedView, loaded: &Loaded) -> u64 {
+    let policy = &loaded.policy;
+    let cdns = view
+        .observations
+        .values()
+        .flat_map(|cdns| cdns.keys())
+        .filter(|cdn| loaded.probes.get(cdn).is_none())
+        .count();
+    let timelines = view
+        .timelines
+        .keys()
+        .filter(|(name, cdn)| {
+            !policy
+                .hosts
+                .iter()
+                .any(|h| h.name.to_string() == *name && h.cdns.iter().any(|x| x.name == *cdn))
+        })
+        .count();
+    let drains = view
+        .drains
+        .values()
+        .filter(|d| d.rule.resolve(policy).is_err())
+        .count();
+    view.refused + (cdns + timelines + drains) as u64
+}
+
+/// Writes an audit entry to etcd for the set (under a lease: every node has it by then).
+async fn put_audit(etcd: Etcd, key: String, entry: serde_json::Value) {
+    let value = serde_json::to_vec(&entry).unwrap_or_default();
+    let r = async {
+        let lease = etcd.grant(cluster::AUDIT_TTL).await?;
+        etcd.put(&key, &value, Some(lease)).await
+    }
+    .await;
+    if let Err(e) = r {
+        warn!(key = %key, error = %e, "cannot write an audit entry to etcd: the set's log lacks it");
+    }
+}
