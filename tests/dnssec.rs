@@ -207,15 +207,7 @@ async fn state_metrics_status_and_explain_show_signing() {
         (4.0 * 86_400.0 - 5.0..=10.0 * 86_400.0).contains(&left),
         "{left}"
     );
-    let page = stack
-        .http
-        .get(format!("http://{}/", stack.api))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = stack.text("/").await;
     assert!(page.contains("<h2>DNSSEC</h2>"), "{page}");
     assert!(page.contains("<td>active</td>"), "{page}");
 

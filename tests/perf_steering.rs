@@ -305,15 +305,7 @@ async fn shares_follow_measurements_within_the_bounds() {
     assert_eq!(p["cdns"][0]["reason"], "perf_floor", "{e}");
     assert_eq!(p["cdns"][1]["reason"], "perf_band", "{e}");
     assert!(p["cdns"][0]["measured"].as_f64().unwrap() > 250.0, "{e}");
-    let page = s
-        .http
-        .get(format!("http://{}/", s.api))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = s.text("/").await;
     assert!(
         page.contains(r#"data-region="gb" data-cdn="fastly" data-reason="perf_floor""#),
         "the status page shows the reason"

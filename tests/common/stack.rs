@@ -190,6 +190,13 @@ impl Stack {
         get_json(&self.http, self.api, path).await
     }
 
+    /// The admin API's answer to GET `path` as text (the status page, `/metrics`).
+    pub async fn text(&self, path: &str) -> String {
+        let url = format!("http://{}{path}", self.api);
+        let r = self.http.get(url).send().await.unwrap();
+        r.text().await.unwrap()
+    }
+
     pub async fn state(&self) -> Value {
         self.get("/v1/state").await
     }
