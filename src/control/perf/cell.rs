@@ -20,6 +20,9 @@ use crate::config::perf::{Metric, Performance};
 pub const SLOTS: u64 = 10;
 /// The most of a cell's samples that one source network may hold.
 pub const NETWORK_SHARE_PERCENT: u64 = 5;
+/// The most source networks one bucket keeps: a sample from another network is refused
+/// (counted as over its share), so a spread of source networks cannot grow memory.
+pub const MAX_NETWORKS_PER_BUCKET: usize = 4096;
 
 /// One measurement of one CDN by one client.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,6 +131,10 @@ impl Cell {
             return false;
         }
         let b = self.bucket(perf, now_ms);
+        if b.nets.len() >= MAX_NETWORKS_PER_BUCKET && !b.nets.contains_key(&net) {
+            self.refused += 1;
+            return false;
+        }
         *b.nets.entry(net).or_default() += 1;
         b.samples += 1;
         if let Some(t) = s.ttfb_ms {
@@ -266,6 +273,21 @@ mod tests {
         assert_eq!(taken, 12);
         assert_eq!(c.refused, 48);
         assert_eq!(aggregate(c.window(&p, 100)).usable(&p), None);
+    }
+
+    #[test]
+    fn a_bucket_keeps_a_bounded_number_of_networks() {
+        let p = perf();
+        let mut c = Cell::default();
+        // One sample from each of 5,000 networks in one bucket: the first 4,096 are kept.
+        let taken = (0..5_000u64)
+            .filter(|&net| c.record(&p, net, &ttfb(80), 1000))
+            .count();
+        assert_eq!(taken, MAX_NETWORKS_PER_BUCKET);
+        assert_eq!(c.refused, 5_000 - MAX_NETWORKS_PER_BUCKET as u64);
+        // A network already kept still counts.
+        assert!(c.record(&p, 7, &ttfb(80), 1001));
+        assert_eq!(aggregate(c.window(&p, 1001)).networks, 4096);
     }
 
     #[test]
