@@ -26,6 +26,7 @@ use rand::{RngExt, SeedableRng};
 use steerdns::app::{self, Inputs};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
+use steerdns::place::asn::AsnDb;
 use steerdns::place::geo::Place;
 use steerdns::plan::Asker;
 
@@ -70,6 +71,23 @@ fn steering(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % ADDRS;
             black_box(snap.geo.locate(black_box(ips[i])))
+        })
+    });
+    // The ASN database (the test one: the shipped tree is the geo database only), on
+    // addresses half of which fall in its 1.0.0.0/8 networks.
+    let asn = AsnDb::open(&repo("tests/fixtures/geo/GeoLite2-ASN-Test.mmdb")).unwrap();
+    let in_asn: Vec<IpAddr> = (ips.iter().enumerate())
+        .map(|(k, &ip)| match ip {
+            IpAddr::V4(a) if k % 2 == 0 => {
+                Ipv4Addr::from(u32::from(a) & 0x00ff_ffff | 1 << 24).into()
+            }
+            _ => ip,
+        })
+        .collect();
+    g.bench_function("asn_origin", |b| {
+        b.iter(|| {
+            i = (i + 1) % ADDRS;
+            black_box(asn.origin(black_box(in_asn[i])))
         })
     });
     g.bench_function("region_match", |b| {

@@ -24,12 +24,12 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use maxminddb::{Reader, WithinOptions};
 use serde::Deserialize;
 
 use super::asn::{AsnDb, Origin};
 use super::countries::{Continent, Country};
-use super::wider::{self, Around, Bits, Places, Start};
+use super::flat::{gaps, Aliases, Key, Starts};
+use super::wider::{self, Around, Places, Start};
 
 /// Where an address is, as far as steering cares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub struct GeoDb {
     /// The blocks of an IPv6 database that its walk skips: aliases of the IPv4 space
     /// (`::ffff:0:0/96`, `2002::/16`, ...), each with its prefix; an address there is
     /// located by the IPv4 address in the 32 bits past the prefix.
-    aliases: Box<[(u128, u8)]>,
+    aliases: Aliases,
     /// `database_type` from the metadata.
     database_type: String,
     /// Every distinct place, by index.
@@ -71,12 +71,7 @@ pub struct GeoDb {
     networks: usize,
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {reason}")]
-pub struct GeoError {
-    pub path: PathBuf,
-    pub reason: String,
-}
+pub use super::tree::GeoError;
 
 /// Both schemas in one borrowed record: decoding never allocates.
 #[derive(Deserialize, Default)]
@@ -117,42 +112,26 @@ impl GeoDb {
     /// Validates a database held in memory.
     pub fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<GeoDb, String> {
         let reader = super::tree::open(bytes)?;
-        // Walk the whole search tree: a broken tree opens fine and then answers "not
-        // found" for everyone, which would silently send all clients to the default.
         let mut networks = 0usize;
         let mut with_country = 0usize;
         let (mut v4, mut v6) = (Columns::default(), Columns::default());
         let mut index = wider::Index::default();
         // The empty networks too: unknown addresses are a place of their own, and the
         // tables then describe the whole tree (but for the IPv4 aliases in IPv6).
-        let iter = reader
-            .networks(WithinOptions::default().include_networks_without_data())
-            .map_err(|e| format!("cannot walk the search tree: {e}"))?;
-        for item in iter {
-            let item = item.map_err(|e| format!("corrupt search tree: {e}"))?;
-            let net = item
-                .network()
-                .map_err(|e| format!("corrupt search tree: {e}"))?;
-            let rec: Option<Record> = item
-                .decode()
-                .map_err(|e| format!("corrupt data section: {e}"))?;
-            if item.has_data() {
-                networks += 1;
-            }
+        super::tree::each_network(&reader, |net, prefix_len, has_data, rec: Option<Record>| {
+            networks += usize::from(has_data);
             let place = rec.as_ref().map(place_of).unwrap_or_default();
-            if place.country.is_some() {
-                with_country += 1;
-            }
+            with_country += usize::from(place.country.is_some());
             let i = index.of(&place);
             let place = Place {
-                prefix_len: net.prefix(),
+                prefix_len,
                 ..place
             };
-            match net.network() {
+            match net {
                 IpAddr::V4(a) => v4.push(u32::from(a), place, i),
                 IpAddr::V6(a) => v6.push(u128::from(a), place, i),
             }
-        }
+        })?;
         if with_country == 0 {
             return Err(format!(
                 "no network carries a country (database type {:?}): \
@@ -169,14 +148,23 @@ impl GeoDb {
         let (around, up) = v4.widen();
         let v4 = Flat::new(v4.starts, v4.places, up, around);
         let v6 = v6.sorted();
-        let aliases = if ipv6 { gaps(&v6) } else { Vec::new() };
+        let aliases = if ipv6 {
+            Aliases::new(gaps(
+                v6.starts
+                    .iter()
+                    .copied()
+                    .zip(v6.places.iter().map(|&p| p as u8)),
+            ))
+        } else {
+            Aliases::default()
+        };
         let (around, up) = v6.widen();
         let (v6, v6_long) = v6.split(up, around);
         Ok(GeoDb {
             v4,
             v6,
             v6_long,
-            aliases: aliases.into_boxed_slice(),
+            aliases,
             database_type,
             index,
             asn: None,
@@ -285,38 +273,14 @@ impl GeoDb {
     /// the alias's prefix, its network counted from the IPv6 root, with no widening
     /// (the tables describe the IPv4 space once, at `::/96`).
     fn aliased(&self, a: u128) -> Option<Place> {
-        let i = self
-            .aliases
-            .partition_point(|&(s, _)| s <= a)
-            .checked_sub(1)?;
-        let (start, prefix) = self.aliases[i];
-        if prefix > 96 || !a.within(start, prefix) {
-            return None;
-        }
-        let p = self.v4.get((a >> (96 - prefix)) as u32)?;
+        let (v4, prefix) = self.aliases.v4(a)?;
+        let p = self.v4.get(v4)?;
         Some(Place {
             prefix_len: prefix + p.prefix_len,
             start: Start::default(),
             ..p
         })
     }
-}
-
-/// A walk of a database's search tree for `ip`: its record (the default when there is
-/// none or it does not decode) and the prefix of the network, or empty block, holding
-/// it. The reference lookup of the geo database, and the ASN database's only one.
-pub(super) fn walk<'de, T: Deserialize<'de> + Default>(
-    reader: &'de Reader<Vec<u8>>,
-    ip: IpAddr,
-) -> (T, u8) {
-    let Ok(found) = reader.lookup(ip) else {
-        return (T::default(), 0);
-    };
-    let prefix_len = found.network().map(|n| n.prefix()).unwrap_or(0);
-    (
-        found.decode().ok().flatten().unwrap_or_default(),
-        prefix_len,
-    )
 }
 
 fn place_of(rec: &Record) -> Place {
@@ -359,66 +323,12 @@ fn unpack(v: u32) -> Place {
 /// Every network of the tree (with data or empty) of one address family, sorted by
 /// start, with the packed place, and the steps up from each.
 struct Flat<K> {
-    starts: Box<[K]>,
+    starts: Starts<K>,
     places: Box<[u32]>,
     /// Where the steps up start, per network.
     starts_up: Box<[Start]>,
     around: Around,
-    /// `index[h]`: the first entry whose start's top 16 bits are `h` or more
-    /// (65,537 entries; the last is `starts.len()`).
-    index: Box<[u32]>,
 }
-
-/// The range `from..=to` as aligned blocks, each with its prefix.
-fn blocks<K: Key>(mut from: K, to: K, out: &mut Vec<(K, u8)>) {
-    loop {
-        // The widest block starting at `from` that ends by `to`.
-        let p = (0..=K::BITS)
-            .find(|&p| from.first(p) == from && from.last(p) <= to)
-            .unwrap_or(K::BITS);
-        out.push((from, p));
-        match from.last(p).next() {
-            Some(n) if n <= to => from = n,
-            _ => return,
-        }
-    }
-}
-
-/// An address as an unsigned integer.
-trait Key: Bits {
-    const MAX: Self;
-    fn top16(self) -> usize;
-    /// The next address, if any.
-    fn next(self) -> Option<Self>;
-    /// The address before (`self` is above zero).
-    fn prev(self) -> Self;
-    /// Whether `self` lies in the network starting at `start` with `prefix` bits.
-    fn within(self, start: Self, prefix: u8) -> bool {
-        self >= start && self <= start.last(prefix)
-    }
-}
-
-/// `Key` for an unsigned integer type of `$bits` bits.
-macro_rules! key {
-    ($t:ty, $bits:expr) => {
-        impl Key for $t {
-            const MAX: $t = <$t>::MAX;
-            fn top16(self) -> usize {
-                (self >> ($bits - 16)) as usize
-            }
-            fn next(self) -> Option<$t> {
-                self.checked_add(1)
-            }
-            fn prev(self) -> $t {
-                self - 1
-            }
-        }
-    };
-}
-
-key!(u32, 32);
-key!(u64, 64);
-key!(u128, 128);
 
 /// The networks of one family as the tree walk yields them, in columns (the tables'
 /// own, so that loading holds no copy of them).
@@ -494,54 +404,26 @@ impl Columns<u128> {
     }
 }
 
-/// The blocks between the networks of a family (and before and after them), as
-/// aligned blocks, each with its prefix: what the walk skipped.
-fn gaps<K: Key, I>(columns: &Columns<K, I>) -> Vec<(K, u8)> {
-    let mut gaps = Vec::new();
-    let mut from = Some(K::ZERO);
-    for (&s, &place) in columns.starts.iter().zip(&columns.places) {
-        if let Some(f) = from.filter(|&f| f < s) {
-            blocks(f, s.prev(), &mut gaps);
-        }
-        from = s.last(place as u8).next();
-    }
-    if let Some(f) = from {
-        blocks(f, K::MAX, &mut gaps);
-    }
-    gaps
-}
-
 impl<K: Key> Flat<K> {
     /// A table from its columns, sorted by start.
     fn new(starts: Vec<K>, places: Vec<u32>, up: Vec<Start>, around: Around) -> Flat<K> {
-        let starts = starts.into_boxed_slice();
-        let index = (0..=1usize << 16)
-            .map(|h| starts.partition_point(|s| s.top16() < h) as u32)
-            .collect();
         Flat {
-            starts,
+            starts: Starts::new(starts),
             places: places.into_boxed_slice(),
             starts_up: up.into_boxed_slice(),
             around,
-            index,
         }
     }
 
     /// The place of `ip`, if a network of this table holds it.
     ///
     /// # Hot path
-    /// One index read and a binary search among the networks starting under the same
-    /// /16 (plus the one before, which may extend into it).
+    /// [`Starts::find`] and an unpacking of the place; no allocation.
     fn get(&self, ip: K) -> Option<Place> {
-        let h = ip.top16();
-        let lo = (self.index[h] as usize).saturating_sub(1);
-        let hi = self.index[h + 1] as usize;
-        let slice = self.starts.get(lo..hi)?;
-        let i = lo + slice.partition_point(|s| *s <= ip).checked_sub(1)?;
-        let place = self.places[i];
-        ip.within(self.starts[i], place as u8).then(|| Place {
+        let i = self.starts.find(ip, |i| self.places[i] as u8)?;
+        Some(Place {
             start: self.starts_up[i],
-            ..unpack(place)
+            ..unpack(self.places[i])
         })
     }
 }
@@ -557,7 +439,9 @@ impl std::fmt::Debug for GeoDb {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tree::walk;
     use super::*;
+    use maxminddb::Reader;
     use rand::rngs::SmallRng;
     use rand::{RngExt, SeedableRng};
     use std::net::{Ipv4Addr, Ipv6Addr};
@@ -597,16 +481,25 @@ mod tests {
                 let a = rng.random::<u128>() >> 3 | 0x2000 << 112;
                 IpAddr::V6(Ipv6Addr::from(a))
             }));
-            for (i, start) in geo.v4.starts.iter().enumerate() {
+            for (i, start) in geo.v4.starts.as_slice().iter().enumerate() {
                 let p = geo.v4.places[i] as u8;
                 let last = start | u32::MAX.checked_shr(u32::from(p)).unwrap_or(0);
                 ips.extend([*start, last, last.wrapping_add(1)].map(|a| IpAddr::V4(a.into())));
             }
             // Both IPv6 tables, and the aliases of the IPv4 space the walk skipped.
-            let short = geo.v6.starts.iter().map(|&s| u128::from(s) << 64);
-            let long = geo.v6_long.starts.iter().copied();
+            let short = geo
+                .v6
+                .starts
+                .as_slice()
+                .iter()
+                .map(|&s| u128::from(s) << 64);
+            let long = geo.v6_long.starts.as_slice().iter().copied();
             let places = geo.v6.places.iter().chain(geo.v6_long.places.iter());
-            let aliases = geo.aliases.iter().map(|&(s, p)| (s, u32::from(p)));
+            let aliases = geo
+                .aliases
+                .as_slice()
+                .iter()
+                .map(|&(s, p)| (s, u32::from(p)));
             let v6 = short.chain(long).zip(places.map(|&p| u32::from(p as u8)));
             for (start, p) in v6.step_by(7).chain(aliases) {
                 let last = start | u128::MAX.checked_shr(p).unwrap_or(0);
@@ -634,14 +527,17 @@ mod tests {
                 assert_eq!(flat, reference(ip), "{db}: {ip}");
             }
             // Every network's first address is answered by the tables, not the walk.
-            assert!(!geo.v4.starts.is_empty(), "{db}: no IPv4 table");
-            assert!(geo.v4.starts.iter().all(|&a| geo.v4.get(a).is_some()));
-            assert!(geo.v6.starts.iter().all(|&a| geo.v6.get(a).is_some()));
+            assert!(!geo.v4.starts.as_slice().is_empty(), "{db}: no IPv4 table");
+            let v4 = geo.v4.starts.as_slice();
+            assert!(v4.iter().all(|&a| geo.v4.get(a).is_some()));
             assert!(geo
-                .v6_long
+                .v6
                 .starts
+                .as_slice()
                 .iter()
-                .all(|&a| geo.v6_long.get(a).is_some()));
+                .all(|&a| geo.v6.get(a).is_some()));
+            let long = geo.v6_long.starts.as_slice();
+            assert!(long.iter().all(|&a| geo.v6_long.get(a).is_some()));
         }
     }
 }

@@ -4,14 +4,16 @@
 //! - [`geo`]: the geo database, an address to a [`geo::Place`] (country, continent, the
 //!   network that holds it, and the origin AS when an ASN database is attached);
 //! - [`asn`]: the AS-number database (`--asn-db`);
+//! - [`flat`]: networks as flat sorted tables, the form both databases are looked up in;
 //! - [`wider`]: the places around each network, for the widest correct ECS scope;
-//! - [`tree`]: the bound on a database walk, checked before it;
+//! - [`tree`]: the bound on a database walk, checked before it, and the walk at load;
 //! - [`Match`]: one entry of a policy's `match:` or `where:` list, and whether a client
 //!   falls in it ([`Match::covers`]): the one definition the policy, the plan, explain
 //!   and the drains use.
 
 pub mod asn;
 pub mod countries;
+mod flat;
 pub mod geo;
 pub mod tree;
 pub mod wider;
