@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use common::etcd::{require_etcd, EtcdSet};
@@ -1184,6 +1185,9 @@ async fn a_node_whose_clock_is_two_seconds_behind_sees_the_skew_and_steps_with_t
         ])
         .stdout(std::process::Stdio::null())
         .stderr(log)
+        // Its own process group: `faketime` forks steerdns as its child, so the group
+        // is what is stopped (killing `faketime` alone left steerdns running).
+        .process_group(0)
         .spawn()
         .expect("faketime steerdns starts");
     // Stopped by its PID, also when the test fails.
@@ -1247,11 +1251,16 @@ async fn a_node_whose_clock_is_two_seconds_behind_sees_the_skew_and_steps_with_t
     );
 }
 
+/// A process started in its own group, stopped with its whole group (the wrapper and
+/// what it started) by the group's ID, also when the test fails.
 struct KillOnDrop(std::process::Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        let group = i32::try_from(self.0.id()).expect("a PID fits in i32");
+        // SAFETY: kill(2) with a negative PID signals that process group; no memory
+        // is touched.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
         let _ = self.0.wait();
     }
 }
@@ -1283,10 +1292,17 @@ async fn every_node_appends_the_same_audit_chain() {
         .post("/v1/failover/resume", json!({"reason": "r"}))
         .await;
     assert_eq!(status, 200);
-    assert_eq!(
-        set.nodes[1].undrain(body["id"].as_str().unwrap()).await,
-        200
-    );
+    // As an operator would: undrained on ns2 once ns2 shows the drain (it comes through
+    // etcd; on a loaded machine it was not there yet, and the DELETE got 404).
+    let id = body["id"].as_str().unwrap();
+    set.nodes[1]
+        .wait_for("the drain seen by ns2", |s| {
+            s["drains"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["id"] == id))
+        })
+        .await;
+    assert_eq!(set.nodes[1].undrain(id).await, 200);
     // a breaks: every node's health transition and the steps are audited too.
     set.a.set(Mode::Status(503));
     let logs: Vec<_> = set

@@ -840,9 +840,18 @@ impl Controller {
         self.show(None);
     }
 
-    /// Shows the document now, or through the saver once `saved` is written.
+    /// Shows the document now, or through the saver once `saved` is written. The first
+    /// document shows at once: the API never answers `null` while the saver is busy or
+    /// the disk hangs at start (seen: `/v1/state` was `null` right after `serve`
+    /// returned, on a machine running two test suites at once).
     fn show(&mut self, saved: Option<Saved>) {
         let mut doc = self.doc_now();
+        {
+            let mut shown = self.doc.lock().unwrap_or_else(|e| e.into_inner());
+            if shown.is_none() {
+                *shown = Some(doc.clone());
+            }
+        }
         if let Some(saver) = &self.saver {
             match saver.submit(saved, doc) {
                 Ok(generation) => {
