@@ -9,8 +9,9 @@
 //!   evaluation, within ± `max_bias_points`.
 //! - `p95_mbps`: above the cap the free burst budget (432 samples of a 30-day month)
 //!   is spent on purpose while it lasts and keeps pace with the month; once spent (a
-//!   reserve of two periods kept) the bias clamps the CDN to the cap at once
-//!   (`burst_budget`). Below the commit's 95th percentile it rises, never into the cap.
+//!   reserve of two periods kept) the bias clamps the CDN at once so that the week's
+//!   peak is under the cap (`burst_budget`). Below the commit's 95th percentile it
+//!   rises, never so far that the week's peak would reach the cap.
 //! - `capacity_mbps`: above 90 % the share stops growing; above 100 % the CDN falls
 //!   to the floor in this evaluation (`capacity`), whatever the slew and the bias limit.
 //! - A CDN outside its performance band (`perf_penalty`, `perf_floor`) is never raised.
@@ -77,7 +78,7 @@ pub struct Facts<'a> {
     /// recent window: a rate measured then is scaled to the share in force.
     pub share_then: f64,
     pub share_recent: f64,
-    /// The highest rate of the last day, scaled to the share in force (Mbit/s).
+    /// The highest rate of the last week, scaled to the share in force (Mbit/s).
     pub peak_mbps: Option<f64>,
     /// Within its performance band wherever it serves: it may be raised.
     pub may_raise: bool,
@@ -148,43 +149,43 @@ pub fn bias(s: &CommitSettings, prev: Bias, f: &Facts) -> Bias {
         Some(Contract::P95Mbps {
             commit_mbps,
             cap_mbps,
-        }) => match at_share(share) {
-            None => (0.0, prev.reason),
-            Some(m) if m > cap_mbps => {
-                let allowed = f.month.burst_allowance() as f64;
-                let used = f.usage.above(cap_mbps) as f64;
-                let reserve = 2.0 * (f.period_ms as f64 / 300_000.0).ceil() + 2.0;
-                let on_pace = used <= allowed * f.month.elapsed(f.now_ms) + allowed / 4.0;
-                if allowed - used > reserve && on_pace {
-                    // Spent on purpose: this peak rides over the cap for free.
-                    (0.0, Reason::BurstBudget)
-                } else {
-                    // Spent: clamp at once, so that the day's peak at the new share is
-                    // under the cap by the dead band.
+        }) => {
+            let allowed = f.month.burst_allowance() as f64;
+            let used = f.usage.above(cap_mbps) as f64;
+            let reserve = 2.0 * (f.period_ms as f64 / 300_000.0).ceil() + 2.0;
+            let on_pace = used <= allowed * f.month.elapsed(f.now_ms) + allowed / 4.0;
+            let spent = allowed - used <= reserve || !on_pace;
+            match at_share(share) {
+                None => (0.0, prev.reason),
+                Some(m) => {
+                    // The week's peak at the share in force, or now if higher.
                     let high = f.peak_mbps.unwrap_or(m).max(m);
-                    let target = share * cap_mbps * (1.0 - db) / high - f.base;
-                    points = points.min(target.max(-100.0));
-                    (0.0, Reason::BurstBudget)
+                    if m > cap_mbps && !spent {
+                        // Spent on purpose: this peak rides over the cap for free.
+                        (0.0, Reason::BurstBudget)
+                    } else if spent && high > cap_mbps * (1.0 - db) {
+                        // Spent: clamp at once, so that the week's peak at the new
+                        // share is under the cap by the dead band.
+                        let target = share * cap_mbps * (1.0 - db) / high - f.base;
+                        points = points.min(target.max(-100.0));
+                        (0.0, Reason::BurstBudget)
+                    } else {
+                        let p95 = f.usage.p95().unwrap_or(0.0);
+                        // Rising only while the week's peak would stay under the cap.
+                        let room = |sh: f64| scaled(high, sh, share) <= cap_mbps * (1.0 - db);
+                        if p95 < commit_mbps * (1.0 - db) && room(share + step) {
+                            (step, Reason::CommitBehind)
+                        } else if points < 0.0 && room(share + step) {
+                            (step.min(-points), Reason::None)
+                        } else if m > cap_mbps * (1.0 - db) {
+                            (0.0, Reason::CapAhead)
+                        } else {
+                            (0.0, Reason::None)
+                        }
+                    }
                 }
             }
-            Some(m) => {
-                let p95 = f.usage.p95().unwrap_or(0.0);
-                // Rising only while the day's peak would stay under the cap.
-                let room = |sh: f64| {
-                    let high = f.peak_mbps.unwrap_or(m).max(m);
-                    scaled(high, sh, share) <= cap_mbps * (1.0 - db)
-                };
-                if p95 < commit_mbps * (1.0 - db) && room(share + step) {
-                    (step, Reason::CommitBehind)
-                } else if points < 0.0 && room(share + step) {
-                    (step.min(-points), Reason::None)
-                } else if m > cap_mbps * (1.0 - db) && points > -max {
-                    (0.0, Reason::CapAhead)
-                } else {
-                    (0.0, Reason::None)
-                }
-            }
-        },
+        }
     };
     let mut want = want;
     if !f.may_raise && points > 0.0 {

@@ -43,6 +43,9 @@ pub const MAX_RECORDS: usize = 20_000;
 /// The recent rate is measured over this much (a whole daily cycle).
 pub const RECENT_MS: u64 = 86_400_000;
 
+/// Peaks are looked for over this much (a whole weekly cycle).
+pub const PEAK_MS: u64 = 7 * 86_400_000;
+
 /// The records of every CDN, by CDN name then start (Unix ms).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Ledger {
@@ -62,7 +65,7 @@ pub struct Usage {
     pub last: Option<(u64, f64)>,
     /// The month's records' rates (Mbit/s), sorted.
     pub samples_mbps: Vec<f64>,
-    /// The records of the last [`RECENT_MS`]: (start, Mbit/s).
+    /// The records of the last [`PEAK_MS`]: (start, Mbit/s).
     pub recent: Vec<(u64, f64)>,
 }
 
@@ -125,6 +128,10 @@ impl Ledger {
         };
         let (mut recent_bytes, mut recent_s) = (0.0, 0.0);
         let recent_from = now_ms.saturating_sub(RECENT_MS);
+        let peak_from = now_ms.saturating_sub(PEAK_MS);
+        for (&start, r) in records.range(peak_from..month.start_ms.max(peak_from)) {
+            u.recent.push((start, r.mbps()));
+        }
         for (&start, r) in records.range(month.start_ms..month.end_ms.min(now_ms + 1)) {
             u.bytes += r.bytes;
             u.covered_s += f64::from(r.seconds);
@@ -132,16 +139,17 @@ impl Ledger {
             if start >= recent_from {
                 recent_bytes += r.bytes;
                 recent_s += f64::from(r.seconds);
+            }
+            if start >= peak_from {
                 u.recent.push((start, r.mbps()));
             }
             u.last = Some((start, r.mbps()));
         }
         // Early in a month, the end of the previous one gives the rate.
         if recent_s == 0.0 {
-            for (&start, r) in records.range(recent_from..month.start_ms.max(recent_from)) {
+            for (_, r) in records.range(recent_from..month.start_ms.max(recent_from)) {
                 recent_bytes += r.bytes;
                 recent_s += f64::from(r.seconds);
-                u.recent.push((start, r.mbps()));
             }
         }
         if recent_s > 0.0 {
