@@ -32,6 +32,12 @@ pub enum Command {
     /// unreachable).
     Freeze(Lever, oneshot::Sender<Result<(), DrainError>>),
     Resume(Lever, oneshot::Sender<Result<(), DrainError>>),
+    /// Usage records (`POST /v1/usage`), checked by the API; answered with what
+    /// became of them, or why none was taken (an unknown CDN).
+    Usage(
+        Vec<(String, u64, crate::control::commit::ledger::Record)>,
+        oneshot::Sender<Result<UsageTaken, String>>,
+    ),
     /// A page of the audit log: entries after this seq, at most this many.
     Audit(u64, usize, oneshot::Sender<Result<audit::Page, String>>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
@@ -43,6 +49,14 @@ pub enum Command {
         Option<u64>,
         oneshot::Sender<Result<Explanation, ExplainError>>,
     ),
+}
+
+/// What became of the usage records of a `POST /v1/usage`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UsageTaken {
+    pub added: u64,
+    pub replaced: u64,
+    pub unchanged: u64,
 }
 
 /// A freeze or resume: why, who, and of which tenant's names (`None`: every name).

@@ -49,6 +49,9 @@ pub struct Saved {
     /// Tenants whose failover is frozen, with why.
     #[serde(default)]
     pub frozen_tenants: BTreeMap<String, String>,
+    /// Commit steering: the usage ledger and the biases in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<crate::control::commit::SavedCommit>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,6 +100,7 @@ pub fn capture(
         drains: Vec::new(),
         frozen: None,
         frozen_tenants: BTreeMap::new(),
+        commit: None,
     }
 }
 

@@ -18,6 +18,7 @@ pub mod bias;
 pub mod demand;
 pub mod ledger;
 pub mod month;
+pub mod page;
 pub mod simulate;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -173,6 +174,37 @@ pub struct CdnView {
     /// Mean share of the regions it serves: before the bias, and in force.
     pub base_share: f64,
     pub share: f64,
+}
+
+/// One line of `explain` for a CDN with a contract or a capacity.
+pub fn explain_line(f: &mut std::fmt::Formatter, c: &CdnView) -> std::fmt::Result {
+    let gb = |b: f64| b / 1e9;
+    write!(
+        f,
+        "commit:  {} {}: {:.1} GB month to date",
+        c.cdn,
+        c.billing.unwrap_or("capacity only"),
+        gb(c.month_to_date_bytes)
+    )?;
+    if let Some(p) = c.projection_bytes {
+        write!(f, ", projected {:.1} GB", gb(p))?;
+    }
+    if let (Some(commit), Some(cap)) = (c.commit, c.cap) {
+        write!(f, " (commit {commit}, cap {cap})")?;
+    }
+    if let Some(left) = c.burst_budget_left {
+        write!(f, ", burst budget left {left} samples")?;
+    }
+    if let Some(cap) = c.capacity_mbps {
+        write!(f, ", capacity {cap} Mbit/s")?;
+    }
+    writeln!(
+        f,
+        "; bias {:+.2} points{} ({})",
+        c.bias_points,
+        if c.floored { ", at the floor" } else { "" },
+        c.reason
+    )
 }
 
 fn round2(v: f64) -> f64 {
