@@ -107,6 +107,30 @@ pub enum Command {
         #[command(flatten)]
         inputs: InputArgs,
     },
+    /// Replay five-minute demand (CSV `start,region,mbps` or `start,region,bytes`)
+    /// through the commit and capacity controller at full speed, with the same code
+    /// the server runs: per CDN, the month's total against commit and cap, the
+    /// five-minute samples above a p95 cap, the largest shift per period, and an SVG
+    /// chart of the shares. The first steered name of the policy is simulated.
+    Simulate {
+        /// The demand file: a header `start,region,mbps` (or `bytes`), then one row per
+        /// five minutes and region (`region` is a region's `name:` in the policy).
+        #[arg(long, value_name = "FILE")]
+        demand: PathBuf,
+        /// The policy with the CDNs' `contract:`, `capacity_mbps:` and `commit:`.
+        #[arg(long, value_name = "FILE", default_value = "steering.yaml")]
+        policy: PathBuf,
+        /// Write a chart of each CDN's share over the span here (SVG).
+        #[arg(long, value_name = "OUT.svg")]
+        svg: Option<PathBuf>,
+        /// The controller steers from this time (RFC 3339; default: the first row);
+        /// before it the policy applies as written, as in a month already under way.
+        #[arg(long, value_name = "TIME")]
+        start: Option<String>,
+        /// Usage records arrive this many seconds after their five minutes end.
+        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        delay_seconds: u64,
+    },
     /// Show, offline, how NAME is answered for a client and why.
     Explain {
         /// The steered name (www.example.com).
@@ -582,6 +606,32 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Audit { command } => {
             end_quietly_on_a_closed_pipe();
             audit(command)
+        }
+        Command::Simulate {
+            demand,
+            policy,
+            svg,
+            start,
+            delay_seconds,
+        } => {
+            end_quietly_on_a_closed_pipe();
+            let args = crate::control::commit::simulate::Args {
+                demand,
+                policy,
+                svg,
+                start,
+                delay_seconds,
+            };
+            match crate::control::commit::simulate::command(&args) {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("steerdns simulate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Dnssec { command } => dnssec(command),
         Command::Man { dir } => man(dir.as_deref()),
