@@ -9,8 +9,7 @@
 //! ```
 //!
 //! (or `start,region,bytes`: the bytes of the five minutes). `region` is a region's
-//! `name:` in the policy (its match list, `GB,IE`, or `default` for `"*"`, when it has
-//! none). [`generate`] makes such demand for tests and drills: a daily cycle, a
+//! `name:` in the policy (or `default` for an unnamed `"*"`). [`generate`] makes such demand for tests and drills: a daily cycle, a
 //! weekend dip and a launch spike.
 
 use std::collections::BTreeMap;
