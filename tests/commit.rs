@@ -438,3 +438,83 @@ async fn usage_posted_live_moves_dns_shares_the_way_the_simulator_predicts() {
     );
     s.stop().await;
 }
+
+/// `steerdns simulate` itself: a generated demand file, a report and a chart; a bad
+/// row is refused with its line.
+#[tokio::test]
+async fn the_simulate_command_reports_and_draws() {
+    let dir = scratch("commit-simulate");
+    let rows = demand(DEC, 31, 20);
+    let day15 = DEC + 14 * DAY;
+    let commit_gb = (bytes_at_policy(&rows, day15) / 0.4 / 1e9).round();
+    std::fs::write(
+        dir.join("steering.yaml"),
+        format!(
+            "hostname: www.example.com
+cdns:
+  fastly:
+    cname: fastly.cdn.test.
+    contract: {{ billing: gb_month, commit_gb: {commit_gb}, cap_gb: {} }}
+  cloudflare: {{ cname: cloudflare.cdn.test. }}
+regions:
+  - match: [\"*\"]
+    weights: {{ fastly: 30, cloudflare: 70 }}
+commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
+",
+            commit_gb * 1.5
+        ),
+    )
+    .unwrap();
+    let csv = steerdns::control::commit::demand::to_csv(&rows);
+    std::fs::write(dir.join("demand.csv"), &csv).unwrap();
+    let bin = env!("CARGO_BIN_EXE_steerdns");
+    let out = std::process::Command::new(bin)
+        .args(["simulate", "--demand"])
+        .arg(dir.join("demand.csv"))
+        .arg("--policy")
+        .arg(dir.join("steering.yaml"))
+        .arg("--svg")
+        .arg(dir.join("shares.svg"))
+        .args(["--start", "2026-12-15T00:00:00Z"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("commit {commit_gb} GB")) && text.contains(": within ("),
+        "{text}"
+    );
+    assert!(
+        text.contains("largest shift per period 2.00 points"),
+        "{text}"
+    );
+    let svg = std::fs::read_to_string(dir.join("shares.svg")).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 2);
+    // A row of a region the policy does not have.
+    let bad = csv.replacen("default,", "nowhere,", 1);
+    std::fs::write(dir.join("bad.csv"), bad).unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["simulate", "--demand"])
+        .arg(dir.join("bad.csv"))
+        .arg("--policy")
+        .arg(dir.join("steering.yaml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("region `nowhere` is not a region of www.example.com."),
+        "{err}"
+    );
+    let std::process::Output { stderr, status, .. } = std::process::Command::new(bin)
+        .args(["simulate", "--demand", "/nonexistent.csv"])
+        .output()
+        .unwrap();
+    assert!(!status.success());
+    assert!(String::from_utf8_lossy(&stderr).contains("cannot read"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
