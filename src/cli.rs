@@ -87,6 +87,13 @@ pub enum Command {
         /// --steering-http; repeat for several. Default: none, the peer is the client.
         #[arg(long, value_name = "CIDR", num_args = 1..)]
         trusted_proxies: Vec<ipnet::IpNet>,
+        /// Read usage records for commit steering from this URL (what `POST
+        /// /v1/usage` takes: one record or an array) every --usage-poll-ms.
+        #[arg(long, value_name = "URL")]
+        usage_url: Option<reqwest::Url>,
+        /// How often --usage-url is read.
+        #[arg(long, value_name = "MS", default_value_t = app::DEFAULT_USAGE_POLL.as_millis() as u64)]
+        usage_poll_ms: u64,
     },
     /// Run only the prober, publishing observations for the servers on --api.
     Agent {
@@ -513,6 +520,8 @@ pub async fn run(cli: Cli) -> ExitCode {
             api_token_file,
             steering_http,
             trusted_proxies,
+            usage_url,
+            usage_poll_ms,
         } => {
             let vantage = vantage.unwrap_or_else(host_name);
             let cluster = match etcd.options(&vantage) {
@@ -554,6 +563,8 @@ pub async fn run(cli: Cli) -> ExitCode {
                 steering: steering_http
                     .0
                     .map(|addr| SteeringOptions::new(addr, trusted_proxies)),
+                usage_url,
+                usage_poll: Duration::from_millis(usage_poll_ms.max(100)),
             };
             serve(inputs, opts).await
         }

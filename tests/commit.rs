@@ -518,3 +518,90 @@ commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
     assert!(String::from_utf8_lossy(&stderr).contains("cannot read"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A feed of usage records on loopback: answers every GET with `body`; counts the
+/// reads. Stopped by aborting the returned task.
+async fn feed(
+    body: std::sync::Arc<std::sync::Mutex<String>>,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/usage", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let body = body.lock().unwrap().clone();
+            reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    (url, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_read_from_a_url_is_taken_and_moves_shares() {
+    let dir = scratch("commit-feed");
+    std::fs::write(dir.join("steering.yaml"), live_policy(0.2)).unwrap();
+    let slots = last_day_slots(unix_ms());
+    assert!(
+        !slots.is_empty(),
+        "run again after the first five minutes of a month"
+    );
+    // The feed: fastly's day at 300 Mbit/s, a record of a CDN no name has, a wrong one.
+    let mut records = records(&slots, 300.0);
+    let list = records.as_array_mut().unwrap();
+    list.push(
+        json!({"cdn": "akamai", "start": "2026-12-01T00:00:00Z", "seconds": 300, "bytes": 5}),
+    );
+    list.push(json!({"cdn": "fastly", "start": "2026-12-01T00:00:00Z", "seconds": 0, "bytes": 5}));
+    let body = std::sync::Arc::new(std::sync::Mutex::new(records.to_string()));
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (url, task) = feed(body.clone(), reads.clone()).await;
+    let s = Stack::start_with_usage_url(&dir, &url, std::time::Duration::from_millis(100)).await;
+    let expect = slots.len() as f64 * 300.0e6 / 8.0 * 300.0;
+    let state = s
+        .wait_for("the feed's records taken", |st| {
+            commit_doc(st)["month_to_date_bytes"]
+                .as_f64()
+                .is_some_and(|b| (b - expect).abs() < 1.0)
+        })
+        .await;
+    assert_eq!(commit_doc(&state)["cdn"], "fastly");
+    s.wait_for("fastly raised", |st| {
+        commit_doc(st)["bias_points"].as_f64() == Some(30.0)
+    })
+    .await;
+    let raised = fastly_share(&s).await;
+    assert!(raised > 45.0, "fastly at {raised} % over DNS");
+    // Read again and again: the same records change nothing.
+    let n = reads.load(std::sync::atomic::Ordering::SeqCst);
+    s.wait_for("read twice more", |_| {
+        reads.load(std::sync::atomic::Ordering::SeqCst) >= n + 2
+    })
+    .await;
+    let doc = commit_doc(&s.state().await);
+    assert!(
+        (doc["month_to_date_bytes"].as_f64().unwrap() - expect).abs() < 1.0,
+        "{doc}"
+    );
+    s.stop().await;
+    task.abort();
+}

@@ -680,7 +680,7 @@ async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Reply {
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("record {i}: {e}")),
         }
     }
-    match ask(commands, |tx| Command::Usage(checked, tx)).await {
+    match ask(commands, |tx| Command::Usage(checked, true, tx)).await {
         Ok(Ok(taken)) => json_reply(StatusCode::OK, &taken),
         Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e),
         Err(reply) => *reply,

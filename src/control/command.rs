@@ -32,10 +32,12 @@ pub enum Command {
     /// unreachable).
     Freeze(Lever, oneshot::Sender<Result<(), DrainError>>),
     Resume(Lever, oneshot::Sender<Result<(), DrainError>>),
-    /// Usage records (`POST /v1/usage`), checked by the API; answered with what
-    /// became of them, or why none was taken (an unknown CDN).
+    /// Usage records (`POST /v1/usage`, or the `--usage-url` feed), checked; answered
+    /// with what became of them. Strict (the API): none is taken when a CDN is
+    /// unknown, and the answer says which; otherwise (the feed) those are skipped.
     Usage(
         Vec<(String, u64, crate::control::commit::ledger::Record)>,
+        bool,
         oneshot::Sender<Result<UsageTaken, String>>,
     ),
     /// A page of the audit log: entries after this seq, at most this many.
@@ -57,6 +59,8 @@ pub struct UsageTaken {
     pub added: u64,
     pub replaced: u64,
     pub unchanged: u64,
+    /// Of a CDN no steered name has (the feed only).
+    pub skipped: u64,
 }
 
 /// A freeze or resume: why, who, and of which tenant's names (`None`: every name).

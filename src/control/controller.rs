@@ -501,13 +501,14 @@ impl Controller {
                 self.publish();
                 self.reply(reply, Ok(()));
             }
-            Command::Usage(records, reply) => {
+            Command::Usage(records, strict, reply) => {
                 let mut taken = crate::control::command::UsageTaken::default();
                 for (cdn, _, _) in &records {
-                    if !policy
-                        .hosts
-                        .iter()
-                        .any(|h| h.cdns.iter().any(|c| &c.name == cdn))
+                    if strict
+                        && !policy
+                            .hosts
+                            .iter()
+                            .any(|h| h.cdns.iter().any(|c| &c.name == cdn))
                     {
                         let _ = reply.send(Err(format!("unknown CDN `{cdn}`")));
                         return;
@@ -518,7 +519,7 @@ impl Controller {
                         Ok(crate::control::commit::ledger::Taken::Added) => taken.added += 1,
                         Ok(crate::control::commit::ledger::Taken::Replaced) => taken.replaced += 1,
                         Ok(crate::control::commit::ledger::Taken::Same) => taken.unchanged += 1,
-                        Err(_) => {}
+                        Err(_) => taken.skipped += 1,
                     }
                 }
                 self.commit.export(&self.metrics, now_ms());
