@@ -136,10 +136,27 @@ pub fn bias(s: &CommitSettings, prev: Bias, f: &Facts) -> Bias {
                 None => (0.0, prev.reason),
                 Some(r) => {
                     let p = f.usage.bytes + scaled(r, share, f.share_recent) * left;
+                    // The share whose projection is `aim` (the rate in proportion to
+                    // the share): a move stops there rather than cross the dead band.
+                    let per_point = if f.share_recent > 0.0 {
+                        r * left / f.share_recent
+                    } else {
+                        0.0
+                    };
+                    let to = |aim: f64| {
+                        if per_point > 0.0 {
+                            (aim - f.usage.bytes) / per_point - share
+                        } else {
+                            f64::INFINITY
+                        }
+                    };
+                    let middle = (commit + cap) / 2.0;
                     if p < commit + band {
-                        (step, Reason::CommitBehind)
+                        let aim = (commit + 2.0 * band).min(middle);
+                        (to(aim).clamp(0.0, step), Reason::CommitBehind)
                     } else if p > cap - band {
-                        (-step, Reason::CapAhead)
+                        let aim = (cap - 2.0 * band).max(middle);
+                        (to(aim).clamp(-step, 0.0), Reason::CapAhead)
                     } else {
                         (0.0, Reason::None)
                     }
@@ -448,6 +465,40 @@ mod tests {
         };
         let down = bias(&s, b(4.0), &facts(&u, c, 30.0));
         assert_eq!((down.points, down.reason), (2.0, Reason::CapAhead));
+    }
+
+    #[test]
+    fn a_step_stops_inside_the_dead_band_rather_than_cross_it() {
+        let s = CommitSettings {
+            max_shift_points: 10.0,
+            ..CommitSettings::default()
+        };
+        // 310 GB projected at 30 %; a 320 GB commit is 10.3 GB (1 point) away: the
+        // bias rises to the share projecting 320 + 2 × 9.6 GB, not by 10 points.
+        let u = usage(10.0);
+        let f = facts(
+            &u,
+            Contract::GbMonth {
+                commit_gb: 320.0,
+                cap_gb: 800.0,
+            },
+            30.0,
+        );
+        let up = bias(&s, Bias::default(), &f);
+        let expect = (339.2 - 150.0) / (160.0 / 30.0) - 30.0;
+        assert!((up.points - expect).abs() < 1e-6, "{up:?} {expect}");
+        // And down from the cap alike.
+        let f = facts(
+            &u,
+            Contract::GbMonth {
+                commit_gb: 200.0,
+                cap_gb: 300.0,
+            },
+            30.0,
+        );
+        let down = bias(&s, Bias::default(), &f);
+        let expect = (288.0 - 150.0) / (160.0 / 30.0) - 30.0;
+        assert!((down.points - expect).abs() < 1e-6, "{down:?} {expect}");
     }
 
     #[test]
