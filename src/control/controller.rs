@@ -170,7 +170,16 @@ impl Controller {
     fn restore(&mut self) {
         let Some(sf) = &self.state_file else { return };
         match persist::restore(&sf.dir, sf.max_age) {
-            Ok(None) => {}
+            Ok(None) => {
+                // Too old for health and steps, not for the month's usage.
+                if let Some(ledger) = persist::saved_usage(&sf.dir) {
+                    info!(
+                        cdns = ledger.cdns.len(),
+                        "restored the usage ledger of an old saved state"
+                    );
+                    self.commit.ledger = ledger;
+                }
+            }
             Err((fault, kept)) => {
                 self.metrics.state_load_error(fault.reason());
                 error!(
