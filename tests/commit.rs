@@ -403,6 +403,14 @@ async fn usage_posted_live_moves_dns_shares_the_way_the_simulator_predicts() {
     let metrics = s.text("/metrics").await;
     assert!(metrics.contains("steerdns_commit_bias_points{cdn=\"fastly\",name=\"www.example.com.\",reason=\"commit_behind\"} 30"), "{metrics}");
     assert!(metrics.contains("steerdns_commit_month_to_date_bytes{cdn=\"fastly\""));
+    let explained = s
+        .get("/v1/explain?name=www.example.com&client=81.2.69.142")
+        .await;
+    assert_eq!(explained["commit"][0]["cdn"], "fastly", "{explained}");
+    assert_eq!(
+        explained["commit"][0]["reason"], "commit_behind",
+        "{explained}"
+    );
     let page = s.text("/").await;
     assert!(
         page.contains("data-cdn=\"fastly\" data-reason=\"commit_behind\""),
