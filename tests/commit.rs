@@ -364,6 +364,23 @@ async fn usage_posted_live_moves_dns_shares_the_way_the_simulator_predicts() {
         )
         .await;
     assert_eq!(st, 401);
+    let ahead = humantime::format_rfc3339_seconds(
+        std::time::SystemTime::now() + std::time::Duration::from_secs(3 * 86_400),
+    );
+    let (st, body) = s
+        .post(
+            "/v1/usage",
+            json!({"cdn": "fastly", "start": ahead.to_string(), "seconds": 300, "bytes": 1}),
+        )
+        .await;
+    assert_eq!(st, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("more than a day ahead"),
+        "{body}"
+    );
     assert_eq!(commit_doc(&s.state().await)["month_to_date_bytes"], 0.0);
 
     // Before any usage: the policy's 30 %.

@@ -512,6 +512,17 @@ impl Controller {
             }
             Command::Usage(records, strict, reply) => {
                 let mut taken = crate::control::command::UsageTaken::default();
+                // A record may not start more than a day ahead: it would only take the
+                // place of real ones (the ledger keeps a bounded number).
+                let latest = now_ms() + 86_400_000;
+                if strict {
+                    if let Some((_, start, _)) = records.iter().find(|r| r.1 > latest) {
+                        let at = crate::control::times::rfc3339(*start);
+                        let _ = reply.send(Err(format!("start {at} is more than a day ahead")));
+                        return;
+                    }
+                }
+                let records: Vec<_> = records.into_iter().filter(|r| r.1 <= latest).collect();
                 for (cdn, _, _) in &records {
                     if strict
                         && !policy
