@@ -226,7 +226,14 @@ pub struct ServeOptions {
     /// Content steering for HLS and DASH players (`--steering-http`); `None` to run
     /// without.
     pub steering: Option<SteeringOptions>,
+    /// Usage records for commit steering pulled from this URL (`--usage-url`), every
+    /// `usage_poll`.
+    pub usage_url: Option<reqwest::Url>,
+    pub usage_poll: Duration,
 }
+
+/// How often `--usage-url` is read by default.
+pub const DEFAULT_USAGE_POLL: Duration = Duration::from_secs(30);
 
 /// The etcd client of a set, or why it cannot be made.
 fn etcd_client(c: &ClusterOptions) -> io::Result<Etcd> {
@@ -364,6 +371,14 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         ),
         None => None,
     };
+    if let Some(url) = &opts.usage_url {
+        crate::control::commit::poll::spawn(
+            url.clone(),
+            opts.usage_poll,
+            command_tx.clone(),
+            stop.clone(),
+        );
+    }
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
     reload::spawn(
         opts.inputs.clone(),

@@ -87,6 +87,13 @@ pub enum Command {
         /// --steering-http; repeat for several. Default: none, the peer is the client.
         #[arg(long, value_name = "CIDR", num_args = 1..)]
         trusted_proxies: Vec<ipnet::IpNet>,
+        /// Read usage records for commit steering from this URL (what `POST
+        /// /v1/usage` takes: one record or an array) every --usage-poll-ms.
+        #[arg(long, value_name = "URL")]
+        usage_url: Option<reqwest::Url>,
+        /// How often --usage-url is read.
+        #[arg(long, value_name = "MS", default_value_t = app::DEFAULT_USAGE_POLL.as_millis() as u64)]
+        usage_poll_ms: u64,
     },
     /// Run only the prober, publishing observations for the servers on --api.
     Agent {
@@ -106,6 +113,30 @@ pub enum Command {
     Check {
         #[command(flatten)]
         inputs: InputArgs,
+    },
+    /// Replay five-minute demand (CSV `start,region,mbps` or `start,region,bytes`)
+    /// through the commit and capacity controller at full speed, with the same code
+    /// the server runs: per CDN, the month's total against commit and cap, the
+    /// five-minute samples above a p95 cap, the largest shift per period, and an SVG
+    /// chart of the shares. The first steered name of the policy is simulated.
+    Simulate {
+        /// The demand file: a header `start,region,mbps` (or `bytes`), then one row per
+        /// five minutes and region (`region` is a region's `name:` in the policy).
+        #[arg(long, value_name = "FILE")]
+        demand: PathBuf,
+        /// The policy with the CDNs' `contract:`, `capacity_mbps:` and `commit:`.
+        #[arg(long, value_name = "FILE", default_value = "steering.yaml")]
+        policy: PathBuf,
+        /// Write a chart of each CDN's share over the span here (SVG).
+        #[arg(long, value_name = "OUT.svg")]
+        svg: Option<PathBuf>,
+        /// The controller steers from this time (RFC 3339; default: the first row);
+        /// before it the policy applies as written, as in a month already under way.
+        #[arg(long, value_name = "TIME")]
+        start: Option<String>,
+        /// Usage records arrive this many seconds after their five minutes end.
+        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        delay_seconds: u64,
     },
     /// Show, offline, how NAME is answered for a client and why.
     Explain {
@@ -489,6 +520,8 @@ pub async fn run(cli: Cli) -> ExitCode {
             api_token_file,
             steering_http,
             trusted_proxies,
+            usage_url,
+            usage_poll_ms,
         } => {
             let vantage = vantage.unwrap_or_else(host_name);
             let cluster = match etcd.options(&vantage) {
@@ -530,6 +563,8 @@ pub async fn run(cli: Cli) -> ExitCode {
                 steering: steering_http
                     .0
                     .map(|addr| SteeringOptions::new(addr, trusted_proxies)),
+                usage_url,
+                usage_poll: Duration::from_millis(usage_poll_ms.max(100)),
             };
             serve(inputs, opts).await
         }
@@ -582,6 +617,32 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Audit { command } => {
             end_quietly_on_a_closed_pipe();
             audit(command)
+        }
+        Command::Simulate {
+            demand,
+            policy,
+            svg,
+            start,
+            delay_seconds,
+        } => {
+            end_quietly_on_a_closed_pipe();
+            let args = crate::control::commit::simulate::Args {
+                demand,
+                policy,
+                svg,
+                start,
+                delay_seconds,
+            };
+            match crate::control::commit::simulate::command(&args) {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("steerdns simulate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Dnssec { command } => dnssec(command),
         Command::Man { dir } => man(dir.as_deref()),

@@ -22,6 +22,7 @@
 //!
 //! Under `hostnames:`, an entry may also carry `tenant: acme` (the customer it belongs to).
 
+pub mod contract;
 pub mod dnssec;
 mod locate;
 pub mod perf;
@@ -84,6 +85,8 @@ pub struct HostPolicy {
     /// The customer this name belongs to (`tenant:`): drains and freezes may target a
     /// tenant, and API tokens may be scoped to tenants.
     pub tenant: Option<String>,
+    /// How contracts and capacities move shares (`commit:`); defaults when absent.
+    pub commit: contract::CommitSettings,
 }
 
 /// Content steering of one name for HLS and DASH players (`content_steering:`, beside
@@ -139,6 +142,10 @@ pub struct Cdn {
     pub name: String,
     /// Absolute name the steered name is a CNAME to.
     pub cname: Name,
+    /// How the CDN bills (`contract:`); `None`: no commit or cap to steer by.
+    pub contract: Option<contract::Contract>,
+    /// The most the CDN can carry (`capacity_mbps:`), Mbit/s.
+    pub capacity_mbps: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -249,6 +256,7 @@ struct RawFile {
     failover: Option<RawFailover>,
     drain: Option<Vec<RawDrain>>,
     content_steering: Option<RawContent>,
+    commit: Option<contract::RawCommit>,
     dnssec: Option<dnssec::RawDnssec>,
 }
 
@@ -264,6 +272,7 @@ struct RawHost {
     failover: Option<RawFailover>,
     drain: Option<Vec<RawDrain>>,
     content_steering: Option<RawContent>,
+    commit: Option<contract::RawCommit>,
 }
 
 #[derive(Deserialize)]
@@ -278,6 +287,8 @@ struct RawContent {
 #[serde(deny_unknown_fields)]
 struct RawCdn {
     cname: String,
+    contract: Option<contract::RawContract>,
+    capacity_mbps: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -475,6 +486,7 @@ fn parse_path(s: &str) -> Vec<Seg> {
             .or_else(|| host.find(".failover"))
             .or_else(|| host.find(".content_steering"))
             .or_else(|| host.find(".tenant"))
+            .or_else(|| host.find(".commit"))
             .unwrap_or(host.len());
         out.push(Seg::Key(host[..end].to_string()));
         rest = host[end..].trim_start_matches('.');

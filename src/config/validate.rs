@@ -81,7 +81,8 @@ pub(super) fn validate(
         || raw.regions.is_some()
         || raw.failover.is_some()
         || raw.drain.is_some()
-        || raw.content_steering.is_some();
+        || raw.content_steering.is_some()
+        || raw.commit.is_some();
     match (raw.hostname, raw.hostnames) {
         (Some(_), Some(_)) => cx.error(
             &[key("hostnames")],
@@ -99,6 +100,7 @@ pub(super) fn validate(
                 failover: raw.failover,
                 drain: raw.drain,
                 content_steering: raw.content_steering,
+                commit: raw.commit,
             };
             if let Some(h) = host_policy(&mut cx, &[], &[key("hostname")], &name, host) {
                 hosts.push(h);
@@ -108,7 +110,7 @@ pub(super) fn validate(
             if single_keys {
                 cx.error(
                     &[key("hostnames")],
-                    "with `hostnames:`, put ttl, selection, cdns, regions, failover, drain and content_steering under each name",
+                    "with `hostnames:`, put ttl, selection, cdns, regions, failover, drain, content_steering and commit under each name",
                 );
             }
             if map.0.is_empty() {
@@ -197,6 +199,9 @@ fn host_policy(
         raw.content_steering,
         &cdns,
     );
+    let commit = raw.commit.map_or_else(Default::default, |c| {
+        super::contract::validate_commit(cx, &at(base, &[key("commit")]), c)
+    });
 
     if cx.issues.errors().count() > errors_before {
         return None;
@@ -213,6 +218,7 @@ fn host_policy(
         drains,
         content,
         tenant,
+        commit,
     })
 }
 
@@ -347,16 +353,32 @@ fn cdns(cx: &mut Ctx, base: &[Seg], raw: Option<OrderedMap<RawCdn>>) -> Vec<Cdn>
             out.push(Cdn {
                 name,
                 cname: Name::root(),
+                contract: None,
+                capacity_mbps: None,
             });
             continue;
         }
+        let cdn_path = at(base, &[key("cdns"), key(&name)]);
+        let contract = cdn.contract.and_then(|c| {
+            super::contract::validate_contract(cx, &at(&cdn_path, &[key("contract")]), c)
+        });
+        let capacity_mbps = cdn.capacity_mbps.and_then(|c| {
+            super::contract::validate_capacity(cx, &at(&cdn_path, &[key("capacity_mbps")]), c)
+        });
         match parse_name(&cdn.cname) {
-            Ok(cname) => out.push(Cdn { name, cname }),
+            Ok(cname) => out.push(Cdn {
+                name,
+                cname,
+                contract,
+                capacity_mbps,
+            }),
             Err(e) => {
                 cx.error(&path, e);
                 out.push(Cdn {
                     name,
                     cname: Name::root(),
+                    contract: None,
+                    capacity_mbps: None,
                 });
             }
         }
@@ -756,6 +778,7 @@ fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], dr
         drains: Vec::new(),
         content: ContentSteering::default(),
         tenant: None,
+        commit: Default::default(),
     };
     if let Some(region) = empties_a_region(&probe, &active) {
         cx.error(

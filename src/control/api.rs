@@ -3,7 +3,9 @@
 //! Read-only, open: `/` (the status page, HTML: [`crate::control::status`]), `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
 //! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=&session=]`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
-//! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`.
+//! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`,
+//! `POST /v1/usage` (usage records for commit steering: one object or an array of up to
+//! 1,000, `{"cdn","start","seconds","bytes"|"mbps"}`, idempotent per (CDN, start)).
 //! Without a configured token every mutation is refused. A token is the one of
 //! `--api-token-file` (every right) or one of `--api-tokens` (scoped: its verbs are
 //! checked here, the names, tenants and regions it may touch by the controller, with the
@@ -338,7 +340,8 @@ async fn route(
         (Method::POST, "/v1/drains")
         | (Method::DELETE, _)
         | (Method::POST, "/v1/failover/freeze")
-        | (Method::POST, "/v1/failover/resume") => {
+        | (Method::POST, "/v1/failover/resume")
+        | (Method::POST, "/v1/usage") => {
             let token = match authenticate(&req, &state) {
                 Ok(t) => t,
                 Err(refusal) => return Ok(*refusal),
@@ -347,6 +350,7 @@ async fn route(
                 (&Method::POST, "/v1/drains") => Verb::Drain,
                 (&Method::DELETE, _) => Verb::Undrain,
                 (_, "/v1/failover/freeze") => Verb::Freeze,
+                (_, "/v1/usage") => Verb::Usage,
                 _ => Verb::Resume,
             };
             if let Err(lacks) = token.may(verb) {
@@ -360,6 +364,7 @@ async fn route(
             "/" | "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain"
             | "/v1/audit",
         ) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
+        (_, "/v1/usage") => text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n"),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }
@@ -554,6 +559,7 @@ async fn mutate(
                 Err(reply) => *reply,
             }
         }
+        (Method::POST, "/v1/usage") => usage(commands, &body).await,
         (Method::DELETE, p) if p.starts_with("/v1/drains/") => {
             let id = p.trim_start_matches("/v1/drains/").to_string();
             match ask(commands, |tx| Command::Undrain(token, id, tx)).await {
@@ -626,6 +632,58 @@ async fn mutate(
             }
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+/// At most this many usage records in one `POST /v1/usage`.
+const MAX_USAGE_RECORDS: usize = 1000;
+
+/// `POST /v1/usage`: one record or an array; each checked, then all handed to the
+/// controller (none taken when one is wrong).
+async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Reply {
+    use crate::control::commit::UsageIn;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(UsageIn),
+        Many(Vec<UsageIn>),
+    }
+    let records = match serde_json::from_slice::<serde_json::Value>(body)
+        .map_err(|e| e.to_string())
+        .and_then(|v| {
+            if v.is_array() {
+                serde_json::from_value::<Vec<UsageIn>>(v).map(OneOrMany::Many)
+            } else {
+                serde_json::from_value::<UsageIn>(v).map(OneOrMany::One)
+            }
+            .map_err(|e| e.to_string())
+        }) {
+        Ok(OneOrMany::One(r)) => vec![r],
+        Ok(OneOrMany::Many(v)) => v,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("bad usage record: {e} (expected {{\"cdn\", \"start\", \"seconds\", \"bytes\" or \"mbps\"}}, or an array of them)"),
+            )
+        }
+    };
+    if records.is_empty() || records.len() > MAX_USAGE_RECORDS {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("1 to {MAX_USAGE_RECORDS} records, not {}", records.len()),
+        );
+    }
+    let mut checked = Vec::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        match r.check() {
+            Ok(c) => checked.push(c),
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("record {i}: {e}")),
+        }
+    }
+    match ask(commands, |tx| Command::Usage(checked, true, tx)).await {
+        Ok(Ok(taken)) => json_reply(StatusCode::OK, &taken),
+        Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e),
+        Err(reply) => *reply,
     }
 }
 

@@ -32,6 +32,14 @@ pub enum Command {
     /// unreachable).
     Freeze(Lever, oneshot::Sender<Result<(), DrainError>>),
     Resume(Lever, oneshot::Sender<Result<(), DrainError>>),
+    /// Usage records (`POST /v1/usage`, or the `--usage-url` feed), checked; answered
+    /// with what became of them. Strict (the API): none is taken when a CDN is
+    /// unknown, and the answer says which; otherwise (the feed) those are skipped.
+    Usage(
+        Vec<(String, u64, crate::control::commit::ledger::Record)>,
+        bool,
+        oneshot::Sender<Result<UsageTaken, String>>,
+    ),
     /// A page of the audit log: entries after this seq, at most this many.
     Audit(u64, usize, oneshot::Sender<Result<audit::Page, String>>),
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
@@ -43,6 +51,16 @@ pub enum Command {
         Option<u64>,
         oneshot::Sender<Result<Explanation, ExplainError>>,
     ),
+}
+
+/// What became of the usage records of a `POST /v1/usage`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UsageTaken {
+    pub added: u64,
+    pub replaced: u64,
+    pub unchanged: u64,
+    /// Of a CDN no steered name has (the feed only).
+    pub skipped: u64,
 }
 
 /// A freeze or resume: why, who, and of which tenant's names (`None`: every name).

@@ -29,6 +29,7 @@ use crate::control::audit::{self, Audit};
 use crate::control::cluster::node::{ClusterLink, Followed};
 use crate::control::cluster::Shared;
 use crate::control::command::{admit, audit_rule, may_undrain, undrain_fields, Command, Lever};
+use crate::control::commit::Commit;
 use crate::control::drains::{now_ms, DrainError};
 use crate::control::explain::{self, ExplainError, Explanation};
 use crate::control::failover::Step;
@@ -103,6 +104,9 @@ pub struct Controller {
     tokens: ScopedTokens,
     /// The performance modifier of the policy weights (`performance:` blocks).
     perf: Perf,
+    /// The commit and capacity modifier, after performance (`contract:`,
+    /// `capacity_mbps:`, `commit:`).
+    commit: Commit,
 }
 
 impl Controller {
@@ -133,8 +137,10 @@ impl Controller {
             audit: None,
             tokens: ScopedTokens::default(),
             perf: Perf::default(),
+            commit: Commit::default(),
         };
         c.perf.configure(&c.loaded.policy, Instant::now());
+        c.commit.configure(&c.loaded.policy, now_ms());
         c.tokens.store(Arc::new(c.loaded.tokens.clone()));
         if let Some(sf) = &c.state_file {
             let metrics = Some(c.metrics.clone());
@@ -164,7 +170,16 @@ impl Controller {
     fn restore(&mut self) {
         let Some(sf) = &self.state_file else { return };
         match persist::restore(&sf.dir, sf.max_age) {
-            Ok(None) => {}
+            Ok(None) => {
+                // Too old for health and steps, not for the month's usage.
+                if let Some(ledger) = persist::saved_usage(&sf.dir) {
+                    info!(
+                        cdns = ledger.cdns.len(),
+                        "restored the usage ledger of an old saved state"
+                    );
+                    self.commit.ledger = ledger;
+                }
+            }
             Err((fault, kept)) => {
                 self.metrics.state_load_error(fault.reason());
                 error!(
@@ -176,6 +191,9 @@ impl Controller {
             }
             Ok(Some(saved)) => {
                 let now = Instant::now();
+                if let Some(commit) = &saved.commit {
+                    self.commit.restore(commit);
+                }
                 self.state = ControlState::from_saved(&saved, &self.loaded, now, now_ms());
                 info!(
                     age_s = saved.age_ms() / 1000,
@@ -200,8 +218,13 @@ impl Controller {
 
     fn plan(&mut self) -> Snapshot {
         // Modifiers change the policy weights; failover and drains apply after them.
+        // perf.apply → commit.apply → failover and drains.
         let modified = self.perf.apply(&self.loaded.policy);
-        let policy = modified.as_ref().unwrap_or(&self.loaded.policy);
+        let base = modified.as_ref().unwrap_or(&self.loaded.policy);
+        let perf = &self.perf;
+        let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
+        let committed = self.commit.apply(base, &outside);
+        let policy = committed.as_ref().unwrap_or(base);
         let (snapshot, fail_open) = self.state.snapshot_for(&self.loaded, policy);
         self.note_fail_open(fail_open);
         snapshot
@@ -325,6 +348,11 @@ impl Controller {
                 )
                 .chain(self.resign_due())
                 .chain(self.perf.next_due())
+                .chain(
+                    self.commit
+                        .next_due_ms()
+                        .map(|due| now + Duration::from_millis(due.saturating_sub(now_ms()))),
+                )
                 .min();
             let due = async {
                 match next {
@@ -374,6 +402,7 @@ impl Controller {
                     changed |= self.resign();
                     changed |= self.perf.tick(now, now_ms());
                     self.perf.export(&self.metrics);
+                    changed |= self.evaluate_commit();
                     self.state.drains.prune(now_ms());
                     if changed {
                         self.publish();
@@ -481,6 +510,42 @@ impl Controller {
                 self.publish();
                 self.reply(reply, Ok(()));
             }
+            Command::Usage(records, strict, reply) => {
+                let mut taken = crate::control::command::UsageTaken::default();
+                // A record may not start more than a day ahead: it would only take the
+                // place of real ones (the ledger keeps a bounded number).
+                let latest = now_ms() + 86_400_000;
+                if strict {
+                    if let Some((_, start, _)) = records.iter().find(|r| r.1 > latest) {
+                        let at = crate::control::times::rfc3339(*start);
+                        let _ = reply.send(Err(format!("start {at} is more than a day ahead")));
+                        return;
+                    }
+                }
+                let records: Vec<_> = records.into_iter().filter(|r| r.1 <= latest).collect();
+                for (cdn, _, _) in &records {
+                    if strict
+                        && !policy
+                            .hosts
+                            .iter()
+                            .any(|h| h.cdns.iter().any(|c| &c.name == cdn))
+                    {
+                        let _ = reply.send(Err(format!("unknown CDN `{cdn}`")));
+                        return;
+                    }
+                }
+                for (cdn, start, r) in records {
+                    match self.commit.record(policy, &cdn, start, r) {
+                        Ok(crate::control::commit::ledger::Taken::Added) => taken.added += 1,
+                        Ok(crate::control::commit::ledger::Taken::Replaced) => taken.replaced += 1,
+                        Ok(crate::control::commit::ledger::Taken::Same) => taken.unchanged += 1,
+                        Err(_) => taken.skipped += 1,
+                    }
+                }
+                self.commit.export(&self.metrics, now_ms());
+                self.persist();
+                self.reply(reply, Ok(taken));
+            }
             Command::Explain(name, ip, resolver, session, reply) => {
                 let _ = reply.send(self.explain(&name, ip, resolver, session));
             }
@@ -532,6 +597,7 @@ impl Controller {
         };
         let mut e = explain::explain(&facts, &question)?;
         e.performance = self.perf.region_view(&e.name, e.region.index);
+        e.commit = self.commit.name_view(&e.name, now_ms());
         Ok(e)
     }
 
@@ -639,6 +705,7 @@ impl Controller {
                     .drains
                     .sync(&self.loaded.policy, Instant::now(), now_ms());
                 self.perf.configure(&self.loaded.policy, Instant::now());
+                self.commit.configure(&self.loaded.policy, now_ms());
                 self.publish();
                 probes_changed
             }
@@ -828,10 +895,11 @@ impl Controller {
 
     /// Saves the state and then shows it in `/v1/state` (see [`saver`]).
     fn persist(&mut self) {
-        let saved = self
-            .state_file
-            .is_some()
-            .then(|| self.state.saved(Instant::now()));
+        let saved = self.state_file.is_some().then(|| {
+            let mut saved = self.state.saved(Instant::now());
+            saved.commit = Some(self.commit.saved());
+            saved
+        });
         self.show(saved);
     }
 
@@ -890,6 +958,22 @@ impl Controller {
         });
     }
 
+    /// Evaluates the commit biases due now, against the policy after performance
+    /// steering. True when a bias changed.
+    fn evaluate_commit(&mut self) -> bool {
+        let now = now_ms();
+        if self.commit.next_due_ms().is_none_or(|d| d > now) {
+            return false;
+        }
+        let modified = self.perf.apply(&self.loaded.policy);
+        let base = modified.as_ref().unwrap_or(&self.loaded.policy);
+        let perf = &self.perf;
+        let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
+        let changed = self.commit.evaluate(base, &outside, now);
+        self.commit.export(&self.metrics, now);
+        changed
+    }
+
     /// The `/v1/state` document for the state now.
     fn doc_now(&self) -> StateDoc {
         let doc = state_doc::Parts {
@@ -900,6 +984,7 @@ impl Controller {
             cluster: self.cluster.as_ref(),
             peers: &self.peer_views(),
             performance: self.perf.view(),
+            commit: self.commit.view(now_ms()),
         };
         doc.assemble()
     }

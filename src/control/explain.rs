@@ -112,6 +112,9 @@ pub struct Explanation {
     /// (live only: `steerdns explain` offline has no measurements).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub performance: Option<crate::control::perf::RegionView>,
+    /// The name's CDNs with a contract or a capacity (live only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commit: Vec<crate::control::commit::CdnView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -332,6 +335,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
         state: facts.state.clone(),
         config_version: facts.loaded.version.clone(),
         performance: None,
+        commit: Vec::new(),
     })
 }
 
@@ -464,6 +468,9 @@ impl fmt::Display for Explanation {
         }
         if let Some(p) = &self.performance {
             crate::control::perf::page::explain(f, p)?;
+        }
+        for c in &self.commit {
+            crate::control::commit::explain_line(f, c)?;
         }
         writeln!(f, "config:  version {}", self.config_version)
     }

@@ -5,6 +5,7 @@ pub mod api;
 pub mod audit;
 pub mod cluster;
 pub mod command;
+pub mod commit;
 pub mod content;
 pub mod controller;
 pub mod drains;

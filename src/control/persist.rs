@@ -49,6 +49,9 @@ pub struct Saved {
     /// Tenants whose failover is frozen, with why.
     #[serde(default)]
     pub frozen_tenants: BTreeMap<String, String>,
+    /// Commit steering: the usage ledger and the biases in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<crate::control::commit::SavedCommit>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,6 +100,7 @@ pub fn capture(
         drains: Vec::new(),
         frozen: None,
         frozen_tenants: BTreeMap::new(),
+        commit: None,
     }
 }
 
@@ -309,6 +313,14 @@ pub fn restore(
     }
 }
 
+/// The usage ledger of a saved state whatever its age (what the CDNs carried stays
+/// true when the rest of the state is too old to use); `None` without one.
+pub fn saved_usage(dir: &Path) -> Option<crate::control::commit::ledger::Ledger> {
+    let text = std::fs::read(path(dir)).ok()?;
+    let saved: Saved = serde_json::from_slice(&text).ok()?;
+    saved.commit.map(|c| c.ledger)
+}
+
 impl Saved {
     /// Milliseconds since the save.
     pub fn age_ms(&self) -> u64 {
@@ -403,6 +415,22 @@ mod tests {
             frozen: Some(format!("saved {ms} ms ago")),
             ..Saved::default()
         }
+    }
+
+    #[test]
+    fn the_usage_ledger_outlives_the_max_age() {
+        let dir = scratch("usage-age");
+        let mut saved = state(3_600_000);
+        let mut commit = crate::control::commit::SavedCommit::default();
+        let record = crate::control::commit::ledger::Record {
+            seconds: 300,
+            bytes: 7.0,
+        };
+        commit.ledger.record("fastly", 1_796_083_200_000, record);
+        saved.commit = Some(commit.clone());
+        save(&dir, &saved).unwrap();
+        assert_eq!(load(&dir, Duration::from_secs(60)).unwrap(), None);
+        assert_eq!(saved_usage(&dir), Some(commit.ledger));
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub struct StateDoc {
     /// measured values, the band, the shares and the reason per CDN.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub performance: Vec<crate::control::perf::RegionView>,
+    /// CDNs with a contract or a capacity (`contract:`, `capacity_mbps:`): month to
+    /// date, projection, burst budget left, the bias in force and its reason.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commit: Vec<crate::control::commit::CdnView>,
 }
 
 /// A node of a set: is it in touch, and who wrote what.
@@ -208,6 +212,8 @@ pub struct Parts<'a> {
     pub peers: &'a [VantageView],
     /// The regions whose weights follow measured performance.
     pub performance: Vec<crate::control::perf::RegionView>,
+    /// The CDNs with a contract or a capacity.
+    pub commit: Vec<crate::control::commit::CdnView>,
 }
 
 impl Parts<'_> {
@@ -218,6 +224,7 @@ impl Parts<'_> {
         StateDoc {
             dnssec: (loaded.dnssec.as_ref()).map(|d| d.status(crate::selection::unix_now())),
             performance: self.performance.clone(),
+            commit: self.commit.clone(),
             config_version: loaded.version.clone(),
             failover_frozen: f.frozen.clone(),
             failover_frozen_tenants: f.frozen_tenants.clone(),

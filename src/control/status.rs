@@ -302,6 +302,7 @@ fn write_page(
     fail_open(h, doc)?;
     dnssec(h, doc, now)?;
     crate::control::perf::page::section(h, &doc.performance)?;
+    crate::control::commit::page::section(h, &doc.commit)?;
     reload(h, doc)?;
     h.push_str("</body></html>\n");
     Ok(())

@@ -32,6 +32,10 @@
 //! | `rum_samples_total` | result | performance samples (beacons, steering polls): `accepted`, `refused_share` (one network over 5 % of a cell, or a new network in a bucket already keeping 4,096), `refused_rate` (beacons over a network's rate), `invalid` (beacons refused 400/413), `unused` (a region without `performance:`) |
 //! | `perf_measured` | name, region, cdn, metric | the measured value a region's shift uses (ms, bit/s or a ratio); absent without enough fresh samples |
 //! | `perf_reason` | name, region, cdn, reason | 1 for the reason of the CDN's target share: `perf_band`, `perf_penalty`, `perf_floor`, `perf_stale` |
+//! | `commit_month_to_date_bytes` | name, cdn | bytes a CDN with a contract or a capacity carried this calendar month, from the usage records (`POST /v1/usage`) |
+//! | `commit_projection_bytes` | name, cdn | the month's bytes at its end if the time not covered goes at the recent rate; absent without records |
+//! | `commit_burst_budget_samples` | name, cdn | p95 billing: five-minute samples above the cap still free this month (432 per 30 days, less those used) |
+//! | `commit_bias_points` | name, cdn, reason | the commit bias in force (points of share), under the label of its reason: `none`, `commit_behind`, `cap_ahead`, `burst_budget`, `capacity` |
 //! | `build_info` | version, commit | 1; the crate version and the git commit built (`unknown` outside a checkout) |
 //! | `process_*` (no prefix) | | the standard process metrics (Linux): CPU seconds, resident and virtual memory, open and max fds, threads, start time |
 //!
@@ -120,6 +124,10 @@ struct Inner {
     rum_samples: IntCounterVec,
     perf_measured: prometheus::GaugeVec,
     perf_reason: IntGaugeVec,
+    commit_mtd: prometheus::GaugeVec,
+    commit_projection: prometheus::GaugeVec,
+    commit_burst: IntGaugeVec,
+    commit_bias: prometheus::GaugeVec,
 }
 
 /// The crate version, as in `steerdns_build_info{version}`.
@@ -398,6 +406,29 @@ impl Metrics {
                      block: perf_band, perf_penalty, perf_floor or perf_stale.",
                     &["name", "region", "cdn", "reason"],
                 ),
+                commit_mtd: reg.float_gauges(
+                    "commit_month_to_date_bytes",
+                    "Bytes a CDN with a contract or a capacity carried this calendar month, from \
+                     the usage records.",
+                    &["name", "cdn"],
+                ),
+                commit_projection: reg.float_gauges(
+                    "commit_projection_bytes",
+                    "The month's bytes at its end if the time not covered goes at the recent \
+                     rate; absent without records.",
+                    &["name", "cdn"],
+                ),
+                commit_burst: reg.gauges(
+                    "commit_burst_budget_samples",
+                    "p95 billing: five-minute samples above the cap still free this month.",
+                    &["name", "cdn"],
+                ),
+                commit_bias: reg.float_gauges(
+                    "commit_bias_points",
+                    "The commit bias in force (points of share), labelled with its reason: none, \
+                     commit_behind, cap_ahead, burst_budget or capacity.",
+                    &["name", "cdn", "reason"],
+                ),
                 registry,
                 process: process_registry(),
             }),
@@ -526,6 +557,46 @@ impl Metrics {
                 .perf_reason
                 .with_label_values(&[name, region, cdn, r])
                 .set(i64::from(r == reason));
+        }
+    }
+
+    /// Sets the commit gauges of a CDN with a contract or a capacity.
+    #[allow(clippy::too_many_arguments)]
+    pub fn commit_cdn(
+        &self,
+        name: &str,
+        cdn: &str,
+        month_to_date: f64,
+        projection: Option<f64>,
+        burst_left: Option<i64>,
+        bias: f64,
+        reason: &str,
+    ) {
+        let i = &self.inner;
+        i.commit_mtd
+            .with_label_values(&[name, cdn])
+            .set(month_to_date);
+        match projection {
+            Some(p) => i.commit_projection.with_label_values(&[name, cdn]).set(p),
+            None => {
+                let _ = i.commit_projection.remove_label_values(&[name, cdn]);
+            }
+        }
+        if let Some(b) = burst_left {
+            i.commit_burst.with_label_values(&[name, cdn]).set(b);
+        }
+        for r in [
+            "none",
+            "commit_behind",
+            "cap_ahead",
+            "burst_budget",
+            "capacity",
+        ] {
+            if r == reason {
+                i.commit_bias.with_label_values(&[name, cdn, r]).set(bias);
+            } else {
+                let _ = i.commit_bias.remove_label_values(&[name, cdn, r]);
+            }
         }
     }
 
@@ -759,6 +830,14 @@ struct Reg<'r>(&'r Registry);
 impl Reg<'_> {
     fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
         let v = IntCounterVec::new(Opts::new(name, help), labels).expect("static counter");
+        self.0
+            .register(Box::new(v.clone()))
+            .expect("registered once");
+        v
+    }
+
+    fn float_gauges(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
+        let v = prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("static gauge");
         self.0
             .register(Box::new(v.clone()))
             .expect("registered once");

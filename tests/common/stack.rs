@@ -135,6 +135,25 @@ impl Stack {
         cluster: Option<steerdns::control::cluster::ClusterOptions>,
         reload_poll: Duration,
     ) -> Stack {
+        Stack::start_opts(dir, disk, vantage, cluster, reload_poll, None).await
+    }
+
+    /// As [`Stack::start`], reading usage records from `url` every `every`
+    /// (`--usage-url`).
+    pub async fn start_with_usage_url(dir: &Path, url: &str, every: Duration) -> Stack {
+        let usage = Some((url.parse().unwrap(), every));
+        let disk = DiskFaults::default();
+        Stack::start_opts(dir, disk, "test", None, Duration::from_millis(50), usage).await
+    }
+
+    async fn start_opts(
+        dir: &Path,
+        disk: DiskFaults,
+        vantage: &str,
+        cluster: Option<steerdns::control::cluster::ClusterOptions>,
+        reload_poll: Duration,
+        usage: Option<(reqwest::Url, Duration)>,
+    ) -> Stack {
         let inputs = Inputs {
             config: dir.join("steering.yaml"),
             zones: dir.join("zones"),
@@ -167,6 +186,8 @@ impl Stack {
                 "127.0.0.1:0".parse().unwrap(),
                 vec!["127.0.0.1/32".parse().unwrap()],
             )),
+            usage_poll: usage.as_ref().map_or(Duration::from_secs(30), |u| u.1),
+            usage_url: usage.map(|u| u.0),
         };
         let svc = app::serve(loaded, &opts).await.unwrap();
         Stack {

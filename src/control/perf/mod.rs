@@ -290,6 +290,15 @@ impl Perf {
         }
     }
 
+    /// Whether performance steering has CDN `cdn` of region `region` of `name` outside
+    /// its band (`perf_penalty`, `perf_floor`): the commit modifier never raises it.
+    pub fn outside(&self, name: &str, region: usize, cdn: usize) -> bool {
+        self.shifts
+            .get(&(name.to_string(), region))
+            .and_then(|s| s.reasons.get(cdn))
+            .is_some_and(|r| matches!(r, PerfReason::PerfPenalty | PerfReason::PerfFloor))
+    }
+
     /// When the next shift period starts.
     pub fn next_due(&self) -> Option<Instant> {
         self.shifts.values().map(|s| s.next).min()

@@ -1,0 +1,538 @@
+//! Control plane: commit- and capacity-aware steering, the second modifier of the
+//! policy weights (after performance steering, before health failover and drains,
+//! which always win).
+//!
+//! ```text
+//! POST /v1/usage ─▶ Ledger: a record per (CDN, start), idempotent (ledger.rs)
+//! every `commit.shift_period_seconds` of a name:
+//!   Ledger::usage (month so far, recent rate, samples) ─▶ bias::bias per CDN
+//!   (±max_bias_points, max_shift_points per period, dead band, burst budget, capacity)
+//! Perf::apply(policy) ─▶ Commit::apply: bias::apply per region ─▶ planner
+//! ```
+//!
+//! The same [`Commit`] (configure, record, evaluate, apply) drives the live server
+//! and `steerdns simulate` (`simulate.rs`), which replays a month of five-minute
+//! demand through it at full speed.
+
+pub mod bias;
+pub mod demand;
+pub mod ledger;
+pub mod month;
+pub mod page;
+pub mod poll;
+pub mod simulate;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::contract::{CommitSettings, Contract};
+use crate::config::Policy;
+use crate::control::perf::modifier::{policy_shares, weights_of};
+use bias::{Bias, Facts};
+use ledger::{Ledger, Record, Taken};
+use month::Month;
+
+/// At most this many shares are remembered per CDN (one per evaluation).
+const HISTORY: usize = 2048;
+
+/// One CDN of a name with a contract or a capacity.
+#[derive(Clone, Debug)]
+struct CdnCommit {
+    name: String,
+    contract: Option<Contract>,
+    capacity_mbps: Option<f64>,
+    bias: Bias,
+    /// (time, share in force from then), one per evaluation.
+    history: VecDeque<(u64, f64)>,
+    /// At the last evaluation: its share before the bias and in force.
+    base: f64,
+    share: f64,
+}
+
+impl CdnCommit {
+    fn share_at(&self, ms: u64) -> f64 {
+        self.history
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= ms)
+            .map_or(self.share, |&(_, s)| s)
+    }
+
+    fn share_since(&self, from_ms: u64) -> f64 {
+        let recent: Vec<f64> = self
+            .history
+            .iter()
+            .filter(|(t, _)| *t >= from_ms)
+            .map(|&(_, s)| s)
+            .collect();
+        if recent.is_empty() {
+            self.share
+        } else {
+            recent.iter().sum::<f64>() / recent.len() as f64
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct HostCommit {
+    settings: CommitSettings,
+    cdns: Vec<CdnCommit>,
+    /// The next evaluation, Unix ms.
+    next_ms: u64,
+}
+
+/// The commit modifier: the ledger and each name's biases.
+#[derive(Clone, Debug, Default)]
+pub struct Commit {
+    pub ledger: Ledger,
+    hosts: BTreeMap<String, HostCommit>,
+}
+
+/// What is saved across restarts: the ledger and the biases in force.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SavedCommit {
+    pub ledger: Ledger,
+    /// By name, then CDN.
+    pub biases: BTreeMap<String, BTreeMap<String, Bias>>,
+}
+
+/// A usage record as `POST /v1/usage` takes it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageIn {
+    pub cdn: String,
+    /// RFC 3339.
+    pub start: String,
+    pub seconds: f64,
+    pub bytes: Option<f64>,
+    pub mbps: Option<f64>,
+}
+
+impl UsageIn {
+    /// Checked: (cdn, start in Unix ms, record); `Err` says what is wrong.
+    pub fn check(&self) -> Result<(String, u64, Record), String> {
+        let start = humantime::parse_rfc3339(&self.start)
+            .map_err(|e| {
+                format!(
+                    "start `{}`: {e} (RFC 3339, e.g. 2026-12-01T10:00:00Z)",
+                    self.start
+                )
+            })?
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| format!("start `{}` is before 1970", self.start))?
+            .as_millis() as u64;
+        if start > crate::control::times::MAX_TIME_MS {
+            return Err(format!("start `{}` is after 9999", self.start));
+        }
+        if !(self.seconds.is_finite() && self.seconds >= 1.0 && self.seconds <= 86_400.0)
+            || self.seconds.fract() != 0.0
+        {
+            return Err(format!(
+                "seconds {} is not a whole 1 to 86400",
+                self.seconds
+            ));
+        }
+        let seconds = self.seconds as u32;
+        let bytes = match (self.bytes, self.mbps) {
+            (Some(b), None) if b.is_finite() && (0.0..=1e18).contains(&b) => b,
+            (None, Some(m)) if m.is_finite() && (0.0..=1e9).contains(&m) => {
+                m * 1e6 / 8.0 * f64::from(seconds)
+            }
+            (Some(_), Some(_)) => return Err("give `bytes` or `mbps`, not both".into()),
+            (None, None) => return Err("missing `bytes` (or `mbps`)".into()),
+            (Some(b), None) => return Err(format!("bytes {b} is not 0 to 1e18")),
+            (None, Some(m)) => return Err(format!("mbps {m} is not 0 to 1e9")),
+        };
+        if self.cdn.is_empty() || self.cdn.len() > 64 {
+            return Err("`cdn` must be 1 to 64 characters".into());
+        }
+        Ok((self.cdn.clone(), start, Record { seconds, bytes }))
+    }
+}
+
+/// One CDN's contract state, for `/v1/state`, `explain`, metrics and the status page.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CdnView {
+    pub name: String,
+    pub cdn: String,
+    pub billing: Option<&'static str>,
+    /// In the contract's unit (GB, or Mbit/s for p95).
+    pub commit: Option<f64>,
+    pub cap: Option<f64>,
+    pub capacity_mbps: Option<f64>,
+    pub month_to_date_bytes: f64,
+    pub projection_bytes: Option<f64>,
+    /// p95 billing: the month's 95th percentile so far and the samples above the cap.
+    pub p95_mbps: Option<f64>,
+    pub samples_above_cap: Option<u64>,
+    pub burst_budget_left: Option<i64>,
+    /// The latest record's rate.
+    pub rate_mbps: Option<f64>,
+    pub bias_points: f64,
+    pub floored: bool,
+    pub reason: &'static str,
+    /// Mean share of the regions it serves: before the bias, and in force.
+    pub base_share: f64,
+    pub share: f64,
+}
+
+/// One line of `explain` for a CDN with a contract or a capacity.
+pub fn explain_line(f: &mut std::fmt::Formatter, c: &CdnView) -> std::fmt::Result {
+    let gb = |b: f64| b / 1e9;
+    write!(
+        f,
+        "commit:  {} {}: {:.1} GB month to date",
+        c.cdn,
+        c.billing.unwrap_or("capacity only"),
+        gb(c.month_to_date_bytes)
+    )?;
+    if let Some(p) = c.projection_bytes {
+        write!(f, ", projected {:.1} GB", gb(p))?;
+    }
+    if let (Some(commit), Some(cap)) = (c.commit, c.cap) {
+        write!(f, " (commit {commit}, cap {cap})")?;
+    }
+    if let Some(left) = c.burst_budget_left {
+        write!(f, ", burst budget left {left} samples")?;
+    }
+    if let Some(cap) = c.capacity_mbps {
+        write!(f, ", capacity {cap} Mbit/s")?;
+    }
+    writeln!(
+        f,
+        "; bias {:+.2} points{} ({})",
+        c.bias_points,
+        if c.floored { ", at the floor" } else { "" },
+        c.reason
+    )
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// Whether CDN `cdn` of region `region` of `name` is outside its performance band
+/// (what performance steering says); the commit modifier never raises it.
+pub type OutsideBand<'a> = &'a dyn Fn(&str, usize, usize) -> bool;
+
+impl Commit {
+    /// Follows a (re)loaded policy: names with a contract or a capacity get a
+    /// controller; the bias of a CDN whose contract and capacity are unchanged goes on.
+    pub fn configure(&mut self, policy: &Policy, now_ms: u64) {
+        let mut old = std::mem::take(&mut self.hosts);
+        for host in &policy.hosts {
+            if !host
+                .cdns
+                .iter()
+                .any(|c| c.contract.is_some() || c.capacity_mbps.is_some())
+            {
+                continue;
+            }
+            let name = host.name.to_string();
+            let prev = old.remove(&name);
+            let cdns = host
+                .cdns
+                .iter()
+                .map(|c| {
+                    let kept = prev.as_ref().and_then(|p| {
+                        p.cdns.iter().find(|o| {
+                            o.name == c.name
+                                && o.contract == c.contract
+                                && o.capacity_mbps == c.capacity_mbps
+                        })
+                    });
+                    match kept {
+                        Some(k) => k.clone(),
+                        None => CdnCommit {
+                            name: c.name.clone(),
+                            contract: c.contract,
+                            capacity_mbps: c.capacity_mbps,
+                            bias: Bias::default(),
+                            history: VecDeque::new(),
+                            base: 0.0,
+                            share: 0.0,
+                        },
+                    }
+                })
+                .collect();
+            let next_ms = match prev {
+                Some(p) if p.settings == host.commit => p.next_ms,
+                _ => now_ms + host.commit.shift_period.as_millis() as u64,
+            };
+            self.hosts.insert(
+                name,
+                HostCommit {
+                    settings: host.commit.clone(),
+                    cdns,
+                    next_ms,
+                },
+            );
+        }
+    }
+
+    /// Takes a usage record; `Err` when no steered name has that CDN.
+    pub fn record(
+        &mut self,
+        policy: &Policy,
+        cdn: &str,
+        start_ms: u64,
+        r: Record,
+    ) -> Result<Taken, String> {
+        if !policy
+            .hosts
+            .iter()
+            .any(|h| h.cdns.iter().any(|c| c.name == cdn))
+        {
+            return Err(format!("unknown CDN `{cdn}`"));
+        }
+        Ok(self.ledger.record(cdn, start_ms, r))
+    }
+
+    /// When the next evaluation is due (Unix ms).
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.hosts.values().map(|h| h.next_ms).min()
+    }
+
+    /// Evaluates every name due at `now_ms` against `base` (the policy after the
+    /// modifiers before this one). True when a bias changed.
+    pub fn evaluate(&mut self, base: &Policy, outside: OutsideBand, now_ms: u64) -> bool {
+        self.ledger.prune(now_ms);
+        let month = Month::of(now_ms);
+        let mut changed = false;
+        for host in &base.hosts {
+            let name = host.name.to_string();
+            let Some(h) = self.hosts.get_mut(&name) else {
+                continue;
+            };
+            if h.next_ms > now_ms || h.cdns.len() != host.cdns.len() {
+                continue;
+            }
+            let (base_mean, share_mean, may_raise) =
+                means(host, &h.cdns, h.settings.floor_percent, outside, &name);
+            let period_ms = h.settings.shift_period.as_millis() as u64;
+            for (i, c) in h.cdns.iter_mut().enumerate() {
+                c.base = base_mean[i];
+                c.share = share_mean[i];
+                let usage = self.ledger.usage(&c.name, now_ms);
+                let then = usage.last.map_or(c.share, |(t, _)| c.share_at(t));
+                let peak = usage
+                    .recent
+                    .iter()
+                    .map(|&(t, m)| {
+                        let at = c.share_at(t);
+                        if at > 0.0 {
+                            m * c.share / at
+                        } else {
+                            m
+                        }
+                    })
+                    .reduce(f64::max);
+                let facts = Facts {
+                    contract: c.contract,
+                    capacity_mbps: c.capacity_mbps,
+                    usage: &usage,
+                    month,
+                    now_ms,
+                    share: c.share,
+                    base: c.base,
+                    share_then: then,
+                    share_recent: c.share_since(now_ms.saturating_sub(ledger::RECENT_MS)),
+                    peak_mbps: peak,
+                    may_raise: may_raise[i],
+                    period_ms,
+                };
+                let next = bias::bias(&h.settings, c.bias, &facts);
+                if next.points != c.bias.points || next.floored != c.bias.floored {
+                    changed = true;
+                    tracing::info!(name = %name, cdn = %c.name, from = c.bias.points, to = next.points, floored = next.floored, reason = next.reason.as_str(), "commit bias");
+                }
+                c.bias = next;
+            }
+            // The shares in force from now, remembered to scale rates measured then.
+            let (_, share_mean, _) = means(host, &h.cdns, h.settings.floor_percent, outside, &name);
+            for (c, s) in h.cdns.iter_mut().zip(share_mean) {
+                c.share = s;
+                c.history.push_back((now_ms, s));
+                while c.history.len() > HISTORY {
+                    c.history.pop_front();
+                }
+            }
+            h.next_ms = (h.next_ms + period_ms).max(now_ms);
+        }
+        changed
+    }
+
+    /// `base` with every biased region's weights replaced; `None` when no bias is in
+    /// force (the policy applies as it came).
+    pub fn apply(&self, base: &Policy, outside: OutsideBand) -> Option<Policy> {
+        let active = self.hosts.values().any(|h| {
+            h.cdns
+                .iter()
+                .any(|c| c.bias.floored || c.bias.points != 0.0)
+        });
+        if !active {
+            return None;
+        }
+        let mut out = base.clone();
+        for host in &mut out.hosts {
+            let name = host.name.to_string();
+            let Some(h) = self.hosts.get(&name) else {
+                continue;
+            };
+            if h.cdns.len() != host.cdns.len() {
+                continue;
+            }
+            let biases: Vec<Bias> = h.cdns.iter().map(|c| c.bias).collect();
+            for (r, region) in host.regions.iter_mut().enumerate() {
+                let shares = policy_shares(&region.weights);
+                let raise: Vec<bool> = (0..shares.len()).map(|i| !outside(&name, r, i)).collect();
+                let biased = bias::apply(&shares, &biases, h.settings.floor_percent, &raise);
+                region.weights = weights_of(&biased);
+            }
+        }
+        Some(out)
+    }
+
+    /// The state of every CDN with a contract or a capacity, at `now_ms`.
+    pub fn view(&self, now_ms: u64) -> Vec<CdnView> {
+        let month = Month::of(now_ms);
+        let mut out = Vec::new();
+        for (name, h) in &self.hosts {
+            for c in &h.cdns {
+                let u = self.ledger.usage(&c.name, now_ms);
+                let (p95, above, left) = match c.contract {
+                    Some(Contract::P95Mbps { cap_mbps, .. }) => {
+                        let above = u.above(cap_mbps);
+                        (
+                            u.p95(),
+                            Some(above),
+                            Some(month.burst_allowance() as i64 - above as i64),
+                        )
+                    }
+                    _ => (None, None, None),
+                };
+                out.push(CdnView {
+                    name: name.clone(),
+                    cdn: c.name.clone(),
+                    billing: c.contract.map(|k| k.billing()),
+                    commit: c.contract.map(|k| k.bounds().0),
+                    cap: c.contract.map(|k| k.bounds().1),
+                    capacity_mbps: c.capacity_mbps,
+                    month_to_date_bytes: u.bytes,
+                    projection_bytes: u.projection(&month),
+                    p95_mbps: p95.map(round2),
+                    samples_above_cap: above,
+                    burst_budget_left: left,
+                    rate_mbps: u.last.map(|(_, m)| round2(m)),
+                    bias_points: round2(c.bias.points),
+                    floored: c.bias.floored,
+                    reason: c.bias.reason.as_str(),
+                    base_share: round2(c.base),
+                    share: round2(c.share),
+                });
+            }
+        }
+        out
+    }
+
+    /// The view of one name's CDNs (`explain`).
+    pub fn name_view(&self, name: &str, now_ms: u64) -> Vec<CdnView> {
+        self.view(now_ms)
+            .into_iter()
+            .filter(|v| v.name.eq_ignore_ascii_case(name))
+            .collect()
+    }
+
+    /// The biases in force of `name`'s CDNs (empty: no contract or capacity there).
+    pub fn biases(&self, name: &str) -> Vec<Bias> {
+        self.hosts
+            .get(name)
+            .map(|h| h.cdns.iter().map(|c| c.bias).collect())
+            .unwrap_or_default()
+    }
+
+    /// What is saved.
+    pub fn saved(&self) -> SavedCommit {
+        SavedCommit {
+            ledger: self.ledger.clone(),
+            biases: self
+                .hosts
+                .iter()
+                .map(|(n, h)| {
+                    (
+                        n.clone(),
+                        h.cdns.iter().map(|c| (c.name.clone(), c.bias)).collect(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Takes back what was saved (after [`Commit::configure`]): the ledger, and the
+    /// biases of the CDNs still configured.
+    pub fn restore(&mut self, saved: &SavedCommit) {
+        self.ledger = saved.ledger.clone();
+        for (name, biases) in &saved.biases {
+            let Some(h) = self.hosts.get_mut(name) else {
+                continue;
+            };
+            for c in &mut h.cdns {
+                if let Some(b) = biases.get(&c.name) {
+                    c.bias = *b;
+                }
+            }
+        }
+    }
+
+    /// Sets the commit gauges (`steerdns_commit_*`).
+    pub fn export(&self, metrics: &crate::metrics::Metrics, now_ms: u64) {
+        for v in self.view(now_ms) {
+            metrics.commit_cdn(
+                &v.name,
+                &v.cdn,
+                v.month_to_date_bytes,
+                v.projection_bytes,
+                v.burst_budget_left,
+                v.bias_points,
+                v.reason,
+            );
+        }
+    }
+}
+
+/// Each CDN's mean share over the regions it serves: before the bias (`host`'s
+/// weights), and with the biases in force; and whether it may be raised (within its
+/// performance band in every region it serves).
+fn means(
+    host: &crate::config::HostPolicy,
+    cdns: &[CdnCommit],
+    floor: f64,
+    outside: OutsideBand,
+    name: &str,
+) -> (Vec<f64>, Vec<f64>, Vec<bool>) {
+    let n = host.cdns.len();
+    let biases: Vec<Bias> = cdns.iter().map(|c| c.bias).collect();
+    let (mut base, mut now, mut count) = (vec![0.0; n], vec![0.0; n], vec![0usize; n]);
+    let mut raise = vec![true; n];
+    for (r, region) in host.regions.iter().enumerate() {
+        let shares = policy_shares(&region.weights);
+        let flags: Vec<bool> = (0..n).map(|i| !outside(name, r, i)).collect();
+        let biased = bias::apply(&shares, &biases, floor, &flags);
+        for i in 0..n {
+            if shares[i] > 0.0 {
+                base[i] += shares[i];
+                now[i] += biased[i];
+                count[i] += 1;
+                raise[i] &= flags[i];
+            }
+        }
+    }
+    for i in 0..n {
+        if count[i] > 0 {
+            base[i] /= count[i] as f64;
+            now[i] /= count[i] as f64;
+        }
+    }
+    (base, now, raise)
+}

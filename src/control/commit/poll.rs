@@ -1,0 +1,103 @@
+//! Control plane: usage records pulled from a URL (`serve --usage-url`), every
+//! `--usage-poll-ms` (30 s by default): the answer is what `POST /v1/usage` takes (one
+//! record or an array), at most 4 MiB. Records are idempotent per (CDN, start), so a
+//! feed may return the same window every time; a wrong record is skipped and logged,
+//! records of a CDN no steered name has are skipped and counted.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::UsageIn;
+use crate::control::command::Command;
+
+/// The largest answer read.
+const MAX_BYTES: usize = 4 << 20;
+
+/// Polls `url` every `every` until `stop`, handing the records to the controller.
+pub fn spawn(
+    url: reqwest::Url,
+    every: Duration,
+    commands: mpsc::Sender<Command>,
+    stop: CancellationToken,
+) {
+    let Ok(client) = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(every.clamp(Duration::from_secs(1), Duration::from_secs(10)))
+        .build()
+    else {
+        tracing::error!("cannot build the HTTP client for --usage-url");
+        return;
+    };
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let records = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = fetch(&client, url.clone()) => r,
+            };
+            let records = match records {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(url = %url, error = %e, "usage feed not read");
+                    continue;
+                }
+            };
+            if records.is_empty() {
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            if commands
+                .send(Command::Usage(records, false, tx))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            match rx.await {
+                Ok(Ok(taken)) => tracing::debug!(url = %url, ?taken, "usage feed read"),
+                Ok(Err(e)) => tracing::warn!(url = %url, error = %e, "usage feed refused"),
+                Err(_) => return,
+            }
+        }
+    });
+}
+
+type Checked = Vec<(String, u64, super::ledger::Record)>;
+
+/// The feed's records, the wrong ones skipped (and logged).
+async fn fetch(client: &reqwest::Client, url: reqwest::Url) -> Result<Checked, String> {
+    let mut resp = client.get(url).send().await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("status {}", resp.status()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_BYTES {
+            return Err("answer over 4 MiB".into());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    let items = match value {
+        serde_json::Value::Array(a) => a,
+        one => vec![one],
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        match serde_json::from_value::<UsageIn>(item)
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.check())
+        {
+            Ok(c) => out.push(c),
+            Err(e) => tracing::warn!(record = i, error = %e, "usage feed: record skipped"),
+        }
+    }
+    Ok(out)
+}
