@@ -26,7 +26,7 @@
 #   make_tmp NAME               $TMP = a new /tmp/steerdns-NAME.XXXXXX
 #   track PID... / stop PID     stop PID on exit / stop PID now
 #   build_release               $STEERDNS_BIN, or cargo build --release (CARGO_TARGET_DIR)
-#   free_port                   an unused loopback TCP port
+#   free_port                   an unused loopback port (TCP and UDP), below the ephemeral range
 #   wait_for_dns [-p PID] [-t SECONDS] PORT [ADDR [NAME [TYPE]]]
 #   start_cdn NAME DIR [ADDR [PORT]]   a python http.server stand-in CDN; $CDN_PORT[NAME]
 #   internet_prefixes           prefixes over the whole Internet, for benches/queries.py
@@ -178,10 +178,39 @@ build_release() {
     [[ -x $STEERDNS_BIN ]] || die "cargo built no $STEERDNS_BIN"
 }
 
-# free_port: prints a TCP port on 127.0.0.1 that nothing listened on a moment ago (the
-# kernel's choice for port 0; UDP on the same number is free in practice).
+# free_port: prints a port on 127.0.0.1 that binds for both TCP and UDP, below the
+# kernel's ephemeral range (an outgoing connection or a resolver's query cannot take it
+# between this and the server's bind, as happened once to the soak test in CI: "Address
+# already in use"), and not handed out before by this script ($TMP/.ports, once TMP is set).
 free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+    python3 - "${TMP:+$TMP/.ports}" <<'PY'
+import random, socket, sys
+taken_file = sys.argv[1]
+taken = set()
+if taken_file:
+    try:
+        taken = set(open(taken_file).read().split())
+    except OSError:
+        pass
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(1000):
+    port = random.randrange(10000, max(low, 10001))
+    if str(port) in taken:
+        continue
+    try:
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            with socket.socket(socket.AF_INET, kind) as s:
+                s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    if taken_file:
+        with open(taken_file, "a") as f:
+            f.write(f"{port}\n")
+    print(port)
+    break
+else:
+    sys.exit("free_port: no free port below the ephemeral range")
+PY
 }
 
 # wait_for_dns [-p PID] [-t SECONDS] PORT [ADDR [NAME [TYPE]]]: waits until ADDR:PORT

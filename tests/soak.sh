@@ -105,7 +105,40 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# free_port (as scripts/lib.sh's): a port on 127.0.0.1 that binds for both TCP and UDP, below the kernel's
+# ephemeral range (an outgoing connection or a resolver's query cannot take it between
+# this and the server's bind, as happened once to the soak test in CI: "Address already
+# in use"), and not handed out before by this script (kept in $TMP/.ports when TMP is set).
+free_port() {
+    python3 - "${TMP:+$TMP/.ports}" <<'PY'
+import random, socket, sys
+taken_file = sys.argv[1]
+taken = set()
+if taken_file:
+    try:
+        taken = set(open(taken_file).read().split())
+    except OSError:
+        pass
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(1000):
+    port = random.randrange(10000, max(low, 10001))
+    if str(port) in taken:
+        continue
+    try:
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            with socket.socket(socket.AF_INET, kind) as s:
+                s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    if taken_file:
+        with open(taken_file, "a") as f:
+            f.write(f"{port}\n")
+    print(port)
+    break
+else:
+    sys.exit("free_port: no free port below the ephemeral range")
+PY
+}
 FASTLY_PORT=$(free_port) CLOUDFLARE_PORT=$(free_port) DNS_PORT=$(free_port) API_PORT=$(free_port)
 # A second DNS port of the same server for everything over UDP but dnsperf (the dig
 # checks and the hostile garbage): the drops on DNS_PORT are then dnsperf's own.
