@@ -385,6 +385,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         opts.reload_poll,
         reload_tx,
         stop.clone(),
+        loaded.geo_cache.clone(),
     );
     let writers = controller.writers();
     tokio::spawn(controller.run(dns.live().clone(), reload_rx, command_rx, stop.clone()));

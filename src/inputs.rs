@@ -6,6 +6,7 @@
 //! returns a [`Loaded`] with a short version hash of the files. The planner
 //! (`control::planner`) turns a `Loaded` into the snapshot the data plane serves.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -59,6 +60,9 @@ pub struct Loaded {
     pub dnssec: Option<Arc<Dnssec>>,
     /// A short hash of every input file: which configuration this is.
     pub version: String,
+    /// The geo database with the file stamps it was read at, for the reloads to start
+    /// from: the first policy edit after start then does not read the database again.
+    pub geo_cache: GeoCache,
     /// Warnings from every file (the load succeeded).
     pub warnings: Issues,
 }
@@ -72,7 +76,7 @@ pub fn load(inputs: &Inputs) -> Result<Loaded, Issues> {
 /// The geo database last loaded, reused while its file keeps its path, size and
 /// modification time: a policy edit then does not re-read and re-walk megabytes of
 /// database (nor churn that much memory) on every reload.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct GeoCache(Option<(Stamps, Arc<GeoDb>)>);
 
 /// Path, size and modification time of the geo database and of the ASN database.
@@ -186,6 +190,7 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
         probes,
         tokens,
         version: version(inputs),
+        geo_cache: cache.clone(),
         warnings: issues,
     })
 }
@@ -222,11 +227,27 @@ pub fn fingerprint(inputs: &Inputs) -> Fingerprint {
 /// configuration is loaded.
 pub fn version(inputs: &Inputs) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (path, _, _) in fingerprint(inputs) {
-        let bytes = std::fs::read(&path).unwrap_or_default();
-        for b in path_bytes(&path).iter().chain(&bytes) {
+    let mut add = |bytes: &[u8]| {
+        for b in bytes {
             hash ^= u64::from(*b);
             hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    // The files are read in pieces: a whole geo database (8 MB) read into memory on
+    // every reload was the largest allocation of a policy edit.
+    let mut piece = vec![0; 64 << 10];
+    for (path, _, _) in fingerprint(inputs) {
+        add(&path_bytes(&path));
+        let Ok(mut file) = std::fs::File::open(&path) else {
+            continue;
+        };
+        loop {
+            match file.read(&mut piece) {
+                Ok(0) => break,
+                Ok(n) => add(&piece[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
         }
     }
     format!("{hash:016x}")

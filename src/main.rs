@@ -6,8 +6,23 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Before the runtime starts its threads: see `huge::tune_allocator`.
+    steerdns::huge::tune_allocator();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("steerdns: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run())
+}
+
+async fn run() -> ExitCode {
     // hickory logs every request at INFO, which costs a quarter of the throughput; and
     // its Catalog warns on every signed positive answer ("unexpected lookup skip": it
     // looks for a wildcard proof that NSEC zones need only for wildcard answers).

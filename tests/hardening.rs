@@ -516,6 +516,20 @@ async fn the_answer_cache_keeps_to_its_byte_budget() {
         ));
     }
     assert!(stored > 4 * BUDGET, "only {stored} bytes of answers");
+    // The cache does not hold its snapshot: a UDP thread that goes idle after a reload
+    // must not keep the replaced plan alive (each one pinned a plan in the soak).
+    let fresh = srv.running.live().load_full();
+    let held = Arc::strong_count(&fresh);
+    let mut idle = AnswerCache::new(BUDGET);
+    let packet = query("idle.nx.example.com.", RecordType::A)
+        .to_vec()
+        .unwrap();
+    let _ = idle.lookup(&fresh, &packet, &mut out, &mut stripped);
+    assert_eq!(
+        Arc::strong_count(&fresh),
+        held,
+        "the answer cache holds a strong reference to its snapshot"
+    );
     // A budget of 0 caches nothing.
     let mut none = AnswerCache::new(0);
     let packet = query("www2.nx.example.com.", RecordType::A)

@@ -35,13 +35,20 @@ pub struct Reloaded {
     pub result: Result<Loaded, Issues>,
 }
 
-/// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`.
-pub fn spawn(inputs: Inputs, poll: Duration, out: mpsc::Sender<Reloaded>, stop: CancellationToken) {
+/// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`; reuses
+/// the geo database of `geo` (the startup load's) while its files are unchanged.
+pub fn spawn(
+    inputs: Inputs,
+    poll: Duration,
+    out: mpsc::Sender<Reloaded>,
+    stop: CancellationToken,
+    geo: inputs::GeoCache,
+) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let mut seen = fingerprint(&inputs);
-        let cache = Arc::new(std::sync::Mutex::new(inputs::GeoCache::default()));
+        let cache = Arc::new(std::sync::Mutex::new(geo));
         loop {
             let tick = async {
                 if poll.is_zero() {

@@ -18,7 +18,7 @@
 //! compares cached answers with the full path's (called in-process).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::edns::MAX_UDP_PAYLOAD;
 use super::wire::{self, Query};
@@ -32,9 +32,11 @@ pub const DEFAULT_BUDGET: usize = 16 << 20;
 const ENTRY_OVERHEAD: usize = 64;
 
 pub struct AnswerCache {
-    /// The snapshot the entries were answered from, held so that its address cannot be
-    /// reused by a newer one while the entries live.
-    snapshot: Option<Arc<Snapshot>>,
+    /// The snapshot the entries were answered from, held weakly: its allocation (not
+    /// its plan and zones) stays, so that its address cannot be reused by a newer one
+    /// while the entries live. A strong hold kept every idle thread's last snapshot
+    /// alive, one plan each, long after a reload had replaced it.
+    snapshot: Option<Weak<Snapshot>>,
     entries: HashMap<Box<[u8]>, Box<[u8]>>,
     key: Vec<u8>,
     /// Bytes the entries may take ([`AnswerCache::cost`]); the cache starts over past it.
@@ -100,9 +102,13 @@ impl AnswerCache {
         out: &mut Vec<u8>,
         stripped: &mut Vec<u8>,
     ) -> Lookup<'q> {
-        if !self.snapshot.as_ref().is_some_and(|s| Arc::ptr_eq(s, snap)) {
+        if !self
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| std::ptr::eq(s.as_ptr(), Arc::as_ptr(snap)))
+        {
             self.start_over();
-            self.snapshot = Some(snap.clone());
+            self.snapshot = Some(Arc::downgrade(snap));
         }
         let mut lower = [0u8; 255];
         let Some((query, name_len)) = wire::parse(packet, &mut lower) else {

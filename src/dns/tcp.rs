@@ -167,7 +167,7 @@ async fn answer_all(
             Ok(Ok(_)) => {}
         }
         // Every whole message read so far, answered in order.
-        let snap = handler.live().load_full();
+        let mut snap = handler.live().load_full();
         let now = crate::selection::unix_now();
         let mut at = 0;
         let mut end = None;
@@ -188,10 +188,14 @@ async fn answer_all(
                 break;
             };
             if output.len() + 2 + reply.len() > OUTPUT_BUDGET {
-                // Taken by the client before more is answered.
+                // Taken by the client before more is answered; a client that reads slowly
+                // must not hold a replaced snapshot (a whole plan) alive meanwhile, so the
+                // rest is answered from the one live after the wait.
+                drop(snap);
                 if let Err(reason) = flush(&mut stream, &mut output, limits.idle_timeout).await {
                     return reason;
                 }
+                snap = handler.live().load_full();
             }
             output.extend_from_slice(&len.to_be_bytes());
             output.extend_from_slice(&reply);
