@@ -47,14 +47,11 @@
 # traffic ran, and the server's metrics show it at work (connections over the
 # per-source limit closed at accept, slowloris connections closed as idle). Traffic goes to 127.0.0.1
 # only; every process it starts is stopped on exit.
-set -euo pipefail
-
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REPO=$PWD
-if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
-    # shellcheck disable=SC1091
-    . "$HOME/.cargo/env"
-fi
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+strict_mode
+script_init soak
 
 DURATION=${DURATION:-60}
 HOSTILE=${HOSTILE:-1}
@@ -71,74 +68,13 @@ MIN_EACH=$((TOTAL / 4 > 0 ? TOTAL / 4 : 1))
 # The mock CDN flips TOTAL/FLIP_EVERY times; each flip should move fastly up or down.
 MIN_TRANSITIONS=$((TOTAL / FLIP_EVERY / 2 > 0 ? TOTAL / FLIP_EVERY / 2 : 1))
 
-log() { echo "soak: $*"; }
-die() { echo "soak: $*" >&2; exit 1; }
-
 # --- prerequisites -------------------------------------------------------------------
-missing=()
-command -v dnsperf >/dev/null || missing+=(dnsperf)
-command -v dig >/dev/null || missing+=(dnsutils)
-command -v curl >/dev/null || missing+=(curl)
-command -v python3 >/dev/null || missing+=(python3)
-if ((${#missing[@]})); then
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q "${missing[@]}" </dev/null >&2 ||
-        { apt-get update -q </dev/null >&2 && apt-get install -y -q "${missing[@]}" </dev/null >&2; }
-fi
-if [[ -z ${STEERDNS_BIN:-} ]]; then
-    cargo build --release --quiet || die "build failed"
-    STEERDNS_BIN=$REPO/target/release/steerdns
-fi
-[[ -x $STEERDNS_BIN ]] || die "no $STEERDNS_BIN"
+install_missing dnsperf dig curl python3
+build_release
 VERSION=$(git describe --always --dirty 2>/dev/null || echo '?')
 
-# --- scratch dir, cleanup ------------------------------------------------------------
-TMP=$(mktemp -d /tmp/steerdns-soak.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [[ ${KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# free_port (as scripts/lib.sh's): a port on 127.0.0.1 that binds for both TCP and UDP, below the kernel's
-# ephemeral range (an outgoing connection or a resolver's query cannot take it between
-# this and the server's bind, as happened once to the soak test in CI: "Address already
-# in use"), and not handed out before by this script (kept in $TMP/.ports when TMP is set).
-free_port() {
-    python3 - "${TMP:+$TMP/.ports}" <<'PY'
-import random, socket, sys
-taken_file = sys.argv[1]
-taken = set()
-if taken_file:
-    try:
-        taken = set(open(taken_file).read().split())
-    except OSError:
-        pass
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(1000):
-    port = random.randrange(10000, max(low, 10001))
-    if str(port) in taken:
-        continue
-    try:
-        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
-            with socket.socket(socket.AF_INET, kind) as s:
-                s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    if taken_file:
-        with open(taken_file, "a") as f:
-            f.write(f"{port}\n")
-    print(port)
-    break
-else:
-    sys.exit("free_port: no free port below the ephemeral range")
-PY
-}
+# --- scratch dir and ports (stopped and removed on exit by scripts/lib.sh) ---------
+make_tmp soak
 FASTLY_PORT=$(free_port) CLOUDFLARE_PORT=$(free_port) DNS_PORT=$(free_port) API_PORT=$(free_port)
 # A second DNS port of the same server for everything over UDP but dnsperf (the dig
 # checks and the hostile garbage): the drops on DNS_PORT are then dnsperf's own.
@@ -149,9 +85,9 @@ for cdn in fastly cloudflare; do
     mkdir -p "$TMP/$cdn/_health" && cp probes/_health/v1.txt "$TMP/$cdn/_health/"
 done
 python3 -m http.server --bind 127.0.0.1 "$FASTLY_PORT" --directory "$TMP/fastly" >/dev/null 2>&1 &
-PIDS+=($!)
+track $!
 python3 -m http.server --bind 127.0.0.1 "$CLOUDFLARE_PORT" --directory "$TMP/cloudflare" >/dev/null 2>&1 &
-PIDS+=($!)
+track $!
 
 # --- inputs: policy, zone, geo database, probes, token -------------------------------
 S=$TMP/server
@@ -219,7 +155,7 @@ SERVER_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$REPO/g
 SERVER_ENV=(NO_COLOR=1)
 env "${SERVER_ENV[@]}" "$STEERDNS_BIN" "${SERVER_ARGS[@]}" >"$TMP/server.log" 2>&1 &
 SERVER_PID=$!
-PIDS+=("$SERVER_PID")
+track "$SERVER_PID"
 up=0
 for _ in $(seq 100); do
     if dig @127.0.0.1 -p "$DNS_PORT" +time=1 +tries=1 example.com SOA 2>/dev/null | grep -q 'status: NOERROR'; then
@@ -265,7 +201,6 @@ check_cnames() {
 }
 
 # --- helpers -------------------------------------------------------------------------
-rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status"; }
 metric() { # family{labels} -> value (0 if absent), from /metrics
     curl -sS --max-time 2 "http://127.0.0.1:$API_PORT/metrics" |
         awk -v m="$1" 'index($0, m " ") == 1 {v = $2} END {print v + 0}'
@@ -297,12 +232,12 @@ log "dnsperf -Q $QPS for $WARMUP s of warm-up + $DURATION s, $QUERIES queries (v
 dnsperf -s 127.0.0.1 -p "$DNS_PORT" -B -d "$TMP/mix.bin" -c 4 -q 50 -Q "$QPS" -l "$TOTAL" \
     >"$TMP/dnsperf.txt" 2>&1 &
 DNSPERF_PID=$!
-PIDS+=("$DNSPERF_PID")
+track "$DNSPERF_PID"
 
 if ((HOSTILE)); then
     python3 tests/hostile-traffic.py "$DNS_PORT" "$API_PORT" "$TOTAL" "$SIDE_PORT" >"$TMP/hostile.json" 2>"$TMP/hostile.log" &
     HOSTILE_PID=$!
-    PIDS+=("$HOSTILE_PID")
+    track "$HOSTILE_PID"
     log "hostile traffic alongside: TCP slowloris (127.66.0.1), UDP garbage (127.67.0.1), API flood (127.68.0.1)"
 fi
 tcp_ok=0 tcp_bad=0
@@ -355,7 +290,7 @@ for ((t = 1; t <= TOTAL; t++)); do
     # Sampled at the end of each tick, when this tick's reload (250 ms poll, then a load
     # of the policy, zones and the 8 MB geo database) is long over, so every sample is
     # taken at the same point of the churn.
-    rss=$(rss_kb)
+    rss=$(rss_kb "$SERVER_PID")
     echo "$t $rss" >>"$TMP/rss.txt"
     ((rss > rss_max)) && rss_max=$rss
     if ((t == WARMUP)); then
