@@ -249,11 +249,15 @@ fn the_demo_server_gives_back_what_its_load_freed() {
     // temporaries several times their size; what is freed goes back to the system.
     let dir = scratch("at-rest");
     let server = Binary::start(&dir, "geo/country.mmdb", &["--udp-sockets", "2"]);
-    let rss_mb = server.status_kb("VmRSS:") / 1024;
-    let peak_mb = server.status_kb("VmHWM:") / 1024;
+    // Issue 25's bounds: 40 MB at rest, 80 MB at the peak while loading (37.8 to 38.4
+    // and 64 to 65.5 MB measured on 2026-12-02; 40.8 at rest before the places went to
+    // 16 bits, 68.8 before the load's temporaries were given back).
+    let rss_kb = server.status_kb("VmRSS:");
+    let peak_kb = server.status_kb("VmHWM:");
+    eprintln!("at rest: VmRSS {rss_kb} kB, VmHWM {peak_kb} kB");
     assert!(
-        rss_mb < 60,
-        "{rss_mb} MB resident at rest (peak {peak_mb} MB while loading)"
+        rss_kb <= 40_000 && peak_kb <= 80_000,
+        "{rss_kb} kB resident at rest (bound 40,000), peak {peak_kb} kB while loading (bound 80,000)"
     );
 }
 
