@@ -46,6 +46,8 @@ struct SetUp {
     /// etcd authentication on with one user and role per member (ns1..ns3 nodes,
     /// agent1 an agent), as the README sets them up.
     member_roles: bool,
+    /// The policy of [`commit_policy`] instead (`a` behind its commit).
+    commit: bool,
 }
 
 async fn set_up(tag: &str, how: SetUp) -> Set {
@@ -63,7 +65,11 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
     let mut relays = Vec::new();
     for i in 0..3 {
         let dir = scratch(&format!("{tag}-ns{}", i + 1));
-        policy(&dir, "[50, 100]", how.step_seconds.max(0.5));
+        if how.commit {
+            commit_policy(&dir);
+        } else {
+            policy(&dir, "[50, 100]", how.step_seconds.max(0.5));
+        }
         let (ua, ub) = if how.no_cdns == Some(i) {
             (dead.url("/a"), dead.url("/b"))
         } else {
@@ -1391,4 +1397,165 @@ async fn every_node_appends_the_same_audit_chain() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// www.example.com with `a` behind a 200,000 GB commit at 30 % (`b` 70 %), evaluated
+/// every 0.5 s, by at most 10 points.
+fn commit_policy(dir: &std::path::Path) {
+    let text = "hostnames:
+  www.example.com:
+    ttl: 30
+    cdns:
+      a: { cname: a.cdn.test., contract: { billing: gb_month, commit_gb: 200000, cap_gb: 300000 } }
+      b: { cname: b.cdn.test. }
+    regions:
+      - match: [\"*\"]
+        weights: { a: 30, b: 70 }
+    commit: { max_shift_points: 10, shift_period_seconds: 0.5 }
+";
+    std::fs::write(dir.join("steering.yaml"), text).unwrap();
+}
+
+/// `a`'s commit state on a node.
+fn commit_of(s: &Value) -> Value {
+    s["commit"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["cdn"] == "a"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Usage records of `a` at `mbps` over the six hours before `now` (some may be of
+/// the month before: the ledger takes the rate from them), and the bytes of them
+/// in `now`'s month.
+fn usage_records(now: u64, mbps: f64) -> (Value, f64) {
+    let month = steerdns::control::commit::month::Month::of(now);
+    let last = now / 300_000 * 300_000;
+    let starts: Vec<u64> = (1..=72u64).map(|i| last - i * 300_000).collect();
+    let bytes = mbps * 1e6 / 8.0 * 300.0;
+    let in_month = starts.iter().filter(|&&t| t >= month.start_ms).count() as f64 * bytes;
+    let records = starts
+        .iter()
+        .map(|&t| json!({"cdn": "a", "start": steerdns::control::times::rfc3339(t), "seconds": 300, "mbps": mbps}))
+        .collect();
+    (Value::Array(records), in_month)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_posted_to_one_node_moves_every_nodes_commit_bias_as_one() {
+    if !require_etcd("usage_posted_to_one_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "usage",
+        SetUp {
+            commit: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    // ns3 cut off from etcd: failing static, it holds the biases in force and takes
+    // no usage (the set could not keep the same ledger).
+    for r in &set.relays[2] {
+        r.cut();
+    }
+    set.nodes[2]
+        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
+        .await;
+    let (records, in_month) = usage_records(unix_ms(), 300.0);
+    let (status, body) = set.nodes[2].post("/v1/usage", records.clone()).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("etcd unreachable"),
+        "{body}"
+    );
+
+    // Posted to ns1 alone: written for the set, idempotent there too.
+    let (status, body) = set.nodes[0].post("/v1/usage", records.clone()).await;
+    assert_eq!((status, body["added"].as_u64()), (200, Some(72)), "{body}");
+    let (_, body) = set.nodes[0].post("/v1/usage", records.clone()).await;
+    assert_eq!(
+        (body["added"].as_u64(), body["unchanged"].as_u64()),
+        (Some(0), Some(72)),
+        "{body}"
+    );
+    // Both connected nodes keep the same ledger and rise to the bias limit, the
+    // same evaluations, written once for the set.
+    for n in &set.nodes[..2] {
+        n.wait_for("a raised to its bias limit", |s| {
+            commit_of(s)["bias_points"].as_f64() == Some(30.0)
+        })
+        .await;
+    }
+    let docs: Vec<Value> = [set.nodes[0].state().await, set.nodes[1].state().await]
+        .iter()
+        .map(commit_of)
+        .collect();
+    for d in &docs {
+        let mtd = d["month_to_date_bytes"].as_f64().unwrap();
+        assert!((mtd - in_month).abs() < 1.0, "{d}");
+        assert_eq!(d["reason"], "commit_behind", "{d}");
+        let by = d["evaluated_by"].as_str().unwrap_or("");
+        assert!(by == "ns1" || by == "ns2", "{d}");
+        assert_eq!(d["evaluated_unix_ms"].as_u64().unwrap() % 500, 0, "{d}");
+    }
+    let (counts, _) = set.nodes[1].answers(400).await;
+    let a = *counts.get("a").unwrap_or(&0) as f64 / 4.0;
+    assert!(
+        a > 45.0,
+        "ns2 (never posted to) answers a {a} % (policy 30)"
+    );
+    // ns3 held: no usage, no bias.
+    let s = set.nodes[2].state().await;
+    assert_eq!(commit_of(&s)["bias_points"].as_f64(), Some(0.0), "{s:#}");
+    assert_eq!(commit_of(&s)["month_to_date_bytes"].as_f64(), Some(0.0));
+
+    // Back in touch, ns3 takes the set's ledger and biases as they are: straight to
+    // 30, never through 10 or 20 as evaluating on its own would (three periods).
+    for r in &set.relays[2] {
+        r.join();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = set.nodes[2].state().await;
+        let b = commit_of(&s)["bias_points"].as_f64().unwrap_or(-1.0);
+        assert!(b == 0.0 || b == 30.0, "ns3 went through {b}: {s:#}");
+        if b == 30.0 {
+            let mtd = commit_of(&s)["month_to_date_bytes"].as_f64().unwrap();
+            assert!((mtd - in_month).abs() < 1.0, "{s:#}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ns3 never took the set's bias: {s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A hand-written day that does not parse, or of another day, counts for nothing.
+    let before = set.nodes[0].state().await["cluster"]["refused_keys"]
+        .as_f64()
+        .unwrap_or(0.0);
+    put(
+        &set,
+        &format!("{PREFIX}usage/a/2020-13-01"),
+        &json!({"records": []}),
+    );
+    put(
+        &set,
+        &format!("{PREFIX}usage/a/2020-01-01"),
+        &json!({"records": [[1, 300, 1e9]]}),
+    );
+    set.nodes[0]
+        .wait_for("the two keys refused", |s| {
+            s["cluster"]["refused_keys"].as_f64() >= Some(before + 2.0)
+        })
+        .await;
+    let s = set.nodes[0].state().await;
+    let mtd = commit_of(&s)["month_to_date_bytes"].as_f64().unwrap();
+    assert!((mtd - in_month).abs() < 1.0, "{s:#}");
 }

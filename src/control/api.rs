@@ -680,9 +680,13 @@ async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Reply {
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("record {i}: {e}")),
         }
     }
+    use crate::control::command::UsageRefused;
     match ask(commands, |tx| Command::Usage(checked, true, tx)).await {
         Ok(Ok(taken)) => json_reply(StatusCode::OK, &taken),
-        Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e),
+        Ok(Err(e @ UsageRefused::Bad(_))) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Ok(Err(e @ UsageRefused::Unavailable(_))) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+        }
         Err(reply) => *reply,
     }
 }

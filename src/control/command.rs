@@ -36,9 +36,9 @@ pub enum Command {
     /// with what became of them. Strict (the API): none is taken when a CDN is
     /// unknown, and the answer says which; otherwise (the feed) those are skipped.
     Usage(
-        Vec<(String, u64, crate::control::commit::ledger::Record)>,
+        Vec<UsageRecord>,
         bool,
-        oneshot::Sender<Result<UsageTaken, String>>,
+        oneshot::Sender<Result<UsageTaken, UsageRefused>>,
     ),
     /// A page of the audit log: entries after this seq, at most this many.
     Audit(u64, usize, oneshot::Sender<Result<audit::Page, String>>),
@@ -53,6 +53,9 @@ pub enum Command {
     ),
 }
 
+/// A checked usage record: CDN, start (Unix ms), the record.
+pub type UsageRecord = (String, u64, crate::control::commit::ledger::Record);
+
 /// What became of the usage records of a `POST /v1/usage`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UsageTaken {
@@ -61,6 +64,17 @@ pub struct UsageTaken {
     pub unchanged: u64,
     /// Of a CDN no steered name has (the feed only).
     pub skipped: u64,
+}
+
+/// Why usage records were not taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UsageRefused {
+    /// Wrong on its own (an unknown CDN, a start too far ahead): 400.
+    #[error("{0}")]
+    Bad(String),
+    /// In a set: etcd cannot take them now (every node must keep the same ledger): 503.
+    #[error("etcd unreachable, the set cannot take usage now: {0}")]
+    Unavailable(String),
 }
 
 /// A freeze or resume: why, who, and of which tenant's names (`None`: every name).
@@ -125,4 +139,39 @@ pub fn audit_rule(r: &DrainRule) -> serde_json::Value {
 
 pub fn undrain_fields(r: &DrainRule, token: &Token) -> serde_json::Value {
     serde_json::json!({ "id": r.id, "name": r.name, "cdn": r.cdn, "author": token.name })
+}
+
+/// Usage records as the controller takes them: none starting more than a day ahead
+/// (they would only take the place of real ones: the ledger keeps a bounded number),
+/// and none of a CDN no steered name has. Strict (the API): either is an error that
+/// refuses them all; otherwise (the feed) those are left out and counted.
+pub fn admit_usage(
+    policy: &crate::config::Policy,
+    records: Vec<UsageRecord>,
+    strict: bool,
+    now_ms: u64,
+) -> Result<(Vec<UsageRecord>, u64), String> {
+    let latest = now_ms + 86_400_000;
+    let known = |cdn: &str| {
+        policy
+            .hosts
+            .iter()
+            .any(|h| h.cdns.iter().any(|c| c.name == cdn))
+    };
+    if strict {
+        if let Some((_, start, _)) = records.iter().find(|r| r.1 > latest) {
+            let at = crate::control::times::rfc3339(*start);
+            return Err(format!("start {at} is more than a day ahead"));
+        }
+        if let Some((cdn, _, _)) = records.iter().find(|r| !known(&r.0)) {
+            return Err(format!("unknown CDN `{cdn}`"));
+        }
+    }
+    let total = records.len();
+    let kept: Vec<UsageRecord> = records
+        .into_iter()
+        .filter(|r| r.1 <= latest && known(&r.0))
+        .collect();
+    let skipped = (total - kept.len()) as u64;
+    Ok((kept, skipped))
 }

@@ -28,7 +28,11 @@ use crate::control::api::ScopedTokens;
 use crate::control::audit::{self, Audit};
 use crate::control::cluster::node::{ClusterLink, Followed};
 use crate::control::cluster::Shared;
-use crate::control::command::{admit, audit_rule, may_undrain, undrain_fields, Command, Lever};
+use crate::control::command::{
+    admit, admit_usage, audit_rule, may_undrain, undrain_fields, Command, Lever, UsageRefused,
+    UsageTaken,
+};
+use crate::control::commit::ledger::Taken;
 use crate::control::commit::Commit;
 use crate::control::drains::{now_ms, DrainError};
 use crate::control::explain::{self, ExplainError, Explanation};
@@ -511,34 +515,25 @@ impl Controller {
                 self.reply(reply, Ok(()));
             }
             Command::Usage(records, strict, reply) => {
-                let mut taken = crate::control::command::UsageTaken::default();
-                // A record may not start more than a day ahead: it would only take the
-                // place of real ones (the ledger keeps a bounded number).
-                let latest = now_ms() + 86_400_000;
-                if strict {
-                    if let Some((_, start, _)) = records.iter().find(|r| r.1 > latest) {
-                        let at = crate::control::times::rfc3339(*start);
-                        let _ = reply.send(Err(format!("start {at} is more than a day ahead")));
+                let (records, skipped) = match admit_usage(policy, records, strict, now_ms()) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = reply.send(Err(UsageRefused::Bad(e)));
                         return;
                     }
+                };
+                if let Some(c) = self.cluster.as_mut() {
+                    return c.write_usage(records, skipped, reply);
                 }
-                let records: Vec<_> = records.into_iter().filter(|r| r.1 <= latest).collect();
-                for (cdn, _, _) in &records {
-                    if strict
-                        && !policy
-                            .hosts
-                            .iter()
-                            .any(|h| h.cdns.iter().any(|c| &c.name == cdn))
-                    {
-                        let _ = reply.send(Err(format!("unknown CDN `{cdn}`")));
-                        return;
-                    }
-                }
+                let mut taken = UsageTaken {
+                    skipped,
+                    ..UsageTaken::default()
+                };
                 for (cdn, start, r) in records {
                     match self.commit.record(policy, &cdn, start, r) {
-                        Ok(crate::control::commit::ledger::Taken::Added) => taken.added += 1,
-                        Ok(crate::control::commit::ledger::Taken::Replaced) => taken.replaced += 1,
-                        Ok(crate::control::commit::ledger::Taken::Same) => taken.unchanged += 1,
+                        Ok(Taken::Added) => taken.added += 1,
+                        Ok(Taken::Replaced) => taken.replaced += 1,
+                        Ok(Taken::Same) => taken.unchanged += 1,
                         Err(_) => taken.skipped += 1,
                     }
                 }
@@ -969,9 +964,44 @@ impl Controller {
         let base = modified.as_ref().unwrap_or(&self.loaded.policy);
         let perf = &self.perf;
         let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
-        let changed = self.commit.evaluate(base, &outside, now);
+        // In a set the biases are the set's: proposed here, put in force from etcd.
+        let changed = match self.cluster.as_mut() {
+            Some(c) => {
+                c.propose_commit(&mut self.commit, base, &outside, now);
+                false
+            }
+            None => self.commit.evaluate(base, &outside, now),
+        };
         self.commit.export(&self.metrics, now);
         changed
+    }
+
+    /// In a set: the usage records and commit biases the set holds, taken into the
+    /// ledger and put in force. `(a bias in force changed, anything new)`.
+    fn follow_commit(&mut self) -> (bool, bool) {
+        let Some(c) = self.cluster.as_mut() else {
+            return (false, false);
+        };
+        let took = c.follow_usage(&mut self.commit, &self.loaded.policy);
+        let newer = c.newer_biases(&self.commit);
+        let mut changed = false;
+        if !newer.is_empty() {
+            let modified = self.perf.apply(&self.loaded.policy);
+            let base = modified.as_ref().unwrap_or(&self.loaded.policy);
+            let perf = &self.perf;
+            let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
+            for (name, b) in &newer {
+                let biases: Vec<_> = b.biases.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                changed |=
+                    self.commit
+                        .adopt(base, &outside, name, b.at_unix_ms, Some(&b.node), &biases);
+            }
+        }
+        let new = took || !newer.is_empty();
+        if new {
+            self.commit.export(&self.metrics, now_ms());
+        }
+        (changed, new)
     }
 
     /// The `/v1/state` document for the state now.
@@ -1014,7 +1044,12 @@ impl Controller {
             return;
         };
         let audit = self.audit.as_ref();
-        match c.on_shared(shared, &mut self.state, &self.loaded, &self.metrics, audit) {
+        let followed = c.on_shared(shared, &mut self.state, &self.loaded, &self.metrics, audit);
+        let (biased, new) = self.follow_commit();
+        match followed {
+            Followed::Nothing | Followed::Shown if biased => self.publish(),
+            // New usage or an evaluation: saved (the ledger) and shown.
+            Followed::Nothing | Followed::Shown if new => self.persist(),
             Followed::Nothing => {}
             Followed::Shown => self.update_doc(),
             Followed::Applied(pending) => {

@@ -237,6 +237,8 @@ impl EtcdSet {
                 // `freeze` and the tenants' `freeze/{tenant}`.
                 grant("readwrite", &format!("{prefix}freeze"));
                 grant("readwrite", &format!("{prefix}audit/{name}/"));
+                grant("readwrite", &format!("{prefix}usage/"));
+                grant("readwrite", &format!("{prefix}commit/"));
             }
             self.etcdctl(&[
                 "user",

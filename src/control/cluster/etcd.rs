@@ -475,8 +475,52 @@ impl Etcd {
             key,
             json!({"target": "CREATE", "create_revision": "0"}),
             value,
+            json!({}),
         )
         .await
+    }
+
+    /// Writes `key` attached to `lease` only if it does not exist; whether it was
+    /// written.
+    pub async fn create_leased(
+        &self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<bool, EtcdError> {
+        self.txn(
+            key,
+            json!({"target": "CREATE", "create_revision": "0"}),
+            value,
+            json!({"lease": lease.to_string()}),
+        )
+        .await
+    }
+
+    /// Like [`Etcd::replace`], keeping the key's lease.
+    pub async fn replace_keeping_lease(
+        &self,
+        key: &str,
+        mod_revision: i64,
+        value: &[u8],
+    ) -> Result<bool, EtcdError> {
+        self.txn(
+            key,
+            json!({"target": "MOD", "mod_revision": mod_revision.to_string()}),
+            value,
+            json!({"ignore_lease": true}),
+        )
+        .await
+    }
+
+    /// One key (`None`: absent), from any member.
+    pub async fn get(&self, key: &str) -> Result<Option<Kv>, EtcdError> {
+        let body = json!({ "key": b64(key.as_bytes()) });
+        let (v, _) = self.call_any("v3/kv/range", &body).await?;
+        match v["kvs"].as_array().and_then(|a| a.first()) {
+            Some(kv) => decode_kv(kv).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Writes `key` only if it is still at `mod_revision`; whether it was written.
@@ -490,17 +534,27 @@ impl Etcd {
             key,
             json!({"target": "MOD", "mod_revision": mod_revision.to_string()}),
             value,
+            json!({}),
         )
         .await
     }
 
-    async fn txn(&self, key: &str, mut compare: Value, value: &[u8]) -> Result<bool, EtcdError> {
+    /// Puts `value` (with the put's `extra` fields: a lease) if `compare` holds.
+    async fn txn(
+        &self,
+        key: &str,
+        mut compare: Value,
+        value: &[u8],
+        mut extra: Value,
+    ) -> Result<bool, EtcdError> {
         let k = b64(key.as_bytes());
         compare["key"] = json!(k);
         compare["result"] = json!("EQUAL");
+        extra["key"] = json!(k);
+        extra["value"] = json!(b64(value));
         let body = json!({
             "compare": [compare],
-            "success": [{ "request_put": { "key": k, "value": b64(value) } }],
+            "success": [{ "request_put": extra }],
         });
         let v = self.call("v3/kv/txn", &body).await?;
         Ok(v["succeeded"].as_bool().unwrap_or(false))

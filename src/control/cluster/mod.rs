@@ -16,6 +16,8 @@
 //! | `drain/{id}` | [`SharedDrain`]: the rule, who, when | the node whose API got it (a lease ends it at `until`) |
 //! | `freeze` | [`Freeze`]: why, who, when | the node whose API got it |
 //! | `freeze/{tenant}` | [`Freeze`] of that tenant's names | the node whose API got it |
+//! | `usage/{cdn}/{day}` | [`usage::SharedUsage`]: one CDN's usage records of one UTC day (a lease of 64 days) | the node whose API or feed took them (read, merge, compare-and-swap) |
+//! | `commit/{name}` | [`usage::SharedBiases`]: the commit biases of the set's latest evaluation | the first node to evaluate that period (create-if-absent, or compare-and-swap) |
 //! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
@@ -43,6 +45,7 @@
 
 pub mod etcd;
 pub mod node;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -249,6 +252,10 @@ pub struct SharedView {
     pub freeze_tenants: BTreeMap<String, Freeze>,
     /// Audit entries by revision: every node appends them in this order.
     pub audit: BTreeMap<i64, serde_json::Value>,
+    /// Per (CDN, day): its usage records and their revision.
+    pub usage: BTreeMap<(String, String), (Arc<usage::SharedUsage>, i64)>,
+    /// Per name: the biases of the set's latest evaluation, and their revision.
+    pub commits: BTreeMap<String, (usage::SharedBiases, i64)>,
     /// Keys refused (bad form), and the last one with why.
     pub refused: u64,
     pub last_refused: Option<String>,
@@ -560,6 +567,34 @@ impl SharedView {
                 check_reason(&f.reason)?;
                 self.freeze = Some(f);
             }
+            ["usage", cdn, day] => {
+                if !sane_name(cdn) {
+                    return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                let key = (cdn.to_string(), day.to_string());
+                if self.usage.len() >= usage::MAX_USAGE_DAYS && !self.usage.contains_key(&key) {
+                    return Err(format!("more than {} days of usage", usage::MAX_USAGE_DAYS));
+                }
+                let u: usage::SharedUsage = parse_json(value)?;
+                u.check(day)?;
+                self.usage.insert(key, (Arc::new(u), rev));
+            }
+            ["commit", name] => {
+                if !sane_name(name) {
+                    return Err("name not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                if self.commits.len() >= usage::MAX_COMMIT_NAMES
+                    && !self.commits.contains_key(*name)
+                {
+                    return Err(format!(
+                        "more than {} names with biases",
+                        usage::MAX_COMMIT_NAMES
+                    ));
+                }
+                let b: usage::SharedBiases = parse_json(value)?;
+                b.check()?;
+                self.commits.insert(name.to_string(), (b, rev));
+            }
             _ => return Err("not a key of steerdns".into()),
         }
         Ok(())
@@ -590,6 +625,12 @@ impl SharedView {
                 self.freeze_tenants.remove(*tenant);
             }
             ["freeze"] => self.freeze = None,
+            ["usage", cdn, day] => {
+                self.usage.remove(&(cdn.to_string(), day.to_string()));
+            }
+            ["commit", name] => {
+                self.commits.remove(*name);
+            }
             _ => {}
         }
     }

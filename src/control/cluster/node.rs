@@ -62,6 +62,8 @@ pub struct ClusterLink {
     pub audit_rev: i64,
     /// Serial of the audit keys written here.
     audit_serial: u64,
+    /// The revision of each day of usage merged into the ledger (`usage.rs`).
+    pub(super) usage_seen: BTreeMap<(String, String), i64>,
 }
 
 /// What applying a view did, for the controller to show or publish.
@@ -98,6 +100,7 @@ impl ClusterLink {
             refused: 0,
             audit_rev: 0,
             audit_serial: 0,
+            usage_seen: BTreeMap::new(),
         }
     }
 

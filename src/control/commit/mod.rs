@@ -51,15 +51,17 @@ struct CdnCommit {
 }
 
 impl CdnCommit {
-    fn share_at(&self, ms: u64) -> f64 {
+    /// Its share in force at `ms` (`now` before the history).
+    fn share_at(&self, ms: u64, now: f64) -> f64 {
         self.history
             .iter()
             .rev()
             .find(|(t, _)| *t <= ms)
-            .map_or(self.share, |&(_, s)| s)
+            .map_or(now, |&(_, s)| s)
     }
 
-    fn share_since(&self, from_ms: u64) -> f64 {
+    /// Its mean share since `from_ms` (`now` without a history).
+    fn share_since(&self, from_ms: u64, now: f64) -> f64 {
         let recent: Vec<f64> = self
             .history
             .iter()
@@ -67,7 +69,7 @@ impl CdnCommit {
             .map(|&(_, s)| s)
             .collect();
         if recent.is_empty() {
-            self.share
+            now
         } else {
             recent.iter().sum::<f64>() / recent.len() as f64
         }
@@ -78,8 +80,22 @@ impl CdnCommit {
 struct HostCommit {
     settings: CommitSettings,
     cdns: Vec<CdnCommit>,
-    /// The next evaluation, Unix ms.
+    /// The next evaluation, Unix ms (a multiple of the period).
     next_ms: u64,
+    /// The evaluation in force (Unix ms, 0: none yet), and in a set the node that
+    /// made it.
+    at_ms: u64,
+    by: Option<String>,
+}
+
+/// The biases one name would take at an evaluation (not yet in force).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Proposal {
+    pub name: String,
+    /// The evaluation: the period boundary at or before the time it was made.
+    pub at_ms: u64,
+    /// By CDN.
+    pub biases: Vec<(String, Bias)>,
 }
 
 /// The commit modifier: the ledger and each name's biases.
@@ -175,6 +191,9 @@ pub struct CdnView {
     /// Mean share of the regions it serves: before the bias, and in force.
     pub base_share: f64,
     pub share: f64,
+    /// The evaluation in force (Unix ms), and in a set the node that made it.
+    pub evaluated_unix_ms: Option<u64>,
+    pub evaluated_by: Option<String>,
 }
 
 /// One line of `explain` for a CDN with a contract or a capacity.
@@ -206,6 +225,11 @@ pub fn explain_line(f: &mut std::fmt::Formatter, c: &CdnView) -> std::fmt::Resul
         if c.floored { ", at the floor" } else { "" },
         c.reason
     )
+}
+
+/// A name's evaluation period, ms (at least 1).
+fn period_ms(s: &CommitSettings) -> u64 {
+    (s.shift_period.as_millis() as u64).max(1)
 }
 
 fn round2(v: f64) -> f64 {
@@ -256,9 +280,13 @@ impl Commit {
                     }
                 })
                 .collect();
-            let next_ms = match prev {
-                Some(p) if p.settings == host.commit => p.next_ms,
-                _ => now_ms + host.commit.shift_period.as_millis() as u64,
+            // Evaluations fall on multiples of the period: every node of a set
+            // evaluates at the same times.
+            let period = period_ms(&host.commit);
+            let (next_ms, at_ms, by) = match prev {
+                Some(p) if p.settings == host.commit => (p.next_ms, p.at_ms, p.by),
+                Some(p) => ((now_ms / period + 1) * period, p.at_ms, p.by),
+                None => ((now_ms / period + 1) * period, 0, None),
             };
             self.hosts.insert(
                 name,
@@ -266,6 +294,8 @@ impl Commit {
                     settings: host.commit.clone(),
                     cdns,
                     next_ms,
+                    at_ms,
+                    by,
                 },
             );
         }
@@ -295,11 +325,22 @@ impl Commit {
     }
 
     /// Evaluates every name due at `now_ms` against `base` (the policy after the
-    /// modifiers before this one). True when a bias changed.
+    /// modifiers before this one) and puts the biases in force. True when a bias
+    /// changed.
     pub fn evaluate(&mut self, base: &Policy, outside: OutsideBand, now_ms: u64) -> bool {
-        self.ledger.prune(now_ms);
-        let month = Month::of(now_ms);
         let mut changed = false;
+        for p in self.take_due(base, outside, now_ms) {
+            changed |= self.adopt(base, outside, &p.name, p.at_ms, None, &p.biases);
+        }
+        changed
+    }
+
+    /// The biases every name due at `now_ms` would take (each evaluated at its period
+    /// boundary), not yet in force; their next evaluation moves a period on. A node
+    /// of a set writes these for the set ([`Commit::adopt`] takes the set's).
+    pub fn take_due(&mut self, base: &Policy, outside: OutsideBand, now_ms: u64) -> Vec<Proposal> {
+        self.ledger.prune(now_ms);
+        let mut out = Vec::new();
         for host in &base.hosts {
             let name = host.name.to_string();
             let Some(h) = self.hosts.get_mut(&name) else {
@@ -308,59 +349,109 @@ impl Commit {
             if h.next_ms > now_ms || h.cdns.len() != host.cdns.len() {
                 continue;
             }
+            let period = period_ms(&h.settings);
+            let at = now_ms - now_ms % period;
+            h.next_ms = at + period;
             let (base_mean, share_mean, may_raise) =
                 means(host, &h.cdns, h.settings.floor_percent, outside, &name);
-            let period_ms = h.settings.shift_period.as_millis() as u64;
-            for (i, c) in h.cdns.iter_mut().enumerate() {
-                c.base = base_mean[i];
-                c.share = share_mean[i];
-                let usage = self.ledger.usage(&c.name, now_ms);
-                let then = usage.last.map_or(c.share, |(t, _)| c.share_at(t));
-                let peak = usage
-                    .recent
-                    .iter()
-                    .map(|&(t, m)| {
-                        let at = c.share_at(t);
-                        if at > 0.0 {
-                            m * c.share / at
-                        } else {
-                            m
-                        }
-                    })
-                    .reduce(f64::max);
-                let facts = Facts {
-                    contract: c.contract,
-                    capacity_mbps: c.capacity_mbps,
-                    usage: &usage,
-                    month,
-                    now_ms,
-                    share: c.share,
-                    base: c.base,
-                    share_then: then,
-                    share_recent: c.share_since(now_ms.saturating_sub(ledger::RECENT_MS)),
-                    peak_mbps: peak,
-                    may_raise: may_raise[i],
-                    period_ms,
-                };
-                let next = bias::bias(&h.settings, c.bias, &facts);
-                if next.points != c.bias.points || next.floored != c.bias.floored {
-                    changed = true;
-                    tracing::info!(name = %name, cdn = %c.name, from = c.bias.points, to = next.points, floored = next.floored, reason = next.reason.as_str(), "commit bias");
-                }
-                c.bias = next;
+            let biases = h
+                .cdns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let share = share_mean[i];
+                    let usage = self.ledger.usage(&c.name, at);
+                    let then = usage.last.map_or(share, |(t, _)| c.share_at(t, share));
+                    // The week's peak, each rate scaled from the share then to now.
+                    let peak = usage
+                        .recent
+                        .iter()
+                        .map(|&(t, m)| {
+                            let then = c.share_at(t, share);
+                            if then > 0.0 {
+                                m * share / then
+                            } else {
+                                m
+                            }
+                        })
+                        .reduce(f64::max);
+                    let facts = Facts {
+                        contract: c.contract,
+                        capacity_mbps: c.capacity_mbps,
+                        usage: &usage,
+                        month: Month::of(at),
+                        now_ms: at,
+                        share,
+                        base: base_mean[i],
+                        share_then: then,
+                        share_recent: c.share_since(at.saturating_sub(ledger::RECENT_MS), share),
+                        peak_mbps: peak,
+                        may_raise: may_raise[i],
+                        period_ms: period,
+                    };
+                    (c.name.clone(), bias::bias(&h.settings, c.bias, &facts))
+                })
+                .collect();
+            out.push(Proposal {
+                name,
+                at_ms: at,
+                biases,
+            });
+        }
+        out
+    }
+
+    /// Puts in force the biases of `name`'s evaluation at `at_ms` (made here, or by
+    /// node `by` of the set), unless the one in force is as new. A CDN the biases do
+    /// not name keeps its own. True when a bias changed.
+    pub fn adopt(
+        &mut self,
+        base: &Policy,
+        outside: OutsideBand,
+        name: &str,
+        at_ms: u64,
+        by: Option<&str>,
+        biases: &[(String, Bias)],
+    ) -> bool {
+        let Some(host) = base.hosts.iter().find(|h| h.name.to_string() == name) else {
+            return false;
+        };
+        let Some(h) = self.hosts.get_mut(name) else {
+            return false;
+        };
+        if at_ms <= h.at_ms || h.cdns.len() != host.cdns.len() {
+            return false;
+        }
+        let mut changed = false;
+        for c in &mut h.cdns {
+            let Some(&(_, next)) = biases.iter().find(|(n, _)| *n == c.name) else {
+                continue;
+            };
+            if next.points != c.bias.points || next.floored != c.bias.floored {
+                changed = true;
+                tracing::info!(name = %name, cdn = %c.name, from = c.bias.points, to = next.points, floored = next.floored, reason = next.reason.as_str(), by = by.unwrap_or("this node"), "commit bias");
             }
-            // The shares in force from now, remembered to scale rates measured then.
-            let (_, share_mean, _) = means(host, &h.cdns, h.settings.floor_percent, outside, &name);
-            for (c, s) in h.cdns.iter_mut().zip(share_mean) {
-                c.share = s;
-                c.history.push_back((now_ms, s));
-                while c.history.len() > HISTORY {
-                    c.history.pop_front();
-                }
+            c.bias = next;
+        }
+        h.at_ms = at_ms;
+        h.by = by.map(String::from);
+        // The shares in force from now, remembered to scale rates measured then.
+        let (base_mean, share_mean, _) =
+            means(host, &h.cdns, h.settings.floor_percent, outside, name);
+        for ((c, b), s) in h.cdns.iter_mut().zip(base_mean).zip(share_mean) {
+            c.base = b;
+            c.share = s;
+            c.history.push_back((at_ms, s));
+            while c.history.len() > HISTORY {
+                c.history.pop_front();
             }
-            h.next_ms = (h.next_ms + period_ms).max(now_ms);
         }
         changed
+    }
+
+    /// The evaluation in force of `name` (Unix ms; 0: none yet).
+    pub fn evaluated_at(&self, name: &str) -> u64 {
+        self.hosts.get(name).map_or(0, |h| h.at_ms)
     }
 
     /// `base` with every biased region's weights replaced; `None` when no bias is in
@@ -430,6 +521,8 @@ impl Commit {
                     reason: c.bias.reason.as_str(),
                     base_share: round2(c.base),
                     share: round2(c.share),
+                    evaluated_unix_ms: (h.at_ms > 0).then_some(h.at_ms),
+                    evaluated_by: h.by.clone(),
                 });
             }
         }

@@ -1,0 +1,391 @@
+//! Control plane: the commit modifier in a set (`serve --etcd`). Usage records and
+//! the biases in force go through etcd, so every node keeps the same ledger and
+//! serves the same biases.
+//!
+//! - `usage/{cdn}/{day}` ([`SharedUsage`]): one CDN's records of one UTC day
+//!   (`YYYY-MM-DD`), written by the node whose API or feed took them: read, merged,
+//!   written back if still at the revision read (again if another node wrote
+//!   between), under a lease of [`USAGE_TTL`]. Every node, the writer included, merges
+//!   a day into its ledger when the watch brings a new revision of it.
+//! - `commit/{name}` ([`SharedBiases`]): the biases of the set's latest evaluation of
+//!   a name. Evaluations fall on multiples of the period, the same instants on every
+//!   node. At each, every connected node computes the biases from the shared ledger
+//!   and the biases in force, and writes them unless the set already has that
+//!   evaluation (compare-and-swap on the revision it saw: the first node wins). Every
+//!   node puts in force what the key says, its own result included, when the watch
+//!   brings it: no node's history or start time can make it serve other biases.
+//! - Failing static, a node evaluates nothing and holds the biases in force; usage
+//!   posted to it is refused (503): the set cannot take it, and the sender retries.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use crate::config::Policy;
+use crate::control::command::{UsageRecord, UsageRefused, UsageTaken};
+use crate::control::commit::bias::Bias;
+use crate::control::commit::ledger::{Record, Taken};
+use crate::control::commit::{Commit, OutsideBand};
+use crate::control::drains::DrainError;
+use crate::control::times;
+
+use super::etcd::MAX_VALUE;
+use super::node::ClusterLink;
+use super::{sane_name, Etcd};
+
+/// How long a day of usage stays in etcd: the ledger keeps this month and the last.
+pub const USAGE_TTL: Duration = Duration::from_secs(64 * 86_400);
+/// Most days of usage kept (64 CDNs for 64 days).
+pub const MAX_USAGE_DAYS: usize = 4096;
+/// Most names with shared biases kept, and CDNs in one name's biases.
+pub const MAX_COMMIT_NAMES: usize = 1024;
+const MAX_BIASED_CDNS: usize = 64;
+const DAY_MS: u64 = 86_400_000;
+/// Tries of a read, merge and write of one day before the POST gives up.
+const TRIES: usize = 8;
+
+/// One CDN's usage records of one UTC day, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedUsage {
+    /// `[start (Unix ms), seconds, bytes]`, in order of start.
+    pub records: Vec<(u64, u32, f64)>,
+}
+
+/// The biases of the set's latest evaluation of a name, as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedBiases {
+    /// The evaluation: a multiple of the name's period (Unix ms).
+    #[serde(deserialize_with = "times::bounded")]
+    pub at_unix_ms: u64,
+    /// The node that made it.
+    pub node: String,
+    /// By CDN.
+    pub biases: BTreeMap<String, Bias>,
+}
+
+/// Key of one CDN's usage of one day.
+pub fn usage_key(prefix: &str, cdn: &str, day: &str) -> String {
+    format!("{prefix}usage/{cdn}/{day}")
+}
+
+/// Key of a name's biases.
+pub fn commit_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}commit/{name}")
+}
+
+/// The UTC day of `ms`, `YYYY-MM-DD`.
+pub fn day_of(ms: u64) -> String {
+    times::rfc3339(ms.min(times::MAX_TIME_MS))[..10].to_string()
+}
+
+/// The start of `day` (Unix ms), if it is a `YYYY-MM-DD` day.
+fn day_start(day: &str) -> Option<u64> {
+    if day.len() != 10 {
+        return None;
+    }
+    let t = humantime::parse_rfc3339(&format!("{day}T00:00:00Z")).ok()?;
+    let ms = t.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
+    (day_of(ms) == day).then_some(ms)
+}
+
+impl SharedUsage {
+    /// Whether the records read for `day` count: `Err` says why not.
+    pub fn check(&self, day: &str) -> Result<(), String> {
+        let start = day_start(day).ok_or("the day is not YYYY-MM-DD")?;
+        let mut last = None;
+        for &(t, seconds, bytes) in &self.records {
+            if !(start..start + DAY_MS).contains(&t) {
+                return Err(format!("a record starting at {t} is not of {day}"));
+            }
+            if last.is_some_and(|l| l >= t) {
+                return Err("records not in order of start".into());
+            }
+            if !(1..=86_400).contains(&seconds) {
+                return Err(format!("a record of {seconds} s (1 to 86400)"));
+            }
+            if !(bytes.is_finite() && (0.0..=1e18).contains(&bytes)) {
+                return Err(format!("a record of {bytes} bytes (0 to 1e18)"));
+            }
+            last = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Takes `r` at `start`: what became of it.
+    fn merge(&mut self, start: u64, r: Record) -> Taken {
+        let new = (start, r.seconds, r.bytes);
+        match self.records.binary_search_by_key(&start, |x| x.0) {
+            Ok(i) if self.records[i] == new => Taken::Same,
+            Ok(i) => {
+                self.records[i] = new;
+                Taken::Replaced
+            }
+            Err(i) => {
+                self.records.insert(i, new);
+                Taken::Added
+            }
+        }
+    }
+}
+
+impl SharedBiases {
+    /// Whether the biases read count: `Err` says why not.
+    pub fn check(&self) -> Result<(), String> {
+        if !sane_name(&self.node) {
+            return Err("node not 1 to 128 of letters, digits, ._-:@".into());
+        }
+        if self.biases.len() > MAX_BIASED_CDNS {
+            return Err(format!("more than {MAX_BIASED_CDNS} CDNs"));
+        }
+        for (cdn, b) in &self.biases {
+            if !sane_name(cdn) {
+                return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
+            }
+            if !(b.points.is_finite() && b.points.abs() <= 100.0) {
+                return Err(format!("{cdn}: {} points (-100 to 100)", b.points));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ClusterLink {
+    /// Writes checked usage records to the set, one (CDN, day) after another; the
+    /// reply counts what became of them once all are written. A day written before a
+    /// failure stays written (records are idempotent: the sender posts them again).
+    pub fn write_usage(
+        &self,
+        records: Vec<UsageRecord>,
+        skipped: u64,
+        reply: oneshot::Sender<Result<UsageTaken, UsageRefused>>,
+    ) {
+        if let Err(e) = self.writable() {
+            let why = match e {
+                DrainError::Unavailable(why) => why,
+                other => other.to_string(),
+            };
+            let _ = reply.send(Err(UsageRefused::Unavailable(why)));
+            return;
+        }
+        let mut days: BTreeMap<(String, String), Vec<(u64, Record)>> = BTreeMap::new();
+        for (cdn, start, r) in records {
+            days.entry((cdn, day_of(start)))
+                .or_default()
+                .push((start, r));
+        }
+        let (etcd, prefix) = (self.etcd.clone(), self.prefix.clone());
+        tokio::spawn(async move {
+            let mut taken = UsageTaken {
+                skipped,
+                ..UsageTaken::default()
+            };
+            for ((cdn, day), records) in days {
+                let key = usage_key(&prefix, &cdn, &day);
+                match write_day(&etcd, &key, &records).await {
+                    Ok(t) => {
+                        taken.added += t.added;
+                        taken.replaced += t.replaced;
+                        taken.unchanged += t.unchanged;
+                    }
+                    Err(e) => {
+                        warn!(key = %key, error = %e, "usage not written for the set");
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                }
+            }
+            if taken.added + taken.replaced > 0 {
+                info!(
+                    added = taken.added,
+                    replaced = taken.replaced,
+                    "usage written for the set"
+                );
+            }
+            let _ = reply.send(Ok(taken));
+        });
+    }
+
+    /// Merges into `commit`'s ledger every day of usage the set holds whose revision
+    /// is new here. True when a record was new or changed.
+    pub fn follow_usage(&mut self, commit: &mut Commit, policy: &Policy) -> bool {
+        let Some(view) = self.latest().map(|s| s.view.clone()) else {
+            return false;
+        };
+        let mut took = false;
+        for ((cdn, day), (u, rev)) in &view.usage {
+            let seen = self.usage_seen.get(&(cdn.clone(), day.clone()));
+            if seen == Some(rev) {
+                continue;
+            }
+            self.usage_seen.insert((cdn.clone(), day.clone()), *rev);
+            for &(start, seconds, bytes) in &u.records {
+                let r = Record { seconds, bytes };
+                took |= commit
+                    .record(policy, cdn, start, r)
+                    .is_ok_and(|t| t != Taken::Same);
+            }
+        }
+        self.usage_seen.retain(|k, _| view.usage.contains_key(k));
+        took
+    }
+
+    /// The set's biases of every name newer than the evaluation in force here.
+    pub fn newer_biases(&self, commit: &Commit) -> Vec<(String, SharedBiases)> {
+        let Some(shared) = self.latest() else {
+            return Vec::new();
+        };
+        shared
+            .view
+            .commits
+            .iter()
+            .filter(|(name, (b, _))| b.at_unix_ms > commit.evaluated_at(name))
+            .map(|(name, (b, _))| (name.clone(), b.clone()))
+            .collect()
+    }
+
+    /// The evaluations due now: each name's biases written for the set, unless the
+    /// set already has that evaluation (or a later one), or etcd is unreachable
+    /// (failing static: the biases in force hold). Nothing is put in force here: every
+    /// node takes the set's from the watch.
+    pub fn propose_commit(
+        &mut self,
+        commit: &mut Commit,
+        base: &Policy,
+        outside: OutsideBand,
+        now_ms: u64,
+    ) {
+        let due = commit.take_due(base, outside, now_ms);
+        if !self.connected() {
+            return;
+        }
+        let Some(shared) = self.latest() else { return };
+        for p in due {
+            let seen = shared.view.commits.get(&p.name);
+            if seen.is_some_and(|(b, _)| b.at_unix_ms >= p.at_ms) {
+                continue;
+            }
+            let record = SharedBiases {
+                at_unix_ms: p.at_ms,
+                node: self.node.clone(),
+                biases: p.biases.into_iter().collect(),
+            };
+            let key = commit_key(&self.prefix, &p.name);
+            let value = serde_json::to_vec(&record).unwrap_or_default();
+            let (etcd, rev) = (self.etcd.clone(), seen.map(|(_, r)| *r));
+            tokio::spawn(async move {
+                let written = match rev {
+                    None => etcd.create(&key, &value).await,
+                    Some(rev) => etcd.replace(&key, rev, &value).await,
+                };
+                if let Err(e) = written {
+                    warn!(key = %key, error = %e, "cannot write the commit biases for the set");
+                }
+            });
+        }
+    }
+}
+
+/// Reads the day at `key`, merges `records` and writes it back if no other node wrote
+/// it meanwhile (else again, up to [`TRIES`] times). What became of the records.
+async fn write_day(
+    etcd: &Etcd,
+    key: &str,
+    records: &[(u64, Record)],
+) -> Result<UsageTaken, UsageRefused> {
+    let unavailable = |e: super::EtcdError| UsageRefused::Unavailable(e.to_string());
+    for _ in 0..TRIES {
+        let current = etcd.get(key).await.map_err(unavailable)?;
+        // A value that does not parse (written by hand) is replaced.
+        let mut day = current
+            .as_ref()
+            .and_then(|kv| serde_json::from_slice::<SharedUsage>(&kv.value).ok())
+            .unwrap_or_default();
+        day.records.sort_by_key(|r| r.0);
+        day.records.dedup_by_key(|r| r.0);
+        let mut t = UsageTaken::default();
+        for &(start, r) in records {
+            match day.merge(start, r) {
+                Taken::Added => t.added += 1,
+                Taken::Replaced => t.replaced += 1,
+                Taken::Same => t.unchanged += 1,
+            }
+        }
+        if t.added + t.replaced == 0 {
+            return Ok(t);
+        }
+        let value = serde_json::to_vec(&day).unwrap_or_default();
+        if value.len() > MAX_VALUE {
+            return Err(UsageRefused::Bad(format!(
+                "{} records of one CDN in one day do not fit the {} KiB of an etcd value: send fewer, longer records",
+                day.records.len(),
+                MAX_VALUE / 1024
+            )));
+        }
+        let written = match current {
+            Some(kv) => etcd
+                .replace_keeping_lease(key, kv.mod_revision, &value)
+                .await
+                .map_err(unavailable)?,
+            None => {
+                let lease = etcd.grant(USAGE_TTL).await.map_err(unavailable)?;
+                etcd.create_leased(key, &value, lease)
+                    .await
+                    .map_err(unavailable)?
+            }
+        };
+        if written {
+            return Ok(t);
+        }
+    }
+    Err(UsageRefused::Unavailable(format!(
+        "{key}: other nodes kept writing it ({TRIES} tries)"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_are_utc_dates_and_records_must_be_of_theirs() {
+        // 2026-12-01T00:00:00Z.
+        let dec = 1_796_083_200_000;
+        assert_eq!(day_of(dec), "2026-12-01");
+        assert_eq!(day_of(dec - 1), "2026-11-30");
+        assert_eq!(day_start("2026-12-01"), Some(dec));
+        assert_eq!(day_start("2026-13-01"), None);
+        assert_eq!(day_start("2026-12-1"), None);
+        let ok = SharedUsage {
+            records: vec![(dec, 300, 1.0), (dec + 300_000, 300, 2.0)],
+        };
+        assert_eq!(ok.check("2026-12-01"), Ok(()));
+        assert!(ok.check("2026-11-30").is_err());
+        let unordered = SharedUsage {
+            records: vec![(dec + 300_000, 300, 1.0), (dec, 300, 2.0)],
+        };
+        assert!(unordered.check("2026-12-01").is_err());
+        let nan = SharedUsage {
+            records: vec![(dec, 300, f64::NAN)],
+        };
+        assert!(nan.check("2026-12-01").is_err());
+    }
+
+    #[test]
+    fn a_merge_adds_replaces_or_keeps_in_order() {
+        let mut day = SharedUsage::default();
+        let r = |bytes| Record {
+            seconds: 300,
+            bytes,
+        };
+        assert_eq!(day.merge(600, r(1.0)), Taken::Added);
+        assert_eq!(day.merge(0, r(1.0)), Taken::Added);
+        assert_eq!(day.merge(600, r(1.0)), Taken::Same);
+        assert_eq!(day.merge(600, r(2.0)), Taken::Replaced);
+        assert_eq!(day.records, vec![(0, 300, 1.0), (600, 300, 2.0)]);
+    }
+}
