@@ -893,8 +893,13 @@ failover:
     let since_first = Duration::from_millis(common::stack::unix_ms() - first);
     tokio::time::sleep(away.saturating_sub(since_first)).await;
     let (served, api) = start();
-    // The restored state, once the controller serves its document.
-    let s = wait_state(&http, api, "the restored state", |s| s["drains"].is_array()).await;
+    // The restored state, once the controller serves its document and the saver has
+    // reported its first save (the first document shows before it, `state_save`
+    // null: seen failing here with two suites at once).
+    let s = wait_state(&http, api, "the restored state, saved again", |s| {
+        s["drains"].is_array() && !s["state_save"].is_null()
+    })
+    .await;
     let drains: Vec<&str> = s["drains"]
         .as_array()
         .unwrap()
