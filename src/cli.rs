@@ -996,7 +996,16 @@ fn explain(
             state
         }
     };
-    let (snapshot, _) = state.snapshot(&loaded);
+    // The commit biases saved with it, applied as `serve` applies them (performance
+    // shifts are not saved: the policy's weights stand for them here).
+    let mut commit = crate::control::commit::Commit::default();
+    commit.configure(&loaded.policy, now_ms);
+    match saved.as_ref().and_then(|s| s.commit.as_ref()) {
+        Some(c) => commit.restore(c),
+        None => commit.ledger = crate::control::persist::saved_usage(state_dir).unwrap_or_default(),
+    }
+    let committed = commit.apply(&loaded.policy, &|_: &str, _: usize, _: usize| false);
+    let (snapshot, _) = state.snapshot_for(&loaded, committed.as_ref().unwrap_or(&loaded.policy));
     let facts = crate::control::explain::Facts {
         loaded: &loaded,
         snapshot: &snapshot,
@@ -1023,7 +1032,11 @@ fn explain(
         now: crate::selection::unix_now(),
         session,
     };
-    match crate::control::explain::explain(&facts, &question) {
+    let explained = crate::control::explain::explain(&facts, &question).map(|mut e| {
+        e.commit = commit.name_view(&e.name, now_ms);
+        e
+    });
+    match explained {
         Ok(e) if json => match serde_json::to_string_pretty(&e) {
             Ok(text) => {
                 println!("{text}");

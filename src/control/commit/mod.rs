@@ -203,7 +203,11 @@ pub fn explain_line(f: &mut std::fmt::Formatter, c: &CdnView) -> std::fmt::Resul
         f,
         "commit:  {} {}: {:.1} GB month to date",
         c.cdn,
-        c.billing.unwrap_or("capacity only"),
+        c.billing.unwrap_or(if c.capacity_mbps.is_some() {
+            "capacity only"
+        } else {
+            "no contract"
+        }),
         gb(c.month_to_date_bytes)
     )?;
     if let Some(p) = c.projection_bytes {
