@@ -118,7 +118,8 @@ pub enum Command {
     /// through the commit and capacity controller at full speed, with the same code
     /// the server runs: per CDN, the month's total against commit and cap, the
     /// five-minute samples above a p95 cap, the largest shift per period, and an SVG
-    /// chart of the shares. The first steered name of the policy is simulated.
+    /// chart of the shares. One steered name is simulated: `--name`, by default the
+    /// first with a contract or a capacity.
     Simulate {
         /// The demand file: a header `start,region,mbps` (or `bytes`), then one row per
         /// five minutes and region (`region` is a region's `name:` in the policy).
@@ -137,6 +138,10 @@ pub enum Command {
         /// Usage records arrive this many seconds after their five minutes end.
         #[arg(long, value_name = "SECONDS", default_value_t = 0)]
         delay_seconds: u64,
+        /// The steered name to simulate (default: the first with a contract or a
+        /// capacity, else the first).
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
     },
     /// Show, offline, how NAME is answered for a client and why.
     Explain {
@@ -624,6 +629,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             svg,
             start,
             delay_seconds,
+            name,
         } => {
             end_quietly_on_a_closed_pipe();
             let args = crate::control::commit::simulate::Args {
@@ -632,6 +638,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 svg,
                 start,
                 delay_seconds,
+                name,
             };
             match crate::control::commit::simulate::command(&args) {
                 Ok(report) => {

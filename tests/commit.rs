@@ -81,6 +81,7 @@ fn behind_at_day_15(delay_ms: u64) -> (Report, f64, f64) {
         delay_ms,
         // Performance steering has fastly outside its band on day 15.
         outside_band: vec![("fastly".into(), day15, day15 + DAY)],
+        ..Options::default()
     };
     let report = run(&p, &rows, &opts).unwrap();
     (report, commit_gb.round(), cap_gb.round())
@@ -605,6 +606,51 @@ commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("region `nowhere` is not a region of www.example.com."),
+        "{err}"
+    );
+    // A policy of two names: the one with the contract is simulated, whichever comes
+    // first; `--name` picks another, and a name the policy lacks is refused.
+    let one = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+    let two = format!(
+        "hostnames:\n  static.example.com:\n    cdns: {{ cloudflare: {{ cname: cloudflare.cdn.test. }} }}\n    regions: [{{ match: [\"*\"], weights: {{ cloudflare: 1 }} }}]\n  www.example.com:\n{}",
+        one.replacen("hostname: www.example.com\n", "", 1)
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    );
+    std::fs::write(dir.join("two.yaml"), &two).unwrap();
+    let simulate = |extra: &[&str]| {
+        std::process::Command::new(bin)
+            .args(["simulate", "--demand"])
+            .arg(dir.join("demand.csv"))
+            .arg("--policy")
+            .arg(dir.join("two.yaml"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = simulate(&[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{two}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("www.example.com.") && text.contains(&format!("commit {commit_gb} GB")),
+        "{text}"
+    );
+    let out = simulate(&["--name", "static.example.com"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("static.example.com.") && !text.contains("fastly"),
+        "{text}"
+    );
+    let out = simulate(&["--name", "nowhere.example.com"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("`nowhere.example.com` is not a steered name of the policy"),
         "{err}"
     );
     let std::process::Output { stderr, status, .. } = std::process::Command::new(bin)

@@ -4,9 +4,10 @@
 //! commit and cap, the five-minute samples above a p95 cap, the largest shift of an
 //! evaluation, and a chart of the shares (a hand-written SVG).
 //!
-//! The first steered name of the policy is simulated: each row's region is one of
-//! its regions (by name), its traffic split by the region's shares in force, each
-//! CDN's five minutes become a usage record, delivered `delay` later.
+//! One steered name is simulated (`--name`; by default the first with a contract or a
+//! capacity, else the first): each row's region is one of its regions (by name), its
+//! traffic split by the region's shares in force, each CDN's five minutes become a
+//! usage record, delivered `delay` later.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
@@ -31,6 +32,43 @@ pub struct Options {
     pub delay_ms: u64,
     /// (CDN, from, to): performance steering has the CDN outside its band then.
     pub outside_band: Vec<(String, u64, u64)>,
+    /// The steered name (`None`: the first with a contract or a capacity, else the
+    /// first).
+    pub name: Option<String>,
+}
+
+/// The index of the name to simulate.
+fn pick(policy: &Policy, name: Option<&str>) -> Result<usize, String> {
+    let hosts = &policy.hosts;
+    let found = match name {
+        Some(want) => {
+            let want = want.trim_end_matches('.');
+            hosts.iter().position(|h| {
+                h.name
+                    .to_string()
+                    .trim_end_matches('.')
+                    .eq_ignore_ascii_case(want)
+            })
+        }
+        None => hosts
+            .iter()
+            .position(|h| {
+                h.cdns
+                    .iter()
+                    .any(|c| c.contract.is_some() || c.capacity_mbps.is_some())
+            })
+            .or((!hosts.is_empty()).then_some(0)),
+    };
+    found.ok_or_else(|| {
+        let names: Vec<String> = hosts.iter().map(|h| h.name.to_string()).collect();
+        match name {
+            Some(n) => format!(
+                "`{n}` is not a steered name of the policy ({})",
+                names.join(", ")
+            ),
+            None => "the policy has no steered name".into(),
+        }
+    })
 }
 
 /// One evaluation.
@@ -68,12 +106,10 @@ pub struct Report {
     pub month: Month,
 }
 
-/// Replays `rows` against `policy`'s first name.
+/// Replays `rows` against one of `policy`'s names (`opts.name`).
 pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, String> {
-    let host = policy
-        .hosts
-        .first()
-        .ok_or("the policy has no steered name")?;
+    let index = pick(policy, opts.name.as_deref())?;
+    let host = &policy.hosts[index];
     let name = host.name.to_string();
     let regions: BTreeMap<&str, usize> = host
         .regions
@@ -133,7 +169,7 @@ pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, Stri
             };
             commit.evaluate(policy, &out, due);
             in_force = commit.apply(policy, &out).unwrap_or_else(|| policy.clone());
-            let shares: Vec<f64> = (0..n).map(|c| mean_share(&in_force, c)).collect();
+            let shares: Vec<f64> = (0..n).map(|c| mean_share(&in_force, index, c)).collect();
             let biases = commit.biases(&name);
             points.push(Point {
                 at_ms: due,
@@ -143,7 +179,7 @@ pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, Stri
         }
         // This slot's traffic, split by the shares in force.
         let mut mbps = vec![0.0; n];
-        let h = &in_force.hosts[0];
+        let h = &in_force.hosts[index];
         for (region, d) in demand {
             let r = regions[region];
             let shares = policy_shares(&h.regions[r].weights);
@@ -210,8 +246,8 @@ pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, Stri
 }
 
 /// CDN `c`'s mean share of the regions of the first name that it serves.
-fn mean_share(p: &Policy, c: usize) -> f64 {
-    let shares: Vec<f64> = p.hosts[0]
+fn mean_share(p: &Policy, host: usize, c: usize) -> f64 {
+    let shares: Vec<f64> = p.hosts[host]
         .regions
         .iter()
         .map(|r| policy_shares(&r.weights)[c])
@@ -346,6 +382,7 @@ pub struct Args {
     pub svg: Option<std::path::PathBuf>,
     pub start: Option<String>,
     pub delay_seconds: u64,
+    pub name: Option<String>,
 }
 
 /// Runs `steerdns simulate`: the report's text, or what went wrong.
@@ -369,6 +406,7 @@ pub fn command(args: &Args) -> Result<String, String> {
         steer_from_ms,
         delay_ms: args.delay_seconds.saturating_mul(1000),
         outside_band: Vec::new(),
+        name: args.name.clone(),
     };
     let report = run(&policy, &rows, &opts)?;
     if let Some(out) = &args.svg {
