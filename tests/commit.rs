@@ -183,7 +183,9 @@ async fn a_p95_cdn_ends_the_month_with_at_most_432_samples_above_its_cap() {
     assert!(above <= 432, "{above} samples above the cap");
     // The budget was spent on purpose (evenings ride over the cap while it lasts and
     // keeps pace with the month), not avoided by clamping from the start.
-    assert!(above >= 150, "only {above} of 432 free samples used");
+    // 415 of them here (211 before a clamped CDN rose back while the budget was on
+    // pace: it stayed under the cap the rest of the week).
+    assert!(above >= 380, "only {above} of 432 free samples used");
     assert!(cf.p95_mbps <= 5000.0, "p95 {}", cf.p95_mbps);
     assert!(matches!(cf.contract, Some(Contract::P95Mbps { .. })));
 }

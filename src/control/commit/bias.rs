@@ -10,8 +10,10 @@
 //! - `p95_mbps`: above the cap the free burst budget (432 samples of a 30-day month)
 //!   is spent on purpose while it lasts and keeps pace with the month; once spent (a
 //!   reserve of two periods kept) the bias clamps the CDN at once so that the week's
-//!   peak is under the cap (`burst_budget`). Below the commit's 95th percentile it
-//!   rises, never so far that the week's peak would reach the cap.
+//!   peak is under the cap (`burst_budget`); once the budget is on pace again a
+//!   clamped CDN rises back at the slew, its peaks riding over the cap on the budget.
+//!   Below the commit's 95th percentile it rises, never so far that the week's peak
+//!   would reach the cap.
 //! - `capacity_mbps`: above 90 % the share stops growing; above 100 % the CDN falls
 //!   to the floor in this evaluation (`capacity`), whatever the slew and the bias limit.
 //! - A CDN outside its performance band (`perf_penalty`, `perf_floor`) is never raised.
@@ -194,6 +196,11 @@ pub fn bias(s: &CommitSettings, prev: Bias, f: &Facts) -> Bias {
                             (step, Reason::CommitBehind)
                         } else if points < 0.0 && room(share + step) {
                             (step.min(-points), Reason::None)
+                        } else if points < 0.0 && !spent {
+                            // Clamped earlier, the budget on pace again: back towards
+                            // the policy at the slew, the peaks riding over the cap on
+                            // the budget until it is off pace again.
+                            (step.min(-points), Reason::BurstBudget)
                         } else if m > cap_mbps * (1.0 - db) {
                             (0.0, Reason::CapAhead)
                         } else {
@@ -592,6 +599,17 @@ mod tests {
                 floored: false,
                 reason: Reason::BurstBudget
             }
+        );
+        // Clamped earlier, the budget on pace again: back towards the policy at the
+        // slew, though the week's peak would ride over the cap (it spends the budget).
+        let mut calm = usage(1.0);
+        calm.last = Some((DEC + 15 * DAY - 300_000, 0.3));
+        let mut f = facts(&calm, c, 40.0);
+        f.peak_mbps = Some(0.926);
+        let back = bias(&s, b(-10.0), &f);
+        assert_eq!(
+            (back.points, back.reason),
+            (-10.0 + s.max_shift_points, Reason::BurstBudget)
         );
         // Below the commit with room under the cap: rises.
         let c = Contract::P95Mbps {
