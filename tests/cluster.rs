@@ -1536,6 +1536,35 @@ async fn usage_posted_to_one_node_moves_every_nodes_commit_bias_as_one() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // Biases written by hand far ahead (they would hold the set until then, at -30):
+    // no node takes them, and the next evaluation writes over them.
+    let put_at = unix_ms();
+    put(
+        &set,
+        &format!("{PREFIX}commit/www.example.com."),
+        &json!({"at_unix_ms": 9_000_000_000_000u64, "node": "mallory",
+            "biases": {"a": {"points": -30.0, "floored": false, "reason": "none"}}}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = set.nodes[1].state().await;
+        let d = commit_of(&s);
+        assert_eq!(
+            d["bias_points"].as_f64(),
+            Some(30.0),
+            "ns2 took the key from far ahead: {d}"
+        );
+        if d["evaluated_unix_ms"].as_u64() > Some(put_at) {
+            assert_ne!(d["evaluated_by"], "mallory", "{d}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the set never evaluated again: {d}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     // A hand-written day that does not parse, or of another day, counts for nothing.
     let before = set.nodes[0].state().await["cluster"]["refused_keys"]
         .as_f64()

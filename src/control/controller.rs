@@ -983,7 +983,7 @@ impl Controller {
             return (false, false);
         };
         let took = c.follow_usage(&mut self.commit, &self.loaded.policy);
-        let newer = c.newer_biases(&self.commit);
+        let newer = c.newer_biases(&self.commit, now_ms());
         let mut changed = false;
         if !newer.is_empty() {
             let modified = self.perf.apply(&self.loaded.policy);

@@ -14,6 +14,9 @@
 //!   evaluation (compare-and-swap on the revision it saw: the first node wins). Every
 //!   node puts in force what the key says, its own result included, when the watch
 //!   brings it: no node's history or start time can make it serve other biases.
+//! - An evaluation more than a period ahead of a node's clock (a clock far ahead, or a
+//!   key written by hand) is not taken, and the next evaluation writes over it: it
+//!   cannot hold the set.
 //! - Failing static, a node evaluates nothing and holds the biases in force; usage
 //!   posted to it is refused (503): the set cannot take it, and the sender retries.
 
@@ -234,8 +237,8 @@ impl ClusterLink {
         took
     }
 
-    /// The set's biases of every name newer than the evaluation in force here.
-    pub fn newer_biases(&self, commit: &Commit) -> Vec<(String, SharedBiases)> {
+    /// The set's biases of every name that `commit` takes now ([`Commit::takes`]).
+    pub fn newer_biases(&self, commit: &Commit, now_ms: u64) -> Vec<(String, SharedBiases)> {
         let Some(shared) = self.latest() else {
             return Vec::new();
         };
@@ -243,7 +246,7 @@ impl ClusterLink {
             .view
             .commits
             .iter()
-            .filter(|(name, (b, _))| b.at_unix_ms > commit.evaluated_at(name))
+            .filter(|(name, (b, _))| commit.takes(name, b.at_unix_ms, now_ms))
             .map(|(name, (b, _))| (name.clone(), b.clone()))
             .collect()
     }
@@ -266,8 +269,12 @@ impl ClusterLink {
         let Some(shared) = self.latest() else { return };
         for p in due {
             let seen = shared.view.commits.get(&p.name);
-            if seen.is_some_and(|(b, _)| b.at_unix_ms >= p.at_ms) {
+            let ahead = seen.is_some_and(|(b, _)| commit.ahead(&p.name, b.at_unix_ms, now_ms));
+            if seen.is_some_and(|(b, _)| b.at_unix_ms >= p.at_ms) && !ahead {
                 continue;
+            }
+            if let (true, Some((b, _))) = (ahead, seen) {
+                warn!(name = %p.name, at_unix_ms = b.at_unix_ms, node = %b.node, "the set's commit biases are from a clock more than a period ahead: not taken, written over");
             }
             let record = SharedBiases {
                 at_unix_ms: p.at_ms,

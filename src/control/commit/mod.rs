@@ -453,9 +453,20 @@ impl Commit {
         changed
     }
 
-    /// The evaluation in force of `name` (Unix ms; 0: none yet).
-    pub fn evaluated_at(&self, name: &str) -> u64 {
-        self.hosts.get(name).map_or(0, |h| h.at_ms)
+    /// Whether the set's evaluation of `name` at `at_ms` is to be put in force here:
+    /// `name` has a controller here, the evaluation is newer than the one in force,
+    /// and not from a clock more than a period ahead of `now_ms`.
+    pub fn takes(&self, name: &str, at_ms: u64, now_ms: u64) -> bool {
+        self.hosts.get(name).is_some_and(|h| at_ms > h.at_ms) && !self.ahead(name, at_ms, now_ms)
+    }
+
+    /// Whether an evaluation of `name` at `at_ms` is more than a period ahead of
+    /// `now_ms`: written by a clock far ahead, or by hand. Kept, it would hold every
+    /// node of a set until then; it is not taken, and the next evaluation replaces it.
+    pub fn ahead(&self, name: &str, at_ms: u64, now_ms: u64) -> bool {
+        self.hosts
+            .get(name)
+            .is_some_and(|h| at_ms > now_ms.saturating_add(period_ms(&h.settings)))
     }
 
     /// `base` with every biased region's weights replaced; `None` when no bias is in
