@@ -37,11 +37,23 @@ pub fn require_etcd(test: &str) -> bool {
 }
 
 /// A free loopback port (bound, then released).
+/// A port free now on 127.0.0.1, from 20000-31999: below the kernel's ephemeral range
+/// (32768 and up by default), so that no outgoing connection (of this suite, or of a
+/// second suite run beside it) takes it before the process meant for it binds it. With
+/// `bind(0)`, an etcd member once found its port taken and never started (two suites
+/// at once, 2026-12-02). Each process walks the range from its own point.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7919);
+    for _ in 0..12_000 {
+        let n = start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
+        let port = 20_000 + (n % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000-31999")
 }
 
 struct Member {
@@ -61,8 +73,22 @@ pub struct EtcdSet {
 }
 
 impl EtcdSet {
-    /// Starts three members and waits until they answer with a leader.
+    /// Starts three members and waits until every one answers with a leader; a member
+    /// that exits meanwhile (its port taken after all) has the set started again on
+    /// other ports, up to three times.
     pub async fn start(tag: &str) -> EtcdSet {
+        for attempt in 1..=3 {
+            let mut set = EtcdSet::start_once(tag);
+            match set.wait_all(Duration::from_secs(30)).await {
+                Ok(()) => return set,
+                Err(why) if attempt < 3 => eprintln!("etcd: {why}; starting again on other ports"),
+                Err(why) => panic!("etcd did not start: {why}; logs in {}", set.dir.display()),
+            }
+        }
+        unreachable!()
+    }
+
+    fn start_once(tag: &str) -> EtcdSet {
         let dir = std::env::temp_dir().join(format!("steerdns-etcd-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -88,8 +114,47 @@ impl EtcdSet {
         for i in 0..3 {
             set.spawn(i);
         }
-        set.wait_healthy(Duration::from_secs(30)).await;
         set
+    }
+
+    /// Waits until every member answers a linearizable read; `Err` when one exits
+    /// first (or the time is up), with its log's last line.
+    async fn wait_all(&mut self, within: Duration) -> Result<(), String> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + within;
+        let mut ready = [false; 3];
+        while ready.iter().any(|r| !r) {
+            for (i, done) in ready.iter_mut().enumerate() {
+                if *done {
+                    continue;
+                }
+                let m = &mut self.members[i];
+                if let Some(Ok(Some(status))) = m.child.as_mut().map(|c| c.try_wait()) {
+                    let log = std::fs::read_to_string(self.dir.join(format!("{}.log", m.name)))
+                        .unwrap_or_default();
+                    let last = log.lines().last().unwrap_or("").to_string();
+                    return Err(format!("member {} exited ({status}): {last}", m.name));
+                }
+                let e = format!("http://127.0.0.1:{}", m.client);
+                if let Ok(r) = http
+                    .post(format!("{e}/v3/kv/range"))
+                    .body(r#"{"key":"AA=="}"#)
+                    .send()
+                    .await
+                {
+                    *done = r.text().await.is_ok_and(|t| t.contains("\"header\""));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("members ready after {within:?}: {ready:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     fn spawn(&mut self, i: usize) {
