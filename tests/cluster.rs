@@ -788,6 +788,11 @@ async fn a_hung_member_moves_a_node_to_another_and_all_hung_fails_it_static() {
         c == ["b"]
     })
     .await;
+    // The others too (ns2 is asked below; it may have watched the hung member as well),
+    // before every member hangs.
+    for i in 1..3 {
+        answers_until(&set, i, t0, "the drain followed", |c| c == ["b"]).await;
+    }
     let s = set.nodes[0]
         .wait_for("ns1 names the member it uses", |s| {
             s["cluster"]["connected"] == true

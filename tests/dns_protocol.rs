@@ -314,7 +314,17 @@ async fn serves_over_ipv6_loopback() {
 
 #[tokio::test]
 async fn a_stopped_server_no_longer_answers() {
-    let srv = TestServer::demo().await;
+    // An address of this process's own in 127/8: once stopped, its port is free, and a
+    // second suite run beside this one (binding 127.0.0.1) cannot be the one answering
+    // there, as it once was.
+    let pid = std::process::id();
+    let own = format!(
+        "127.{}.{}.{}:0",
+        100 + pid % 100,
+        (pid / 100) % 250,
+        1 + (pid / 25_000) % 250
+    );
+    let srv = TestServer::start(DEMO_POLICY, TEST_ZONES, TEST_GEO, &own).await;
     let addr = srv.addr;
     cname_of(&ask(addr, Proto::Udp, &query("www.example.com.", RecordType::A)).await);
     srv.running.stop().await.unwrap();

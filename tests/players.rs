@@ -22,7 +22,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -207,11 +206,11 @@ fn which(program: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{program} is not on PATH"))
 }
 
+/// A port below the kernel's ephemeral range (`common::etcd::free_port`): with
+/// `bind(0)`, steerdns once found its port taken when two suites ran at once, and the
+/// test said "steerdns does not answer".
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
+    common::etcd::free_port()
 }
 
 fn run(what: &str, cmd: &mut Command) {
