@@ -33,6 +33,10 @@ use bias::{Bias, Facts};
 use ledger::{Ledger, Record, Taken};
 use month::Month;
 
+/// How far ahead of a node's clock the set's evaluation may be and still be taken,
+/// at least: clocks of a set within a second or two, with room to spare.
+pub const AHEAD_MS: u64 = 60_000;
+
 /// At most this many shares are remembered per CDN (one per evaluation).
 const HISTORY: usize = 2048;
 
@@ -460,13 +464,16 @@ impl Commit {
         self.hosts.get(name).is_some_and(|h| at_ms > h.at_ms) && !self.ahead(name, at_ms, now_ms)
     }
 
-    /// Whether an evaluation of `name` at `at_ms` is more than a period ahead of
-    /// `now_ms`: written by a clock far ahead, or by hand. Kept, it would hold every
-    /// node of a set until then; it is not taken, and the next evaluation replaces it.
+    /// Whether an evaluation of `name` at `at_ms` is further ahead of `now_ms` than a
+    /// period, or than [`AHEAD_MS`] for short periods: written by a clock far ahead, or
+    /// by hand. Kept, it would hold every node of a set until then; it is not taken, and
+    /// the next evaluation replaces it. (With one period alone, a node whose clock is 2 s
+    /// behind a set evaluating every 0.5 s would refuse each of the set's evaluations
+    /// and write over them.)
     pub fn ahead(&self, name: &str, at_ms: u64, now_ms: u64) -> bool {
         self.hosts
             .get(name)
-            .is_some_and(|h| at_ms > now_ms.saturating_add(period_ms(&h.settings)))
+            .is_some_and(|h| at_ms > now_ms.saturating_add(period_ms(&h.settings).max(AHEAD_MS)))
     }
 
     /// `base` with every biased region's weights replaced; `None` when no bias is in
@@ -643,4 +650,35 @@ fn means(
         }
     }
     (base, now, raise)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_evaluation_is_far_ahead_only_past_a_period_or_a_minute() {
+        let text = "hostname: www.example.com
+cdns:
+  a: { cname: a.cdn.test., contract: { billing: gb_month, commit_gb: 100, cap_gb: 200 } }
+  b: { cname: b.cdn.test. }
+regions:
+  - match: [\"*\"]
+    weights: { a: 50, b: 50 }
+commit: { shift_period_seconds: 0.5 }
+";
+        let policy = crate::config::parse(std::path::Path::new("steering.yaml"), text.into())
+            .unwrap()
+            .0;
+        let mut c = Commit::default();
+        let now = 1_796_083_200_000;
+        c.configure(&policy, now);
+        let name = "www.example.com.";
+        // A node 2 s behind a set that evaluates every 0.5 s takes the set's evaluation.
+        assert!(!c.ahead(name, now + 2_000, now));
+        assert!(c.takes(name, now + 2_000, now));
+        // A key written an hour ahead is not taken.
+        assert!(c.ahead(name, now + 3_600_000, now));
+        assert!(!c.takes(name, now + 3_600_000, now));
+    }
 }
