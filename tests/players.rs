@@ -119,9 +119,10 @@ fn major(text: &str) -> Option<u32> {
 /// the pair CI runs is the pair the test was seen passing with.
 fn pair_verdict(chromium: u32, built_for: u32, strict: bool) -> Result<Option<String>, String> {
     let fix = format!(
-        "pin the puppeteer-core release built for Chrome {chromium} in tests/players/package.json \
-         (its PUPPETEER_REVISIONS.chrome; `npm view puppeteer-core` lists the \
-         releases), run `npm install` there and this test"
+        "add the puppeteer-core release built for Chrome {chromium} to \
+         tests/players/puppeteer-for-chrome.txt (its PUPPETEER_REVISIONS.chrome; `npm view \
+         puppeteer-core` lists the releases), run .ci/run's npm step (or `npm install \
+         --no-save puppeteer-core@VERSION` in tests/players) and this test"
     );
     if chromium < built_for {
         return Err(format!("Chromium {chromium} is older than the Chrome {built_for} puppeteer-core is built for: {fix}"));
