@@ -302,6 +302,13 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
             ttl: observation_ttl(&loaded.probes),
         }
         .spawn(rounds.clone(), stop.clone());
+        cluster::performance::CellsPublisher {
+            etcd: etcd.clone(),
+            prefix: c.prefix.clone(),
+            node: opts.vantage.clone(),
+            store: controller.perf_store(),
+        }
+        .spawn(stop.clone());
         controller.join(ClusterLink::new(
             etcd,
             c.prefix.clone(),

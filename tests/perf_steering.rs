@@ -11,14 +11,28 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::etcd::{require_etcd, EtcdSet};
 use common::stack::{scratch, Stack};
 use hickory_proto::rr::RecordType::A;
 use serde_json::Value;
+use steerdns::control::cluster::{ClusterOptions, EtcdOptions};
 use tokio::time::Instant;
 
 /// The GB region: the test database's GB networks and 100.64.0.0/10, whose /24s are
 /// the players (the test database holds too few GB /24s to make many networks).
 fn policy(dir: &std::path::Path, period: f64, window: f64) {
+    policy_needing(dir, period, window, 50, 5);
+}
+
+/// As [`policy`], a CDN's figure counting with `min_samples` samples from
+/// `min_networks` networks.
+fn policy_needing(
+    dir: &std::path::Path,
+    period: f64,
+    window: f64,
+    min_samples: u32,
+    min_networks: u32,
+) {
     let text = format!(
         "hostname: www.example.com
 ttl: 30
@@ -36,8 +50,8 @@ regions:
       max_shift_points: 10
       shift_period_seconds: {period}
       window_seconds: {window}
-      min_samples: 50
-      min_networks: 5
+      min_samples: {min_samples}
+      min_networks: {min_networks}
   - match: [\"*\"]
     weights: {{ fastly: 50, cloudflare: 50 }}
 "
@@ -89,11 +103,16 @@ type Conditions = Arc<Mutex<(u64, u64, u32)>>;
 /// Players posting a beacon per network every 50 ms, as `conditions` say, until
 /// dropped.
 fn players(s: &Stack, conditions: Conditions) -> tokio::task::JoinHandle<()> {
+    players_from(s, conditions, 0)
+}
+
+/// As [`players`], the networks numbered from `first`.
+fn players_from(s: &Stack, conditions: Conditions, first: u32) -> tokio::task::JoinHandle<()> {
     let (http, addr) = (s.http.clone(), s.steering);
     tokio::spawn(async move {
         loop {
             let (f, c, nets) = *conditions.lock().unwrap();
-            for i in 0..nets {
+            for i in first..first + nets {
                 let r = http
                     .post(format!("http://{addr}/rum/www.example.com"))
                     .header("x-forwarded-for", player(i))
@@ -153,18 +172,23 @@ async fn watch(s: &Stack, until: impl Fn(f64, &str) -> bool) -> Vec<f64> {
     }
 }
 
-/// Fastly's share (percent) of DNS answers to clients of `networks` GB /24s, each
-/// asking with ECS through its own resolver.
-async fn dns_share(s: &Stack, networks: u32) -> f64 {
-    let mut fastly = 0;
+/// The CNAME answered to clients of `networks` GB /24s, each asking with ECS through
+/// its own resolver.
+async fn dns_answers(s: &Stack, networks: u32) -> Vec<String> {
+    let mut out = Vec::new();
     for i in 0..networks {
         let q = common::query_edns("www.example.com.", A, Some((&player(1000 + i), 24)));
         let m = common::ask_from(s.dns, common::resolver(i as usize), common::Proto::Udp, &q).await;
-        if common::cname_of(&m).starts_with("fastly.") {
-            fastly += 1;
-        }
+        out.push(common::cname_of(&m));
     }
-    100.0 * f64::from(fastly) / f64::from(networks)
+    out
+}
+
+/// Fastly's share (percent) of DNS answers to clients of `networks` GB /24s.
+async fn dns_share(s: &Stack, networks: u32) -> f64 {
+    let answers = dns_answers(s, networks).await;
+    let fastly = answers.iter().filter(|c| c.starts_with("fastly.")).count();
+    100.0 * fastly as f64 / f64::from(networks)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,5 +458,103 @@ async fn flapping_does_not_oscillate() {
             (w[1] - w[0]).abs() <= 10.0 + 1e-6,
             "a step over 10 points: {seen:?}"
         );
+    }
+}
+
+/// Two nodes of a set on a real three-member etcd, the beacons split between them:
+/// 16 networks post to each, and a figure counts with 50 samples from 24 networks,
+/// which neither node holds alone (a network holds 3 samples of a window at most).
+/// Together they do: both nodes shift fastly to its floor on the set's evaluations
+/// and answer 200 resolvers alike. An evaluation written by hand far ahead is taken
+/// by neither and written over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beacons_split_between_two_nodes_move_both_alike() {
+    if !require_etcd("beacons_split_between_two_nodes_move_both_alike") {
+        return;
+    }
+    let etcd = EtcdSet::start("perf-set").await;
+    let mut nodes = Vec::new();
+    for i in 1..=2 {
+        let dir = scratch(&format!("perf-set-ns{i}"));
+        policy_needing(&dir, 0.5, 3.0, 50, 24);
+        let opts = ClusterOptions {
+            etcd: EtcdOptions {
+                endpoints: etcd
+                    .endpoints()
+                    .iter()
+                    .map(|e| e.parse().unwrap())
+                    .collect(),
+                insecure: true,
+                ..EtcdOptions::default()
+            },
+            node: format!("ns{i}"),
+            prefix: "/steerdns/".into(),
+            members: vec!["ns1".into(), "ns2".into()],
+        };
+        nodes.push(Stack::start_node(&dir, &format!("ns{i}"), opts).await);
+    }
+    for n in &nodes {
+        n.wait_for("connected to etcd", |s| s["cluster"]["connected"] == true)
+            .await;
+    }
+    let conditions: Conditions = Arc::new(Mutex::new((300, 80, 16)));
+    let feeders = [
+        players_from(&nodes[0], conditions.clone(), 0),
+        players_from(&nodes[1], conditions.clone(), 16),
+    ];
+    for n in &nodes {
+        let s = n
+            .wait_for("fastly at its floor", |st| {
+                let (f, c, r) = shares(st);
+                (f, c, r.as_str()) == (10.0, 90.0, "perf_floor")
+            })
+            .await;
+        // The figures are the set's: more networks than the node's 16.
+        let fastly = &gb(&s)["cdns"][0];
+        assert!(
+            fastly["window"]["networks"].as_u64() >= Some(24),
+            "{fastly}"
+        );
+        let by = gb(&s)["evaluated_by"].as_str().unwrap_or("");
+        assert!(by == "ns1" || by == "ns2", "{:#}", gb(&s));
+        assert_eq!(gb(&s)["evaluated_unix_ms"].as_u64().unwrap() % 500, 0);
+    }
+    let answers = [
+        dns_answers(&nodes[0], 200).await,
+        dns_answers(&nodes[1], 200).await,
+    ];
+    assert_eq!(answers[0], answers[1], "the two nodes answer alike");
+    let fastly = answers[0]
+        .iter()
+        .filter(|c| c.starts_with("fastly."))
+        .count();
+    assert!(
+        (10..=35).contains(&fastly),
+        "fastly {fastly} of 200 at its 10 % floor"
+    );
+
+    // An evaluation written by hand far ahead (it would hold the set at 50/50 until
+    // then): taken by neither, and the next evaluation writes over it.
+    let put_at = common::stack::unix_ms();
+    let (ok, said) = etcd.put_as(
+        None,
+        "/steerdns/shift/www.example.com./0",
+        r#"{"at_unix_ms":9000000000000,"node":"mallory","region":"gb","cdns":[["fastly",{"share":50.0,"target":50.0,"reason":"perf_band"}],["cloudflare",{"share":50.0,"target":50.0,"reason":"perf_band"}]]}"#,
+    );
+    assert!(ok, "{said}");
+    for n in &nodes {
+        n.wait_for("evaluated again, by a node", |st| {
+            let (f, _, _) = shares(st);
+            assert_eq!(f, 10.0, "took the shift from far ahead: {:#}", gb(st));
+            gb(st)["evaluated_unix_ms"].as_u64() > Some(put_at)
+                && gb(st)["evaluated_by"] != "mallory"
+        })
+        .await;
+    }
+    for f in feeders {
+        f.abort();
+    }
+    for n in nodes {
+        n.stop().await;
     }
 }

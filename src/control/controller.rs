@@ -143,7 +143,7 @@ impl Controller {
             perf: Perf::default(),
             commit: Commit::default(),
         };
-        c.perf.configure(&c.loaded.policy, Instant::now());
+        c.perf.configure(&c.loaded.policy, now_ms());
         c.commit.configure(&c.loaded.policy, now_ms());
         c.tokens.store(Arc::new(c.loaded.tokens.clone()));
         if let Some(sf) = &c.state_file {
@@ -351,10 +351,11 @@ impl Controller {
                         .next_due(&self.loaded.policy, now, now_ms()),
                 )
                 .chain(self.resign_due())
-                .chain(self.perf.next_due())
                 .chain(
-                    self.commit
+                    self.perf
                         .next_due_ms()
+                        .into_iter()
+                        .chain(self.commit.next_due_ms())
                         .map(|due| now + Duration::from_millis(due.saturating_sub(now_ms()))),
                 )
                 .min();
@@ -404,8 +405,7 @@ impl Controller {
                     changed |= self.state.drains.tick(&self.loaded.policy, now);
                     changed |= self.state.drains.sync(&self.loaded.policy, now, now_ms());
                     changed |= self.resign();
-                    changed |= self.perf.tick(now, now_ms());
-                    self.perf.export(&self.metrics);
+                    changed |= self.evaluate_perf();
                     changed |= self.evaluate_commit();
                     self.state.drains.prune(now_ms());
                     if changed {
@@ -699,7 +699,7 @@ impl Controller {
                 self.state
                     .drains
                     .sync(&self.loaded.policy, Instant::now(), now_ms());
-                self.perf.configure(&self.loaded.policy, Instant::now());
+                self.perf.configure(&self.loaded.policy, now_ms());
                 self.commit.configure(&self.loaded.policy, now_ms());
                 self.publish();
                 probes_changed
@@ -953,6 +953,20 @@ impl Controller {
         });
     }
 
+    /// Evaluates the performance shifts due now: put in force here, or in a set
+    /// proposed and put in force from etcd. True when weights changed.
+    fn evaluate_perf(&mut self) -> bool {
+        let changed = match self.cluster.as_mut() {
+            Some(c) => {
+                c.propose_perf(&mut self.perf, now_ms());
+                false
+            }
+            None => self.perf.tick(now_ms()),
+        };
+        self.perf.export(&self.metrics);
+        changed
+    }
+
     /// Evaluates the commit biases due now, against the policy after performance
     /// steering. True when a bias changed.
     fn evaluate_commit(&mut self) -> bool {
@@ -1045,9 +1059,10 @@ impl Controller {
         };
         let audit = self.audit.as_ref();
         let followed = c.on_shared(shared, &mut self.state, &self.loaded, &self.metrics, audit);
+        let shifted = c.follow_perf(&mut self.perf, now_ms());
         let (biased, new) = self.follow_commit();
         match followed {
-            Followed::Nothing | Followed::Shown if biased => self.publish(),
+            Followed::Nothing | Followed::Shown if biased || shifted => self.publish(),
             // New usage or an evaluation: saved (the ledger) and shown.
             Followed::Nothing | Followed::Shown if new => self.persist(),
             Followed::Nothing => {}

@@ -304,6 +304,8 @@ impl EtcdSet {
                 grant("readwrite", &format!("{prefix}audit/{name}/"));
                 grant("readwrite", &format!("{prefix}usage/"));
                 grant("readwrite", &format!("{prefix}commit/"));
+                grant("readwrite", &format!("{prefix}perf/{name}/"));
+                grant("readwrite", &format!("{prefix}shift/"));
             }
             self.etcdctl(&[
                 "user",

@@ -18,6 +18,8 @@
 //! | `freeze/{tenant}` | [`Freeze`] of that tenant's names | the node whose API got it |
 //! | `usage/{cdn}/{day}` | [`usage::SharedUsage`]: one CDN's usage records of one UTC day (a lease of 64 days) | the node whose API or feed took them (read, merge, compare-and-swap) |
 //! | `commit/{name}` | [`usage::SharedBiases`]: the commit biases of the set's latest evaluation | the first node to evaluate that period (create-if-absent, or compare-and-swap) |
+//! | `perf/{node}/{name}/{region}` | [`performance::SharedCells`]: one node's performance buckets of a region's window (a lease of the window) | that node, each bucket width in which it took samples |
+//! | `shift/{name}/{region}` | [`performance::SharedShift`]: the set's latest performance evaluation of a region | the first node to evaluate that period (create-if-absent, or compare-and-swap) |
 //! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
@@ -45,6 +47,7 @@
 
 pub mod etcd;
 pub mod node;
+pub mod performance;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -256,6 +259,11 @@ pub struct SharedView {
     pub usage: BTreeMap<(String, String), (Arc<usage::SharedUsage>, i64)>,
     /// Per name: the biases of the set's latest evaluation, and their revision.
     pub commits: BTreeMap<String, (usage::SharedBiases, i64)>,
+    /// Per (node, name, region index): that node's performance buckets.
+    pub perf_cells: BTreeMap<(String, String, usize), Arc<crate::control::perf::NodeCells>>,
+    /// Per (name, region index): the set's latest performance evaluation, and its
+    /// revision.
+    pub shifts: BTreeMap<(String, usize), (performance::SharedShift, i64)>,
     /// Keys refused (bad form), and the last one with why.
     pub refused: u64,
     pub last_refused: Option<String>,
@@ -595,6 +603,47 @@ impl SharedView {
                 b.check()?;
                 self.commits.insert(name.to_string(), (b, rev));
             }
+            ["perf", node, name, region] => {
+                if !sane_name(node) || !sane_name(name) {
+                    return Err("node or name not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                if !members.contains(*node) {
+                    return Err(format!(
+                        "`{node}` is not a member of the set (--members): its samples do not count"
+                    ));
+                }
+                let key = (
+                    node.to_string(),
+                    name.to_string(),
+                    performance::region_index(region)?,
+                );
+                if self.perf_cells.len() >= performance::MAX_PERF_KEYS
+                    && !self.perf_cells.contains_key(&key)
+                {
+                    return Err(format!(
+                        "more than {} keys of performance samples",
+                        performance::MAX_PERF_KEYS
+                    ));
+                }
+                let c: performance::SharedCells = parse_json(value)?;
+                let cells = c.check(node, name, key.2)?;
+                self.perf_cells.insert(key, Arc::new(cells));
+            }
+            ["shift", name, region] => {
+                if !sane_name(name) {
+                    return Err("name not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                let key = (name.to_string(), performance::region_index(region)?);
+                if self.shifts.len() >= performance::MAX_SHIFTS && !self.shifts.contains_key(&key) {
+                    return Err(format!(
+                        "more than {} performance shifts",
+                        performance::MAX_SHIFTS
+                    ));
+                }
+                let s: performance::SharedShift = parse_json(value)?;
+                s.check()?;
+                self.shifts.insert(key, (s, rev));
+            }
             _ => return Err("not a key of steerdns".into()),
         }
         Ok(())
@@ -630,6 +679,17 @@ impl SharedView {
             }
             ["commit", name] => {
                 self.commits.remove(*name);
+            }
+            ["perf", node, name, region] => {
+                if let Ok(r) = performance::region_index(region) {
+                    self.perf_cells
+                        .remove(&(node.to_string(), name.to_string(), r));
+                }
+            }
+            ["shift", name, region] => {
+                if let Ok(r) = performance::region_index(region) {
+                    self.shifts.remove(&(name.to_string(), r));
+                }
             }
             _ => {}
         }

@@ -107,13 +107,27 @@ pub fn width_ms(perf: &Performance) -> u64 {
     (perf.window.as_millis() as u64 / SLOTS).max(1)
 }
 
+/// `perf`'s window in ms, as a set compares it (buckets of another window do not add).
+pub fn window_ms(perf: &Performance) -> u64 {
+    perf.window.as_millis() as u64
+}
+
+/// Whether bucket `b` is in the window ending at `now_ms`.
+pub fn in_window(b: &Bucket, perf: &Performance, now_ms: u64) -> bool {
+    let now = now_ms / width_ms(perf);
+    b.slot <= now && b.slot + SLOTS > now
+}
+
 impl Cell {
     /// The buckets of the window ending at `now_ms`.
-    pub fn window(&self, perf: &Performance, now_ms: u64) -> impl Iterator<Item = &Bucket> {
-        let now = now_ms / width_ms(perf);
+    pub fn window<'c>(
+        &'c self,
+        perf: &'c Performance,
+        now_ms: u64,
+    ) -> impl Iterator<Item = &'c Bucket> + 'c {
         self.buckets
             .iter()
-            .filter(move |b| b.slot <= now && b.slot + SLOTS > now)
+            .filter(move |b| in_window(b, perf, now_ms))
     }
 
     /// Adds a sample from network `net` at `now_ms`; false when the network already

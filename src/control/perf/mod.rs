@@ -5,8 +5,10 @@
 //! POST /rum/{name} (beacons)  ─┐
 //! steering polls' throughput   ├─▶ Store: a Cell per (name, region, CDN), a sliding
 //!                              ┘          window of log-bucketed histograms (cell.rs)
-//! controller, every shift period of a region:
-//!   Store aggregates ─▶ modifier::target (band, penalty, floor) ─▶ modifier::slew
+//! controller, at each multiple of a region's shift period (wall clock):
+//!   Store aggregates (+ the set's) ─▶ modifier::target (band, penalty, floor)
+//!   ─▶ modifier::slew ─▶ an Evaluation, put in force here (one node) or written for
+//!   the set and put in force from etcd (`control/cluster/performance.rs`)
 //!   ─▶ Perf::apply: the policy with the region's weights replaced
 //!   ─▶ planner (health failover and drains apply after, and win) ─▶ Plan
 //! ```
@@ -30,8 +32,6 @@ pub mod page;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-
-use tokio::time::Instant;
 
 use crate::config::perf::Performance;
 use crate::config::Policy;
@@ -66,12 +66,39 @@ impl Recorded {
     }
 }
 
+/// The cells of one region with a `performance:` block.
+#[derive(Debug)]
+struct RegionCells {
+    region: String,
+    perf: Performance,
+    /// By CDN index.
+    cells: Vec<Cell>,
+    /// Samples accepted since start: a node of a set shares the region again when it
+    /// grew.
+    accepted: u64,
+}
+
 /// The cells of one steered name.
 #[derive(Debug, Default)]
 struct NameCells {
     cdns: Vec<String>,
     /// By region index; `None`: the region has no `performance:` block.
-    regions: Vec<Option<(String, Performance, Vec<Cell>)>>,
+    regions: Vec<Option<RegionCells>>,
+}
+
+/// One node's cells of one (name, region), as a set shares them
+/// (`control/cluster/performance.rs`): the buckets of its window, by CDN name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeCells {
+    pub node: String,
+    pub name: String,
+    /// Region index, and its name (a node with another policy's region there does
+    /// not count).
+    pub region: usize,
+    pub region_name: String,
+    /// The window (ms): buckets of another width are not added.
+    pub window_ms: u64,
+    pub cdns: BTreeMap<String, Vec<cell::Bucket>>,
 }
 
 /// The samples of every (name, region, CDN), shared by the steering server (which
@@ -97,14 +124,19 @@ impl Store {
                 .iter()
                 .map(|r| {
                     let perf = r.performance.clone()?;
-                    let kept = prev.regions.iter_mut().flatten().find(|(n, p, _)| {
-                        *n == r.name && p.window == perf.window && prev.cdns == cdns
+                    let kept = prev.regions.iter_mut().flatten().find(|k| {
+                        k.region == r.name && k.perf.window == perf.window && prev.cdns == cdns
                     });
-                    let cells = match kept {
-                        Some((_, _, c)) => std::mem::take(c),
-                        None => vec![Cell::default(); cdns.len()],
+                    let (cells, accepted) = match kept {
+                        Some(k) => (std::mem::take(&mut k.cells), k.accepted),
+                        None => (vec![Cell::default(); cdns.len()], 0),
                     };
-                    Some((r.name.clone(), perf, cells))
+                    Some(RegionCells {
+                        region: r.name.clone(),
+                        perf,
+                        cells,
+                        accepted,
+                    })
                 })
                 .collect();
             prev.cdns.clear();
@@ -146,17 +178,18 @@ impl Store {
             }
         }
         let mut out = Recorded::default();
-        let Some(Some((_, perf, region_cells))) = n.regions.get_mut(region) else {
+        let Some(Some(rc)) = n.regions.get_mut(region) else {
             out.unused = samples.len() as u64;
             return Ok(out);
         };
         for (&i, (_, s)) in idx.iter().zip(samples) {
-            if region_cells[i].record(perf, net, s, now_ms) {
+            if rc.cells[i].record(&rc.perf, net, s, now_ms) {
                 out.accepted += 1;
             } else {
                 out.refused_share += 1;
             }
         }
+        rc.accepted += out.accepted;
         Ok(out)
     }
 
@@ -167,17 +200,93 @@ impl Store {
     }
 
     /// The aggregate of each CDN of (name, region) over the window ending at `now_ms`,
-    /// and the samples refused there.
-    pub fn aggregates(&self, name: &str, region: usize, now_ms: u64) -> Vec<(Aggregate, u64)> {
+    /// this node's samples and the other nodes' of a set (`remote`), and the samples
+    /// refused here.
+    pub fn aggregates(
+        &self,
+        name: &str,
+        region: usize,
+        now_ms: u64,
+        remote: &[Arc<NodeCells>],
+    ) -> Vec<(Aggregate, u64)> {
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(Some((_, perf, cells))) = cells.get(name).and_then(|n| n.regions.get(region))
-        else {
+        let Some(n) = cells.get(name) else {
             return Vec::new();
         };
-        cells
+        let Some(Some(rc)) = n.regions.get(region) else {
+            return Vec::new();
+        };
+        let theirs: Vec<&NodeCells> = remote
             .iter()
-            .map(|c| (cell::aggregate(c.window(perf, now_ms)), c.refused))
+            .filter(|r| r.name == name && r.region == region && r.region_name == rc.region)
+            .filter(|r| r.window_ms == cell::window_ms(&rc.perf))
+            .map(|r| &**r)
+            .collect();
+        rc.cells
+            .iter()
+            .zip(&n.cdns)
+            .map(|(c, cdn)| {
+                let other = theirs
+                    .iter()
+                    .filter_map(|r| r.cdns.get(cdn))
+                    .flatten()
+                    .filter(|b| cell::in_window(b, &rc.perf, now_ms));
+                (
+                    cell::aggregate(c.window(&rc.perf, now_ms).chain(other)),
+                    c.refused,
+                )
+            })
             .collect()
+    }
+
+    /// The regions that took samples since `written` said (by (name, region): the
+    /// samples accepted then), each with the buckets of its window now: what a node
+    /// of a set shares. With each, the samples accepted so far.
+    pub fn changed(
+        &self,
+        written: &BTreeMap<(String, usize), u64>,
+        now_ms: u64,
+    ) -> Vec<(NodeCells, u64)> {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (name, n) in cells.iter() {
+            for (i, rc) in n.regions.iter().enumerate() {
+                let Some(rc) = rc else { continue };
+                let seen = written.get(&(name.clone(), i)).copied().unwrap_or(0);
+                if rc.accepted == seen {
+                    continue;
+                }
+                let cdns = n
+                    .cdns
+                    .iter()
+                    .zip(&rc.cells)
+                    .map(|(cdn, c)| (cdn.clone(), c.window(&rc.perf, now_ms).cloned().collect()))
+                    .collect();
+                let shared = NodeCells {
+                    node: String::new(),
+                    name: name.clone(),
+                    region: i,
+                    region_name: rc.region.clone(),
+                    window_ms: cell::window_ms(&rc.perf),
+                    cdns,
+                };
+                out.push((shared, rc.accepted));
+            }
+        }
+        out
+    }
+
+    /// How often a node of a set shares its cells: a bucket's width (the shortest of
+    /// every region's), from 100 ms to 5 s.
+    pub fn share_every(&self) -> std::time::Duration {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let width = cells
+            .values()
+            .flat_map(|n| n.regions.iter().flatten())
+            .map(|rc| cell::width_ms(&rc.perf))
+            .min()
+            .unwrap_or(1000);
+        std::time::Duration::from_millis(width.clamp(100, 5000))
     }
 }
 
@@ -195,8 +304,16 @@ struct Shift {
     target: Vec<f64>,
     reasons: Vec<PerfReason>,
     measured: Vec<(Aggregate, u64)>,
-    /// When the next period starts.
-    next: Instant,
+    /// The next evaluation (Unix ms): a multiple of the period, the same instants on
+    /// every node of a set.
+    next_ms: u64,
+    /// The evaluation in force (Unix ms; 0: none yet) and the node of a set that made
+    /// it.
+    evaluated_ms: u64,
+    evaluated_by: Option<String>,
+    /// A set's evaluation refused here (it does not fit this policy): not looked at
+    /// again.
+    refused_ms: u64,
 }
 
 impl Shift {
@@ -207,6 +324,24 @@ impl Shift {
             .zip(&policy)
             .all(|(s, p)| (s - p).abs() < 1e-9)
     }
+
+    fn period_ms(&self) -> u64 {
+        (self.perf.shift_period.as_millis() as u64).max(1)
+    }
+}
+
+/// One evaluation of one region: the shares from then on, where they are going and
+/// why. Put in force here (one node), or written for a set and put in force by every
+/// node from etcd.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluation {
+    pub name: String,
+    pub region: usize,
+    pub region_name: String,
+    /// A multiple of the period (Unix ms).
+    pub at_ms: u64,
+    /// By CDN: (name, share in force, target share, reason).
+    pub cdns: Vec<(String, f64, f64, PerfReason)>,
 }
 
 /// The performance modifier: a [`Shift`] per (name, region index) with a
@@ -215,6 +350,8 @@ impl Shift {
 pub struct Perf {
     store: Arc<Store>,
     shifts: BTreeMap<(String, usize), Shift>,
+    /// The other nodes' cells, in a set.
+    remote: Vec<Arc<NodeCells>>,
 }
 
 /// One CDN of a region, as `/v1/state`, `explain` and the status page show it.
@@ -245,7 +382,15 @@ pub struct RegionView {
     pub shift_period_seconds: f64,
     /// The shares in force differ from the target: a shift is under way.
     pub shifting: bool,
+    /// The evaluation in force (Unix ms), and in a set the node that made it.
+    pub evaluated_unix_ms: Option<u64>,
+    pub evaluated_by: Option<String>,
     pub cdns: Vec<CdnView>,
+}
+
+/// The first multiple of `period_ms` after `now_ms`.
+fn next_multiple(now_ms: u64, period_ms: u64) -> u64 {
+    (now_ms / period_ms + 1).saturating_mul(period_ms)
 }
 
 impl Perf {
@@ -256,7 +401,7 @@ impl Perf {
 
     /// Follows a (re)loaded policy: shifts of regions whose block, CDNs and weights
     /// are unchanged go on; others start again at the policy weights.
-    pub fn configure(&mut self, policy: &Policy, now: Instant) {
+    pub fn configure(&mut self, policy: &Policy, now_ms: u64) {
         self.store.configure(policy);
         let mut old = std::mem::take(&mut self.shifts);
         for host in &policy.hosts {
@@ -282,12 +427,23 @@ impl Perf {
                         target: modifier::policy_shares(&r.weights),
                         reasons: vec![PerfReason::PerfStale; cdns.len()],
                         measured: Vec::new(),
-                        next: now + perf.shift_period,
+                        next_ms: next_multiple(
+                            now_ms,
+                            (perf.shift_period.as_millis() as u64).max(1),
+                        ),
+                        evaluated_ms: 0,
+                        evaluated_by: None,
+                        refused_ms: 0,
                     },
                 };
                 self.shifts.insert(key, shift);
             }
         }
+    }
+
+    /// The other nodes' cells (a set): added to this node's at each evaluation.
+    pub fn set_remote(&mut self, remote: Vec<Arc<NodeCells>>) {
+        self.remote = remote;
     }
 
     /// Whether performance steering has CDN `cdn` of region `region` of `name` outside
@@ -299,32 +455,104 @@ impl Perf {
             .is_some_and(|r| matches!(r, PerfReason::PerfPenalty | PerfReason::PerfFloor))
     }
 
-    /// When the next shift period starts.
-    pub fn next_due(&self) -> Option<Instant> {
-        self.shifts.values().map(|s| s.next).min()
+    /// When the next evaluation is due (Unix ms).
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.shifts.values().map(|s| s.next_ms).min()
     }
 
-    /// Ends the periods due at `now` (wall clock `now_ms` for the windows): each
-    /// region measured, targeted and slewed. True when the weights changed.
-    pub fn tick(&mut self, now: Instant, now_ms: u64) -> bool {
-        let mut changed = false;
+    /// The evaluations due at `now_ms`, each region measured (this node's samples and
+    /// the set's), targeted and slewed from the shares in force. Nothing is put in
+    /// force here.
+    pub fn take_due(&mut self, now_ms: u64) -> Vec<Evaluation> {
+        let mut due = Vec::new();
         for ((name, region), s) in &mut self.shifts {
-            if s.next > now {
+            if s.next_ms > now_ms {
                 continue;
             }
-            s.measured = self.store.aggregates(name, *region, now_ms);
+            let period = s.period_ms();
+            s.next_ms = next_multiple(now_ms, period);
+            let at_ms = now_ms / period * period;
+            // The window ending just before the evaluation: at a multiple of the period
+            // (often a bucket's start) the bucket now has barely begun, and every node
+            // evaluating `at_ms` measures the same buckets.
+            let end = at_ms.saturating_sub(1);
+            s.measured = self.store.aggregates(name, *region, end, &self.remote);
             let usable: Vec<Option<f64>> =
                 s.measured.iter().map(|(a, _)| a.usable(&s.perf)).collect();
             let (target, reasons) = modifier::target(&s.perf, &s.policy, &usable);
             let shares = modifier::slew(&s.shares, &target, s.perf.max_shift_points);
-            if modifier::weights_of(&shares) != modifier::weights_of(&s.shares) {
-                changed = true;
-                tracing::info!(name = %name, region = %s.region, from = ?rounded(&s.shares), to = ?rounded(&shares), target = ?rounded(&target), reasons = ?reasons.iter().map(|r| r.as_str()).collect::<Vec<_>>(), "performance shift");
-            }
-            (s.shares, s.target, s.reasons) = (shares, target, reasons);
-            s.next = (s.next + s.perf.shift_period).max(now);
+            let cdns = (0..s.cdns.len())
+                .map(|i| (s.cdns[i].clone(), shares[i], target[i], reasons[i]))
+                .collect();
+            due.push(Evaluation {
+                name: name.clone(),
+                region: *region,
+                region_name: s.region.clone(),
+                at_ms,
+                cdns,
+            });
+        }
+        due
+    }
+
+    /// Ends the periods due at `now_ms` on a node alone: each region measured,
+    /// targeted, slewed and put in force. True when the weights changed.
+    pub fn tick(&mut self, now_ms: u64) -> bool {
+        let due = self.take_due(now_ms);
+        let mut changed = false;
+        for e in &due {
+            changed |= self.adopt(e, None).unwrap_or(false);
         }
         changed
+    }
+
+    /// Whether a set's evaluation of region `region` of `name` at `at_ms` is to be put
+    /// in force now: newer than the one in force, not refused before, and not
+    /// [`Perf::ahead`].
+    pub fn takes(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
+        self.shifts
+            .get(&(name.to_string(), region))
+            .is_some_and(|s| at_ms > s.evaluated_ms && at_ms != s.refused_ms)
+            && !self.ahead(name, region, at_ms, now_ms)
+    }
+
+    /// Whether an evaluation at `at_ms` is further ahead of `now_ms` than a period and
+    /// than [`crate::control::commit::AHEAD_MS`]: from a clock far ahead, or written by
+    /// hand. It is not taken, and the next evaluation writes over it.
+    pub fn ahead(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
+        self.shifts
+            .get(&(name.to_string(), region))
+            .is_some_and(|s| {
+                at_ms > now_ms.saturating_add(s.period_ms().max(crate::control::commit::AHEAD_MS))
+            })
+    }
+
+    /// Puts evaluation `e` in force (made by node `by` of a set, or here). `Err` says
+    /// why it does not fit this policy's region (then it is not looked at again): its
+    /// CDNs differ, a CDN the policy does not answer has a share, a CDN is under its
+    /// floor, or the shares do not add up to 100. `Ok(true)` when the weights changed.
+    pub fn adopt(&mut self, e: &Evaluation, by: Option<&str>) -> Result<bool, String> {
+        let Some(s) = self.shifts.get_mut(&(e.name.clone(), e.region)) else {
+            return Err("no such region with a `performance:` block".into());
+        };
+        match fits(s, e) {
+            Ok(()) => {}
+            Err(why) => {
+                s.refused_ms = e.at_ms;
+                return Err(why);
+            }
+        }
+        let shares: Vec<f64> = e.cdns.iter().map(|c| c.1).collect();
+        let target: Vec<f64> = e.cdns.iter().map(|c| c.2).collect();
+        let reasons: Vec<PerfReason> = e.cdns.iter().map(|c| c.3).collect();
+        let changed = modifier::weights_of(&shares) != modifier::weights_of(&s.shares);
+        if changed {
+            tracing::info!(name = %e.name, region = %s.region, from = ?rounded(&s.shares), to = ?rounded(&shares), target = ?rounded(&target), reasons = ?reasons.iter().map(|r| r.as_str()).collect::<Vec<_>>(), by = by.unwrap_or("this node"), "performance shift");
+        }
+        (s.shares, s.target, s.reasons) = (shares, target, reasons);
+        s.evaluated_ms = e.at_ms;
+        s.evaluated_by = by.map(str::to_string);
+        Ok(changed)
     }
 
     /// The policy with the weights of every shifted region replaced; `None` when
@@ -411,11 +639,46 @@ impl Perf {
                     max_shift_points: s.perf.max_shift_points,
                     shift_period_seconds: s.perf.shift_period.as_secs_f64(),
                     shifting: modifier::weights_of(&s.shares) != modifier::weights_of(&s.target),
+                    evaluated_unix_ms: (s.evaluated_ms > 0).then_some(s.evaluated_ms),
+                    evaluated_by: s.evaluated_by.clone(),
                     cdns,
                 }
             })
             .collect()
     }
+}
+
+/// Whether evaluation `e` fits shift `s`: the same region and CDNs, nothing for a
+/// CDN the policy does not answer, every CDN at or above its floor, shares adding up
+/// to 100.
+fn fits(s: &Shift, e: &Evaluation) -> Result<(), String> {
+    if e.region_name != s.region {
+        return Err(format!("region `{}`, not `{}`", e.region_name, s.region));
+    }
+    let names: Vec<&str> = e.cdns.iter().map(|c| c.0.as_str()).collect();
+    if names != s.cdns.iter().map(String::as_str).collect::<Vec<_>>() {
+        return Err(format!("CDNs {names:?}, not {:?}", s.cdns));
+    }
+    let policy = modifier::policy_shares(&s.policy);
+    let mut total = 0.0;
+    for ((cdn, share, target, _), p) in e.cdns.iter().zip(&policy) {
+        for v in [share, target] {
+            if !(v.is_finite() && (0.0..=100.0).contains(v)) {
+                return Err(format!("{cdn}: share {v} (0 to 100)"));
+            }
+        }
+        if *p == 0.0 && (*share > 0.0 || *target > 0.0) {
+            return Err(format!("{cdn}: a share where the policy gives none"));
+        }
+        if *share + 0.01 < s.perf.floor_percent.min(*p) {
+            return Err(format!("{cdn}: share {share} under the floor"));
+        }
+        total += share;
+    }
+    if policy.iter().sum::<f64>() > 0.0 && (total - 100.0).abs() > 0.5 {
+        return Err(format!("shares add up to {total}, not 100"));
+    }
+    Ok(())
 }
 
 fn round2(v: f64) -> f64 {

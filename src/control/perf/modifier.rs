@@ -18,7 +18,7 @@
 use crate::config::perf::{Metric, Performance};
 
 /// Why a CDN has the target share it has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PerfReason {
     PerfBand,
