@@ -1003,16 +1003,23 @@ fn explain(
             state
         }
     };
-    // The commit biases saved with it, applied as `serve` applies them (performance
-    // shifts are not saved: the policy's weights stand for them here).
+    // The performance shifts and commit biases saved with it, applied as `serve`
+    // applies them: perf, then commit, then failover and drains.
+    let mut perf = crate::control::perf::Perf::default();
+    perf.configure(&loaded.policy, now_ms);
+    if let Some(s) = &saved {
+        perf.restore(&s.performance, now_ms);
+    }
+    let shifted = perf.apply(&loaded.policy);
+    let base = shifted.as_ref().unwrap_or(&loaded.policy);
     let mut commit = crate::control::commit::Commit::default();
     commit.configure(&loaded.policy, now_ms);
     match saved.as_ref().and_then(|s| s.commit.as_ref()) {
         Some(c) => commit.restore(c),
         None => commit.ledger = crate::control::persist::saved_usage(state_dir).unwrap_or_default(),
     }
-    let committed = commit.apply(&loaded.policy, &|_: &str, _: usize, _: usize| false);
-    let (snapshot, _) = state.snapshot_for(&loaded, committed.as_ref().unwrap_or(&loaded.policy));
+    let committed = commit.apply(base, &|n: &str, r: usize, c: usize| perf.outside(n, r, c));
+    let (snapshot, _) = state.snapshot_for(&loaded, committed.as_ref().unwrap_or(base));
     let facts = crate::control::explain::Facts {
         loaded: &loaded,
         snapshot: &snapshot,
@@ -1041,6 +1048,7 @@ fn explain(
     };
     let explained = crate::control::explain::explain(&facts, &question).map(|mut e| {
         e.commit = commit.name_view(&e.name, now_ms);
+        e.performance = perf.region_view(&e.name, e.region.index);
         e
     });
     match explained {

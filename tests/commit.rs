@@ -306,45 +306,19 @@ fn predicted(slots: &[u64], mbps: f64) -> f64 {
 /// Fastly's share of 400 answers, as an operator measures it: dig, each query from
 /// another resolver address (`-b 127.65.x.y`), in one batch (percent).
 async fn fastly_share(s: &Stack) -> f64 {
-    let batch = s.dir.join("dig-batch.txt");
-    let lines: String = (0..400)
+    let queries: Vec<(std::net::IpAddr, Option<String>)> = (0..400)
         .map(|i| {
-            format!(
-                "-b 127.65.{}.{} www.example.com CNAME +short +time=2 +tries=2\n",
-                i / 200,
-                i % 200 + 1
+            (
+                format!("127.65.{}.{}", i / 200, i % 200 + 1)
+                    .parse()
+                    .unwrap(),
+                None,
             )
         })
         .collect();
-    std::fs::write(&batch, lines).unwrap();
-    let dns = s.dns;
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("dig")
-            .arg(format!("@{}", dns.ip()))
-            .args(["-p", &dns.port().to_string(), "-f"])
-            .arg(&batch)
-            .output()
-            .expect("dig runs")
-    })
-    .await
-    .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let cnames: Vec<&str> = text.lines().filter(|l| l.ends_with(".cdn.test.")).collect();
-    assert_eq!(cnames.len(), 400, "dig: {text}");
+    let cnames = common::dig_cnames(s.dns, &s.dir, "www.example.com", &queries).await;
     let fastly = cnames.iter().filter(|c| c.starts_with("fastly.")).count();
     100.0 * fastly as f64 / 400.0
-}
-
-/// Whether dig is here (it fails the test under CI when not).
-fn require_dig(test: &str) -> bool {
-    if common::etcd::have("dig") {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{test}: dig is required in CI (apt-get install -y dnsutils)");
-    }
-    eprintln!("SKIPPED {test}: dig not installed (apt-get install -y dnsutils)");
-    false
 }
 
 fn commit_doc(state: &Value) -> Value {
@@ -357,7 +331,7 @@ fn commit_doc(state: &Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_posted_live_moves_dns_shares_the_way_the_simulator_predicts() {
-    if !require_dig("usage_posted_live…") {
+    if !common::require_dig("usage_posted_live…") {
         return;
     }
     let dir = scratch("commit-live");
@@ -703,7 +677,7 @@ async fn feed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_read_from_a_url_is_taken_and_moves_shares() {
-    if !require_dig("usage_read_from_a_url…") {
+    if !common::require_dig("usage_read_from_a_url…") {
         return;
     }
     let dir = scratch("commit-feed");

@@ -198,6 +198,7 @@ impl Controller {
                 if let Some(commit) = &saved.commit {
                     self.commit.restore(commit);
                 }
+                let shifts = self.perf.restore(&saved.performance, now_ms());
                 self.state = ControlState::from_saved(&saved, &self.loaded, now, now_ms());
                 info!(
                     age_s = saved.age_ms() / 1000,
@@ -205,6 +206,7 @@ impl Controller {
                     overrides = self.state.drains.overrides.len(),
                     down = ?self.state.failover.down(),
                     steps = self.state.failover.steps.len(),
+                    performance_shifts = shifts,
                     "restored health and failover state"
                 );
                 self.tick_steps(now);
@@ -893,6 +895,7 @@ impl Controller {
         let saved = self.state_file.is_some().then(|| {
             let mut saved = self.state.saved(Instant::now());
             saved.commit = Some(self.commit.saved());
+            saved.performance = self.perf.saved();
             saved
         });
         self.show(saved);

@@ -52,6 +52,10 @@ pub struct Saved {
     /// Commit steering: the usage ledger and the biases in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<crate::control::commit::SavedCommit>,
+    /// Performance steering: the evaluation in force of every region with a
+    /// `performance:` block.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub performance: Vec<crate::control::perf::SavedShift>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -101,6 +105,7 @@ pub fn capture(
         frozen: None,
         frozen_tenants: BTreeMap::new(),
         commit: None,
+        performance: Vec::new(),
     }
 }
 

@@ -393,3 +393,56 @@ pub async fn hold(server: SocketAddr, from: &str, n: usize) -> Vec<TcpStream> {
     }
     held
 }
+
+/// Whether dig is here (it fails the test under CI when not).
+pub fn require_dig(test: &str) -> bool {
+    if etcd::have("dig") {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: dig is required in CI (apt-get install -y dnsutils)");
+    }
+    eprintln!("SKIPPED {test}: dig not installed (apt-get install -y dnsutils)");
+    false
+}
+
+/// The CNAME of `name` that `dns` answers to each query, as an operator measures it:
+/// one `dig -f` batch (written in `dir`), each query from its own resolver address
+/// (`-b`, a 127/8 address) with its ECS subnet if any (`+subnet`). Panics unless every
+/// query got a CNAME.
+pub async fn dig_cnames(
+    dns: SocketAddr,
+    dir: &std::path::Path,
+    name: &str,
+    queries: &[(IpAddr, Option<String>)],
+) -> Vec<String> {
+    let batch = dir.join("dig-batch.txt");
+    let lines: String = queries
+        .iter()
+        .map(|(from, subnet)| {
+            let ecs = subnet
+                .as_ref()
+                .map_or(String::new(), |s| format!(" +subnet={s}"));
+            format!("-b {from} {name} CNAME +short +time=2 +tries=2{ecs}\n")
+        })
+        .collect();
+    std::fs::write(&batch, lines).unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("dig")
+            .arg(format!("@{}", dns.ip()))
+            .args(["-p", &dns.port().to_string(), "-f"])
+            .arg(&batch)
+            .output()
+            .expect("dig runs")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cnames: Vec<String> = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with(';'))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(cnames.len(), queries.len(), "dig: {text}");
+    cnames
+}

@@ -95,6 +95,9 @@ pub struct SharedShift {
     /// The node that made it.
     pub node: String,
     pub region: String,
+    /// The region's policy weights it was made from (a node with others does not
+    /// take it).
+    pub policy: Vec<u32>,
     /// In the policy's order of CDNs.
     pub cdns: Vec<(String, ShiftedCdn)>,
 }
@@ -267,7 +270,7 @@ impl SharedShift {
         if self.region.is_empty() || self.region.len() > MAX_REGION_NAME {
             return Err("region name empty or too long".into());
         }
-        if self.cdns.len() > MAX_CDNS {
+        if self.cdns.len() > MAX_CDNS || self.policy.len() > MAX_CDNS {
             return Err(format!("more than {MAX_CDNS} CDNs"));
         }
         for (cdn, c) in &self.cdns {
@@ -290,6 +293,7 @@ impl SharedShift {
             region,
             region_name: self.region.clone(),
             at_ms: self.at_unix_ms,
+            policy: self.policy.clone(),
             cdns: self
                 .cdns
                 .iter()
@@ -303,6 +307,7 @@ impl SharedShift {
             at_unix_ms: e.at_ms,
             node: node.to_string(),
             region: e.region_name.clone(),
+            policy: e.policy.clone(),
             cdns: e
                 .cdns
                 .iter()

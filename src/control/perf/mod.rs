@@ -314,6 +314,9 @@ struct Shift {
     /// A set's evaluation refused here (it does not fit this policy): not looked at
     /// again.
     refused_ms: u64,
+    /// Restored from the state file: no evaluation before this (Unix ms), one window
+    /// after the start, while the samples come back.
+    hold_until_ms: u64,
 }
 
 impl Shift {
@@ -333,15 +336,27 @@ impl Shift {
 /// One evaluation of one region: the shares from then on, where they are going and
 /// why. Put in force here (one node), or written for a set and put in force by every
 /// node from etcd.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Evaluation {
     pub name: String,
     pub region: usize,
     pub region_name: String,
     /// A multiple of the period (Unix ms).
     pub at_ms: u64,
+    /// The policy weights it was made from (a node with others does not take it).
+    pub policy: Vec<u32>,
     /// By CDN: (name, share in force, target share, reason).
     pub cdns: Vec<(String, f64, f64, PerfReason)>,
+}
+
+/// The evaluation in force of one region, as the state file keeps it: taken back at
+/// start while the region's policy weights are the same and it fits.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedShift {
+    pub evaluation: Evaluation,
+    /// The node of a set that made it.
+    #[serde(default)]
+    pub by: Option<String>,
 }
 
 /// The performance modifier: a [`Shift`] per (name, region index) with a
@@ -434,6 +449,7 @@ impl Perf {
                         evaluated_ms: 0,
                         evaluated_by: None,
                         refused_ms: 0,
+                        hold_until_ms: 0,
                     },
                 };
                 self.shifts.insert(key, shift);
@@ -471,6 +487,9 @@ impl Perf {
             }
             let period = s.period_ms();
             s.next_ms = next_multiple(now_ms, period);
+            if now_ms < s.hold_until_ms {
+                continue;
+            }
             let at_ms = now_ms / period * period;
             // The window ending just before the evaluation: at a multiple of the period
             // (often a bucket's start) the bucket now has barely begun, and every node
@@ -489,6 +508,7 @@ impl Perf {
                 region: *region,
                 region_name: s.region.clone(),
                 at_ms,
+                policy: s.policy.clone(),
                 cdns,
             });
         }
@@ -528,8 +548,8 @@ impl Perf {
     }
 
     /// Puts evaluation `e` in force (made by node `by` of a set, or here). `Err` says
-    /// why it does not fit this policy's region (then it is not looked at again): its
-    /// CDNs differ, a CDN the policy does not answer has a share, a CDN is under its
+    /// why it does not fit this policy's region (then it is not looked at again): it
+    /// was made from other policy weights, its CDNs differ, a CDN the policy does not answer has a share, a CDN is under its
     /// floor, or the shares do not add up to 100. `Ok(true)` when the weights changed.
     pub fn adopt(&mut self, e: &Evaluation, by: Option<&str>) -> Result<bool, String> {
         let Some(s) = self.shifts.get_mut(&(e.name.clone(), e.region)) else {
@@ -553,6 +573,47 @@ impl Perf {
         s.evaluated_ms = e.at_ms;
         s.evaluated_by = by.map(str::to_string);
         Ok(changed)
+    }
+
+    /// The evaluation in force of every region evaluated since start, to save.
+    pub fn saved(&self) -> Vec<SavedShift> {
+        self.shifts
+            .iter()
+            .filter(|(_, s)| s.evaluated_ms > 0)
+            .map(|((name, region), s)| SavedShift {
+                evaluation: Evaluation {
+                    name: name.clone(),
+                    region: *region,
+                    region_name: s.region.clone(),
+                    at_ms: s.evaluated_ms,
+                    policy: s.policy.clone(),
+                    cdns: (0..s.cdns.len())
+                        .map(|i| (s.cdns[i].clone(), s.shares[i], s.target[i], s.reasons[i]))
+                        .collect(),
+                },
+                by: s.evaluated_by.clone(),
+            })
+            .collect()
+    }
+
+    /// Takes back saved evaluations (after [`Perf::configure`]): each that fits its
+    /// region (made from the same policy weights, see [`Perf::adopt`]). A region taken
+    /// back is not evaluated for one window from `now_ms`: its samples were not saved,
+    /// and an empty window would send it back towards the policy. How many were taken.
+    pub fn restore(&mut self, saved: &[SavedShift], now_ms: u64) -> usize {
+        let mut taken = 0;
+        for s in saved {
+            let e = &s.evaluation;
+            let key = (e.name.clone(), e.region);
+            if self.adopt(e, s.by.as_deref()).is_err() {
+                continue;
+            }
+            if let Some(shift) = self.shifts.get_mut(&key) {
+                shift.hold_until_ms = now_ms.saturating_add(shift.perf.window.as_millis() as u64);
+            }
+            taken += 1;
+        }
+        taken
     }
 
     /// The policy with the weights of every shifted region replaced; `None` when
@@ -648,12 +709,18 @@ impl Perf {
     }
 }
 
-/// Whether evaluation `e` fits shift `s`: the same region and CDNs, nothing for a
+/// Whether evaluation `e` fits shift `s`: the same region, policy weights and CDNs, nothing for a
 /// CDN the policy does not answer, every CDN at or above its floor, shares adding up
 /// to 100.
 fn fits(s: &Shift, e: &Evaluation) -> Result<(), String> {
     if e.region_name != s.region {
         return Err(format!("region `{}`, not `{}`", e.region_name, s.region));
+    }
+    if e.policy != s.policy {
+        return Err(format!(
+            "made from the policy weights {:?}, not {:?}",
+            e.policy, s.policy
+        ));
     }
     let names: Vec<&str> = e.cdns.iter().map(|c| c.0.as_str()).collect();
     if names != s.cdns.iter().map(String::as_str).collect::<Vec<_>>() {
