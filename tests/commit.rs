@@ -485,24 +485,7 @@ async fn usage_posted_live_moves_dns_shares_the_way_the_simulator_predicts() {
 
     // `explain` offline, from the state the server saved: the bias and the weights
     // it serves with, as the server explained them.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_steerdns"))
-        .args(["explain", "www.example.com", "--client", "81.2.69.142"])
-        .arg("--config")
-        .arg(dir.join("steering.yaml"))
-        .arg("--zones")
-        .arg(dir.join("zones"))
-        .arg("--geo")
-        .arg(dir.join("geo.mmdb"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::stack::explain_offline(&dir, "www.example.com", "81.2.69.142");
     assert!(
         text.contains("commit:  fastly gb_month") && text.contains("(cap_ahead)"),
         "{text}"

@@ -211,26 +211,7 @@ async fn state_metrics_status_and_explain_show_signing() {
     assert!(page.contains("<h2>DNSSEC</h2>"), "{page}");
     assert!(page.contains("<td>active</td>"), "{page}");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_steerdns"))
-        .current_dir(&dir)
-        .args(["explain", "www.example.com", "--client", "81.2.69.160"])
-        .args([
-            "--config",
-            "steering.yaml",
-            "--zones",
-            "zones",
-            "--geo",
-            "geo.mmdb",
-        ])
-        .args(["--probes", "probes", "--state-dir", "state"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::stack::explain_offline(&dir, "www.example.com", "81.2.69.160");
     assert!(
         text.contains("dnssec:  signed (DO=1 answers carry the CNAME's RRSIG), valid until 20"),
         "{text}"

@@ -685,18 +685,7 @@ async fn a_restart_keeps_the_shift_in_force() {
     feeder.abort();
     s.stop().await;
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_steerdns"))
-        .current_dir(&dir)
-        .args(["explain", "www.example.com", "--client", &player(5)])
-        .args(["--geo", "geo.mmdb", "--state-dir", "state"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::stack::explain_offline(&dir, "www.example.com", &player(5));
     assert!(
         text.contains("perf_floor"),
         "explain offline shows the shift:\n{text}"

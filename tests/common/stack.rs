@@ -476,3 +476,22 @@ pub async fn wait_state(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// `steerdns explain NAME --client CLIENT` run offline in a stack's directory `dir`,
+/// on its files and the state it saved (`--geo geo.mmdb --state-dir state`, the policy,
+/// zones and probes by their default names): its output, once it succeeded.
+pub fn explain_offline(dir: &Path, name: &str, client: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_steerdns"))
+        .current_dir(dir)
+        .args(["explain", name, "--client", client])
+        .args(["--geo", "geo.mmdb", "--state-dir", "state"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "explain: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}

@@ -696,6 +696,28 @@ impl SharedView {
     }
 }
 
+/// Writes an evaluation (`value` at `key`) for the set, in the background: created
+/// when the set has none (`rev` `None`), else replaced if the key is still at `rev`, so
+/// that the first node to evaluate a period wins; a failure is logged (`what`).
+pub(crate) fn write_evaluation(
+    etcd: &Etcd,
+    key: String,
+    value: Vec<u8>,
+    rev: Option<i64>,
+    what: &'static str,
+) {
+    let etcd = etcd.clone();
+    tokio::spawn(async move {
+        let written = match rev {
+            None => etcd.create(&key, &value).await,
+            Some(rev) => etcd.replace(&key, rev, &value).await,
+        };
+        if let Err(e) = written {
+            warn!(key = %key, error = %e, "cannot write the {what} for the set");
+        }
+    });
+}
+
 // === the session: read, watch, check liveness ===
 
 /// Starts the session with etcd: the controller reads [`Shared`] from the returned

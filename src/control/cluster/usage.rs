@@ -284,16 +284,8 @@ impl ClusterLink {
             };
             let key = commit_key(&self.prefix, &p.name);
             let value = serde_json::to_vec(&record).unwrap_or_default();
-            let (etcd, rev) = (self.etcd.clone(), seen.map(|(_, r)| *r));
-            tokio::spawn(async move {
-                let written = match rev {
-                    None => etcd.create(&key, &value).await,
-                    Some(rev) => etcd.replace(&key, rev, &value).await,
-                };
-                if let Err(e) = written {
-                    warn!(key = %key, error = %e, "cannot write the commit biases for the set");
-                }
-            });
+            let rev = seen.map(|(_, r)| *r);
+            super::write_evaluation(&self.etcd, key, value, rev, "commit biases");
         }
     }
 }
