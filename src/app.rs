@@ -220,6 +220,9 @@ pub struct ServeOptions {
     pub state: Option<StateFile>,
     /// This vantage point's name (in observations, logs and the probe User-Agent).
     pub vantage: String,
+    /// This vantage point's public address (`--vantage-address`): the prober's rounds
+    /// are performance samples of the region a client there gets; `None`: not used.
+    pub vantage_address: Option<std::net::IpAddr>,
     /// A node of a set sharing observations, timelines and overrides through etcd
     /// (`--etcd`); `None` for a single node.
     pub cluster: Option<ClusterOptions>,
@@ -284,6 +287,9 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         metrics.clone(),
         opts.state.clone(),
     );
+    if let Some(address) = opts.vantage_address {
+        controller.measure_from(address);
+    }
     if let Some(c) = &opts.cluster {
         if c.members.is_empty() {
             return Err(io::Error::other(

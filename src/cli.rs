@@ -70,6 +70,12 @@ pub enum Command {
         /// host name).
         #[arg(long, visible_alias = "node", value_name = "NAME")]
         vantage: Option<String>,
+        /// This vantage point's public address: each probe round's time to first byte
+        /// counts as a performance sample of the region a client at this address gets
+        /// (regions with a `performance:` block). Default: the prober's timings are
+        /// not used.
+        #[arg(long, value_name = "IP")]
+        vantage_address: Option<std::net::IpAddr>,
         #[command(flatten)]
         etcd: EtcdArgs,
         /// File holding the bearer token for the API's mutations (drains, freeze);
@@ -520,6 +526,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             state_dir,
             state_max_age_seconds,
             vantage,
+            vantage_address,
             etcd,
             reload_poll_ms,
             api_token_file,
@@ -564,6 +571,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                     Duration::from_secs(state_max_age_seconds),
                 )),
                 vantage,
+                vantage_address,
                 cluster,
                 steering: steering_http
                     .0

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::etcd::{require_etcd, EtcdSet};
+use common::mock_cdn::{MockCdn, Mode};
 use common::stack::{scratch, Stack};
 use serde_json::Value;
 use steerdns::control::cluster::{ClusterOptions, EtcdOptions};
@@ -713,4 +714,94 @@ async fn a_restart_keeps_the_shift_in_force() {
     .await;
     feeder.abort();
     s.stop().await;
+}
+
+/// The prober's time to first byte per vantage point: a node started with
+/// `--vantage-address 81.2.69.142` (GB in the test database) counts each probe round
+/// as a sample of the GB region, and only there. Its probe of fastly takes 150 ms to
+/// its first byte, cloudflare's a few ms: with no beacon at all, fastly goes down to
+/// its floor in GB, never more than 10 points per period, while the US region (no
+/// vantage point there) holds no sample and stays at its policy weights. A node
+/// probing the same CDNs without `--vantage-address` takes no sample: the prober's
+/// timings count only where the operator said the prober is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probers_first_byte_moves_the_region_of_its_vantage_point() {
+    let fastly = MockCdn::start(Mode::Slow(Duration::from_millis(150))).await;
+    let cloudflare = MockCdn::start(Mode::Healthy).await;
+    let block = "    performance:
+      metric: ttfb_p75
+      max_shift_points: 10
+      shift_period_seconds: 0.5
+      window_seconds: 4
+      min_samples: 8
+      min_networks: 1
+";
+    let policy = format!(
+        "hostname: www.example.com
+ttl: 30
+cdns:
+  fastly: {{ cname: fastly.cdn.test. }}
+  cloudflare: {{ cname: cloudflare.cdn.test. }}
+regions:
+  - name: gb
+    match: [GB]
+    weights: {{ fastly: 90, cloudflare: 10 }}
+{block}  - name: us
+    match: [US]
+    weights: {{ fastly: 90, cloudflare: 10 }}
+{block}  - match: [\"*\"]
+    weights: {{ fastly: 50, cloudflare: 50 }}
+"
+    );
+    let dirs = [scratch("perf-vantage"), scratch("perf-no-vantage")];
+    for dir in &dirs {
+        std::fs::write(dir.join("steering.yaml"), &policy).unwrap();
+        for (cdn, mock) in [("fastly", &fastly), ("cloudflare", &cloudflare)] {
+            let text = format!(
+                "url: {}\nexpect_body: healthy-v1\ninterval_seconds: 0.2\ntimeout_ms: 200\nmax_ttfb_ms: 190\nquorum: 1\n",
+                mock.url("/_health/v1.txt")
+            );
+            std::fs::write(dir.join("probes").join(format!("{cdn}.yaml")), text).unwrap();
+        }
+    }
+    let s = Stack::start_measuring_from(&dirs[0], "81.2.69.142").await;
+    let plain = Stack::start(&dirs[1]).await;
+    let seen = watch(&s, |f, r| f == 10.0 && r == "perf_floor").await;
+    for w in seen.windows(2) {
+        assert!(
+            w[0] - w[1] <= 10.0 + 1e-9,
+            "at most 10 points per period: {seen:?}"
+        );
+    }
+    let st = s.state().await;
+    let region = |st: &Value, name: &str| -> Value {
+        st["performance"]
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["region"] == name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let gb = region(&st, "gb");
+    assert_eq!(gb["vantage_address"], "81.2.69.142", "{gb:#}");
+    let measured = gb["cdns"][0]["measured"].as_f64().unwrap_or(0.0);
+    assert!(measured >= 150.0, "fastly's p75 from the prober: {gb:#}");
+    assert_eq!(gb["cdns"][0]["window"]["networks"], 1, "{gb:#}");
+    let us = region(&st, "us");
+    assert_eq!(us["vantage_address"], Value::Null, "{us:#}");
+    assert_eq!(us["cdns"][0]["share"], 90.0, "{us:#}");
+    assert_eq!(us["cdns"][0]["window"]["samples"], 0, "{us:#}");
+    let probe = s
+        .metric("steerdns_rum_samples_total{result=\"probe\"}")
+        .await;
+    assert!(
+        probe.unwrap_or(0.0) >= 16.0,
+        "probe samples counted: {probe:?}"
+    );
+    // The node without --vantage-address probed as often and took nothing.
+    assert!(plain.round("fastly").await >= 8);
+    let other = region(&plain.state().await, "gb");
+    assert_eq!(other["cdns"][0]["window"]["samples"], 0, "{other:#}");
+    assert_eq!(other["cdns"][0]["share"], 90.0, "{other:#}");
+    s.stop().await;
+    plain.stop().await;
 }

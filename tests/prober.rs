@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::mock_cdn::{MockCdn, Mode};
 use steerdns::config::probes::ProbeSpec;
-use steerdns::control::prober::probe_once;
+use steerdns::control::prober::{probe_once, probe_timed};
 
 /// Generous limits, so that a healthy answer passes on a loaded machine; the tests of
 /// `slow` and `timeout` tighten one of them against a mock slower still.
@@ -104,4 +104,38 @@ async fn host_header_pinned_address_and_cache_busting() {
         "{head}"
     );
     assert!(head.contains("cache-control: no-cache"), "{head}");
+}
+
+/// The time to first byte a probe hands to performance steering: measured when the
+/// head arrived (whether the probe then passes or not), the timeout when nothing came
+/// in time (a lower bound), nothing when the CDN could not be reached.
+#[tokio::test]
+async fn a_probe_times_its_first_byte() {
+    let cdn = MockCdn::start(Mode::Slow(Duration::from_millis(200))).await;
+    let s = spec(&cdn.url("/_health/v1.txt"));
+    let (result, ttfb) = probe_timed(&s, "ua").await;
+    assert_eq!(result, Ok(()));
+    let ttfb = ttfb.expect("a first byte");
+    assert!(ttfb >= Duration::from_millis(200), "{ttfb:?}");
+    assert!(ttfb < s.timeout, "{ttfb:?}");
+
+    cdn.set(Mode::Status(503));
+    let (result, ttfb) = probe_timed(&s, "ua").await;
+    assert!(result.is_err());
+    assert!(ttfb.is_some_and(|t| t < Duration::from_millis(200)), "{ttfb:?}");
+
+    cdn.set(Mode::Slow(Duration::from_secs(5)));
+    let short = ProbeSpec {
+        timeout: Duration::from_millis(300),
+        max_ttfb: Duration::from_millis(300),
+        ..s.clone()
+    };
+    let (result, ttfb) = probe_timed(&short, "ua").await;
+    assert!(result.is_err_and(|r| r.starts_with("timeout")));
+    assert_eq!(ttfb, Some(Duration::from_millis(300)));
+
+    cdn.set(Mode::Refused);
+    let (result, ttfb) = probe_timed(&s, "ua").await;
+    assert!(result.is_err_and(|r| r.starts_with("connect")));
+    assert_eq!(ttfb, None);
 }

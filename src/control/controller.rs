@@ -282,6 +282,12 @@ impl Controller {
         self.tokens.clone()
     }
 
+    /// Makes this node's prober a source of performance samples, located as a client
+    /// at `address` is (`--vantage-address`).
+    pub fn measure_from(&mut self, address: std::net::IpAddr) {
+        self.perf.measure_from(address);
+    }
+
     /// The store of performance samples (beacons, steering polls).
     pub fn perf_store(&self) -> Arc<perf::Store> {
         self.perf.store()
@@ -333,6 +339,7 @@ impl Controller {
         stop: CancellationToken,
     ) {
         self.export();
+        self.perf.locate(&live.load());
         self.live = Some(live);
         let (tx, mut rounds) = mpsc::channel(256);
         let mut probing = self.start_probing(&tx, &stop);
@@ -704,6 +711,9 @@ impl Controller {
                 self.perf.configure(&self.loaded.policy, now_ms());
                 self.commit.configure(&self.loaded.policy, now_ms());
                 self.publish();
+                if let Some(live) = &self.live {
+                    self.perf.locate(&live.load());
+                }
                 probes_changed
             }
         }
@@ -713,6 +723,10 @@ impl Controller {
         let Some(spec) = self.loaded.probes.get(&round.cdn).cloned() else {
             return;
         };
+        let taken = self
+            .perf
+            .probed(&round.cdn, round.ok, round.ttfb_ms, now_ms());
+        self.metrics.rum_samples("probe", taken);
         let latest = self.local.snapshot();
         // Until every CDN has been probed (since this one began failing, if it is), a
         // failure here cannot be told from a failure of this vantage point's network.

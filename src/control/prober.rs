@@ -116,6 +116,10 @@ impl Local {
 #[derive(Clone, Debug)]
 pub struct Round {
     pub cdn: String,
+    pub ok: bool,
+    /// The time to first byte (ms) when the CDN answered, or the timeout when it did
+    /// not answer in time (a lower bound); `None` when it could not be reached.
+    pub ttfb_ms: Option<u64>,
 }
 
 /// Probes every spec until `stop`, recording into `local` (which counts the rounds
@@ -150,22 +154,23 @@ pub fn spawn(
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
                 }
-                let (result, started) = {
+                let ((result, ttfb), started) = {
                     let Ok(_permit) = limit.acquire().await else {
                         return;
                     };
                     let started = Instant::now();
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        r = probe_once(&spec, &ua) => (r, started),
+                        r = probe_timed(&spec, &ua) => (r, started),
                     }
                 };
+                let ok = result.is_ok();
                 local.record(
                     &vantage,
                     &spec.cdn,
                     Observation {
                         round: 0,
-                        ok: result.is_ok(),
+                        ok,
                         reason: result.err().unwrap_or_else(|| "ok".into()),
                         age_ms: 0,
                     },
@@ -174,6 +179,8 @@ pub fn spawn(
                 if rounds
                     .send(Round {
                         cdn: spec.cdn.clone(),
+                        ok,
+                        ttfb_ms: ttfb.map(|t| t.as_millis() as u64),
                     })
                     .await
                     .is_err()
@@ -189,24 +196,46 @@ pub fn spawn(
 /// One probe; `Err` carries the reason (`timeout`, `connect: …`, `tls: …`,
 /// `status 503`, `body mismatch`, `slow: …`).
 pub async fn probe_once(spec: &ProbeSpec, user_agent: &str) -> Result<(), String> {
-    let (client, url) = client_for(spec).await?;
+    probe_timed(spec, user_agent).await.0
+}
+
+/// One probe, as [`probe_once`], with its time to first byte: measured when the
+/// response's head arrived, the timeout when none did in time (the time to first
+/// byte is at least that), `None` when the CDN could not be reached.
+pub async fn probe_timed(
+    spec: &ProbeSpec,
+    user_agent: &str,
+) -> (Result<(), String>, Option<Duration>) {
+    let (client, url) = match client_for(spec).await {
+        Ok(c) => c,
+        Err(why) => return (Err(why), None),
+    };
     let started = Instant::now();
     let request = client
         .get(url)
         .header(reqwest::header::USER_AGENT, user_agent)
         .header(reqwest::header::CACHE_CONTROL, "no-cache")
         .send();
-    let mut response = match tokio::time::timeout(spec.timeout, request).await {
+    let response = match tokio::time::timeout(spec.timeout, request).await {
         Err(_) => {
-            return Err(format!(
-                "timeout: no response in {} ms",
-                spec.timeout.as_millis()
-            ))
+            let why = format!("timeout: no response in {} ms", spec.timeout.as_millis());
+            return (Err(why), Some(spec.timeout));
         }
-        Ok(Err(e)) => return Err(describe(&e)),
+        Ok(Err(e)) if e.is_timeout() => return (Err(describe(&e)), Some(spec.timeout)),
+        Ok(Err(e)) => return (Err(describe(&e)), None),
         Ok(Ok(r)) => r,
     };
     let ttfb = started.elapsed();
+    (check(spec, response, started, ttfb).await, Some(ttfb))
+}
+
+/// The checks of a response whose head arrived after `ttfb`.
+async fn check(
+    spec: &ProbeSpec,
+    mut response: reqwest::Response,
+    started: Instant,
+    ttfb: Duration,
+) -> Result<(), String> {
     let status = response.status().as_u16();
     if status != spec.expect_status {
         return Err(format!("status {status} (expected {})", spec.expect_status));

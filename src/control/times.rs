@@ -27,6 +27,20 @@ pub fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
+/// How far ahead of a node's clock an evaluation of a set (a commit bias, a
+/// performance shift) may be and still be taken, besides one of its periods: the
+/// clock skew a set tolerates.
+pub const AHEAD_MS: u64 = 60_000;
+
+/// Whether a set's evaluation at `at_ms`, made every `period_ms`, is further ahead of
+/// `now_ms` than a period and [`AHEAD_MS`]: from a clock far ahead, or written by
+/// hand. It is not taken, and the next evaluation writes over it. (With one period
+/// alone, a node whose clock is 2 s behind a set evaluating every 0.5 s would refuse
+/// each of the set's evaluations and write over them.)
+pub fn far_ahead(at_ms: u64, period_ms: u64, now_ms: u64) -> bool {
+    at_ms > now_ms.saturating_add(period_ms.max(AHEAD_MS))
+}
+
 /// Deserializes a Unix time in ms, refusing one past [`MAX_TIME_MS`].
 pub fn bounded<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     let ms = u64::deserialize(d)?;

@@ -95,6 +95,32 @@ pub fn vantages(dir: &Path, urls: &[String]) {
     .unwrap();
 }
 
+/// How a stack runs besides its directory: the defaults are the tests' usual ones.
+pub struct Options {
+    /// Its vantage point's (node's) name.
+    pub vantage: String,
+    /// A node of a set (`--etcd`).
+    pub cluster: Option<steerdns::control::cluster::ClusterOptions>,
+    /// How often the inputs are checked for edits.
+    pub reload_poll: Duration,
+    /// `--usage-url` and how often it is read.
+    pub usage: Option<(reqwest::Url, Duration)>,
+    /// `--vantage-address`.
+    pub vantage_address: Option<std::net::IpAddr>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            vantage: "test".into(),
+            cluster: None,
+            reload_poll: Duration::from_millis(50),
+            usage: None,
+            vantage_address: None,
+        }
+    }
+}
+
 impl Stack {
     pub async fn start(dir: &Path) -> Stack {
         Stack::start_with_disk(dir, DiskFaults::default()).await
@@ -103,13 +129,17 @@ impl Stack {
     /// As [`Stack::start`], saving the state through `disk` (simulated disk faults
     /// the test can switch on and off).
     pub async fn start_with_disk(dir: &Path, disk: DiskFaults) -> Stack {
-        Stack::start_full(dir, disk, "test", None, Duration::from_millis(50)).await
+        Stack::start_with(dir, disk, Options::default()).await
     }
 
     /// As [`Stack::start`], checking the inputs for edits every `poll` (the tests' 50
     /// ms elsewhere).
     pub async fn start_polling(dir: &Path, poll: Duration) -> Stack {
-        Stack::start_full(dir, DiskFaults::default(), "test", None, poll).await
+        let opts = Options {
+            reload_poll: poll,
+            ..Options::default()
+        };
+        Stack::start_with(dir, DiskFaults::default(), opts).await
     }
 
     /// A node `name` of a set sharing one view through etcd (`serve --etcd`).
@@ -118,42 +148,35 @@ impl Stack {
         name: &str,
         cluster: steerdns::control::cluster::ClusterOptions,
     ) -> Stack {
-        Stack::start_full(
-            dir,
-            DiskFaults::default(),
-            name,
-            Some(cluster),
-            Duration::from_millis(50),
-        )
-        .await
-    }
-
-    async fn start_full(
-        dir: &Path,
-        disk: DiskFaults,
-        vantage: &str,
-        cluster: Option<steerdns::control::cluster::ClusterOptions>,
-        reload_poll: Duration,
-    ) -> Stack {
-        Stack::start_opts(dir, disk, vantage, cluster, reload_poll, None).await
+        let opts = Options {
+            vantage: name.into(),
+            cluster: Some(cluster),
+            ..Options::default()
+        };
+        Stack::start_with(dir, DiskFaults::default(), opts).await
     }
 
     /// As [`Stack::start`], reading usage records from `url` every `every`
     /// (`--usage-url`).
     pub async fn start_with_usage_url(dir: &Path, url: &str, every: Duration) -> Stack {
-        let usage = Some((url.parse().unwrap(), every));
-        let disk = DiskFaults::default();
-        Stack::start_opts(dir, disk, "test", None, Duration::from_millis(50), usage).await
+        let opts = Options {
+            usage: Some((url.parse().unwrap(), every)),
+            ..Options::default()
+        };
+        Stack::start_with(dir, DiskFaults::default(), opts).await
     }
 
-    async fn start_opts(
-        dir: &Path,
-        disk: DiskFaults,
-        vantage: &str,
-        cluster: Option<steerdns::control::cluster::ClusterOptions>,
-        reload_poll: Duration,
-        usage: Option<(reqwest::Url, Duration)>,
-    ) -> Stack {
+    /// As [`Stack::start`], the prober's rounds counting as performance samples of
+    /// a client at `address` (`--vantage-address`).
+    pub async fn start_measuring_from(dir: &Path, address: &str) -> Stack {
+        let opts = Options {
+            vantage_address: Some(address.parse().unwrap()),
+            ..Options::default()
+        };
+        Stack::start_with(dir, DiskFaults::default(), opts).await
+    }
+
+    pub async fn start_with(dir: &Path, disk: DiskFaults, o: Options) -> Stack {
         let inputs = Inputs {
             config: dir.join("steering.yaml"),
             zones: dir.join("zones"),
@@ -166,7 +189,7 @@ impl Stack {
         let opts = ServeOptions {
             api_hosts: Vec::new(),
             inputs: inputs.clone(),
-            reload_poll,
+            reload_poll: o.reload_poll,
             listen: vec!["127.0.0.1:0".parse().unwrap()],
             dns: app::DnsOptions {
                 udp_sockets: 2,
@@ -179,15 +202,16 @@ impl Stack {
                 max_age: Duration::from_secs(60),
                 disk: disk.clone(),
             }),
-            vantage: vantage.into(),
-            cluster,
+            vantage: o.vantage,
+            vantage_address: o.vantage_address,
+            cluster: o.cluster,
             // 127.0.0.1 is a trusted proxy: tests place players with X-Forwarded-For.
             steering: Some(steerdns::control::content::SteeringOptions::new(
                 "127.0.0.1:0".parse().unwrap(),
                 vec!["127.0.0.1/32".parse().unwrap()],
             )),
-            usage_poll: usage.as_ref().map_or(Duration::from_secs(30), |u| u.1),
-            usage_url: usage.map(|u| u.0),
+            usage_poll: o.usage.as_ref().map_or(Duration::from_secs(30), |u| u.1),
+            usage_url: o.usage.map(|u| u.0),
         };
         let svc = app::serve(loaded, &opts).await.unwrap();
         Stack {

@@ -15,7 +15,7 @@
 //!   node puts in force what the key says, its own result included, when the watch
 //!   brings it: no node's history or start time can make it serve other biases.
 //! - An evaluation further ahead of a node's clock than a period (and than a minute,
-//!   [`crate::control::commit::AHEAD_MS`]: clocks a second or two apart must not
+//!   [`crate::control::times::AHEAD_MS`]: clocks a second or two apart must not
 //!   refuse each other's) is not taken (a clock far ahead, or a key written by hand), and the next evaluation writes over it: it
 //!   cannot hold the set.
 //! - Failing static, a node evaluates nothing and holds the biases in force; usage

@@ -29,13 +29,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::contract::{CommitSettings, Contract};
 use crate::config::Policy;
 use crate::control::perf::modifier::{policy_shares, weights_of};
+use crate::control::times::far_ahead;
 use bias::{Bias, Facts};
 use ledger::{Ledger, Record, Taken};
 use month::Month;
-
-/// How far ahead of a node's clock the set's evaluation may be and still be taken,
-/// at least: clocks of a set within a second or two, with room to spare.
-pub const AHEAD_MS: u64 = 60_000;
 
 /// At most this many shares are remembered per CDN (one per evaluation).
 const HISTORY: usize = 2048;
@@ -464,16 +461,12 @@ impl Commit {
         self.hosts.get(name).is_some_and(|h| at_ms > h.at_ms) && !self.ahead(name, at_ms, now_ms)
     }
 
-    /// Whether an evaluation of `name` at `at_ms` is further ahead of `now_ms` than a
-    /// period, or than [`AHEAD_MS`] for short periods: written by a clock far ahead, or
-    /// by hand. Kept, it would hold every node of a set until then; it is not taken, and
-    /// the next evaluation replaces it. (With one period alone, a node whose clock is 2 s
-    /// behind a set evaluating every 0.5 s would refuse each of the set's evaluations
-    /// and write over them.)
+    /// Whether an evaluation of `name` at `at_ms` is [`far_ahead`] of `now_ms`: kept,
+    /// it would hold every node of a set until then.
     pub fn ahead(&self, name: &str, at_ms: u64, now_ms: u64) -> bool {
         self.hosts
             .get(name)
-            .is_some_and(|h| at_ms > now_ms.saturating_add(period_ms(&h.settings).max(AHEAD_MS)))
+            .is_some_and(|h| far_ahead(at_ms, period_ms(&h.settings), now_ms))
     }
 
     /// `base` with every biased region's weights replaced; `None` when no bias is in

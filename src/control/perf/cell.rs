@@ -144,6 +144,17 @@ impl Cell {
             self.refused += 1;
             return false;
         }
+        self.add(perf, net, s, now_ms)
+    }
+
+    /// Adds a sample of this node's own prober (the vantage point's network `net`):
+    /// the operator's measurement, not a client's claim, so not held to a network's
+    /// share. False only when the bucket already keeps its most networks.
+    pub fn record_own(&mut self, perf: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
+        self.add(perf, net, s, now_ms)
+    }
+
+    fn add(&mut self, perf: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
         let b = self.bucket(perf, now_ms);
         if b.nets.len() >= MAX_NETWORKS_PER_BUCKET && !b.nets.contains_key(&net) {
             self.refused += 1;

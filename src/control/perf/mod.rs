@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! POST /rum/{name} (beacons)  ─┐
-//! steering polls' throughput   ├─▶ Store: a Cell per (name, region, CDN), a sliding
-//!                              ┘          window of log-bucketed histograms (cell.rs)
+//! steering polls' throughput   │
+//! probe rounds (--vantage-     ├─▶ Store: a Cell per (name, region, CDN), a sliding
+//!   address: the prober's TTFB)┘          window of log-bucketed histograms (cell.rs)
 //! controller, at each multiple of a region's shift period (wall clock):
 //!   Store aggregates (+ the set's) ─▶ modifier::target (band, penalty, floor)
 //!   ─▶ modifier::slew ─▶ an Evaluation, put in force here (one node) or written for
@@ -35,6 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::perf::Performance;
 use crate::config::Policy;
+use crate::plan::Snapshot;
 use cell::{Aggregate, Cell, Sample};
 use modifier::PerfReason;
 
@@ -191,6 +193,64 @@ impl Store {
         }
         rc.accepted += out.accepted;
         Ok(out)
+    }
+
+    /// Adds a round of this node's prober for `cdn` as a sample of each of `regions`
+    /// (where its vantage point's address lands, [`Store::vantage_regions`]) that has
+    /// the CDN, from the vantage point's network `net`; how many cells took it.
+    pub fn record_probe(
+        &self,
+        regions: &[(String, usize, String)],
+        net: u64,
+        cdn: &str,
+        s: &Sample,
+        now_ms: u64,
+    ) -> u64 {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut taken = 0;
+        for (name, region, _) in regions {
+            let Some(n) = cells.get_mut(name) else {
+                continue;
+            };
+            let Some(i) = n.cdns.iter().position(|c| c == cdn) else {
+                continue;
+            };
+            let Some(Some(rc)) = n.regions.get_mut(*region) else {
+                continue;
+            };
+            if rc.cells[i].record_own(&rc.perf, net, s, now_ms) {
+                rc.accepted += 1;
+                taken += 1;
+            }
+        }
+        taken
+    }
+
+    /// The region a client at `vantage` gets, for each steered name where that region
+    /// has a `performance:` block: (name, region index, region name). Located as a
+    /// client at that address is, with the snapshot's geo database and plan.
+    pub fn vantage_regions(
+        &self,
+        snapshot: &Snapshot,
+        vantage: IpAddr,
+    ) -> Vec<(String, usize, String)> {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (name, n) in cells.iter() {
+            let Ok(dns_name) = hickory_proto::rr::Name::from_ascii(name) else {
+                continue;
+            };
+            let Some(steered) = snapshot.plan.get(&dns_name) else {
+                continue;
+            };
+            let place = steered.locate(&snapshot.geo, vantage);
+            let region = steered.decide(vantage, &place, &snapshot.geo, false).region;
+            if let Some(Some(rc)) = n.regions.get(region) {
+                out.push((name.clone(), region, rc.region.clone()));
+            }
+        }
+        out.sort();
+        out
     }
 
     /// Whether a beacon from `net` may be taken now (its source's rate).
@@ -367,6 +427,17 @@ pub struct Perf {
     shifts: BTreeMap<(String, usize), Shift>,
     /// The other nodes' cells, in a set.
     remote: Vec<Arc<NodeCells>>,
+    /// This node's vantage point (`--vantage-address`), and where it lands: its
+    /// prober's rounds are samples there.
+    vantage: Option<Vantage>,
+}
+
+/// Where this node's prober measures from.
+#[derive(Clone, Debug)]
+struct Vantage {
+    address: IpAddr,
+    /// (name, region index, region name), from [`Store::vantage_regions`].
+    regions: Vec<(String, usize, String)>,
 }
 
 /// One CDN of a region, as `/v1/state`, `explain` and the status page show it.
@@ -400,6 +471,9 @@ pub struct RegionView {
     /// The evaluation in force (Unix ms), and in a set the node that made it.
     pub evaluated_unix_ms: Option<u64>,
     pub evaluated_by: Option<String>,
+    /// This node's vantage point (`--vantage-address`) when it lands in this region:
+    /// its prober's rounds are samples here.
+    pub vantage_address: Option<String>,
     pub cdns: Vec<CdnView>,
 }
 
@@ -412,6 +486,58 @@ impl Perf {
     /// The store beacons and steering polls add to.
     pub fn store(&self) -> Arc<Store> {
         self.store.clone()
+    }
+
+    /// Makes this node's prober a source of samples: each round's time to first byte
+    /// and outcome, in the region a client at `address` gets ([`Perf::locate`]).
+    pub fn measure_from(&mut self, address: IpAddr) {
+        self.vantage = Some(Vantage {
+            address,
+            regions: Vec::new(),
+        });
+    }
+
+    /// Locates the vantage point again in `snapshot` (after a reload) and logs where
+    /// its prober's rounds count.
+    pub fn locate(&mut self, snapshot: &Snapshot) {
+        let Some(v) = &mut self.vantage else {
+            return;
+        };
+        let regions = self.store.vantage_regions(snapshot, v.address);
+        if regions != v.regions {
+            let at: Vec<String> = regions.iter().map(|(n, _, r)| format!("{n} {r}")).collect();
+            tracing::info!(
+                address = %v.address,
+                regions = %at.join(", "),
+                "the prober's time to first byte counts as samples of these regions (--vantage-address)"
+            );
+            v.regions = regions;
+        }
+    }
+
+    /// Adds a round of this node's prober of `cdn` (with `--vantage-address`); how
+    /// many cells took it.
+    pub fn probed(&self, cdn: &str, ok: bool, ttfb_ms: Option<u64>, now_ms: u64) -> u64 {
+        let Some(v) = &self.vantage else {
+            return 0;
+        };
+        let sample = Sample {
+            ttfb_ms,
+            throughput_bps: None,
+            ok: Some(ok),
+        };
+        let net = network(v.address);
+        self.store
+            .record_probe(&v.regions, net, cdn, &sample, now_ms)
+    }
+
+    /// Whether this node's prober measures region `region` of `name`.
+    fn vantage_in(&self, name: &str, region: usize) -> Option<String> {
+        let v = self.vantage.as_ref()?;
+        v.regions
+            .iter()
+            .any(|(n, r, _)| n == name && *r == region)
+            .then(|| v.address.to_string())
     }
 
     /// Follows a (re)loaded policy: shifts of regions whose block, CDNs and weights
@@ -521,7 +647,14 @@ impl Perf {
         let due = self.take_due(now_ms);
         let mut changed = false;
         for e in &due {
-            changed |= self.adopt(e, None).unwrap_or(false);
+            match self.adopt(e, None) {
+                Ok(c) => changed |= c,
+                // An evaluation made here from this policy always fits: a refusal is a
+                // defect, said rather than dropped.
+                Err(why) => {
+                    tracing::warn!(name = %e.name, region = %e.region_name, reason = %why, "performance evaluation refused")
+                }
+            }
         }
         changed
     }
@@ -536,15 +669,12 @@ impl Perf {
             && !self.ahead(name, region, at_ms, now_ms)
     }
 
-    /// Whether an evaluation at `at_ms` is further ahead of `now_ms` than a period and
-    /// than [`crate::control::commit::AHEAD_MS`]: from a clock far ahead, or written by
-    /// hand. It is not taken, and the next evaluation writes over it.
+    /// Whether an evaluation at `at_ms` is [`crate::control::times::far_ahead`] of
+    /// `now_ms`: it is not taken, and the next evaluation writes over it.
     pub fn ahead(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
         self.shifts
             .get(&(name.to_string(), region))
-            .is_some_and(|s| {
-                at_ms > now_ms.saturating_add(s.period_ms().max(crate::control::commit::AHEAD_MS))
-            })
+            .is_some_and(|s| crate::control::times::far_ahead(at_ms, s.period_ms(), now_ms))
     }
 
     /// Puts evaluation `e` in force (made by node `by` of a set, or here). `Err` says
@@ -670,7 +800,7 @@ impl Perf {
     pub fn view(&self) -> Vec<RegionView> {
         self.shifts
             .iter()
-            .map(|((name, _), s)| {
+            .map(|((name, region), s)| {
                 let policy = modifier::policy_shares(&s.policy);
                 let cdns = s
                     .cdns
@@ -702,6 +832,7 @@ impl Perf {
                     shifting: modifier::weights_of(&s.shares) != modifier::weights_of(&s.target),
                     evaluated_unix_ms: (s.evaluated_ms > 0).then_some(s.evaluated_ms),
                     evaluated_by: s.evaluated_by.clone(),
+                    vantage_address: self.vantage_in(name, *region),
                     cdns,
                 }
             })

@@ -65,6 +65,12 @@ pub fn explain(f: &mut std::fmt::Formatter<'_>, r: &RegionView) -> std::fmt::Res
         r.shift_period_seconds,
         if r.shifting { "; shifting" } else { "" }
     )?;
+    if let Some(at) = &r.vantage_address {
+        writeln!(
+            f,
+            "perf:    this node's prober measures here (--vantage-address {at})"
+        )?;
+    }
     for c in &r.cdns {
         let measured = c
             .measured
