@@ -399,6 +399,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         reload_tx,
         stop.clone(),
         loaded.geo_cache.clone(),
+        loaded.policy.dnssec.as_ref().map(|d| d.keys.clone()),
     );
     let writers = controller.writers();
     tokio::spawn(controller.run(dns.live().clone(), reload_rx, command_rx, stop.clone()));

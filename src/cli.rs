@@ -181,7 +181,7 @@ pub enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
-    /// DNSSEC zone keys: make one, print the DS records for the parent zone.
+    /// DNSSEC zone keys: make one, roll one over, show their status, print the DS records for the parent zone.
     Dnssec {
         #[command(subcommand)]
         command: DnssecCommand,
@@ -316,6 +316,33 @@ pub enum DnssecCommand {
         /// The key directory (`dnssec: keys:` of the policy).
         #[arg(long, value_name = "DIR", default_value = "keys/")]
         keys: PathBuf,
+    },
+    /// Roll ZONE's key over: write its successor (of the same algorithm) and the old
+    /// key's retirement into the key directory, timed as RFC 7583 says from the policy's `dnssec: rollover:`
+    /// (at the scheduled time, `every` after the current key began signing; or with
+    /// --now as soon as the files can reach every node). Prints the timeline and what
+    /// to do at the parent.
+    Rollover {
+        zone: String,
+        /// Start now (plus `propagation`), not at the scheduled time.
+        #[arg(long)]
+        now: bool,
+        /// The steering policy (its `dnssec:` block).
+        #[arg(long, value_name = "FILE", default_value = "steering.yaml")]
+        config: PathBuf,
+        /// The directory of zone files (their TTLs time the rollover).
+        #[arg(long, value_name = "DIR", default_value = "zones/")]
+        zones: PathBuf,
+    },
+    /// Print each key's phase and times, the DS the parent should hold, and what is
+    /// due next (a rollover to start, a DS to replace at the parent).
+    Status {
+        /// The steering policy (its `dnssec:` block).
+        #[arg(long, value_name = "FILE", default_value = "steering.yaml")]
+        config: PathBuf,
+        /// The directory of zone files.
+        #[arg(long, value_name = "DIR", default_value = "zones/")]
+        zones: PathBuf,
     },
     /// Print the DS records (SHA-256) of ZONE's published keys, for the parent zone.
     Ds {
@@ -700,6 +727,16 @@ fn dnssec(command: DnssecCommand) -> ExitCode {
             keys,
         } => crate::dnssec::keygen(&keys, &zone, algorithm, now)
             .map(|path| println!("{}", path.display())),
+        DnssecCommand::Rollover {
+            zone,
+            now: start_now,
+            config,
+            zones,
+        } => crate::dnssec::rollover_command(&config, &zones, &zone, now, start_now)
+            .map(|text| println!("{text}")),
+        DnssecCommand::Status { config, zones } => {
+            crate::dnssec::status_command(&config, &zones, now).map(|text| print!("{text}"))
+        }
         DnssecCommand::Ds { zone, keys } => crate::dnssec::ds(&keys, &zone, now).map(|lines| {
             for l in lines {
                 println!("{l}");

@@ -199,10 +199,19 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
 pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
 
 pub fn fingerprint(inputs: &Inputs) -> Fingerprint {
+    fingerprint_with(inputs, None)
+}
+
+/// As [`fingerprint`], with the files of the DNSSEC key directory `keys` (a new or
+/// rolled key is taken without a SIGHUP; the keys are not in [`version`]).
+pub fn fingerprint_with(inputs: &Inputs, keys: Option<&Path>) -> Fingerprint {
     let mut files = vec![inputs.config.clone(), inputs.geo.clone()];
     files.extend(inputs.asn.clone());
     files.extend(inputs.api_tokens.clone());
-    for dir in [&inputs.zones, &inputs.probes] {
+    for dir in [inputs.zones.as_path(), inputs.probes.as_path()]
+        .into_iter()
+        .chain(keys)
+    {
         if let Ok(entries) = std::fs::read_dir(dir) {
             files.extend(
                 entries

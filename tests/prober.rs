@@ -122,7 +122,10 @@ async fn a_probe_times_its_first_byte() {
     cdn.set(Mode::Status(503));
     let (result, ttfb) = probe_timed(&s, "ua").await;
     assert!(result.is_err());
-    assert!(ttfb.is_some_and(|t| t < Duration::from_millis(200)), "{ttfb:?}");
+    assert!(
+        ttfb.is_some_and(|t| t < Duration::from_millis(200)),
+        "{ttfb:?}"
+    );
 
     cdn.set(Mode::Slow(Duration::from_secs(5)));
     let short = ProbeSpec {

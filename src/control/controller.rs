@@ -253,8 +253,16 @@ impl Controller {
         match d.refresh(&self.loaded.policy, &self.loaded.zones, now) {
             Ok(changed) => {
                 if changed {
-                    let until = d.signed().window.expiration;
-                    info!(until = %crate::control::times::rfc3339(until * 1000), "DNSSEC: signed again");
+                    let signed = d.signed();
+                    let keys: Vec<String> = signed
+                        .zones
+                        .iter()
+                        .map(|(z, published, active)| {
+                            format!("{z} published {published:?} signing {active:?}")
+                        })
+                        .collect();
+                    let until = signed.window.expiration;
+                    info!(until = %crate::control::times::rfc3339(until * 1000), keys = %keys.join("; "), "DNSSEC: signed again");
                 }
                 changed
             }

@@ -4,6 +4,7 @@
 //! to the controller, which swaps it in as one snapshot; a broken edit changes nothing
 //! and is logged with its file, line and field, and the last good input keeps serving.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Issues;
-use crate::inputs::{self, fingerprint, Inputs, Loaded};
+use crate::inputs::{self, fingerprint_with, Inputs, Loaded};
 
 /// What asked for a reload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,18 +37,20 @@ pub struct Reloaded {
 }
 
 /// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`; reuses
-/// the geo database of `geo` (the startup load's) while its files are unchanged.
+/// the geo database of `geo` (the startup load's) while its files are unchanged. The
+/// DNSSEC key directory `keys` (the last good policy's) is watched too.
 pub fn spawn(
     inputs: Inputs,
     poll: Duration,
     out: mpsc::Sender<Reloaded>,
     stop: CancellationToken,
     geo: inputs::GeoCache,
+    mut keys: Option<PathBuf>,
 ) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        let mut seen = fingerprint(&inputs);
+        let mut seen = fingerprint_with(&inputs, keys.as_deref());
         let cache = Arc::new(std::sync::Mutex::new(geo));
         loop {
             let tick = async {
@@ -69,7 +72,7 @@ pub fn spawn(
             let trigger = tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tick => {
-                    let now = fingerprint(&inputs);
+                    let now = fingerprint_with(&inputs, keys.as_deref());
                     if now == seen {
                         continue;
                     }
@@ -77,7 +80,7 @@ pub fn spawn(
                     Trigger::FileChange
                 }
                 _ = hangup => {
-                    seen = fingerprint(&inputs);
+                    seen = fingerprint_with(&inputs, keys.as_deref());
                     Trigger::Sighup
                 }
             };
@@ -94,6 +97,13 @@ pub fn spawn(
                     continue;
                 }
             };
+            if let Ok(loaded) = &result {
+                let now = loaded.policy.dnssec.as_ref().map(|d| d.keys.clone());
+                if now != keys {
+                    keys = now;
+                    seen = fingerprint_with(&inputs, keys.as_deref());
+                }
+            }
             if out.send(Reloaded { trigger, result }).await.is_err() {
                 return;
             }

@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use base64::Engine;
 use hickory_proto::dnssec::crypto::{signing_key_from_der, EcdsaSigningKey, Ed25519SigningKey};
-use hickory_proto::dnssec::rdata::{DNSKEY, DS};
+use hickory_proto::dnssec::rdata::{CDNSKEY, CDS, DNSKEY, DS};
+use hickory_proto::dnssec::PublicKey;
 use hickory_proto::dnssec::{Algorithm, DigestType, SigningKey};
 use hickory_proto::rr::Name;
 use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -67,6 +68,26 @@ impl Times {
         self.activate <= now && self.retire.is_none_or(|r| now < r)
     }
 
+    /// Whether the key signs the DNSKEY set at `now`: published and activated, retired
+    /// or not. A retired CSK still signs it until it is removed, so that a resolver
+    /// holding the parent's DS for it validates the DNSKEY set while the parent's DS
+    /// changes over (RFC 7583 §3.3, the double-KSK half of a CSK rollover).
+    pub fn signs_keys(&self, now: u64) -> bool {
+        self.published(now) && self.activate <= now
+    }
+
+    /// Its times, in order, to re-sign at each.
+    pub fn events(&self) -> impl Iterator<Item = u64> {
+        [
+            Some(self.publish),
+            Some(self.activate),
+            self.retire,
+            self.remove,
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     /// The key's phase at `now` (see `dnssec::KeyStatus::phase`).
     pub fn phase(&self, now: u64) -> &'static str {
         match (self.published(now), self.active(now)) {
@@ -102,6 +123,18 @@ pub fn algorithm(number: u8) -> Result<Algorithm, String> {
 
 /// A new key for `zone`, published and active from `now`: the file's name and text.
 pub fn generate(zone: &Name, number: u8, now: u64) -> Result<(String, String), String> {
+    let times = Times {
+        created: now,
+        publish: now,
+        activate: now,
+        retire: None,
+        remove: None,
+    };
+    generate_with(zone, number, times)
+}
+
+/// A new key for `zone` with `times`: the file's name and text.
+pub fn generate_with(zone: &Name, number: u8, times: Times) -> Result<(String, String), String> {
     let alg = algorithm(number)?;
     let pkcs8 = match alg {
         Algorithm::ED25519 => Ed25519SigningKey::generate_pkcs8(),
@@ -112,36 +145,40 @@ pub fn generate(zone: &Name, number: u8, now: u64) -> Result<(String, String), S
         zone: zone.to_lowercase().to_string(),
         algorithm: number,
         private_key: base64::engine::general_purpose::STANDARD.encode(pkcs8.secret_pkcs8_der()),
-        times: Times {
-            created: now,
-            publish: now,
-            activate: now,
-            retire: None,
-            remove: None,
-        },
+        times,
     };
-    let key = from_file(Path::new("new"), file)?;
-    let yaml = serde_yaml::to_string(&KeyFile {
-        zone: key.zone.to_string(),
-        algorithm: number,
-        private_key: base64::engine::general_purpose::STANDARD.encode(pkcs8.secret_pkcs8_der()),
-        times: key.times,
-    })
-    .map_err(|e| e.to_string())?;
-    let text = format!("# steerdns DNSSEC key (CSK); keep it owner-only (chmod 600)\n{yaml}");
-    Ok((key.file_name(), text))
+    let key = from_file(Path::new("new"), &file)?;
+    Ok((key.file_name(), text_of(&file)?))
+}
+
+/// A key file's text.
+fn text_of(file: &KeyFile) -> Result<String, String> {
+    let yaml = serde_yaml::to_string(file).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "# steerdns DNSSEC key (CSK); keep it owner-only (chmod 600)\n{yaml}"
+    ))
+}
+
+/// The text of key file `path` with its times replaced by `times` (the key kept).
+pub fn rewrite_times(path: &Path, times: Times) -> Result<String, String> {
+    let mut file = read(path)?;
+    file.times = times;
+    text_of(&file)
+}
+
+fn read(path: &Path) -> Result<KeyFile, String> {
+    let bytes = read_secret_file(path)?;
+    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
+    serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Reads one key file (owner-only).
 pub fn load(path: &Path) -> Result<Key, String> {
-    let bytes = read_secret_file(path)?;
-    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
-    let file: KeyFile =
-        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    from_file(path, file).map_err(|e| format!("{}: {e}", path.display()))
+    let file = read(path)?;
+    from_file(path, &file).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn from_file(path: &Path, file: KeyFile) -> Result<Key, String> {
+fn from_file(path: &Path, file: &KeyFile) -> Result<Key, String> {
     let zone = Name::from_str(&file.zone)
         .map_err(|e| format!("zone `{}`: {e}", file.zone))?
         .to_lowercase();
@@ -221,19 +258,38 @@ impl Key {
         &self.signing
     }
 
-    /// The DS record for the parent (SHA-256), in presentation form.
-    pub fn ds(&self) -> Result<String, String> {
+    /// The SHA-256 digest of the DNSKEY, as a DS or CDS carries it.
+    fn digest(&self) -> Result<Vec<u8>, String> {
         let digest = self
             .dnskey
             .to_digest(&self.zone, DigestType::SHA256)
             .map_err(|e| e.to_string())?;
-        let ds = DS::new(
-            self.tag,
-            self.algorithm,
-            DigestType::SHA256,
-            digest.as_ref().to_vec(),
-        );
+        Ok(digest.as_ref().to_vec())
+    }
+
+    /// The DS record for the parent (SHA-256), in presentation form.
+    pub fn ds(&self) -> Result<String, String> {
+        let ds = DS::new(self.tag, self.algorithm, DigestType::SHA256, self.digest()?);
         Ok(format!("{} IN DS {ds}", self.zone))
+    }
+
+    /// The CDS record asking the parent for this key's DS (RFC 7344).
+    pub fn cds(&self) -> Result<CDS, String> {
+        Ok(CDS::new(
+            self.tag,
+            Some(self.algorithm),
+            DigestType::SHA256,
+            self.digest()?,
+        ))
+    }
+
+    /// The CDNSKEY record: this key's DNSKEY, for parents that make the DS themselves.
+    pub fn cdnskey(&self) -> CDNSKEY {
+        CDNSKEY::with_flags(
+            self.dnskey.flags(),
+            Some(self.algorithm),
+            self.dnskey.public_key().public_bytes().to_vec(),
+        )
     }
 }
 
@@ -247,7 +303,7 @@ mod tests {
         for alg in [13, 15] {
             let (name, text) = generate(&zone, alg, 1_700_000_000).unwrap();
             let file: KeyFile = serde_yaml::from_str(&text).unwrap();
-            let key = from_file(Path::new(&name), file).unwrap();
+            let key = from_file(Path::new(&name), &file).unwrap();
             assert_eq!(key.file_name(), name);
             assert_eq!(u8::from(key.algorithm), alg);
             assert!(key.ds().unwrap().starts_with("example.com. IN DS "));

@@ -12,6 +12,7 @@
 //! directory holds a key for it.
 
 pub mod keys;
+pub mod rollover;
 pub mod sign;
 
 use std::collections::HashMap;
@@ -48,6 +49,9 @@ pub struct Signed {
     cnames: HashMap<(Name, Name), Arc<[u8]>>,
     /// Per signed zone: (origin, tags of the keys published, tags of those signing).
     pub zones: Vec<(Name, Vec<u16>, Vec<u16>)>,
+    /// The next time (Unix seconds) a key is published, activated, retired or
+    /// removed: the zones are signed again then.
+    pub keys_change: Option<u64>,
 }
 
 impl Signing {
@@ -93,32 +97,22 @@ impl Signing {
         let mut signed = HashMap::new();
         for z in zones.zones() {
             let of_zone = |k: &&Key| k.zone == *z.origin();
-            let published: Vec<&Key> = self
-                .keys
-                .iter()
-                .filter(of_zone)
-                .filter(|k| k.times.published(now))
-                .collect();
-            let active: Vec<&Key> = published
-                .iter()
-                .copied()
-                .filter(|k| k.times.active(now))
-                .collect();
-            if published.is_empty() && !self.keys.iter().any(|k| of_zone(&k)) {
+            if !self.keys.iter().any(|k| of_zone(&k)) {
                 continue;
             }
-            if active.is_empty() {
+            let mine = || self.keys.iter().filter(of_zone);
+            let keys = sign::ZoneKeys {
+                published: mine().filter(|k| k.times.published(now)).collect(),
+                key_signers: mine().filter(|k| k.times.signs_keys(now)).collect(),
+                active: mine()
+                    .filter(|k| k.times.published(now) && k.times.active(now))
+                    .collect(),
+            };
+            if keys.active.is_empty() {
                 return Err(format!("{}: no key is active now", z.origin()));
             }
-            let records = sign::sign_zone(
-                z.origin(),
-                z.records(),
-                &steered,
-                &published,
-                &active,
-                &self.settings,
-                w,
-            )?;
+            let records =
+                sign::sign_zone(z.origin(), z.records(), &steered, &keys, &self.settings, w)?;
             signed.insert(z.origin().clone(), z.handler_of(sign::shared(records)));
             for h in policy.hosts.iter().filter(|h| {
                 zones
@@ -127,22 +121,29 @@ impl Signing {
             }) {
                 let ttl = h.ttl.max(h.incident_ttl.unwrap_or(0));
                 for c in &h.cdns {
-                    let sigs = sign::cname_rrsigs(&h.name, &c.cname, ttl, &active, w)?;
+                    let sigs = sign::cname_rrsigs(&h.name, &c.cname, ttl, &keys.active, w)?;
                     cnames.insert((h.name.clone(), c.cname.clone()), Arc::from(sigs));
                 }
             }
             summary.push((
                 z.origin().clone(),
-                published.iter().map(|k| k.tag).collect(),
-                active.iter().map(|k| k.tag).collect(),
+                keys.published.iter().map(|k| k.tag).collect(),
+                keys.active.iter().map(|k| k.tag).collect(),
             ));
         }
         let catalog = zones.catalog_with(|z| signed.remove(z.origin()));
+        let keys_change = self
+            .keys
+            .iter()
+            .flat_map(|k| k.times.events())
+            .filter(|&t| t > now)
+            .min();
         Ok(Signed {
             window: w,
             catalog: Arc::new(catalog),
             cnames,
             zones: summary,
+            keys_change,
         })
     }
 }
@@ -154,17 +155,82 @@ pub fn keygen(dir: &Path, zone: &str, algorithm: u8, now: u64) -> Result<PathBuf
     let (name, text) = keys::generate(&zone, algorithm, now)?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(name);
+    write_owner_only(&path, text.as_bytes(), true)?;
+    Ok(path)
+}
+
+/// Writes `bytes` to `path`, owner-only (0600), synced; a new file only with
+/// `create_new`, else created or replaced.
+fn write_owner_only(path: &Path, bytes: &[u8], create_new: bool) -> Result<(), String> {
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
+    options.write(true);
+    if create_new {
+        options.create_new(true);
+    } else {
+        options.create(true).truncate(true);
+    }
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let mut f = options
-        .open(&path)
+        .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    f.write_all(text.as_bytes())
+    f.write_all(bytes)
         .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The policy's `dnssec:` settings and the zones, read from `config` and `zones` (for
+/// `dnssec rollover` and `dnssec status`).
+fn inputs(config: &Path, zones: &Path) -> Result<(Policy, Zones, DnssecSettings), String> {
+    let (policy, _) = crate::config::load(config).map_err(|e| e.to_string())?;
+    let settings = policy
+        .dnssec
+        .clone()
+        .ok_or_else(|| format!("{}: no `dnssec:` block", config.display()))?;
+    let (zones, _) = Zones::load(zones).map_err(|e| e.to_string())?;
+    Ok((policy, zones, settings))
+}
+
+/// The largest TTL zone `origin` signs: its records' and its steered names' (with
+/// the incident TTL).
+fn max_ttl(origin: &Name, policy: &Policy, zones: &Zones) -> u32 {
+    let records = zones
+        .zones()
+        .iter()
+        .filter(|z| z.origin() == origin)
+        .flat_map(|z| z.records().values().map(|s| s.ttl()));
+    let steered = policy
+        .hosts
+        .iter()
+        .filter(|h| origin.zone_of(&h.name))
+        .map(|h| h.ttl.max(h.incident_ttl.unwrap_or(0)));
+    records.chain(steered).max().unwrap_or(0)
+}
+
+/// `steerdns dnssec rollover ZONE`: see [`rollover::roll`].
+pub fn rollover_command(
+    config: &Path,
+    zones: &Path,
+    zone: &str,
+    now: u64,
+    start_now: bool,
+) -> Result<String, String> {
+    let zone = zone_name(zone)?;
+    let (policy, zones, settings) = inputs(config, zones)?;
+    let ttl = max_ttl(&zone, &policy, &zones);
+    rollover::roll(&settings.keys, &settings, ttl, &zone, now, start_now)
+}
+
+/// `steerdns dnssec status`: see [`rollover::status`].
+pub fn status_command(config: &Path, zones: &Path, now: u64) -> Result<String, String> {
+    let (policy, zones, settings) = inputs(config, zones)?;
+    let keys = keys::load_dir(&settings.keys).map_err(|e| e.to_string())?;
+    let ttl = zones
+        .origins()
+        .map(|o| max_ttl(o, &policy, &zones))
+        .max()
+        .unwrap_or(0);
+    Ok(rollover::status(&keys, &settings, ttl, now))
 }
 
 /// `steerdns dnssec ds`: the DS records of `zone`'s keys in `dir` published at `now`
@@ -218,14 +284,17 @@ impl Dnssec {
         self.signed.load_full()
     }
 
-    /// When (Unix seconds) the signatures are to be replaced (or, after a failure,
-    /// signing tried again).
+    /// When (Unix seconds) the signatures are to be replaced: the window ends, or a
+    /// key changes phase (or, after a failure, signing is tried again).
     pub fn due(&self) -> u64 {
-        let next = self.signed.load().window.next;
+        let signed = self.signed.load();
+        let next = signed
+            .keys_change
+            .map_or(signed.window.next, |k| k.min(signed.window.next));
         next.max(self.retry.load(Ordering::Relaxed))
     }
 
-    /// Signs again for the window of `now` if it has moved on; `Ok(true)`: new
+    /// Signs again if the window has moved on or a key changed phase; `Ok(true)`: new
     /// signatures. On an error the current ones stay, and the next attempt is
     /// [`RETRY`] seconds later.
     pub fn refresh(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<bool, String> {
@@ -265,6 +334,8 @@ pub struct KeyStatus {
     /// `removed`.
     pub phase: &'static str,
     pub file: String,
+    /// The key's times (Unix seconds): published, signing, retired, withdrawn.
+    pub times: keys::Times,
 }
 
 impl Dnssec {
@@ -284,6 +355,7 @@ impl Dnssec {
                     algorithm: u8::from(k.algorithm),
                     phase: k.times.phase(now),
                     file: k.file.display().to_string(),
+                    times: k.times,
                 })
                 .collect(),
         }
@@ -307,6 +379,7 @@ mod tests {
             validity: DnssecSettings::DEFAULT_VALIDITY,
             refresh: DnssecSettings::DEFAULT_REFRESH,
             dnskey_ttl: 3600,
+            rollover: Default::default(),
         }
     }
 

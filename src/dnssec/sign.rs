@@ -100,26 +100,47 @@ pub fn cname_rrsigs(
     Ok(out.into_boxed_slice())
 }
 
-/// The zone `origin` signed: its records, the DNSKEY set of `published` keys, an NSEC
-/// chain over every name (the `steered` names among them, typed CNAME: a denial never
-/// covers one), each RRset signed by every `active` key. Delegations: the NS set and
-/// the glue below it stay unsigned, as RFC 4035 §2.2 wants.
+/// Which keys of a zone do what at one moment (see `keys::Times`).
+pub struct ZoneKeys<'k> {
+    /// In the DNSKEY set.
+    pub published: Vec<&'k Key>,
+    /// Sign the DNSKEY set: the active ones and the retired ones not yet removed.
+    pub key_signers: Vec<&'k Key>,
+    /// Sign everything else; their DS is the one the parent should hold (CDS,
+    /// CDNSKEY).
+    pub active: Vec<&'k Key>,
+}
+
+/// The zone `origin` signed: its records, the DNSKEY set of the published keys with
+/// CDS and CDNSKEY of the active ones (RFC 7344: the DS the parent should hold), an
+/// NSEC chain over every name (the `steered` names among them, typed CNAME: a denial
+/// never covers one), the DNSKEY set signed by every key signer and each other RRset
+/// by every active key. Delegations: the NS set and the glue below it stay unsigned,
+/// as RFC 4035 §2.2 wants.
 pub fn sign_zone(
     origin: &Name,
     records: &BTreeMap<RrKey, RecordSet>,
     steered: &[Name],
-    published: &[&Key],
-    active: &[&Key],
+    keys: &ZoneKeys<'_>,
     settings: &DnssecSettings,
     w: Window,
 ) -> Result<BTreeMap<RrKey, RecordSet>, String> {
     let mut out = records.clone();
     let apex = LowerName::new(origin);
-    let mut dnskeys = RecordSet::with_ttl(origin.clone(), RecordType::DNSKEY, settings.dnskey_ttl);
-    for k in published {
+    let ttl = settings.dnskey_ttl;
+    let mut dnskeys = RecordSet::with_ttl(origin.clone(), RecordType::DNSKEY, ttl);
+    for k in &keys.published {
         dnskeys.add_rdata(RData::DNSSEC(DNSSECRData::DNSKEY(k.dnskey.clone())));
     }
     out.insert(RrKey::new(apex.clone(), RecordType::DNSKEY), dnskeys);
+    let mut cds = RecordSet::with_ttl(origin.clone(), RecordType::CDS, ttl);
+    let mut cdnskey = RecordSet::with_ttl(origin.clone(), RecordType::CDNSKEY, ttl);
+    for k in &keys.active {
+        cds.add_rdata(RData::DNSSEC(DNSSECRData::CDS(k.cds()?)));
+        cdnskey.add_rdata(RData::DNSSEC(DNSSECRData::CDNSKEY(k.cdnskey())));
+    }
+    out.insert(RrKey::new(apex.clone(), RecordType::CDS), cds);
+    out.insert(RrKey::new(apex.clone(), RecordType::CDNSKEY), cdnskey);
 
     let soa = records
         .get(&RrKey::new(apex.clone(), RecordType::SOA))
@@ -178,7 +199,12 @@ pub fn sign_zone(
             continue;
         }
         set.clear_rrsigs();
-        for k in active {
+        let signers = if key.record_type == RecordType::DNSKEY {
+            &keys.key_signers
+        } else {
+            &keys.active
+        };
+        for k in signers {
             let sig = rrsig(set, k, w)?;
             let record = Record::from_rdata(
                 set.name().clone(),
