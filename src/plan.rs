@@ -42,6 +42,9 @@ pub struct Snapshot {
     pub zones: Arc<Catalog>,
     /// When (Unix seconds) the signatures served expire; `None`: nothing is signed.
     pub signed_until: Option<u64>,
+    /// The signed zones' denials (NXDOMAIN with both NSEC proofs); `None`: nothing is
+    /// signed.
+    pub denials: Option<Arc<crate::zones::denial::Denials>>,
 }
 
 /// The live snapshot: the data plane loads it, the control plane stores a new one.

@@ -18,11 +18,12 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::etcd::{free_port, have};
+use common::etcd::have;
 use common::stack::{scratch, Options, Stack};
+use common::unbound::{Mode, Unbound};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -114,102 +115,6 @@ fn delv(anchor: &Path, server: SocketAddr) -> String {
     )
 }
 
-/// A validating Unbound on a free loopback port, in front of `node`, trusting
-/// `anchors`; stopped by its PID when dropped.
-struct Unbound {
-    child: std::process::Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Unbound {
-    fn start(dir: &Path, node: SocketAddr, anchors: &[String]) -> Unbound {
-        let port = free_port();
-        let trust: String = anchors
-            .iter()
-            .map(|ds| format!("    trust-anchor: \"{ds}\"\n"))
-            .collect();
-        let conf = format!(
-            "server:
-    interface: 127.0.0.1
-    port: {port}
-    do-daemonize: no
-    username: \"\"
-    chroot: \"\"
-    directory: \"{dir}\"
-    pidfile: \"\"
-    use-syslog: no
-    logfile: \"{dir}/unbound.log\"
-    verbosity: 1
-    val-log-level: 2
-    do-not-query-localhost: no
-    module-config: \"subnetcache validator iterator\"
-    send-client-subnet: 127.0.0.1
-    qname-minimisation: no
-    aggressive-nsec: yes
-    prefetch: no
-    num-threads: 1
-{trust}
-stub-zone:
-    name: \"example.com.\"
-    stub-addr: 127.0.0.1@{node_port}
-",
-            dir = dir.display(),
-            node_port = node.port()
-        );
-        let file = dir.join("unbound.conf");
-        std::fs::write(&file, conf).unwrap();
-        let child = Command::new("unbound")
-            .arg("-d")
-            .arg("-c")
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("unbound starts");
-        Unbound {
-            child,
-            port,
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    /// `dig` through this Unbound for a client of `subnet`: (status, AD set, CNAME).
-    fn ask(&self, subnet: &str) -> (String, bool, String) {
-        let out = Command::new("dig")
-            .args(["@127.0.0.1", "-p", &self.port.to_string()])
-            .args(["www.example.com", "CNAME", "+dnssec", "+time=2", "+tries=1"])
-            .arg(format!("+subnet={subnet}"))
-            .output()
-            .expect("dig runs");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let status = text
-            .split("status: ")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .unwrap_or("no answer")
-            .to_string();
-        let ad = text
-            .lines()
-            .find(|l| l.contains(";; flags:"))
-            .is_some_and(|l| l.split(';').nth(2).is_some_and(|f| f.contains(" ad")));
-        let cname = text
-            .lines()
-            .find(|l| l.contains("\tCNAME\t"))
-            .and_then(|l| l.split_whitespace().last())
-            .unwrap_or("")
-            .to_string();
-        (status, ad, cname)
-    }
-}
-
-impl Drop for Unbound {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `dig +short` of `qtype` at `node`.
 fn short(node: SocketAddr, qtype: &str) -> Vec<String> {
     let out = Command::new("dig")
@@ -299,7 +204,10 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
     let unbounds: Vec<Unbound> = nodes
         .iter()
         .zip(&dirs)
-        .map(|(n, d)| Unbound::start(d, n.dns, &[ds_old.clone(), ds_new.clone()]))
+        .map(|(n, d)| {
+            let anchors = [ds_old.clone(), ds_new.clone()];
+            Unbound::start(&d.join("unbound"), n.dns, &anchors, Mode::Subnet)
+        })
         .collect();
 
     let (mut asked, mut servfail, mut most_keys) = (0, Vec::new(), 0);
@@ -316,7 +224,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
                 ("100.64.7.0/24", "fastly.cdn.test."),
                 ("216.160.83.0/24", "cloudflare.cdn.test."),
             ] {
-                let (status, ad, got) = u.ask(subnet);
+                let (status, ad, got) = u.ask("www.example.com", "CNAME", Some(subnet));
                 asked += 1;
                 if status != "NOERROR" || !ad || got != cname {
                     servfail.push(format!("ns{} {t} {subnet}: {status} ad={ad} {got}", i + 1));
@@ -346,10 +254,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
         let spent = started.elapsed();
         tokio::time::sleep(Duration::from_millis(250).saturating_sub(spent)).await;
     }
-    let logs: String = unbounds
-        .iter()
-        .map(|u| std::fs::read_to_string(u.dir.join("unbound.log")).unwrap_or_default())
-        .collect();
+    let logs: String = unbounds.iter().map(Unbound::log).collect();
     assert!(
         servfail.is_empty(),
         "{} of {asked} validated answers failed: {servfail:#?}\n{logs}",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Zonemaster against two steerdns instances on loopback: the name servers of a set must
 # give the same resolver the same answer (consistent selection), so Zonemaster reports no
-# NAMESERVER09 (CASE_QUERIES_RESULTS_DIFFER) and no CONSISTENCY error.
+# NAMESERVER09 (CASE_QUERIES_RESULTS_DIFFER) and no CONSISTENCY error. The zone is
+# signed (a fresh key) and Zonemaster's DNSSEC test cases run with its DS (--ds).
 #
 #   sudo bash tests/zonemaster.sh                          # needs root: it binds port 53
 #   STEERDNS_BIN=/path/to/steerdns sudo -E bash tests/zonemaster.sh   # another binary
@@ -29,7 +30,7 @@
 # Environment: STEERDNS_BIN (default: built with cargo build --release, in
 # CARGO_TARGET_DIR if set), ZM_OUT (directory for the reports, default a new /tmp/steerdns-zonemaster.*,
 # kept and printed: Zonemaster's output, the server and NSD logs, the dig answers).
-# Needs zonemaster-cli, nsd, dig and python3 (.ci/run installs them). Sends traffic only
+# Needs zonemaster-cli, nsd, dnsviz, dig and python3 (.ci/run installs them). Sends traffic only
 # to loopback; stops every process it started on exit and removes its scratch files.
 # shellcheck source-path=SCRIPTDIR
 # shellcheck source=../scripts/lib.sh
@@ -50,7 +51,7 @@ SUBNETS=200
 
 # What a correct server gets above INFO on this bed, as "MODULE TAG" (levels of Debian's
 # zonemaster-cli 5.0.2 / engine 4.6.2). They come from the bed (loopback addresses, IPv4
-# only, no DNSSEC) or the demo zone's values, not from steerdns: NSD, Knot and BIND get
+# only) or the demo zone's values, not from steerdns: NSD, Knot and BIND get
 # them too (ZONEMASTER-NOTES.md). Only ERROR and CRITICAL fail the run; the others are
 # listed so that the summary can say where they come from.
 TOLERATED=(
@@ -60,9 +61,6 @@ TOLERATED=(
     "ADDRESS NAMESERVER_IP_WITHOUT_REVERSE"
     # WARNING: the SOA MNAME, ns1.example.com, is 127.0.0.1 on the bed.
     "ZONE Z01_MNAME_HAS_LOCALHOST_ADDR"
-    # NOTICE: the demo zone is not signed, and the fake parent has no DS.
-    "DNSSEC NOT_SIGNED"
-    "DNSSEC NEITHER_DNSKEY_NOR_DS"
     # NOTICE: the bed is IPv4 only (--no-ipv6; the test zone drops ns1/ns2 AAAA).
     "DELEGATION NO_IPV6_NS_CHILD"
     "DELEGATION NO_IPV6_NS_DEL"
@@ -73,7 +71,7 @@ TOLERATED=(
 
 # --- prerequisites -------------------------------------------------------------------
 [ "$(id -u)" -eq 0 ] || die "needs root to bind port 53: sudo bash tests/zonemaster.sh"
-require zonemaster-cli nsd dig python3
+require zonemaster-cli nsd dnsviz dig python3
 build_release
 
 # Nothing may already listen on port 53 of our addresses (nor on all addresses).
@@ -91,7 +89,10 @@ log "reports in $OUT"
 
 # --- the zone under test: the demo zone with loopback glue ---------------------------
 mkdir -p "$TMP/zones" "$TMP/probes" "$TMP/state1" "$TMP/state2" "$TMP/nsd"
-cp steering.yaml "$TMP/steering.yaml"
+# The CDN targets moved into example.com (example.map.fastly.net.example.com.): DNSViz
+# follows a CNAME to its target, which must not lead it off loopback.
+sed -E 's/(cname: [^ }]+\.)( *\})/\1example.com.\2/' steering.yaml >"$TMP/steering.yaml"
+grep -q 'cname: .*\.example\.com\.' "$TMP/steering.yaml" || die "steering.yaml: no 'cname: X. }' to move into example.com"
 sed -E -e "s/^(ns1[[:space:]]+IN[[:space:]]+A[[:space:]]+).*/\1$NS1/" \
     -e "s/^(ns2[[:space:]]+IN[[:space:]]+A[[:space:]]+).*/\1$NS2/" \
     -e '/^ns[12][[:space:]]+IN[[:space:]]+AAAA[[:space:]]/d' \
@@ -101,6 +102,13 @@ if ! grep -Eq "^ns1[[:space:]]+IN[[:space:]]+A[[:space:]]+$NS1\$" "$TMP/zones/$Z
     die "zones/$ZONE.zone no longer has 'ns1 IN A' and 'ns2 IN A' lines to point at loopback"
 fi
 cp "$TMP/zones/$ZONE.zone" "$OUT/$ZONE.zone"
+# Signed, with a fresh key (ECDSA P-256): Zonemaster's DNSSEC test cases run with its DS
+# (--ds, as if the parent held it).
+"$STEERDNS_BIN" dnssec keygen $ZONE --keys "$TMP/keys" >/dev/null || die "dnssec keygen failed"
+printf '\ndnssec:\n  keys: keys\n' >>"$TMP/steering.yaml"
+DS=$("$STEERDNS_BIN" dnssec ds $ZONE --keys "$TMP/keys" | awk '$3 == "DS" { print $4 "," $5 "," $6 "," $7 }')
+[ -n "$DS" ] || die "no DS for $ZONE"
+log "signed; DS $DS"
 
 # --- the fake root and com on 127.53.0.1 (NSD) ----------------------------------------
 cat >"$TMP/nsd/root.zone" <<EOF
@@ -186,7 +194,7 @@ log "delegation: $parent"
 ZM=$OUT/zonemaster.txt
 log "running zonemaster-cli $ZONE --hints (fake root) --no-ipv6: $(zonemaster-cli --version 2>&1 | head -2 | tr -s '\n\t ' ' ')"
 start=$(date +%s)
-zonemaster-cli "$ZONE" --hints "$TMP/hints" --no-ipv6 --raw --show-module --show-testcase \
+zonemaster-cli "$ZONE" --hints "$TMP/hints" --ds "$DS" --no-ipv6 --raw --show-module --show-testcase \
     --level DEBUG --no-progress >"$ZM" 2>"$OUT/zonemaster.stderr" ||
     die "zonemaster-cli exited with status $? (see $OUT/zonemaster.stderr)"
 log "zonemaster-cli took $(($(date +%s) - start)) s; full output (DEBUG and up): $ZM"
@@ -230,6 +238,18 @@ for tc in CONSISTENCY01 CONSISTENCY02 CONSISTENCY03 CONSISTENCY04 CONSISTENCY05 
     msgs DEBUG | awk -v tc="$tc" '$3 == tc && $4 == "TEST_CASE_END"' | grep -q . ||
         fail "Zonemaster did not run $tc"
 done
+# DNSSEC: the zone is signed and --ds gives its DS; every DNSSEC test case ran, none
+# says more than INFO, and the CDS/CDNSKEY the zone publishes were seen.
+bad=$(msgs NOTICE | awk '$2 == "DNSSEC"')
+[ -z "$bad" ] || fail "DNSSEC (the signed zone, with --ds):"$'\n'"$bad"
+for tc in DNSSEC01 DNSSEC02 DNSSEC03 DNSSEC04 DNSSEC05 DNSSEC06 DNSSEC07 DNSSEC08 DNSSEC09 DNSSEC10 DNSSEC11 DNSSEC13 DNSSEC14 DNSSEC15 DNSSEC16 DNSSEC17 DNSSEC18; do
+    msgs DEBUG | awk -v tc="$tc" '$3 == tc && $4 == "TEST_CASE_END"' | grep -q . ||
+        fail "Zonemaster did not run $tc"
+done
+for tag in ALGORITHM_OK DNSKEY_AND_DS DS15_HAS_CDS_AND_CDNSKEY RRSIG_EXPIRATION; do
+    msgs DEBUG | awk -v t="$tag" '$2 == "DNSSEC" && $4 == t' | grep -q . ||
+        fail "Zonemaster's DNSSEC test cases did not report $tag (was the zone signed?)"
+done
 # Any other ERROR or CRITICAL that the bed does not explain.
 bad=$(msgs ERROR | while read -r level module testcase tag args; do
     [ "$module" = CONSISTENCY ] || [ "$testcase" = NAMESERVER09 ] || tolerated "$module" "$tag" ||
@@ -242,6 +262,78 @@ sent=$(msgs DEBUG | awk '$4 == "EXTERNAL_QUERY"' | grep -oE 'ip=[^;]*' || true)
 [ -n "$sent" ] || fail "no EXTERNAL_QUERY line in Zonemaster's DEBUG output: cannot tell where it sent queries"
 bad=$(grep -v '^ip=127\.' <<<"$sent" | sort -u || true)
 [ -z "$bad" ] || fail "Zonemaster queried non-loopback addresses: $(oneline "$bad")"
+
+# --- DNSViz: probe both servers, then grok with the zone's key as trust anchor ----------
+# `probe -A -a ZONE` asks the two servers for the zone, the steered name (as a client of
+# a GB subnet) and a missing name; `grok` with the zone's keys as trust anchor must find
+# no error or warning, the DNSKEY set and the steered CNAME SECURE, every RRSIG VALID.
+# The zone's DNSKEY set as the trust anchor of grok (the DS needs -N with -D, which
+# makes DNSViz start a server of its own); checked against the DS first.
+dig @$NS1 +norecurse +noall +answer $ZONE DNSKEY >"$TMP/trusted"
+tag=$(awk '$3 == "DS" { print $4 }' <<<"$("$STEERDNS_BIN" dnssec ds $ZONE --keys "$TMP/keys")")
+grep -q "DNSKEY" "$TMP/trusted" || die "no DNSKEY from $NS1"
+dig @$NS1 +norecurse +multi $ZONE DNSKEY | grep -q "key id = $tag" ||
+    die "the DNSKEY set of $NS1 lacks the key of the DS ($tag)"
+start=$(date +%s)
+timeout 300 dnsviz probe -A -a $ZONE -x "com:$ROOT" -x "$ZONE:$NS1,$NS2" \
+    -e 81.2.69.0/24 -o "$OUT/dnsviz-probe.json" $ZONE $STEERED nx-dnsviz.$ZONE \
+    2>"$OUT/dnsviz-probe.stderr" || die "dnsviz probe failed (see $OUT/dnsviz-probe.stderr)"
+# Debian 12's dnsviz asks for pygraphviz.release, which its pygraphviz 1.7 lacks
+# (`grok -t` then says "pygraphviz is required"): a sitecustomize gives it one.
+mkdir -p "$TMP/pyshim"
+cat >"$TMP/pyshim/sitecustomize.py" <<'PY'
+try:
+    import types, pygraphviz
+    if not hasattr(pygraphviz, "release"):
+        pygraphviz.release = types.SimpleNamespace(version=pygraphviz.__version__)
+except ImportError:
+    pass
+PY
+PYTHONPATH="$TMP/pyshim" dnsviz grok -P -t "$TMP/trusted" -l info -r "$OUT/dnsviz-probe.json" \
+    -o "$OUT/dnsviz-grok.json" 2>"$OUT/dnsviz-grok.stderr" || die "dnsviz grok failed (see $OUT/dnsviz-grok.stderr)"
+log "dnsviz probe and grok took $(($(date +%s) - start)) s: $OUT/dnsviz-grok.json"
+off=$(grep -oE '"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+"' "$OUT/dnsviz-probe.json" | tr -d '"' | grep -v '^127\.' | sort -u || true)
+[ -z "$off" ] || fail "DNSViz queried non-loopback addresses: $(oneline "$off")"
+python3 - "$OUT/dnsviz-grok.json" <<'PY' || fail "DNSViz reports errors or warnings (above; full report $OUT/dnsviz-grok.json)"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+found = []
+def walk(node, path):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("errors", "warnings") and v:
+                for item in v:
+                    found.append(f"{'/'.join(path)}: {k[:-1]}: {item.get('code', item)} {item.get('description', '')}")
+            else:
+                walk(v, path + [k])
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            walk(v, path + [str(i)])
+walk(doc, [])
+# Every RRSIG DNSViz checked, by status; the DNSKEY set and the steered CNAME must be
+# SECURE (with the zone's keys as trust anchor; the delegation from the unsigned fake
+# com stays INSECURE).
+sigs = {}
+def walk_sigs(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "rrsig":
+                for r in v:
+                    sigs[r.get("status")] = sigs.get(r.get("status"), 0) + 1
+            walk_sigs(v)
+    elif isinstance(node, list):
+        for v in node:
+            walk_sigs(v)
+walk_sigs(doc)
+keys = [k.get("status") for k in doc.get("example.com.", {}).get("dnskey", [])]
+cname = [a.get("status") for q in doc.get("www.example.com.", {}).get("queries", {}).values()
+         for a in q.get("answer", [])]
+print(f"zonemaster: dnsviz: DNSKEY {keys}, steered CNAME {cname}, signatures {sigs}")
+for f in found:
+    print("  dnsviz:", f)
+good = keys and all(k == "SECURE" for k in keys) and cname and all(c == "SECURE" for c in cname)
+sys.exit(1 if found or not good or set(sigs) != {"VALID"} else 0)
+PY
 
 # --- 2. dig: the same answer from both servers, and twice from each -------------------
 # 200 /24 client subnets with varied first octets (1-223, not 10 or 127), a fixed list.
@@ -298,4 +390,4 @@ if ((FAILED)); then
     echo "zonemaster: $FAILED check(s) failed; reports in $OUT"
     exit 1
 fi
-echo "zonemaster: passed (no NAMESERVER09 or CONSISTENCY message above INFO, only tolerated ERRORs; dig consistent); reports in $OUT"
+echo "zonemaster: passed (no NAMESERVER09, CONSISTENCY or DNSSEC message above INFO, only tolerated ERRORs; DNSViz clean; dig consistent); reports in $OUT"

@@ -82,7 +82,8 @@ impl Loaded {
             plan: planned.plan,
             geo: self.geo.clone(),
             zones,
-            signed_until: signed.map(|s| s.window.expiration),
+            signed_until: signed.as_ref().map(|s| s.window.expiration),
+            denials: signed.map(|s| s.denials.clone()),
         };
         (snapshot, planned.fail_open)
     }

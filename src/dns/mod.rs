@@ -292,6 +292,23 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     }
     let steered = snap.plan.get(query.name());
     let Some(steered) = steered else {
+        // DO=1 for a name missing from a signed zone: the whole denial (both NSEC
+        // proofs), which hickory's handler gives only in part (`zones/denial.rs`).
+        let dnssec_ok = request.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok);
+        let denial = snap.denials.as_ref().filter(|_| dnssec_ok);
+        if let Some(authority) = denial.and_then(|d| d.nxdomain(query.name())) {
+            let mut metadata = reply_metadata(&request.metadata, ResponseCode::NXDomain);
+            metadata.authoritative = true;
+            let message = MessageResponseBuilder::new(&request.queries, untailored.as_ref()).build(
+                metadata,
+                iter::empty(),
+                authority.iter(),
+                iter::empty(),
+                iter::empty(),
+            );
+            let info = send(request, message_send(response, message).await);
+            return (info, None);
+        }
         let info = snap
             .zones
             .lookup(request, untailored.as_ref(), T::current_time(), response)

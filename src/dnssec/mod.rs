@@ -52,6 +52,8 @@ pub struct Signed {
     /// The next time (Unix seconds) a key is published, activated, retired or
     /// removed: the zones are signed again then.
     pub keys_change: Option<u64>,
+    /// The signed zones' NSEC records, for whole NXDOMAIN proofs.
+    pub denials: Arc<crate::zones::denial::Denials>,
 }
 
 impl Signing {
@@ -95,6 +97,7 @@ impl Signing {
         let mut cnames = HashMap::new();
         let mut summary = Vec::new();
         let mut signed = HashMap::new();
+        let mut denials = crate::zones::denial::Denials::default();
         for z in zones.zones() {
             let of_zone = |k: &&Key| k.zone == *z.origin();
             if !self.keys.iter().any(|k| of_zone(&k)) {
@@ -113,7 +116,9 @@ impl Signing {
             }
             let records =
                 sign::sign_zone(z.origin(), z.records(), &steered, &keys, &self.settings, w)?;
-            signed.insert(z.origin().clone(), z.handler_of(sign::shared(records)));
+            let records = sign::shared(records);
+            denials.add(z.origin(), &records);
+            signed.insert(z.origin().clone(), z.handler_of(records));
             for h in policy.hosts.iter().filter(|h| {
                 zones
                     .zone_of(&h.name)
@@ -144,6 +149,7 @@ impl Signing {
             cnames,
             zones: summary,
             keys_change,
+            denials: Arc::new(denials),
         })
     }
 }

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod mock_cdn;
 pub mod relay;
 pub mod stack;
+pub mod unbound;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

@@ -4,7 +4,10 @@
 //! hickory's parser does the reading; this module adds what an operator needs from a
 //! loader: the line of a parse error (the parser reports none), and the checks hickory
 //! leaves out (NS at the apex, owners inside the zone, a CNAME alone at its name, one
-//! file per zone).
+//! file per zone). `denial.rs`: the whole NXDOMAIN proof of a signed zone, which
+//! hickory's handler gives only in part.
+
+pub mod denial;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
