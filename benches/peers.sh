@@ -11,9 +11,13 @@
 #   LAT_QPS=10000
 #   QUERIES=20000   messages in the binary query files
 #   SERVERS="steerdns gdnsd pdns"   which servers, in interleaving order
-#   MIXES="plain ecs mix tcp"   tcp: the ecs queries over TCP (dnsperf -m tcp: each of
-#                   the 4 clients keeps one connection with up to 200 queries pipelined,
-#                   as a resolver does; lost counts what a closed connection dropped)
+#   MIXES="plain ecs mix tcp dnssec"   tcp: the ecs queries over TCP (dnsperf -m tcp:
+#                   each of the 4 clients keeps one connection with up to 200 queries
+#                   pipelined, as a resolver does; lost counts what a closed connection
+#                   dropped); dnssec: the ecs queries with DO=1, the zone signed (steerdns:
+#                   a fresh ECDSA P-256 key, answers pre-signed; PowerDNS: `pdnsutil
+#                   secure-zone`, ECDSA P-256, LUA answers signed live; gdnsd signs
+#                   nothing and sits it out)
 #   UDP_SOCKETS=    --udp-sockets for steerdns (default: its own default)
 #   STEERDNS_BIN    the binary (default: built with cargo build --release, in
 #                   CARGO_TARGET_DIR if set)
@@ -47,7 +51,7 @@ LAT_DURATION=${LAT_DURATION:-5}
 LAT_QPS=${LAT_QPS:-10000}
 QUERIES=${QUERIES:-20000}
 SERVERS=${SERVERS:-steerdns gdnsd pdns}
-MIXES=${MIXES:-plain ecs mix tcp}
+MIXES=${MIXES:-plain ecs mix tcp dnssec}
 SHARED=${SHARED:-$REPO/../shared}
 GEO=${GEO:-$REPO/geo/country.mmdb}
 PORT_STEERDNS=${PORT_STEERDNS:-25353}
@@ -117,6 +121,11 @@ regions:
 YAML
 # The peers' zone without the steered name.
 grep -v -E '^(www|[[:space:]]+")' "$SHARED/peers/pdns/example.com.zone" >"$S/zones/example.com.zone"
+# Signed for the dnssec mix (answers to DO=0 queries are the same bytes as unsigned).
+if [[ " $MIXES " == *" dnssec "* ]]; then
+    "$STEERDNS_BIN" dnssec keygen example.com --keys "$S/keys" >/dev/null
+    printf 'dnssec:\n  keys: keys\n' >>"$S/steering.yaml"
+fi
 STEERDNS_ARGS=(serve --config "$S/steering.yaml" --zones "$S/zones" --geo "$GEO"
     --probes "$S/probes" --state-dir "$S/state" --api off --reload-poll-ms 0 --steering-http off
     --listen "127.0.0.1:$PORT_STEERDNS")
@@ -134,6 +143,15 @@ mkdir -p "$P"
 for f in pdns.conf named.conf example.com.zone; do
     render "$SHARED/peers/pdns/$f" "$P/$f" "$P" shared "$PORT_PDNS"
 done
+# Signed for the dnssec mix: the bind backend's DNSSEC database, the zone secured
+# (PowerDNS signs every answer, its LUA records' included, as it sends it).
+if [[ " $MIXES " == *" dnssec "* && " $SERVERS " == *" pdns "* ]]; then
+    echo "bind-dnssec-db=$P/dnssec.db" >>"$P/pdns.conf"
+    pdnsutil --config-dir="$P" create-bind-db "$P/dnssec.db" >"$TMP/pdnsutil.log" 2>&1 ||
+        die "pdnsutil create-bind-db failed: $(cat "$TMP/pdnsutil.log")"
+    pdnsutil --config-dir="$P" secure-zone example.com >>"$TMP/pdnsutil.log" 2>&1 ||
+        die "pdnsutil secure-zone failed: $(cat "$TMP/pdnsutil.log")"
+fi
 
 declare -A PORT=([steerdns]=$PORT_STEERDNS [gdnsd]=$PORT_GDNSD [pdns]=$PORT_PDNS)
 declare -A SPID
@@ -223,6 +241,10 @@ check_one() { # server "subnet want"...
     [[ $soa == ns1.example.com.* ]] || die "$s: example.com SOA answered '$soa'"
     nx=$(q "$s" nx1.example.com A +norec | grep -o 'status: [A-Z]*')
     [[ $nx == "status: NXDOMAIN" ]] || die "$s: nx1.example.com gave $nx"
+    if [[ " $MIXES " == *" dnssec "* && $s != gdnsd ]]; then
+        q "$s" www.example.com A +dnssec +norec +subnet="$(pick_subnet GB)" | grep -q 'RRSIG.*CNAME' ||
+            die "$s: no RRSIG on the steered CNAME with DO=1"
+    fi
     echo "=> $s answers the policy" >&2
 }
 
@@ -235,6 +257,7 @@ datafile() { # mix -> dnsperf args
     ecs) echo "-B -d $TMP/ecs.bin" ;;
     mix) echo "-B -d $TMP/mix.bin" ;;
     tcp) echo "-B -d $TMP/ecs.bin -m tcp" ;;
+    dnssec) echo "-B -d $TMP/ecs-do.bin" ;;
     esac
 }
 
@@ -297,7 +320,10 @@ check_all
 
 for m in $MIXES; do
     for r in $(seq 1 "$RUNS"); do
-        for s in $SERVERS; do run_one "$s" "$m" "$r"; done
+        for s in $SERVERS; do
+            [[ $m == dnssec && $s == gdnsd ]] && continue
+            run_one "$s" "$m" "$r"
+        done
     done
 done
 

@@ -10,7 +10,8 @@ Writes into OUTDIR:
              prefix's own length when longer), in dnsperf's binary format (-B: each DNS
              message preceded by its 2-byte big-endian length, RFC 1035 4.2.2);
   mix.bin    the same, but 20 % of the queries are non-steered names: example.com SOA
-             and NS, ns1/mail A, and NXDOMAIN names (with ECS too).
+             and NS, ns1/mail A, and NXDOMAIN names (with ECS too);
+  ecs-do.bin the queries of ecs.bin with the DO bit set (a validating resolver's).
 The random seed is fixed, so every run sends the same queries.
 """
 import ipaddress
@@ -29,7 +30,7 @@ def name_wire(name):
 QTYPE = {"A": 1, "NS": 2, "SOA": 6, "AAAA": 28}
 
 
-def message(qname, qtype, subnet):
+def message(qname, qtype, subnet, do=False):
     # id 0 (dnsperf rewrites it), flags 0 (a resolver's query to an authority: RD off)
     header = struct.pack("!HHHHHH", 0, 0, 1, 0, 0, 1)
     question = name_wire(qname) + struct.pack("!HH", QTYPE[qtype], 1)
@@ -38,8 +39,9 @@ def message(qname, qtype, subnet):
     addr = subnet.network_address.packed[: (plen + 7) // 8]
     ecs = struct.pack("!HBB", family, plen, 0) + addr
     option = struct.pack("!HH", 8, len(ecs)) + ecs
-    # OPT: root name, type 41, UDP size 1232, ext rcode/version/flags 0
-    opt = b"\0" + struct.pack("!HHIH", 41, 1232, 0, len(option)) + option
+    # OPT: root name, type 41, UDP size 1232, ext rcode/version 0, flags 0 or DO
+    flags = 0x8000 if do else 0
+    opt = b"\0" + struct.pack("!HHIH", 41, 1232, flags, len(option)) + option
     return header + question + opt
 
 
@@ -72,7 +74,9 @@ def main():
     nets = subnets(prefixes, rng)
     with open(f"{out}/plain.txt", "w") as f:
         f.write("www.example.com A\n")
-    write_bin(f"{out}/ecs.bin", (message("www.example.com", "A", next(nets)) for _ in range(count)))
+    ecs = [next(nets) for _ in range(count)]
+    write_bin(f"{out}/ecs.bin", (message("www.example.com", "A", n) for n in ecs))
+    write_bin(f"{out}/ecs-do.bin", (message("www.example.com", "A", n, do=True) for n in ecs))
     other = [("example.com", "SOA"), ("example.com", "NS"), ("ns1.example.com", "A"),
              ("mail.example.com", "A")]
     mix = []

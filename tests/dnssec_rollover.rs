@@ -192,6 +192,18 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
         zones.to_str().unwrap(),
     ]);
     assert!(status.contains("rollover under way"), "{status}");
+    // Run again (from cron, say), it schedules nothing more.
+    let again = steerdns(&[
+        "dnssec",
+        "rollover",
+        "example.com",
+        "--config",
+        config.to_str().unwrap(),
+        "--zones",
+        zones.to_str().unwrap(),
+    ]);
+    assert!(again.contains("nothing to do"), "{again}");
+    assert_eq!(steerdns::dnssec::keys::load_dir(&keys).unwrap().len(), 2);
     let remove = old_times.remove.expect("the old key is withdrawn");
     assert!(
         new_times.publish > steerdns::selection::unix_now(),

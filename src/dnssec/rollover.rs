@@ -116,9 +116,11 @@ pub fn roll(
     let old = current(&keys, zone).ok_or_else(|| {
         format!("no key of {zone} to roll over: make one with `steerdns dnssec keygen`")
     })?;
+    // Nothing to do while a successor waits: run from cron or a timer, the command
+    // schedules each rollover once.
     if old.times.activate > now {
-        return Err(format!(
-            "a rollover of {zone} is under way: key {} signs from {}",
+        return Ok(format!(
+            "{zone}: nothing to do, a rollover is under way: key {} signs from {}",
             old.tag,
             rfc3339(old.times.activate * 1000)
         ));
