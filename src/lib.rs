@@ -13,7 +13,7 @@
 //!  data plane (per query, tiny)              control plane (events, may be slow)
 //!  ───────────────────────────               ───────────────────────────────────
 //!  dns/        handler, EDNS/ECS, geo,        config/     steering.yaml → Policy
-//!              sockets                        zones.rs    zones/ → Catalog
+//!              sockets                        zones/      zones/ → Catalog
 //!       │                                     control/    planner: Policy → Plan
 //!       └──── reads ──▶ plan.rs: Snapshot { Plan, GeoDb, Catalog } ◀── publishes ──┘
 //! ```
