@@ -238,9 +238,11 @@ impl Controller {
 
     /// When the DNSSEC signatures are to be replaced, if the zones are signed.
     fn resign_due(&self) -> Option<Instant> {
-        let at = self.loaded.dnssec.as_ref()?.due();
-        let wait = at.saturating_sub(crate::selection::unix_now());
-        Some(Instant::now() + Duration::from_secs(wait))
+        let at_ms = self.loaded.dnssec.as_ref()?.due().saturating_mul(1000);
+        // In ms: counted in whole seconds, a key's time could be acted on up to a second
+        // late (now 12.9 s, due at 13 s: a wait of 1 s).
+        let wait = at_ms.saturating_sub(now_ms());
+        Some(Instant::now() + Duration::from_millis(wait))
     }
 
     /// Signs again when the signature window has moved on; a failure is logged and the
