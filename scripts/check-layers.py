@@ -32,7 +32,7 @@ LAYERS = [
     ["config"],
     ["zones"],
     ["place"],
-    ["error", "huge", "secret"],
+    ["error", "huge", "secret", "clock"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 

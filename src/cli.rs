@@ -719,7 +719,7 @@ fn verify_report(files: &[PathBuf]) -> ExitCode {
 
 /// `audit verify` and `audit tail`.
 fn dnssec(command: DnssecCommand) -> ExitCode {
-    let now = crate::selection::unix_now();
+    let now = crate::clock::now_secs();
     let done = match command {
         DnssecCommand::Keygen {
             zone,
@@ -1036,10 +1036,7 @@ fn explain(
             None
         }
     };
-    let (now, now_ms) = (
-        tokio::time::Instant::now(),
-        crate::control::drains::now_ms(),
-    );
+    let (now, now_ms) = (tokio::time::Instant::now(), crate::clock::now_ms());
     let state = match &saved {
         Some(s) => ControlState::from_saved(s, &loaded, now, now_ms),
         None => {
@@ -1088,7 +1085,7 @@ fn explain(
         name,
         client,
         resolver,
-        now: crate::selection::unix_now(),
+        now: crate::clock::now_secs(),
         session,
     };
     let explained = crate::control::explain::explain(&facts, &question).map(|mut e| {

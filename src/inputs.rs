@@ -161,7 +161,7 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
         None => Tokens::default(),
     };
     let dnssec = match Signing::load(&policy, &zones) {
-        Ok(Some(signing)) => match signing.sign(&policy, &zones, crate::selection::unix_now()) {
+        Ok(Some(signing)) => match signing.sign(&policy, &zones, crate::clock::now_secs()) {
             Ok(signed) => Some(Arc::new(Dnssec::new(signing, signed))),
             Err(e) => {
                 issues.push(ConfigIssue::error(

@@ -38,6 +38,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod dns;

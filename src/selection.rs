@@ -97,15 +97,6 @@ pub fn default_source(client: IpAddr) -> u8 {
     }
 }
 
-/// Seconds since the Unix epoch, from the wall clock: nodes of a set agree on it (NTP),
-/// which is what the selection window needs. Never panics: a clock before 1970 reads 0.
-pub fn unix_now() -> u64 {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// The address as 128 bits (IPv4 mapped), with a tag so that `::ffff:a.b.c.d` asked over
 /// IPv6 and `a.b.c.d` stay apart.
 fn bits(ip: IpAddr) -> u128 {

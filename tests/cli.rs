@@ -413,7 +413,7 @@ fn saved_state_at(dir: &Path, cdns: &[&str], level: u32) {
 
 /// As [`saved_state_at`], saved `age` ago.
 fn saved_state_aged(dir: &Path, cdns: &[&str], level: u32, age: Duration) {
-    let now = (std::time::SystemTime::now() - age)
+    let now = (steerdns::clock::now() - age)
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;

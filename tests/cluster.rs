@@ -859,7 +859,7 @@ async fn a_timeline_that_starts_ahead_of_a_nodes_clock_is_taken_at_its_start_or_
         },
     )
     .await;
-    let wall = steerdns::control::drains::now_ms();
+    let wall = steerdns::clock::now_ms();
     // Written by a node whose clock is 1.5 s ahead (less than a step interval): every
     // node takes the first step when the start comes, with no other key changing.
     // Before, a node that saw it before its start never took it.

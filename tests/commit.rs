@@ -384,7 +384,7 @@ async fn usage_posted_live_moves_dns_shares_the_way_the_simulator_predicts() {
         .await;
     assert_eq!(st, 401);
     let ahead = humantime::format_rfc3339_seconds(
-        std::time::SystemTime::now() + std::time::Duration::from_secs(3 * 86_400),
+        steerdns::clock::now() + std::time::Duration::from_secs(3 * 86_400),
     );
     let (st, body) = s
         .post(

@@ -280,7 +280,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_during_a_dril
     // www.example.com: a and b, 50/50; other.example.com: c alone; steps 1 s apart.
     let (stack, _a, _b, c) = healthy_stack("dashboard", "[50, 100]", 1.0).await;
     let prom = Prometheus::start(&bin, &stack.dir, stack.api).await;
-    let start = std::time::SystemTime::now()
+    let start = steerdns::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
@@ -401,7 +401,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_during_a_dril
     }
     stop.store(true, Ordering::Relaxed);
     traffic.await.unwrap();
-    let end = std::time::SystemTime::now()
+    let end = steerdns::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();

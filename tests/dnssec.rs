@@ -193,7 +193,7 @@ async fn state_metrics_status_and_explain_show_signing() {
     use common::stack::{policy, scratch, Stack};
     let dir = scratch("dnssec-state");
     policy(&dir, "[100]", 1.0);
-    let now = steerdns::selection::unix_now();
+    let now = steerdns::clock::now_secs();
     let key = steerdns::dnssec::keygen(&dir.join("keys"), "example.com", 15, now).unwrap();
     let text = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
     std::fs::write(
@@ -255,7 +255,7 @@ async fn aggressive_nsec_caching_never_hides_a_steered_name() {
     let ds = steerdns::dnssec::ds(
         &s.dir.join("keys"),
         "example.com",
-        steerdns::selection::unix_now(),
+        steerdns::clock::now_secs(),
     )
     .unwrap();
     let unbound = Unbound::start(

@@ -77,7 +77,7 @@ fn steerdns(args: &[&str]) -> String {
 
 /// The DS line (`example.com. IN DS …`) of key `tag`.
 fn ds_of(keys: &Path, tag: u16) -> String {
-    let now = steerdns::selection::unix_now();
+    let now = steerdns::clock::now_secs();
     steerdns::dnssec::ds(keys, "example.com", now)
         .unwrap()
         .into_iter()
@@ -153,7 +153,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
         }
     }
     let keys = scratch("roll-keys").join("keys");
-    let now = steerdns::selection::unix_now();
+    let now = steerdns::clock::now_secs();
     let first = steerdns::dnssec::keygen(&keys, "example.com", 13, now - 60).unwrap();
     let old = steerdns::dnssec::keys::load(&first).unwrap().tag;
     // Two nodes of a set (a real etcd): the keys are the same files on both, and each
@@ -232,7 +232,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
     assert_eq!(steerdns::dnssec::keys::load_dir(&keys).unwrap().len(), 2);
     let remove = old_times.remove.expect("the old key is withdrawn");
     assert!(
-        new_times.publish > steerdns::selection::unix_now(),
+        new_times.publish > steerdns::clock::now_secs(),
         "published ahead"
     );
 
@@ -252,7 +252,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
     let mut validated = [0u32; 2];
     let end = remove + 3;
     loop {
-        let t = steerdns::selection::unix_now();
+        let t = steerdns::clock::now_secs();
         if t > end {
             break;
         }

@@ -4,7 +4,7 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use common::mock_cdn::Mode;
 use common::stack::*;
@@ -238,7 +238,7 @@ async fn a_drain_moves_in_steps_unless_immediate_and_expires_by_itself() {
     assert!(both(&stack, US).await);
 
     // `until`: the drain ends by itself, not before. Immediate: all of a at once.
-    let until = SystemTime::now() + Duration::from_millis(1500);
+    let until = steerdns::clock::now() + Duration::from_millis(1500);
     let until_ms = until
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -255,7 +255,7 @@ async fn a_drain_moves_in_steps_unless_immediate_and_expires_by_itself() {
     assert_eq!(d["until_unix_ms"], until_ms, "{s:#}");
     // Checked, not skipped: a machine too slow to post and read back within 1.5 s
     // fails here rather than passing without looking.
-    let left = until.duration_since(SystemTime::now());
+    let left = until.duration_since(steerdns::clock::now());
     assert!(left.is_ok(), "the POST and the read took over 1.5 s");
     assert_eq!(d["status"], "in force", "{s:#}");
     assert_eq!(pct(&s, &id), Some(100), "{s:#}");
@@ -264,7 +264,7 @@ async fn a_drain_moves_in_steps_unless_immediate_and_expires_by_itself() {
         .await;
     // From both sides: not before its `until`, and not long after (1 s allows for a
     // loaded machine; a drain that ends only at some later sweep fails).
-    let late = SystemTime::now().duration_since(until);
+    let late = steerdns::clock::now().duration_since(until);
     assert!(late.is_ok(), "ended before its `until`");
     let late = late.unwrap();
     assert!(

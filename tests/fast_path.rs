@@ -16,7 +16,6 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use steerdns::dns::wire;
 use steerdns::metrics::Metrics;
-use steerdns::selection::unix_now;
 
 /// A query for `name` (wire labels as given, so case is kept), type `qtype`, with the
 /// header flags byte `flags` (RD = 0x01, AA = 0x04), CD from `cd`, and `opt` as the
@@ -278,7 +277,15 @@ async fn same_answers(srv: &TestServer, snap: &steerdns::plan::Snapshot, signed:
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
         assert!(
-            wire::answer(snap, &q, src, &mut out, unix_now(), &mut rng).is_some(),
+            wire::answer(
+                snap,
+                &q,
+                src,
+                &mut out,
+                steerdns::clock::now_secs(),
+                &mut rng
+            )
+            .is_some(),
             "{what}: not on the fast path"
         );
         let udp = raw(srv.addr, Proto::Udp, &q).await.expect("UDP answer");
@@ -377,7 +384,15 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
         assert!(
-            wire::answer(&snap, &q, src, &mut out, unix_now(), &mut rng).is_none(),
+            wire::answer(
+                &snap,
+                &q,
+                src,
+                &mut out,
+                steerdns::clock::now_secs(),
+                &mut rng
+            )
+            .is_none(),
             "{what}: took the fast path"
         );
         let a = raw(srv.addr, Proto::Udp, &q).await.expect("an answer");

@@ -427,7 +427,7 @@ async fn a_saved_state_with_a_time_too_late_to_print_is_refused_not_rendered() {
     let dir = scratch("late-state");
     policy(&dir, "[100]", 0.2);
     std::fs::create_dir_all(dir.join("state")).unwrap();
-    let now = std::time::SystemTime::now()
+    let now = steerdns::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;

@@ -650,7 +650,7 @@ fn proc_status(pid: u32, field: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_build_info_and_its_own_process_metrics() {
     let state = std::env::temp_dir().join(format!("steerdns-buildinfo-{}", std::process::id()));
-    let spawned = std::time::SystemTime::now()
+    let spawned = steerdns::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();

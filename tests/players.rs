@@ -278,7 +278,7 @@ fn segments(log: &Path, player: &str) -> Vec<(f64, String)> {
 }
 
 fn unix_now() -> f64 {
-    std::time::SystemTime::now()
+    steerdns::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()

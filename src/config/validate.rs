@@ -751,7 +751,7 @@ pub fn empties_a_region(host: &HostPolicy, drains: &[(usize, Vec<DrainScope>)]) 
 
 /// Drains in force must leave every region a CDN, and fit the planner's limit.
 fn check_drains(cx: &mut Ctx, base: &[Seg], cdns: &[Cdn], regions: &[Region], drains: &[Drain]) {
-    let now = std::time::SystemTime::now();
+    let now = crate::clock::now();
     let mut active = Vec::new();
     for (i, d) in drains.iter().enumerate() {
         match d.until {

@@ -41,9 +41,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{now_ms, unix_ms};
 use crate::config::tokens::{Token, Tokens, Verb};
 use crate::control::command::{Command, Lever};
-use crate::control::drains::{now_ms, unix_ms, DrainError, DrainRule};
+use crate::control::drains::{DrainError, DrainRule};
 use crate::control::explain::ExplainError;
 use crate::control::peers::Published;
 use crate::control::prober::Local;

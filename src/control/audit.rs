@@ -24,8 +24,8 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 use tracing::{error, warn};
 
+use crate::clock::now_ms;
 use crate::config::tokens::{hex, sha256};
-use crate::control::drains::now_ms;
 use crate::control::writers::{self, Exited};
 
 /// The file's size past which it is rotated.

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::clock::now_ms;
 use crate::config::probes::Probes;
 use crate::control::api::ScopedTokens;
 use crate::control::audit::{self, Audit};
@@ -34,7 +35,7 @@ use crate::control::command::{
 };
 use crate::control::commit::ledger::Taken;
 use crate::control::commit::Commit;
-use crate::control::drains::{now_ms, DrainError};
+use crate::control::drains::DrainError;
 use crate::control::explain::{self, ExplainError, Explanation};
 use crate::control::failover::Step;
 use crate::control::gauges::{self, Gauges};
@@ -251,7 +252,7 @@ impl Controller {
         let Some(d) = &self.loaded.dnssec else {
             return false;
         };
-        let now = crate::selection::unix_now();
+        let now = crate::clock::now_secs();
         match d.refresh(&self.loaded.policy, &self.loaded.zones, now) {
             Ok(changed) => {
                 if changed {
@@ -606,7 +607,7 @@ impl Controller {
             name,
             client: ip,
             resolver,
-            now: crate::selection::unix_now(),
+            now: crate::clock::now_secs(),
             session,
         };
         let mut e = explain::explain(&facts, &question)?;

@@ -7,7 +7,7 @@
 //! drain), or at once with `immediate`; it ends by itself at `until`.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -119,15 +119,6 @@ impl DrainError {
 /// What identifies a drain across reloads (its stepper is kept by this).
 pub type DrainKey = (String, String, String);
 
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-pub fn now_ms() -> u64 {
-    unix_ms(SystemTime::now())
-}
-
 impl DrainRule {
     pub fn key(&self) -> DrainKey {
         (self.name.clone(), self.cdn.clone(), self.scope.join(","))
@@ -220,7 +211,7 @@ impl DrainRule {
                         })
                         .collect(),
                     reason: d.reason.clone(),
-                    until_unix_ms: d.until.map(unix_ms),
+                    until_unix_ms: d.until.map(crate::clock::unix_ms),
                     immediate: d.immediate,
                     written_by: None,
                     written_at_unix_ms: None,

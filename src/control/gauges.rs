@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
-use crate::control::drains::{now_ms, DrainState};
+use crate::clock::now_ms;
+use crate::control::drains::DrainState;
 use crate::control::health::{self, State, VantageView};
 use crate::control::state::ControlState;
 use crate::inputs::Loaded;

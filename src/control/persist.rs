@@ -18,7 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -72,12 +72,6 @@ pub fn path(dir: &Path) -> PathBuf {
     dir.join(FILE)
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Captures the state now.
 pub fn capture(
     health: &BTreeMap<String, Tracker>,
@@ -85,7 +79,7 @@ pub fn capture(
     now: Instant,
 ) -> Saved {
     Saved {
-        saved_unix_ms: unix_ms(),
+        saved_unix_ms: crate::clock::now_ms(),
         health: health.clone(),
         steps: steps
             .iter()
@@ -290,7 +284,7 @@ fn read(dir: &Path, max_age: Duration) -> Result<Option<Saved>, LoadFault> {
     };
     let saved: Saved = serde_json::from_slice(&text)
         .map_err(|e| LoadFault::Corrupt(format!("{}: {e}", file.display())))?;
-    let age = unix_ms().saturating_sub(saved.saved_unix_ms);
+    let age = crate::clock::now_ms().saturating_sub(saved.saved_unix_ms);
     if age > max_age.as_millis() as u64 {
         return Ok(None);
     }
@@ -311,7 +305,7 @@ pub fn restore(
         Ok(s) => Ok(s),
         Err(e @ LoadFault::Unreadable(_)) => Err((e, None)),
         Err(e @ LoadFault::Corrupt(_)) => {
-            let aside = dir.join(format!("{FILE}.corrupt-{}", unix_ms()));
+            let aside = dir.join(format!("{FILE}.corrupt-{}", crate::clock::now_ms()));
             let kept = std::fs::rename(path(dir), &aside).ok().map(|()| aside);
             Err((e, kept))
         }
@@ -329,7 +323,7 @@ pub fn saved_usage(dir: &Path) -> Option<crate::control::commit::ledger::Ledger>
 impl Saved {
     /// Milliseconds since the save.
     pub fn age_ms(&self) -> u64 {
-        unix_ms().saturating_sub(self.saved_unix_ms)
+        crate::clock::now_ms().saturating_sub(self.saved_unix_ms)
     }
 
     /// The steppers, with their next step as far in the future as it was left, minus
@@ -416,7 +410,7 @@ mod tests {
 
     fn state(ms: u64) -> Saved {
         Saved {
-            saved_unix_ms: unix_ms() - ms,
+            saved_unix_ms: crate::clock::now_ms() - ms,
             frozen: Some(format!("saved {ms} ms ago")),
             ..Saved::default()
         }

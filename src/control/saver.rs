@@ -235,7 +235,7 @@ mod tests {
     use super::*;
 
     fn state(frozen: &str) -> Saved {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now = crate::clock::now().duration_since(std::time::UNIX_EPOCH);
         Saved {
             saved_unix_ms: now.unwrap().as_millis() as u64,
             frozen: Some(frozen.to_string()),

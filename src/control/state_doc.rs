@@ -7,9 +7,10 @@ use serde::Serialize;
 
 use tokio::time::Instant;
 
+use crate::clock::now_ms;
 use crate::control::cluster::node::ClusterLink;
 use crate::control::cluster::Freeze;
-use crate::control::drains::{now_ms, DrainStatus};
+use crate::control::drains::DrainStatus;
 use crate::control::health::{self, VantageView};
 use crate::control::state::ControlState;
 use crate::control::stepper::Direction;
@@ -222,7 +223,7 @@ impl Parts<'_> {
         let (loaded, noted) = (self.loaded, self.noted);
         let f = &self.state.failover;
         StateDoc {
-            dnssec: (loaded.dnssec.as_ref()).map(|d| d.status(crate::selection::unix_now())),
+            dnssec: (loaded.dnssec.as_ref()).map(|d| d.status(crate::clock::now_secs())),
             performance: self.performance.clone(),
             commit: self.commit.clone(),
             config_version: loaded.version.clone(),

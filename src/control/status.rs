@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::control::drains::now_ms;
+use crate::clock::now_ms;
 use crate::control::state_doc::StateDoc;
 use crate::control::times;
 use crate::plan::{Live, Plan, Snapshot, Steered};

@@ -320,7 +320,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         request.src().ip(),
         client.ecs.map(|e| (client.ip, e.source_prefix())),
     );
-    let now = crate::selection::unix_now();
+    let now = crate::clock::now_secs();
     let Answer { pick, scope, .. } = steered.answer(&snap.geo, &asker, now, &mut rand::rng());
     let opt = request
         .edns

@@ -168,7 +168,7 @@ async fn answer_all(
         }
         // Every whole message read so far, answered in order.
         let mut snap = handler.live().load_full();
-        let now = crate::selection::unix_now();
+        let now = crate::clock::now_secs();
         let mut at = 0;
         let mut end = None;
         while let Some(message) = frame(&input[at..]) {

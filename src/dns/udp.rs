@@ -181,7 +181,7 @@ fn serve(
         let started = Instant::now();
         let snap = handler.live().load();
         // Seconds are all the selection window needs: once per batch.
-        let now = crate::selection::unix_now();
+        let now = crate::clock::now_secs();
         replies.clear();
         // The full path times its own queries; the fast path's share is the rest.
         let (mut fast, mut full_time) = (0, Duration::ZERO);

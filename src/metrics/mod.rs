@@ -762,7 +762,7 @@ impl Metrics {
         if let Some(snapshot) = serving {
             families.push(effective_weights(&snapshot.plan));
             if let Some(until) = snapshot.signed_until {
-                families.push(signature_expiry(until, crate::selection::unix_now()));
+                families.push(signature_expiry(until, crate::clock::now_secs()));
             }
         }
         families.sort_by(|a, b| a.name().cmp(b.name()));

@@ -29,7 +29,7 @@ pub fn signed_dir(tag: &str, algorithm: u8, extra: &str) -> SignedDir {
     let dir = std::env::temp_dir().join(format!("steerdns-dnssec-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let now = steerdns::selection::unix_now();
+    let now = steerdns::clock::now_secs();
     steerdns::dnssec::keygen(&dir.join("keys"), "example.com", algorithm, now).unwrap();
     let policy = std::fs::read_to_string(repo(MULTI_POLICY)).unwrap();
     std::fs::write(

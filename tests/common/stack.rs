@@ -461,7 +461,7 @@ pub fn stepped_at(s: &Value, cdn: &str) -> u64 {
 
 /// The wall clock in Unix milliseconds, as the server's `*_unix_ms` fields read.
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
+    steerdns::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64

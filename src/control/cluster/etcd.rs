@@ -304,19 +304,19 @@ impl Etcd {
         if let Some(t) = token {
             req = req.header(reqwest::header::AUTHORIZATION, t);
         }
-        let sent = crate::control::drains::now_ms() as i64;
+        let sent = crate::clock::now_ms() as i64;
         let resp = req
             .send()
             .await
             .map_err(|e| EtcdError::Unreachable(format!("{url}: {e}")))?;
-        let received = crate::control::drains::now_ms() as i64;
+        let received = crate::clock::now_ms() as i64;
         if let Some(date) = resp
             .headers()
             .get(reqwest::header::DATE)
             .and_then(|d| d.to_str().ok())
             .and_then(|d| httpdate::parse_http_date(d).ok())
         {
-            let date_ms = crate::control::drains::unix_ms(date) as i64;
+            let date_ms = crate::clock::unix_ms(date) as i64;
             self.skew
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

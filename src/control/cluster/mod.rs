@@ -60,7 +60,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::control::drains::{now_ms, DrainRule};
+use crate::clock::now_ms;
+use crate::control::drains::DrainRule;
 use crate::control::health::{Observation, VantageView};
 use crate::control::prober::Local;
 use crate::control::stepper::{Direction, Stepper};

@@ -22,6 +22,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::clock::now_ms;
 use crate::config::tokens::Token;
 use crate::control::audit::Audit;
 use crate::control::cluster::{
@@ -29,7 +30,7 @@ use crate::control::cluster::{
     Timeline,
 };
 use crate::control::command::{audit_rule, undrain_fields, Lever};
-use crate::control::drains::{now_ms, DrainError, DrainRule};
+use crate::control::drains::{DrainError, DrainRule};
 use crate::control::failover::Turn;
 use crate::control::health::{State, VantageView};
 use crate::control::state::ControlState;

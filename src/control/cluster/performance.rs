@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::control::drains::now_ms;
+use crate::clock::now_ms;
 use crate::control::perf::cell::{Bucket, SLOTS};
 use crate::control::perf::hist::{Hist, BUCKETS};
 use crate::control::perf::modifier::PerfReason;

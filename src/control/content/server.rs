@@ -145,7 +145,7 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let net = perf::network(client);
-    let now_ms = crate::control::drains::now_ms();
+    let now_ms = crate::clock::now_ms();
     if !shared.perf.admit(net, now_ms) {
         shared.metrics.rum_samples("refused_rate", 1);
         return error(
@@ -328,7 +328,7 @@ fn feed_throughput(
         return;
     }
     let name = steered.name().to_string();
-    let now_ms = crate::control::drains::now_ms();
+    let now_ms = crate::clock::now_ms();
     if let Ok(recorded) = shared
         .perf
         .record(&name, region, perf::network(client), &samples, now_ms)
