@@ -8,10 +8,9 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::str::FromStr;
 
-use common::dnssec::{signed_dir, signed_inputs};
+use common::dnssec::{delv, signed_dir, signed_inputs};
 use common::unbound::{Mode as UnboundMode, Unbound};
 use common::{raw, Proto};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
@@ -53,25 +52,6 @@ async fn ecs_relay(server: SocketAddr, ecs: &'static str) -> SocketAddr {
         }
     });
     addr
-}
-
-/// `delv` against `server` with the test's trust anchor, over UDP (delv's own choice:
-/// TCP only on truncation) or TCP: its whole output.
-fn delv(anchor: &Path, server: SocketAddr, tcp: bool, name: &str, qtype: &str) -> String {
-    let out = Command::new("delv")
-        .arg("-a")
-        .arg(anchor)
-        .arg("+root=example.com")
-        .args(tcp.then_some("+tcp"))
-        .arg(format!("@{}", server.ip()))
-        .args(["-p", &server.port().to_string(), name, qtype])
-        .output()
-        .expect("delv (bind9-dnsutils) must be installed: .ci/run installs it");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -21,11 +21,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::dnssec::delv;
 use common::etcd::{have, require_etcd, EtcdSet};
 use common::stack::{scratch, Options, Stack};
 use common::unbound::{Mode, Unbound};
 use serde_json::Value;
-use steerdns::control::cluster::{ClusterOptions, EtcdOptions};
 use tokio::time::Instant;
 
 /// www.example.com with TTLs of a second, signed, the rollover timed in seconds.
@@ -100,22 +100,6 @@ fn anchor(dir: &Path, name: &str, ds: &str) -> PathBuf {
     path
 }
 
-fn delv(anchor: &Path, server: SocketAddr) -> String {
-    let out = Command::new("delv")
-        .arg("-a")
-        .arg(anchor)
-        .arg("+root=example.com")
-        .arg(format!("@{}", server.ip()))
-        .args(["-p", &server.port().to_string(), "www.example.com", "CNAME"])
-        .output()
-        .expect("delv runs");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// `dig +short` of `qtype` at `node`.
 fn short(node: SocketAddr, qtype: &str) -> Vec<String> {
     let out = Command::new("dig")
@@ -164,20 +148,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
     for i in 1..=2 {
         let dir = scratch(&format!("roll-ns{i}"));
         policy(&dir, &keys);
-        let cluster = ClusterOptions {
-            etcd: EtcdOptions {
-                endpoints: etcd
-                    .endpoints()
-                    .iter()
-                    .map(|e| e.parse().unwrap())
-                    .collect(),
-                insecure: true,
-                ..EtcdOptions::default()
-            },
-            node: format!("ns{i}"),
-            prefix: "/steerdns/".into(),
-            members: vec!["ns1".into(), "ns2".into()],
-        };
+        let cluster = etcd.node_options(&format!("ns{i}"), &["ns1", "ns2"]);
         let opts = Options {
             vantage: format!("ns{i}"),
             cluster: Some(cluster),
@@ -270,7 +241,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
             }
             // The parent's DS before the change, and after it.
             if t + 1 < remove {
-                let out = delv(&anchor_old, n.dns);
+                let out = delv(&anchor_old, n.dns, false, "www.example.com", "CNAME");
                 assert!(
                     out.contains("; fully validated"),
                     "ns{} at {t} with the old DS:\n{out}",
@@ -280,7 +251,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
             }
             // A second after the activation at least: every node has signed again.
             if t > new_times.activate + 1 {
-                let out = delv(&anchor_new, n.dns);
+                let out = delv(&anchor_new, n.dns, false, "www.example.com", "CNAME");
                 assert!(
                     out.contains("; fully validated"),
                     "ns{} at {t} with the new DS:\n{out}",

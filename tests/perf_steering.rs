@@ -15,7 +15,6 @@ use common::etcd::{require_etcd, EtcdSet};
 use common::mock_cdn::{MockCdn, Mode};
 use common::stack::{scratch, Stack};
 use serde_json::Value;
-use steerdns::control::cluster::{ClusterOptions, EtcdOptions};
 use tokio::time::Instant;
 
 /// The GB region: the test database's GB networks and 100.64.0.0/10, whose /24s are
@@ -482,20 +481,7 @@ async fn beacons_split_between_two_nodes_move_both_alike() {
     for i in 1..=2 {
         let dir = scratch(&format!("perf-set-ns{i}"));
         policy_needing(&dir, 0.5, 3.0, 50, 20);
-        let opts = ClusterOptions {
-            etcd: EtcdOptions {
-                endpoints: etcd
-                    .endpoints()
-                    .iter()
-                    .map(|e| e.parse().unwrap())
-                    .collect(),
-                insecure: true,
-                ..EtcdOptions::default()
-            },
-            node: format!("ns{i}"),
-            prefix: "/steerdns/".into(),
-            members: vec!["ns1".into(), "ns2".into()],
-        };
+        let opts = etcd.node_options(&format!("ns{i}"), &["ns1", "ns2"]);
         nodes.push(Stack::start_node(&dir, &format!("ns{i}"), opts).await);
     }
     for n in &nodes {

@@ -75,3 +75,28 @@ pub fn signed_inputs(dir: &Path) -> Inputs {
         api_tokens: None,
     }
 }
+
+/// `delv` against `server` with the trust anchor file `anchor`, over UDP (delv's own
+/// choice: TCP only on truncation) or TCP: its whole output.
+pub fn delv(
+    anchor: &Path,
+    server: std::net::SocketAddr,
+    tcp: bool,
+    name: &str,
+    qtype: &str,
+) -> String {
+    let out = std::process::Command::new("delv")
+        .arg("-a")
+        .arg(anchor)
+        .arg("+root=example.com")
+        .args(tcp.then_some("+tcp"))
+        .arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string(), name, qtype])
+        .output()
+        .expect("delv (bind9-dnsutils) must be installed: .ci/run installs it");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

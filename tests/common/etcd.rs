@@ -199,6 +199,29 @@ impl EtcdSet {
             .collect()
     }
 
+    /// How node `node` of a set of `members` joins this etcd directly, without
+    /// authentication (`--etcd-insecure`), under `/steerdns/`.
+    pub fn node_options(
+        &self,
+        node: &str,
+        members: &[&str],
+    ) -> steerdns::control::cluster::ClusterOptions {
+        steerdns::control::cluster::ClusterOptions {
+            etcd: steerdns::control::cluster::EtcdOptions {
+                endpoints: self
+                    .endpoints()
+                    .iter()
+                    .map(|e| e.parse().unwrap())
+                    .collect(),
+                insecure: true,
+                ..Default::default()
+            },
+            node: node.into(),
+            prefix: "/steerdns/".into(),
+            members: members.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
     pub fn client_addr(&self, i: usize) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.members[i].client))
     }
