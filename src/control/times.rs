@@ -7,25 +7,13 @@
 //! [`bounded_opt`]). [`rfc3339`] shows any `u64` without panicking, bound or not, so
 //! no page or report can fail on a time however it got in.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
-/// The latest time accepted (Unix ms): 9999-12-31T23:59:59.999Z.
-pub const MAX_TIME_MS: u64 = 253_402_300_799_999;
+pub use crate::clock::{rfc3339, MAX_TIME_MS};
 
 /// What is said of a time past [`MAX_TIME_MS`].
 pub const TOO_LATE: &str = "after 9999-12-31T23:59:59Z, the last time RFC 3339 can write";
-
-/// `ms` (Unix ms) as an RFC 3339 time to the second, UTC. Never panics: a time past
-/// [`MAX_TIME_MS`] is shown as "after 9999-12-31T23:59:59Z".
-pub fn rfc3339(ms: u64) -> String {
-    if ms > MAX_TIME_MS {
-        return "after 9999-12-31T23:59:59Z".into();
-    }
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-}
 
 /// How far ahead of a node's clock an evaluation of a set (a commit bias, a
 /// performance shift) may be and still be taken, besides one of its periods: the

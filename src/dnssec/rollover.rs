@@ -23,17 +23,8 @@ use std::path::{Path, PathBuf};
 use hickory_proto::rr::Name;
 
 use super::keys::{self, Key, Times};
+use crate::clock::rfc3339;
 use crate::config::dnssec::DnssecSettings;
-
-/// `ms` (Unix ms) as an RFC 3339 time to the second, UTC (a key file's time past year
-/// 9999 is said so, not formatted).
-fn rfc3339(ms: u64) -> String {
-    if ms > 253_402_300_799_999 {
-        return "after 9999-12-31T23:59:59Z".into();
-    }
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(t).to_string()
-}
 
 /// The durations (seconds) a rollover is timed with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
