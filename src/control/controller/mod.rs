@@ -1,0 +1,396 @@
+//! Control plane: the controller, the event loop (`Controller::run`). Each finished
+//! probe round becomes a verdict (this vantage point's result plus the peers' fresh
+//! ones, by quorum), the verdicts go through hysteresis, health changes start failover
+//! steps, and every change of the steps publishes a new plan. An API command is checked
+//! once (`on_command`), then applied here or, in a set, handed to the set's writer
+//! (`cluster/node.rs`). Every state change is logged with its evidence, and the state
+//! (`state.rs`) is saved so that a restart resumes where it was.
+//!
+//! ```text
+//!  prober rounds ─┐
+//!  peers' views ──┴─▶ verdict (quorum) ─▶ Tracker (hysteresis) ─▶ Stepper ─▶ planner ─▶ Live
+//! ```
+//!
+//! This file holds the controller's fields, its start (`new`, `restore`) and the loop;
+//! each kind of event is handled in its own file:
+//!
+//! | file | handles |
+//! |---|---|
+//! | `rounds.rs` | probe rounds: `start_probing`, `on_round`, `tick_steps`, `note_steps` |
+//! | `commands.rs` | API commands: `on_command`, `explain` |
+//! | `reloads.rs` | configuration reloads: `on_reload`, `reload_diff` |
+//! | `modifiers.rs` | what the clock brings due: `resign`, `evaluate_perf`, `evaluate_commit` |
+//! | `set.rs` | a node of a set: `peer_views`, `on_shared`, `follow_commit` |
+//! | `publish.rs` | serving and showing: `plan`, `publish`, `persist`, `show`, `reply` |
+
+mod commands;
+mod modifiers;
+mod publish;
+mod reloads;
+mod rounds;
+mod set;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::clock::now_ms;
+use crate::config::probes::Probes;
+use crate::control::api::ScopedTokens;
+use crate::control::audit::{self, Audit};
+use crate::control::cluster::node::ClusterLink;
+use crate::control::command::Command;
+use crate::control::commit::Commit;
+use crate::control::gauges::Gauges;
+use crate::control::peers::Peers;
+use crate::control::perf::{self, Perf};
+use crate::control::persist;
+use crate::control::prober::{self, Local, Round};
+use crate::control::reload::Reloaded;
+use crate::control::saver::Saver;
+use crate::control::state::ControlState;
+use crate::control::state_doc::{Noted, StateDoc};
+use crate::inputs::Loaded;
+use crate::metrics::Metrics;
+use crate::plan::Live;
+
+/// Where state is saved, and how old a saved state may be to be used.
+#[derive(Clone, Debug)]
+pub struct StateFile {
+    pub dir: PathBuf,
+    pub max_age: Duration,
+    /// Simulated disk faults, for the fault tests (see [`persist::DiskFaults`]); off
+    /// by default.
+    pub disk: persist::DiskFaults,
+}
+
+impl StateFile {
+    /// State saved in `dir`, restored when younger than `max_age`.
+    pub fn new(dir: PathBuf, max_age: Duration) -> StateFile {
+        StateFile {
+            dir,
+            max_age,
+            disk: persist::DiskFaults::default(),
+        }
+    }
+}
+
+/// How long an API call that changed the state waits for the save before it is
+/// answered anyway (see [`Controller::reply`]).
+const REPLY_WAIT: Duration = Duration::from_secs(2);
+
+pub struct Controller {
+    loaded: Arc<Loaded>,
+    vantage: String,
+    local: Local,
+    peers: Peers,
+    /// What `/metrics` serves: gauges set on every change, counts of what happened.
+    metrics: Metrics,
+    live: Option<Arc<Live>>,
+    /// Health, failover steps and freeze, and the drains (pure; see `state.rs`).
+    state: ControlState,
+    /// What the controller notes as it goes (verdicts, steps taken, fail-open,
+    /// reloads), for `/v1/state` and for logging changes once.
+    noted: Noted,
+    /// What the gauges were last set to.
+    gauges: Gauges,
+    state_file: Option<StateFile>,
+    /// The thread that saves the state and then shows `/v1/state` (with a state file).
+    saver: Option<Saver>,
+    /// The generation of the latest hand-over to the saver: an API call is answered
+    /// once it is saved and shown.
+    handed: Option<u64>,
+    /// The document `/v1/state` serves.
+    doc: Arc<Mutex<Option<StateDoc>>>,
+    /// In a set (`--etcd`): etcd, and what was last read from it.
+    cluster: Option<ClusterLink>,
+    /// The audit log (with a state file): mutations, reloads, health, steps.
+    audit: Option<Audit>,
+    /// The API's scoped tokens, swapped on every reload.
+    tokens: ScopedTokens,
+    /// The performance modifier of the policy weights (`performance:` blocks).
+    perf: Perf,
+    /// The commit and capacity modifier, after performance (`contract:`,
+    /// `capacity_mbps:`, `commit:`).
+    commit: Commit,
+}
+
+impl Controller {
+    /// A controller for `loaded`, with the saved state restored when there is one.
+    pub fn new(
+        loaded: Arc<Loaded>,
+        vantage: String,
+        local: Local,
+        peers: Peers,
+        metrics: Metrics,
+        state_file: Option<StateFile>,
+    ) -> Controller {
+        let mut c = Controller {
+            loaded,
+            vantage,
+            local,
+            peers,
+            metrics,
+            live: None,
+            state: ControlState::default(),
+            noted: Noted::default(),
+            gauges: Gauges::default(),
+            state_file,
+            saver: None,
+            handed: None,
+            doc: Arc::new(Mutex::new(None)),
+            cluster: None,
+            audit: None,
+            tokens: ScopedTokens::default(),
+            perf: Perf::default(),
+            commit: Commit::default(),
+        };
+        c.perf.configure(&c.loaded.policy, now_ms());
+        c.commit.configure(&c.loaded.policy, now_ms());
+        c.tokens.store(Arc::new(c.loaded.tokens.clone()));
+        if let Some(sf) = &c.state_file {
+            let metrics = Some(c.metrics.clone());
+            match Saver::start(sf.dir.clone(), sf.disk.clone(), metrics, c.doc.clone()) {
+                Ok(saver) => c.saver = Some(saver),
+                Err(e) => {
+                    error!(error = %e, "cannot start the state saver thread: the state is not saved")
+                }
+            }
+            let path = sf.dir.join("audit.jsonl");
+            let started = std::fs::create_dir_all(&sf.dir)
+                .and_then(|()| Audit::start(path.clone(), c.vantage.clone(), audit::MAX_BYTES));
+            match started {
+                Ok(a) => c.audit = Some(a),
+                Err(e) => {
+                    error!(error = %e, file = %path.display(), "cannot open the audit log: nothing is audited")
+                }
+            }
+        }
+        c.restore();
+        c.state
+            .drains
+            .sync(&c.loaded.policy, Instant::now(), now_ms());
+        c
+    }
+
+    fn restore(&mut self) {
+        let Some(sf) = &self.state_file else { return };
+        match persist::restore(&sf.dir, sf.max_age) {
+            Ok(None) => {
+                // Too old for health and steps, not for the month's usage.
+                if let Some(ledger) = persist::saved_usage(&sf.dir) {
+                    info!(
+                        cdns = ledger.cdns.len(),
+                        "restored the usage ledger of an old saved state"
+                    );
+                    self.commit.ledger = ledger;
+                }
+            }
+            Err((fault, kept)) => {
+                self.metrics.state_load_error(fault.reason());
+                error!(
+                    reason = fault.reason(),
+                    error = %fault,
+                    set_aside = %kept.as_ref().map_or("no".into(), |p| p.display().to_string()),
+                    "saved state not restored: starting from the configured weights"
+                );
+            }
+            Ok(Some(saved)) => {
+                let now = Instant::now();
+                if let Some(commit) = &saved.commit {
+                    self.commit.restore(commit);
+                }
+                let shifts = self.perf.restore(&saved.performance, now_ms());
+                self.state = ControlState::from_saved(&saved, &self.loaded, now, now_ms());
+                info!(
+                    age_s = saved.age_ms() / 1000,
+                    frozen = self.state.failover.frozen.is_some(),
+                    overrides = self.state.drains.overrides.len(),
+                    down = ?self.state.failover.down(),
+                    steps = self.state.failover.steps.len(),
+                    performance_shifts = shifts,
+                    "restored health and failover state"
+                );
+                self.tick_steps(now);
+            }
+        }
+    }
+
+    /// Makes this controller a node of a set: steps, drains and freeze follow etcd.
+    pub fn join(&mut self, mut link: ClusterLink) {
+        link.audit_rev = self.audit.as_ref().map_or(0, |a| a.start_rev);
+        self.metrics.etcd_fail_static(true);
+        self.cluster = Some(link);
+    }
+
+    /// The document `/v1/state` serves.
+    pub fn doc(&self) -> Arc<Mutex<Option<StateDoc>>> {
+        self.doc.clone()
+    }
+
+    /// The API's scoped tokens, as the policy's reloads swap them.
+    pub fn tokens(&self) -> ScopedTokens {
+        self.tokens.clone()
+    }
+
+    /// Makes this node's prober a source of performance samples, located as a client
+    /// at `address` is (`--vantage-address`).
+    pub fn measure_from(&mut self, address: std::net::IpAddr) {
+        self.perf.measure_from(address);
+    }
+
+    /// The store of performance samples (beacons, steering polls).
+    pub fn perf_store(&self) -> Arc<perf::Store> {
+        self.perf.store()
+    }
+
+    /// Appends an entry to the audit log (when there is one); in a set, writes it to
+    /// etcd, from where every node appends it.
+    fn audit(&mut self, kind: &str, fields: serde_json::Value) {
+        let Some(a) = &self.audit else { return };
+        match self.cluster.as_mut() {
+            Some(c) if c.connected() => c.audit(kind, fields),
+            _ => a.record(kind, fields),
+        }
+    }
+
+    /// The threads writing into the state directory: they return once this
+    /// controller is gone and what it handed them is written.
+    pub fn writers(&self) -> Vec<crate::control::writers::Exited> {
+        let saver = self.saver.as_ref().map(Saver::exited);
+        saver
+            .into_iter()
+            .chain(self.audit.as_ref().map(Audit::exited))
+            .collect()
+    }
+
+    /// Runs until `stop`, publishing into `live`.
+    pub async fn run(
+        mut self,
+        live: Arc<Live>,
+        mut reloads: mpsc::Receiver<Reloaded>,
+        mut commands: mpsc::Receiver<Command>,
+        stop: CancellationToken,
+    ) {
+        self.export();
+        self.perf.locate(&live.load());
+        self.live = Some(live);
+        let (tx, mut rounds) = mpsc::channel(256);
+        let mut probing = self.start_probing(&tx, &stop);
+        // Without the API (`--api off`) every command sender is gone: stop polling the
+        // closed channel, which would otherwise be ready at once, forever.
+        let mut api_open = true;
+        let mut shared = self.cluster.as_ref().map(|c| c.shared.clone());
+        loop {
+            let now = Instant::now();
+            let next = self
+                .state
+                .failover
+                .next_due(&self.loaded.policy)
+                .into_iter()
+                .chain(
+                    self.state
+                        .drains
+                        .next_due(&self.loaded.policy, now, now_ms()),
+                )
+                .chain(self.resign_due())
+                .chain(
+                    self.perf
+                        .next_due_ms()
+                        .into_iter()
+                        .chain(self.commit.next_due_ms())
+                        .map(|due| now + Duration::from_millis(due.saturating_sub(now_ms()))),
+                )
+                .min();
+            let due = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                round = rounds.recv() => match round {
+                    Some(r) => self.on_round(r),
+                    None => return,
+                },
+                reloaded = reloads.recv() => match reloaded {
+                    Some(r) => {
+                        if self.on_reload(r) {
+                            probing.cancel();
+                            probing = self.start_probing(&tx, &stop);
+                        }
+                    }
+                    None => return,
+                },
+                changed = async {
+                    match shared.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if changed {
+                        if let Some(rx) = &shared {
+                            let s = rx.borrow().clone();
+                            self.on_shared(s);
+                        }
+                    } else {
+                        shared = None;
+                    }
+                }
+                command = commands.recv(), if api_open => match command {
+                    Some(c) => self.on_command(c),
+                    None => api_open = false,
+                },
+                _ = due => {
+                    let now = Instant::now();
+                    let mut changed = self.tick_steps(now);
+                    changed |= self.state.drains.tick(&self.loaded.policy, now);
+                    changed |= self.state.drains.sync(&self.loaded.policy, now, now_ms());
+                    changed |= self.resign();
+                    changed |= self.evaluate_perf();
+                    changed |= self.evaluate_commit();
+                    self.state.drains.prune(now_ms());
+                    if changed {
+                        self.publish();
+                    } else {
+                        self.persist();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Spawns the prober of `probes` alone (for `agent`).
+pub fn spawn_prober(
+    probes: &Probes,
+    vantage: &str,
+    local: &Local,
+    stop: &CancellationToken,
+) -> mpsc::Receiver<Round> {
+    let (tx, rx) = mpsc::channel(256);
+    prober::spawn(
+        probes.specs.clone(),
+        vantage.to_string(),
+        local.clone(),
+        tx,
+        stop.clone(),
+    );
+    rx
+}
+
+/// How often peers are read: as often as the most frequent probe.
+pub fn peer_interval(probes: &Probes) -> Duration {
+    probes
+        .specs
+        .iter()
+        .map(|s| s.interval)
+        .min()
+        .unwrap_or(Duration::from_secs(10))
+}

@@ -1,0 +1,127 @@
+//! Control plane: a reload of the configuration, swapped in with its diff audited,
+//! or refused with the last good configuration serving.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use super::Controller;
+use crate::clock::now_ms;
+use crate::control::reload::Reloaded;
+use crate::control::state_doc::ReloadOutcome;
+use crate::inputs::Loaded;
+
+impl Controller {
+    /// Swaps in a reloaded configuration, or keeps the last good one; returns whether
+    /// the probes changed (so the prober must restart).
+    pub(super) fn on_reload(&mut self, reloaded: Reloaded) -> bool {
+        let probes_changed = self.apply_reload(reloaded);
+        // The load's temporaries, and the configuration replaced, back to the system.
+        crate::huge::give_back();
+        probes_changed
+    }
+
+    pub(super) fn apply_reload(&mut self, reloaded: Reloaded) -> bool {
+        let trigger = reloaded.trigger;
+        match reloaded.result {
+            Err(issues) => {
+                self.metrics.reload(false);
+                for issue in issues.errors() {
+                    error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
+                }
+                self.audit(
+                    "reload",
+                    serde_json::json!({
+                        "trigger": trigger.to_string(),
+                        "result": "refused",
+                        "serving_version": self.loaded.version,
+                        "errors": issues.errors().map(ToString::to_string).collect::<Vec<_>>(),
+                    }),
+                );
+                self.noted.last_reload = Some(ReloadOutcome {
+                    trigger: trigger.to_string(),
+                    result: "refused",
+                    errors: issues.errors().map(ToString::to_string).collect(),
+                    serving_version: self.loaded.version.clone(),
+                });
+                self.update_doc();
+                false
+            }
+            Ok(loaded) => {
+                for w in loaded.warnings.warnings() {
+                    warn!(warning = %w, "configuration warning");
+                }
+                let probes_changed = loaded.probes != self.loaded.probes;
+                let m = &self.metrics;
+                m.reload(true);
+                m.config_version(&loaded.version);
+                for spec in &loaded.probes.specs {
+                    m.cdn_probed(&spec.cdn);
+                }
+                let from = self.loaded.version.clone();
+                let diff = reload_diff(&self.loaded, &loaded);
+                self.audit(
+                    "reload",
+                    serde_json::json!({
+                        "trigger": trigger.to_string(),
+                        "result": "applied",
+                        "from_version": from,
+                        "to_version": loaded.version,
+                        "diff": diff,
+                    }),
+                );
+                self.tokens.store(Arc::new(loaded.tokens.clone()));
+                self.loaded = Arc::new(loaded);
+                // Health and failover progress carry over for the CDNs and names that remain.
+                self.state
+                    .failover
+                    .retain_known(&self.loaded.policy, &self.loaded.probes);
+                info!(trigger = %trigger, from = %from, to = %self.loaded.version, probes_changed, "configuration reloaded");
+                self.noted.last_reload = Some(ReloadOutcome {
+                    trigger: trigger.to_string(),
+                    result: "applied",
+                    errors: Vec::new(),
+                    serving_version: self.loaded.version.clone(),
+                });
+                self.state
+                    .drains
+                    .sync(&self.loaded.policy, Instant::now(), now_ms());
+                self.perf.configure(&self.loaded.policy, now_ms());
+                self.commit.configure(&self.loaded.policy, now_ms());
+                self.publish();
+                if let Some(live) = &self.live {
+                    self.perf.locate(&live.load());
+                }
+                probes_changed
+            }
+        }
+    }
+}
+
+/// What a reload changed: names added, removed and changed, probes, tokens.
+fn reload_diff(old: &Loaded, new: &Loaded) -> serde_json::Value {
+    let names = |l: &Loaded| -> BTreeMap<String, String> {
+        l.policy
+            .hosts
+            .iter()
+            .map(|h| (h.name.to_string(), format!("{h:?}")))
+            .collect()
+    };
+    let (a, b) = (names(old), names(new));
+    let added: Vec<&String> = b.keys().filter(|k| !a.contains_key(*k)).collect();
+    let removed: Vec<&String> = a.keys().filter(|k| !b.contains_key(*k)).collect();
+    let changed: Vec<&String> = b
+        .iter()
+        .filter(|(k, v)| a.get(*k).is_some_and(|o| o != *v))
+        .map(|(k, _)| k)
+        .collect();
+    serde_json::json!({
+        "names_added": added,
+        "names_removed": removed,
+        "names_changed": changed,
+        "probes_changed": old.probes != new.probes,
+        "tokens": new.tokens.list.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,80 @@
+//! Control plane: the controller as a node of a set (`--etcd`): the peers' views, and
+//! what the set's session brings (steps, drains, freeze, shifts, biases, usage).
+
+use tokio::time::Instant;
+
+use super::Controller;
+use crate::clock::now_ms;
+use crate::control::cluster::node::Followed;
+use crate::control::cluster::Shared;
+use crate::control::health::VantageView;
+
+impl Controller {
+    /// The other vantage points now: the set's from etcd, or the HTTP peers'. What a
+    /// peer reports of a CDN this policy does not probe counts for nothing, not even
+    /// towards "sees every CDN fail".
+    pub(super) fn peer_views(&self) -> Vec<VantageView> {
+        let mut peers = match &self.cluster {
+            Some(c) => c.vantage_views(&self.loaded),
+            None => self.peers.views(),
+        };
+        for p in &mut peers {
+            p.latest
+                .retain(|cdn, _| self.loaded.probes.get(cdn).is_some());
+        }
+        peers
+    }
+
+    /// A new view or link state from the session: applied, then shown or published.
+    pub(super) fn on_shared(&mut self, shared: Shared) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        let audit = self.audit.as_ref();
+        let followed = c.on_shared(shared, &mut self.state, &self.loaded, &self.metrics, audit);
+        let shifted = c.follow_perf(&mut self.perf, now_ms());
+        let (biased, new) = self.follow_commit();
+        match followed {
+            Followed::Nothing | Followed::Shown if biased || shifted => self.publish(),
+            // New usage or an evaluation: saved (the ledger) and shown.
+            Followed::Nothing | Followed::Shown if new => self.persist(),
+            Followed::Nothing => {}
+            Followed::Shown => self.update_doc(),
+            Followed::Applied(pending) => {
+                self.note_steps(Instant::now());
+                self.publish();
+                if let Some(c) = self.cluster.as_mut() {
+                    c.catch_up(pending, &self.state, &self.loaded);
+                }
+            }
+        }
+    }
+
+    /// In a set: the usage records and commit biases the set holds, taken into the
+    /// ledger and put in force. `(a bias in force changed, anything new)`.
+    pub(super) fn follow_commit(&mut self) -> (bool, bool) {
+        let Some(c) = self.cluster.as_mut() else {
+            return (false, false);
+        };
+        let took = c.follow_usage(&mut self.commit, &self.loaded.policy);
+        let newer = c.newer_biases(&self.commit, now_ms());
+        let mut changed = false;
+        if !newer.is_empty() {
+            let modified = self.perf.apply(&self.loaded.policy);
+            let base = modified.as_ref().unwrap_or(&self.loaded.policy);
+            let perf = &self.perf;
+            let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
+            for (name, b) in &newer {
+                let biases: Vec<_> = b.biases.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                changed |=
+                    self.commit
+                        .adopt(base, &outside, name, b.at_unix_ms, Some(&b.node), &biases);
+            }
+        }
+        let new = took || !newer.is_empty();
+        if new {
+            self.commit.export(&self.metrics, now_ms());
+        }
+        (changed, new)
+    }
+}
