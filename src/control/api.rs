@@ -18,7 +18,7 @@
 //! line and headers at most 64 KiB (`431` beyond) and complete within 10 s, bodies at
 //! most 64 KiB (`413`) and complete within 10 s, a connection idle between requests is
 //! closed after the same 10 s, and at most 256 connections at once, 32 from one source
-//! (one /24 or /56: [`crate::dns::sources`]; further ones are closed at once). A slow-loris client sending a header a
+//! (one /24 or /56: [`crate::slots`]; further ones are closed at once). A slow-loris client sending a header a
 //! byte a second is cut off. When every connection is taken, a few more (4) are kept for
 //! loopback sources, for mutations only: each serves one request within 2 s, and a read
 //! gets 503, so that an operator on the host can still drain a CDN while the API is
@@ -51,8 +51,8 @@ use crate::control::prober::Local;
 use crate::control::state_doc::StateDoc;
 use crate::control::status::{self, StatusSource};
 use crate::control::times::{MAX_TIME_MS, TOO_LATE};
-use crate::dns::sources::Sources;
 use crate::metrics::{self, Metrics};
+use crate::slots::Slots;
 
 const MAX_BODY: usize = 64 * 1024;
 
@@ -236,9 +236,12 @@ pub(super) fn serve_http<F, Fut>(
     F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<Reply, Infallible>> + Send + 'static,
 {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let reserved = Arc::new(tokio::sync::Semaphore::new(limits.reserved_for_loopback));
-    let sources = Sources::new(limits.source_prefix_v4, limits.source_prefix_v6);
+    let slots = Slots::new(
+        limits.max_connections,
+        limits.reserved_for_loopback,
+        limits.source_prefix_v4,
+        limits.source_prefix_v6,
+    );
     tokio::spawn(async move {
         loop {
             let (stream, peer) = tokio::select! {
@@ -261,27 +264,16 @@ pub(super) fn serve_http<F, Fut>(
             };
             // A source at its cap, or every slot taken: only loopback goes on, to the
             // reserve (short header timeout, no keep-alive, so a flood cannot sit on
-            // it). A local flood from 127.0.0.1 itself must not lock out the operator's
-            // curl from the same address.
-            let source = sources.take(ip, per_source);
-            let main = source
-                .is_some()
-                .then(|| slots.clone().try_acquire_owned().ok())
-                .flatten();
-            let (slot, on_reserve) = match main {
-                Some(slot) => (slot, false),
-                None => match reserved.clone().try_acquire_owned() {
-                    Ok(slot) if ip.is_loopback() => (slot, true),
-                    _ => {
-                        tracing::debug!(%ip, "http: too many connections (from this source, or in all), closing a new one");
-                        drop(stream);
-                        continue;
-                    }
-                },
+            // it).
+            let Ok(slot) = slots.take(ip, per_source) else {
+                tracing::debug!(%ip, "http: too many connections (from this source, or in all), closing a new one");
+                drop(stream);
+                continue;
             };
             let (stop, limits, handle) = (stop.clone(), limits.clone(), handle.clone());
             tokio::spawn(async move {
-                let _slots = (slot, source);
+                let on_reserve = slot.reserved;
+                let _slot = slot;
                 let conn = Conn {
                     peer,
                     reserved: on_reserve,
