@@ -51,4 +51,5 @@ pub mod place;
 pub mod plan;
 pub mod secret;
 pub mod selection;
+pub mod slots;
 pub mod zones;

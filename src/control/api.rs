@@ -14,15 +14,16 @@
 //! Drains (`"tenant"` instead of `"name"`) and freezes (`"tenant"`) may target a tenant;
 //! mutations may carry `"ticket"`.
 //!
-//! Limits ([`ApiLimits`]), so that no client can hold the server's resources: the request
-//! line and headers at most 64 KiB (`431` beyond) and complete within 10 s, bodies at
-//! most 64 KiB (`413`) and complete within 10 s, a connection idle between requests is
-//! closed after the same 10 s, and at most 256 connections at once, 32 from one source
-//! (one /24 or /56: [`crate::dns::sources`]; further ones are closed at once). A slow-loris client sending a header a
-//! byte a second is cut off. When every connection is taken, a few more (4) are kept for
-//! loopback sources, for mutations only: each serves one request within 2 s, and a read
-//! gets 503, so that an operator on the host can still drain a CDN while the API is
-//! flooded.
+//! Limits ([`ApiLimits`], kept by the accept loop of [`crate::control::http`]), so that
+//! no client can hold the server's resources: the request line and headers at most
+//! 64 KiB (`431` beyond) and complete within 10 s, bodies at most 64 KiB (`413`) and
+//! complete within 10 s, a connection idle between requests is closed after the same
+//! 10 s, and at most 256 connections at once, 32 from one source (one /24 or /56:
+//! [`crate::slots`]; further ones are closed at once). A slow-loris client sending a
+//! header a byte a second is cut off. When every connection is taken, a few more (4) are
+//! kept for loopback sources, for mutations only: each serves one request within 2 s,
+//! and a read gets 503, so that an operator on the host can still drain a CDN while the
+//! API is flooded.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -31,10 +32,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{header, Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -46,63 +44,19 @@ use crate::config::tokens::{Token, Tokens, Verb};
 use crate::control::command::{Command, Lever};
 use crate::control::drains::{DrainError, DrainRule};
 use crate::control::explain::ExplainError;
+use crate::control::http::{error, json_reply, serve_http, text, Conn, Reply};
 use crate::control::peers::Published;
 use crate::control::prober::Local;
 use crate::control::state_doc::StateDoc;
 use crate::control::status::{self, StatusSource};
 use crate::control::times::{MAX_TIME_MS, TOO_LATE};
-use crate::dns::sources::Sources;
 use crate::metrics::{self, Metrics};
 
+/// The limits of the API's accept loop (`control::http`), where callers have always
+/// found them.
+pub use crate::control::http::ApiLimits;
+
 const MAX_BODY: usize = 64 * 1024;
-
-/// What one client may take of the API server.
-#[derive(Clone, Debug)]
-pub struct ApiLimits {
-    /// Time to send a request's line and headers, and the time a connection may stay
-    /// idle waiting for the next request.
-    pub header_timeout: std::time::Duration,
-    /// Time to send a request body (mutations only).
-    pub body_timeout: std::time::Duration,
-    /// Bytes of request line and headers.
-    pub max_header_bytes: usize,
-    /// Connections served at once; more are closed as soon as accepted.
-    pub max_connections: usize,
-    /// Connections from one source at once (0: no limit).
-    pub max_per_source: usize,
-    /// The IPv4 prefix a source is counted by (one /24 by default).
-    pub source_prefix_v4: u8,
-    /// The IPv6 prefix a source is counted by (one /56 by default).
-    pub source_prefix_v6: u8,
-    /// Connections kept beyond `max_connections` for loopback mutations.
-    pub reserved_for_loopback: usize,
-    /// Names a read's `Host` may carry besides the listening address and `localhost`
-    /// (`--api-host`; admin API only).
-    pub hosts: Vec<String>,
-    /// Sources that `max_per_source` does not apply to (the content steering server's
-    /// trusted proxies, which carry many clients each).
-    pub unlimited_sources: Vec<ipnet::IpNet>,
-}
-
-/// How long a connection on a reserved slot has to send its request.
-const RESERVED_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl Default for ApiLimits {
-    fn default() -> Self {
-        ApiLimits {
-            header_timeout: std::time::Duration::from_secs(10),
-            body_timeout: std::time::Duration::from_secs(10),
-            max_header_bytes: 64 * 1024,
-            max_connections: 256,
-            max_per_source: 32,
-            source_prefix_v4: 24,
-            source_prefix_v6: 56,
-            reserved_for_loopback: 4,
-            hosts: Vec::new(),
-            unlimited_sources: Vec::new(),
-        }
-    }
-}
 
 /// What the API serves, shared with the tasks that produce it.
 #[derive(Clone)]
@@ -213,103 +167,6 @@ fn host_name(host: &str) -> &str {
 /// The scoped tokens in force, shared by the controller (which swaps them in on a
 /// reload) and the API (which reads them per mutation).
 pub type ScopedTokens = Arc<arc_swap::ArcSwap<Tokens>>;
-
-/// One accepted connection, as a request handler of [`serve_http`] sees it.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Conn {
-    /// The TCP peer.
-    pub peer: SocketAddr,
-    /// A connection on a slot kept for loopback sources (`reserved_for_loopback`):
-    /// one request, no keep-alive, a short header timeout.
-    pub reserved: bool,
-}
-
-/// Serves HTTP/1.1 on `listener` under `limits` until `stop`: the accept loop of the
-/// admin API, shared with the content steering server (`control::content`). Each
-/// request goes to `handle` with its connection.
-pub(super) fn serve_http<F, Fut>(
-    listener: TcpListener,
-    limits: ApiLimits,
-    stop: CancellationToken,
-    handle: F,
-) where
-    F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<Reply, Infallible>> + Send + 'static,
-{
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let reserved = Arc::new(tokio::sync::Semaphore::new(limits.reserved_for_loopback));
-    let sources = Sources::new(limits.source_prefix_v4, limits.source_prefix_v6);
-    tokio::spawn(async move {
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = stop.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "http accept failed");
-                        // Out of file descriptors, say: do not spin.
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                        continue;
-                    }
-                },
-            };
-            let ip = peer.ip().to_canonical();
-            let per_source = if limits.unlimited_sources.iter().any(|n| n.contains(&ip)) {
-                0
-            } else {
-                limits.max_per_source
-            };
-            // A source at its cap, or every slot taken: only loopback goes on, to the
-            // reserve (short header timeout, no keep-alive, so a flood cannot sit on
-            // it). A local flood from 127.0.0.1 itself must not lock out the operator's
-            // curl from the same address.
-            let source = sources.take(ip, per_source);
-            let main = source
-                .is_some()
-                .then(|| slots.clone().try_acquire_owned().ok())
-                .flatten();
-            let (slot, on_reserve) = match main {
-                Some(slot) => (slot, false),
-                None => match reserved.clone().try_acquire_owned() {
-                    Ok(slot) if ip.is_loopback() => (slot, true),
-                    _ => {
-                        tracing::debug!(%ip, "http: too many connections (from this source, or in all), closing a new one");
-                        drop(stream);
-                        continue;
-                    }
-                },
-            };
-            let (stop, limits, handle) = (stop.clone(), limits.clone(), handle.clone());
-            tokio::spawn(async move {
-                let _slots = (slot, source);
-                let conn = Conn {
-                    peer,
-                    reserved: on_reserve,
-                };
-                let service = service_fn(move |req: Request<Incoming>| handle(req, conn));
-                let header_timeout = if on_reserve {
-                    limits.header_timeout.min(RESERVED_HEADER_TIMEOUT)
-                } else {
-                    limits.header_timeout
-                };
-                let _ = stream.set_nodelay(true);
-                let conn = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(header_timeout)
-                    .keep_alive(!on_reserve)
-                    .max_buf_size(limits.max_header_bytes.max(8192))
-                    .max_header_size(limits.max_header_bytes)
-                    .serve_connection(TokioIo::new(stream), service);
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    r = conn => if let Err(e) = r { tracing::debug!(error = %e, "http connection error") },
-                }
-            });
-        }
-    });
-}
-
-pub(super) type Reply = Response<Full<Bytes>>;
 
 async fn route(
     req: Request<Incoming>,
@@ -799,16 +656,6 @@ async fn ask<T>(
         .map_err(|_| unavailable("the controller did not answer"))
 }
 
-pub(super) fn text(status: StatusCode, body: &'static str) -> Reply {
-    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
 /// The status page: from the latest state document and the plan being served.
 fn status_page(state: &ApiState) -> Reply {
     let body = match &state.status {
@@ -859,25 +706,6 @@ fn prometheus_text(m: &Metrics) -> Reply {
             tracing::warn!(error = %e, "cannot encode /metrics");
             text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n")
         }
-    }
-}
-
-pub(super) fn error(status: StatusCode, message: &str) -> Reply {
-    json_reply(status, &json!({ "error": message }))
-}
-
-fn json_reply<T: serde::Serialize>(status: StatusCode, value: &T) -> Reply {
-    match serde_json::to_vec_pretty(value) {
-        Ok(body) => {
-            let mut r = Response::new(Full::new(Bytes::from(body)));
-            *r.status_mut() = status;
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                header::HeaderValue::from_static("application/json"),
-            );
-            r
-        }
-        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode\n"),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod explain;
 pub mod failover;
 pub mod gauges;
 pub mod health;
+pub mod http;
 pub mod peers;
 pub mod perf;
 pub mod persist;

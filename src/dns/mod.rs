@@ -22,7 +22,6 @@ pub mod cache;
 pub mod edns;
 pub mod listen;
 pub mod rrl;
-pub mod sources;
 pub mod tcp;
 pub mod udp;
 pub mod wire;

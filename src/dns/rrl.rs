@@ -20,6 +20,8 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 
+use crate::slots::prefix_key;
+
 /// Slots in the table (512 KiB).
 const SLOTS: usize = 1 << 17;
 
@@ -152,26 +154,6 @@ impl Rrl {
             h ^= h >> 29;
         }
         h.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (h >> 32)
-    }
-}
-
-/// `ip`'s prefix (`v4` or `v6` bits long) as one number, the family in the top bit;
-/// IPv4-mapped IPv6 addresses count as IPv4. One client network, one key: for rate
-/// limiting here and for the TCP per-source cap (`tcp.rs`).
-pub(crate) fn prefix_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
-    match ip.to_canonical() {
-        IpAddr::V4(a) => {
-            let mask = u32::MAX
-                .checked_shl(32 - u32::from(v4.min(32)))
-                .unwrap_or(0);
-            u128::from(u32::from(a) & mask)
-        }
-        IpAddr::V6(a) => {
-            let mask = u128::MAX
-                .checked_shl(128 - u32::from(v6.min(128)))
-                .unwrap_or(0);
-            (u128::from(a) & mask) >> 1 | 1 << 127
-        }
     }
 }
 

@@ -10,7 +10,7 @@
 //!
 //! Limits, each counted in `steerdns_tcp_closed_total{reason}`:
 //! - at most `max_connections` open at once, and at most `max_per_source` from one
-//!   source prefix (`source_prefix_v4`/`_v6`, [`super::sources`]); a connection past either is closed as
+//!   source prefix (`source_prefix_v4`/`_v6`, [`crate::slots`]); a connection past either is closed as
 //!   soon as it is accepted (the client retries, possibly elsewhere) instead of waiting
 //!   in the backlog, so that one host cannot hold every slot;
 //! - a connection that sends no whole message for `idle_timeout` (idle, or trickling a
@@ -26,7 +26,6 @@
 //! UDP is served by other threads on other sockets, so none of this can starve it.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_server::net::xfer::Protocol;
@@ -34,14 +33,12 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
 use tokio::task::JoinSet;
 use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::sources::{SourceSlot, Sources};
 use super::{wire, Handler};
+use crate::slots::{Refused, Slot, Slots};
 
 /// How TCP clients are bounded (`--tcp-*` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,32 +89,31 @@ pub async fn serve(
     limits: TcpLimits,
     shutdown: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let sources = Sources::new(limits.source_prefix_v4, limits.source_prefix_v6);
+    // No reserve: a connection past either limit is closed, loopback or not.
+    let slots = Slots::new(
+        limits.max_connections,
+        0,
+        limits.source_prefix_v4,
+        limits.source_prefix_v6,
+    );
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let Some(source) = sources.take(peer.ip(), limits.max_per_source) else {
-                        handler.metrics().tcp_closed("over-source-limit");
-                        drop(stream);
-                        continue;
-                    };
-                    match slots.clone().try_acquire_owned() {
-                        Ok(slot) => {
-                            conns.spawn(connection(
-                                stream, peer, handler.clone(), limits, (slot, source),
-                            ));
-                        }
-                        Err(_) => {
-                            handler.metrics().tcp_closed("over-connection-limit");
-                            drop(stream);
-                        }
+                Ok((stream, peer)) => match slots.take(peer.ip(), limits.max_per_source) {
+                    Ok(slot) => {
+                        conns.spawn(connection(stream, peer, handler.clone(), limits, slot));
                     }
-                }
+                    Err(refused) => {
+                        handler.metrics().tcp_closed(match refused {
+                            Refused::Source => "over-source-limit",
+                            Refused::Connections => "over-connection-limit",
+                        });
+                        drop(stream);
+                    }
+                },
                 Err(e) => {
                     // Out of file descriptors, typically: let some connections end.
                     tracing::warn!(error = %e, "cannot accept a TCP connection");
@@ -133,7 +129,7 @@ async fn connection(
     peer: SocketAddr,
     handler: Handler,
     limits: TcpLimits,
-    _slots: (OwnedSemaphorePermit, SourceSlot),
+    _slot: Slot,
 ) {
     handler.metrics().tcp_connections(1);
     let reason = answer_all(stream, peer, &handler, limits).await;

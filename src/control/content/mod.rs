@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! player ── GET /steer/hls/{name}?session=…&_HLS_pathway=a&_HLS_throughput=… ──▶ server.rs
-//!    limits (api.rs accept loop), CORS, methods, client address (X-Forwarded-For from
+//!    limits (http.rs accept loop), CORS, methods, client address (X-Forwarded-For from
 //!    --trusted-proxies only)
 //!      ─▶ manifest.rs: parse the query ─▶ locate, decide, choose (plan::Steered, as DNS)
 //!      ─▶ weighted order of the pathways for the session ─▶ demotions ─▶ JSON

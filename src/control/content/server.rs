@@ -20,7 +20,7 @@
 //! (the rightmost entries were added by our own proxies; the leftmost are whatever the
 //! client claimed). A peer outside the trusted proxies cannot choose its region.
 //!
-//! Limits are the admin API's (`api::serve_http`, [`ApiLimits`]): headers at most
+//! Limits are the admin API's (`http::serve_http`, [`ApiLimits`]): headers at most
 //! 64 KiB and within 10 s, idle connections closed after 10 s, at most 4096 connections
 //! and 64 per source, one /24 or /56 (trusted proxies excepted). Requests have no body: none
 //! is read.
@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use http_body_util::{BodyExt, Limited};
 
 use super::manifest::{self, Format};
-use crate::control::api::{error, serve_http, ApiLimits, Conn, Reply};
+use crate::control::http::{empty, error, serve_http, ApiLimits, Conn, Reply};
 use crate::control::perf::{self, beacon, Store};
 use crate::metrics::Metrics;
 use crate::plan::Live;
@@ -183,9 +183,7 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
     {
         Ok(recorded) => {
             recorded.count(&shared.metrics);
-            let mut r = Response::new(Full::new(Bytes::new()));
-            *r.status_mut() = StatusCode::NO_CONTENT;
-            r
+            empty(StatusCode::NO_CONTENT)
         }
         Err(why) => error(StatusCode::BAD_REQUEST, &why),
     }
@@ -196,8 +194,7 @@ fn answer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
     match *req.method() {
         Method::GET | Method::HEAD => steer(shared, req, peer),
         Method::OPTIONS => {
-            let mut r = Response::new(Full::new(Bytes::new()));
-            *r.status_mut() = StatusCode::NO_CONTENT;
+            let mut r = empty(StatusCode::NO_CONTENT);
             let h = r.headers_mut();
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_METHODS,
