@@ -4,7 +4,7 @@
 The layers, top to bottom (ARCHITECTURE.md explains each):
 
     cli → app → control → inputs → dnssec → dns → metrics → plan → selection → config → zones
-        → place → error, huge, secret, clock, slots
+        → place → error, huge, secret, clock, net, slots
 
 A module's layer is its first path segment under src/ (`src/control/api.rs` is
 `control`). Every `crate::X` path outside `#[cfg(test)]` code counts, in `use` lines and
@@ -32,7 +32,7 @@ LAYERS = [
     ["config"],
     ["zones"],
     ["place"],
-    ["error", "huge", "secret", "clock", "slots"],
+    ["error", "huge", "secret", "clock", "net", "slots"],
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 

@@ -17,7 +17,8 @@ use crate::config::{self, Policy};
 use crate::dnssec::{Dnssec, Signing};
 use crate::error::{ConfigIssue, Issues};
 use crate::place::asn::AsnDb;
-use crate::place::geo::{GeoDb, GeoError};
+use crate::place::geo::GeoDb;
+use crate::place::mmdb::GeoError;
 use crate::zones::Zones;
 
 /// Where the inputs are; the defaults are relative to the working directory, so a fresh

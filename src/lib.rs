@@ -32,6 +32,11 @@
 //! - [`inputs`]: every input loaded at once (start, reload, `check`, `explain`), with
 //!   the version of the files.
 //! - [`metrics`]: Prometheus families both planes update, served on `/metrics`.
+//! - [`net`]: an address cut to a prefix ([`net::cut`]), the one mask both planes use.
+//! - [`slots`]: the connection slots (per source prefix, a loopback reserve) of DNS over
+//!   TCP and of the HTTP listeners ([`slots::Slots::take`]).
+//! - [`clock`]: the wall clock's only door ([`clock::now_ms`]).
+//! - [`dnssec`]: the zones' keys, signing and rollover.
 //! - [`app`]: lifecycle: load, bind, serve, stop.
 //! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`, `agent`,
 //!   `audit`): loads the inputs, handles the signals.
@@ -47,6 +52,7 @@ pub mod error;
 pub mod huge;
 pub mod inputs;
 pub mod metrics;
+pub mod net;
 pub mod place;
 pub mod plan;
 pub mod secret;

@@ -31,6 +31,7 @@ use crate::selection;
 
 use crate::config::Match;
 use crate::huge::Table;
+use crate::net;
 use crate::place::geo::{GeoDb, Place};
 use crate::place::wider::Places;
 
@@ -1164,18 +1165,9 @@ fn first(slot: &mut u16, region: u16) {
 }
 
 /// Whether `a` and `b` (same family) share their first `prefix` bits.
+/// Addresses of different families never do.
 fn same_network(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
-    match (a, b) {
-        (IpAddr::V4(a), IpAddr::V4(b)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            u32::from(a) & mask == u32::from(b) & mask
-        }
-        (IpAddr::V6(a), IpAddr::V6(b)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            u128::from(a) & mask == u128::from(b) & mask
-        }
-        _ => false,
-    }
+    net::cut(a, prefix) == net::cut(b, prefix)
 }
 
 #[cfg(test)]

@@ -108,18 +108,7 @@ fn bits(ip: IpAddr) -> u128 {
 
 /// `ip` cut to its first `prefix` bits, as [`bits`] writes it.
 fn network(ip: IpAddr, prefix: u8) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => {
-            let p = u32::from(prefix.min(32));
-            let mask = u32::MAX.checked_shl(32 - p).unwrap_or(0);
-            u128::from(v4.to_bits() & mask) | 1 << 127
-        }
-        IpAddr::V6(v6) => {
-            let p = u32::from(prefix.min(128));
-            let mask = u128::MAX.checked_shl(128 - p).unwrap_or(0);
-            v6.to_bits() & mask
-        }
-    }
+    bits(crate::net::cut(ip, prefix))
 }
 
 /// splitmix64's finalizer: every input bit affects every output bit.

@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::net::{cut_v4, cut_v6};
+
 /// A listener's connection slots: the connections it serves at once, by source prefix,
 /// and the reserve kept for loopback sources.
 #[derive(Clone, Debug)]
@@ -102,18 +104,8 @@ impl Slots {
 /// per-source cap here and for response rate limiting (`dns/rrl.rs`).
 pub fn prefix_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
     match ip.to_canonical() {
-        IpAddr::V4(a) => {
-            let mask = u32::MAX
-                .checked_shl(32 - u32::from(v4.min(32)))
-                .unwrap_or(0);
-            u128::from(u32::from(a) & mask)
-        }
-        IpAddr::V6(a) => {
-            let mask = u128::MAX
-                .checked_shl(128 - u32::from(v6.min(128)))
-                .unwrap_or(0);
-            (u128::from(a) & mask) >> 1 | 1 << 127
-        }
+        IpAddr::V4(a) => u128::from(u32::from(cut_v4(a, v4))),
+        IpAddr::V6(a) => u128::from(cut_v6(a, v6)) >> 1 | 1 << 127,
     }
 }
 

@@ -242,7 +242,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
     // cleared, as on the wire), or the client asks itself without ECS.
     let asker = match q.resolver {
         Some((r, source)) => {
-            let net = ipnet::IpNet::new(q.client, source).map_or(q.client, |n| n.network());
+            let net = crate::net::cut(q.client, source);
             Asker::new(r, Some((net, source)))
         }
         None => Asker::new(q.client, None),

@@ -9,23 +9,31 @@
 //! | 7871 §6 | ECS with address bits set past SOURCE PREFIX-LENGTH: `FORMERR` |
 //! | 7871 §6 | ECS with a non-zero SCOPE PREFIX-LENGTH in a query: `FORMERR` |
 //! | 7871 §6 | unknown FAMILY, SOURCE past the address length: `FORMERR` (hickory's decoder already refuses the packet) |
-//! | 7871 §6 | more ADDRESS octets than SOURCE PREFIX-LENGTH needs (e.g. 4 for a /24, any for a /0): `FORMERR`, counted in the option as received ([`check_address_octets`]); too few: `FORMERR` (hickory's decoder refuses the packet) |
+//! | 7871 §6 | more ADDRESS octets than SOURCE PREFIX-LENGTH needs (e.g. 4 for a /24, any for a /0): `FORMERR`; too few: `FORMERR` (hickory's decoder refuses the packet) |
+//! | 7871 §6 | two ECS options: `FORMERR` (there is no telling which client is meant) |
 //! | 7871 §7.1.1 | SOURCE 0: the client opted out; locate by the packet source, answer SCOPE 0 |
 //! | 7871 §7.2.1 | echo FAMILY, SOURCE and ADDRESS; SCOPE = the prefix the answer depends on |
 //! | 6891 §7 | the rate limiter's truncated answer (slip) to a query with an OPT carries one: payload and DO as above, version 0, no ECS (`wire::truncated`) |
 //! | 8945 §5.2, §5.3.2 | a TSIG-signed request (no key is configured, so every key is unknown): `NOTAUTH` with an unsigned TSIG, error `BADKEY` (`Handler`'s `bad_key`) |
 //! | 1035 §4.1.1 | an opcode other than QUERY: `NOTIMP`, header only (no question), id and opcode copied, no flag but QR; the OPT as above (RFC 6891 §7) |
 //!
+//! Every ECS rule of RFC 7871 §6 is one function over the option's bytes as received,
+//! [`ecs_option`]: the fast path (`wire.rs`) takes a query only when it passes, the full
+//! path answers `FORMERR` when it fails ([`client`]), so the two cannot disagree.
+//!
 //! Pure functions; unit-tested here, and over sockets in `tests/ecs.rs`.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use hickory_proto::op::{Edns, ResponseCode};
-use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
 
 /// The largest UDP payload we advertise and send, as NSD, Knot and BIND do since DNS
 /// Flag Day 2020: larger answers risk IP fragmentation, and go over TCP instead.
 pub const MAX_UDP_PAYLOAD: u16 = 1232;
+
+/// The EDNS option code of Client Subnet (RFC 7871 §6).
+const OPTION_ECS: u16 = 8;
 
 /// Who asked, as far as steering cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,65 +53,137 @@ impl Client {
 }
 
 /// Reads the request's EDNS: the client to locate, or the error rcode to answer with.
-pub fn client(edns: Option<&Edns>, src: IpAddr) -> Result<Client, ResponseCode> {
+/// `options` gives the OPT's options as received, read only when hickory found an ECS
+/// option among them: [`ecs_option`] judges it over those bytes.
+///
+/// hickory's decoder refuses an ECS option it cannot read (unknown family, too few
+/// address octets), and keeps no option at all of an OPT whose options do not fill its
+/// length; so the options it read fill the bytes, and hold as many ECS options.
+pub fn client<'p>(
+    edns: Option<&Edns>,
+    src: IpAddr,
+    options: impl FnOnce() -> Option<&'p [u8]>,
+) -> Result<Client, ResponseCode> {
     let Some(edns) = edns else {
         return Ok(Client { ip: src, ecs: None });
     };
     if edns.version() > 0 {
         return Err(ResponseCode::BADVERS);
     }
-    let mut ecs = None;
-    for (_, option) in &edns.options().options {
-        if let EdnsOption::Subnet(cs) = option {
-            if ecs.is_some() {
-                // Two ECS options: there is no way to tell which client is meant.
-                return Err(ResponseCode::FormErr);
-            }
-            ecs = Some(check_subnet(cs)?);
-        }
-    }
-    let ip = match ecs {
-        Some(cs) if cs.source_prefix() > 0 => cs.addr(),
-        _ => src,
+    let subnet = edns.options().options.iter().find_map(|(_, o)| match o {
+        EdnsOption::Subnet(cs) => Some(*cs),
+        _ => None,
+    });
+    let Some(cs) = subnet else {
+        return Ok(Client { ip: src, ecs: None });
     };
-    Ok(Client { ip, ecs })
+    // No OPT found in the bytes where hickory found an ECS option: not checkable.
+    ecs_option(options().ok_or(ResponseCode::FormErr)?)?;
+    let ip = if cs.source_prefix() > 0 {
+        cs.addr()
+    } else {
+        src
+    };
+    Ok(Client { ip, ecs: Some(cs) })
 }
 
-/// RFC 7871 §6 checks hickory's decoder leaves to us.
-fn check_subnet(cs: &ClientSubnet) -> Result<ClientSubnet, ResponseCode> {
-    if cs.scope_prefix() != 0 {
-        return Err(ResponseCode::FormErr);
-    }
-    let p = u32::from(cs.source_prefix());
-    let host_bits_clear = match cs.addr() {
-        IpAddr::V4(a) => p <= 32 && u32::from(a).checked_shl(p).unwrap_or(0) == 0,
-        IpAddr::V6(a) => p <= 128 && u128::from(a).checked_shl(p).unwrap_or(0) == 0,
-    };
-    if !host_bits_clear {
-        return Err(ResponseCode::FormErr);
-    }
-    Ok(*cs)
+/// An ECS option of a query as received, valid ([`ecs_option`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ecs<'q> {
+    /// FAMILY: 1 (IPv4) or 2 (IPv6).
+    pub family: u16,
+    /// SOURCE PREFIX-LENGTH (0: the client opted out).
+    pub source: u8,
+    /// ADDRESS: exactly the octets `source` needs.
+    pub address: &'q [u8],
 }
 
-/// RFC 7871 §6: every ECS option in `opt_rdata` (the OPT's options as received) holds
-/// exactly the ADDRESS octets its SOURCE PREFIX-LENGTH needs. hickory's decoder reads
-/// that many and ignores the rest, so this looks at the bytes. `None` (no OPT found
-/// where hickory found an ECS option) cannot be checked: `FORMERR` too.
-pub fn check_address_octets(opt_rdata: Option<&[u8]>) -> Result<(), ResponseCode> {
-    let mut rest = opt_rdata.ok_or(ResponseCode::FormErr)?;
-    while let [c0, c1, l0, l1, tail @ ..] = rest {
+/// RFC 7871 §6 over the OPT's options as received (`options`: its RDATA), the one ECS
+/// rule both paths use. The options must be well formed (each within the bytes, none
+/// left over), with at most one ECS option, and that one valid: FAMILY 1 or 2, SOURCE
+/// within the address length, SCOPE 0, exactly the ADDRESS octets SOURCE needs and no
+/// bit set past SOURCE. `Ok(None)`: no ECS option; `Err`: `FORMERR`.
+///
+/// # Hot path
+/// A walk of the options' bytes; no allocation.
+pub(crate) fn ecs_option(options: &[u8]) -> Result<Option<Ecs<'_>>, ResponseCode> {
+    let mut found = None;
+    let mut rest = options;
+    while !rest.is_empty() {
+        let [c0, c1, l0, l1, tail @ ..] = rest else {
+            return Err(ResponseCode::FormErr);
+        };
         let len = usize::from(u16::from_be_bytes([*l0, *l1]));
         let (data, after) = tail.split_at_checked(len).ok_or(ResponseCode::FormErr)?;
-        if u16::from_be_bytes([*c0, *c1]) == u16::from(EdnsCode::Subnet) {
-            // FAMILY (2), SOURCE (1), SCOPE (1), ADDRESS.
-            let needed = data.get(2).map(|s| 4 + usize::from(*s).div_ceil(8));
-            if needed != Some(data.len()) {
+        if u16::from_be_bytes([*c0, *c1]) == OPTION_ECS {
+            if found.is_some() {
                 return Err(ResponseCode::FormErr);
             }
+            found = Some(subnet(data).ok_or(ResponseCode::FormErr)?);
         }
         rest = after;
     }
-    Ok(())
+    Ok(found)
+}
+
+/// One ECS option's data (FAMILY, SOURCE, SCOPE, ADDRESS), if valid ([`ecs_option`]).
+fn subnet(data: &[u8]) -> Option<Ecs<'_>> {
+    let [f0, f1, source, scope, ref address @ ..] = *data else {
+        return None;
+    };
+    let family = u16::from_be_bytes([f0, f1]);
+    let max = match family {
+        1 => 32,
+        2 => 128,
+        _ => return None,
+    };
+    if scope != 0 || source > max || address.len() != usize::from(source).div_ceil(8) {
+        return None;
+    }
+    // The bits of the last octet past SOURCE are zero.
+    let spare = (8 - source % 8) % 8;
+    if address
+        .last()
+        .is_some_and(|&last| last & ((1u8 << spare) - 1) != 0)
+    {
+        return None;
+    }
+    Some(Ecs {
+        family,
+        source,
+        address,
+    })
+}
+
+impl Ecs<'_> {
+    /// Bytes of the echoed option (code, length, data).
+    pub fn echo_len(&self) -> u16 {
+        8 + self.address.len() as u16
+    }
+
+    /// Appends the option as echoed (RFC 7871 §7.2.1): family, source and address as
+    /// received, `scope` (0 when the client opted out with source 0).
+    pub fn echo(&self, scope: u8, out: &mut Vec<u8>) {
+        out.extend_from_slice(&OPTION_ECS.to_be_bytes());
+        out.extend_from_slice(&(4 + self.address.len() as u16).to_be_bytes());
+        out.extend_from_slice(&self.family.to_be_bytes());
+        out.push(self.source);
+        out.push(if self.source == 0 { 0 } else { scope });
+        out.extend_from_slice(self.address);
+    }
+
+    /// The address, the octets past ADDRESS zero.
+    pub fn ip(&self) -> IpAddr {
+        if self.family == 1 {
+            let mut octets = [0u8; 4];
+            octets[..self.address.len()].copy_from_slice(self.address);
+            IpAddr::V4(Ipv4Addr::from(octets))
+        } else {
+            let mut octets = [0u8; 16];
+            octets[..self.address.len()].copy_from_slice(self.address);
+            IpAddr::V6(Ipv6Addr::from(octets))
+        }
+    }
 }
 
 /// The response OPT for a request that had one: our version, the payload size, DO, and
@@ -123,11 +203,26 @@ pub fn response(req: &Edns, ecs: Option<ClientSubnet>, scope: u8) -> Edns {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hickory_proto::rr::rdata::opt::EdnsCode;
 
-    fn edns_with(cs: ClientSubnet) -> Edns {
+    /// An ECS option (code, length, data) from its data.
+    fn option(data: &[u8]) -> Vec<u8> {
+        let mut o = vec![0, 8, 0, data.len() as u8];
+        o.extend_from_slice(data);
+        o
+    }
+
+    /// `client` for a query whose OPT holds these ECS options' data, read as hickory
+    /// reads them and as received.
+    fn ask(options: &[&[u8]]) -> Result<Client, ResponseCode> {
         let mut e = Edns::new();
-        e.options_mut().insert(EdnsOption::Subnet(cs));
-        e
+        let mut bytes = Vec::new();
+        for data in options {
+            let cs = ClientSubnet::try_from(*data).unwrap();
+            e.options_mut().insert(EdnsOption::Subnet(cs));
+            bytes.extend(option(data));
+        }
+        client(Some(&e), src(), || Some(&bytes))
     }
 
     fn src() -> IpAddr {
@@ -136,29 +231,31 @@ mod tests {
 
     #[test]
     fn no_edns_locates_the_source() {
-        assert_eq!(
-            client(None, src()).unwrap(),
-            Client {
-                ip: src(),
-                ecs: None
-            }
-        );
+        let none = || -> Option<&[u8]> { panic!("no ECS option: the bytes are not read") };
+        let plain = Client {
+            ip: src(),
+            ecs: None,
+        };
+        assert_eq!(client(None, src(), none).unwrap(), plain);
+        assert_eq!(client(Some(&Edns::new()), src(), none).unwrap(), plain);
     }
 
     #[test]
     fn ecs_address_is_located() {
-        let cs = ClientSubnet::new("81.2.69.0".parse().unwrap(), 24, 0);
-        let c = client(Some(&edns_with(cs)), src()).unwrap();
+        let c = ask(&[&[0, 1, 24, 0, 81, 2, 69]]).unwrap();
         assert_eq!(c.ip, "81.2.69.0".parse::<IpAddr>().unwrap());
         assert!(c.wants_tailoring());
+        let c = ask(&[&[0, 2, 44, 0, 0x20, 1, 0x0d, 0xb8, 0, 0x10]]).unwrap();
+        assert_eq!(c.ip, "2001:db8:10::".parse::<IpAddr>().unwrap());
     }
 
     #[test]
     fn source_zero_is_an_opt_out() {
-        let cs = ClientSubnet::new("0.0.0.0".parse().unwrap(), 0, 0);
-        let c = client(Some(&edns_with(cs)), src()).unwrap();
+        let c = ask(&[&[0, 1, 0, 0]]).unwrap();
         assert_eq!(c.ip, src());
-        let resp = response(&edns_with(cs), c.ecs, 24);
+        let mut req = Edns::new();
+        req.options_mut().insert(EdnsOption::Subnet(c.ecs.unwrap()));
+        let resp = response(&req, c.ecs, 24);
         match resp.option(EdnsCode::Subnet) {
             Some(EdnsOption::Subnet(out)) => assert_eq!(out.scope_prefix(), 0),
             other => panic!("{other:?}"),
@@ -167,70 +264,95 @@ mod tests {
 
     #[test]
     fn malformed_subnets_are_formerr() {
-        let host_bits = ClientSubnet::new("81.2.77.0".parse().unwrap(), 22, 0);
+        let formerr = Err(ResponseCode::FormErr);
+        // 81.2.77.0/22: a bit set past the prefix; 81.2.69.0/24 with scope 8.
+        assert_eq!(ask(&[&[0, 1, 22, 0, 81, 2, 77]]), formerr);
+        assert_eq!(ask(&[&[0, 1, 24, 8, 81, 2, 69]]), formerr);
+        // 2001:db8:8::/44: a bit set past the prefix.
         assert_eq!(
-            client(Some(&edns_with(host_bits)), src()),
-            Err(ResponseCode::FormErr)
+            ask(&[&[0, 2, 44, 0, 0x20, 1, 0x0d, 0xb8, 0, 0x08]]),
+            formerr
         );
-        let scope = ClientSubnet::new("81.2.69.0".parse().unwrap(), 24, 8);
-        assert_eq!(
-            client(Some(&edns_with(scope)), src()),
-            Err(ResponseCode::FormErr)
-        );
-        let v6 = ClientSubnet::new("2001:db8::1".parse().unwrap(), 48, 0);
-        assert_eq!(
-            client(Some(&edns_with(v6)), src()),
-            Err(ResponseCode::FormErr)
-        );
-        let mut two = edns_with(ClientSubnet::new("81.2.69.0".parse().unwrap(), 24, 0));
-        two.options_mut()
-            .insert(EdnsOption::Subnet(ClientSubnet::new(
-                "81.2.70.0".parse().unwrap(),
-                24,
-                0,
-            )));
-        assert_eq!(client(Some(&two), src()), Err(ResponseCode::FormErr));
+        // Two ECS options, each valid.
+        let (a, b): (&[u8], &[u8]) = (&[0, 1, 24, 0, 81, 2, 69], &[0, 1, 24, 0, 81, 2, 70]);
+        assert_eq!(ask(&[a, b]), formerr);
+        // No OPT found in the bytes where hickory found one.
+        let mut e = Edns::new();
+        e.options_mut()
+            .insert(EdnsOption::Subnet(ClientSubnet::try_from(a).unwrap()));
+        assert_eq!(client(Some(&e), src(), || None), formerr);
     }
 
     #[test]
-    fn address_octets_must_be_exactly_what_the_source_needs() {
-        let ecs = |data: &[u8]| {
-            let mut o = vec![0, 8, 0, data.len() as u8];
-            o.extend_from_slice(data);
-            o
-        };
-        let ok = |o: &[u8]| check_address_octets(Some(o));
+    fn one_rule_over_the_bytes() {
+        let ok = |o: &[u8]| ecs_option(o).map(|e| e.map(|e| (e.family, e.source, e.address.len())));
         // 81.2.69.0/24 with 3 octets; /0 with none; /25 with 4; IPv6 /56 with 7.
-        assert_eq!(ok(&ecs(&[0, 1, 24, 0, 81, 2, 69])), Ok(()));
-        assert_eq!(ok(&ecs(&[0, 1, 0, 0])), Ok(()));
-        assert_eq!(ok(&ecs(&[0, 1, 25, 0, 81, 2, 69, 128])), Ok(()));
-        assert_eq!(ok(&ecs(&[0, 2, 56, 0, 0x20, 1, 2, 0x18, 0, 0, 0])), Ok(()));
-        // Other options around it are skipped.
-        let mut around = vec![0xfd, 0xe9, 0, 3, 1, 2, 3];
-        around.extend(ecs(&[0, 1, 24, 0, 81, 2, 69]));
-        around.extend([0, 10, 0, 0]);
-        assert_eq!(ok(&around), Ok(()));
-        assert_eq!(ok(&[]), Ok(()));
-        // One octet too many: /24 with 4, /0 with 1, IPv6 /56 with 8; and too few.
-        let formerr = Err(ResponseCode::FormErr);
-        assert_eq!(ok(&ecs(&[0, 1, 24, 0, 81, 2, 69, 0])), formerr);
-        assert_eq!(ok(&ecs(&[0, 1, 0, 0, 0])), formerr);
+        assert_eq!(ok(&option(&[0, 1, 24, 0, 81, 2, 69])), Ok(Some((1, 24, 3))));
+        assert_eq!(ok(&option(&[0, 1, 0, 0])), Ok(Some((1, 0, 0))));
         assert_eq!(
-            ok(&ecs(&[0, 2, 56, 0, 0x20, 1, 2, 0x18, 0, 0, 0, 0])),
+            ok(&option(&[0, 1, 25, 0, 81, 2, 69, 128])),
+            Ok(Some((1, 25, 4)))
+        );
+        let v6 = [0, 2, 56, 0, 0x20, 1, 2, 0x18, 0, 0, 0];
+        assert_eq!(ok(&option(&v6)), Ok(Some((2, 56, 7))));
+        assert_eq!(
+            ok(&option(&[0, 1, 32, 0, 81, 2, 69, 161])),
+            Ok(Some((1, 32, 4)))
+        );
+        // Other options around it are skipped; no option at all.
+        let mut around = vec![0xfd, 0xe9, 0, 3, 1, 2, 3];
+        around.extend(option(&[0, 1, 24, 0, 81, 2, 69]));
+        around.extend([0, 10, 0, 0]);
+        assert_eq!(ok(&around), Ok(Some((1, 24, 3))));
+        assert_eq!(ok(&[]), Ok(None));
+        assert_eq!(ok(&[0, 10, 0, 0]), Ok(None));
+        let formerr = Err(ResponseCode::FormErr);
+        // One octet too many: /24 with 4, /0 with 1, IPv6 /56 with 8; and too few.
+        assert_eq!(ok(&option(&[0, 1, 24, 0, 81, 2, 69, 0])), formerr);
+        assert_eq!(ok(&option(&[0, 1, 0, 0, 0])), formerr);
+        assert_eq!(
+            ok(&option(&[0, 2, 56, 0, 0x20, 1, 2, 0x18, 0, 0, 0, 0])),
             formerr
         );
-        assert_eq!(ok(&ecs(&[0, 1, 24, 0, 81, 2])), formerr);
-        assert_eq!(ok(&ecs(&[0, 1])), formerr);
-        // An option longer than what is left; no OPT at all.
+        assert_eq!(ok(&option(&[0, 1, 24, 0, 81, 2])), formerr);
+        assert_eq!(ok(&option(&[0, 1])), formerr);
+        assert_eq!(ok(&option(&[])), formerr);
+        // A bit past the source, a scope, an unknown family, a source past the family.
+        assert_eq!(ok(&option(&[0, 1, 23, 0, 81, 2, 69])), formerr);
+        assert_eq!(ok(&option(&[0, 1, 22, 0, 81, 2, 77])), formerr);
+        assert_eq!(ok(&option(&[0, 1, 24, 24, 81, 2, 69])), formerr);
+        assert_eq!(ok(&option(&[0, 3, 24, 0, 81, 2, 69])), formerr);
+        assert_eq!(ok(&option(&[0, 1, 33, 0, 81, 2, 69, 161, 0])), formerr);
+        // Two ECS options.
+        let mut two = option(&[0, 1, 24, 0, 81, 2, 69]);
+        two.extend(option(&[0, 1, 0, 0]));
+        assert_eq!(ok(&two), formerr);
+        // An option longer than what is left; bytes left over after the last.
         assert_eq!(ok(&[0, 8, 0, 9, 0, 1, 24, 0]), formerr);
-        assert_eq!(check_address_octets(None), formerr);
+        assert_eq!(ok(&[0, 10, 0, 0, 0]), formerr);
+        assert_eq!(ok(&[0, 10, 0, 0, 0, 8, 0]), formerr);
+    }
+
+    #[test]
+    fn the_address_is_the_octets_padded() {
+        let ip = |data: &[u8]| ecs_option(&option(data)).unwrap().unwrap().ip();
+        assert_eq!(
+            ip(&[0, 1, 20, 0, 81, 2, 64]),
+            "81.2.64.0".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            ip(&[0, 2, 16, 0, 0x20, 0x01]),
+            "2001::".parse::<IpAddr>().unwrap()
+        );
+        let v6 = [0, 2, 48, 0, 0x20, 0x01, 0x02, 0x18, 0, 0];
+        assert_eq!(ip(&v6), "2001:218::".parse::<IpAddr>().unwrap());
     }
 
     #[test]
     fn badvers() {
         let mut e = Edns::new();
         e.set_version(1);
-        assert_eq!(client(Some(&e), src()), Err(ResponseCode::BADVERS));
+        assert_eq!(client(Some(&e), src(), || None), Err(ResponseCode::BADVERS));
     }
 
     #[test]

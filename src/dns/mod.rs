@@ -218,15 +218,10 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         return (info.await, None);
     }
     // RFC 6891 §7: with no OPT in the query there is none in the response.
-    let client = edns::client(request.edns.as_ref(), request.src().ip()).and_then(|c| {
-        // RFC 7871 §6: hickory reads the address octets the source prefix needs and
-        // ignores any more; they are counted in the option as received.
-        if c.ecs.is_some() {
-            edns::check_address_octets(wire::find_opt(request.as_slice()).map(|o| o.rdata))?;
-        }
-        Ok(c)
-    });
-    let client = match client {
+    // RFC 7871 §6: hickory reads the address octets the source prefix needs and ignores
+    // any more, so the ECS option is judged over its bytes as received.
+    let options = || wire::find_opt(request.as_slice()).map(|o| o.rdata);
+    let client = match edns::client(request.edns.as_ref(), request.src().ip(), options) {
         Ok(c) => c,
         Err(rcode) => {
             let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));

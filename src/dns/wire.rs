@@ -16,11 +16,11 @@
 //!           | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope]
 //! ```
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use rand::Rng;
 
-use super::edns::MAX_UDP_PAYLOAD;
+use super::edns::{ecs_option, Ecs, MAX_UDP_PAYLOAD};
 use super::Steer;
 use crate::plan::{Answer, Asker, Snapshot};
 
@@ -30,7 +30,6 @@ const TYPE_CNAME: u16 = 5;
 const TYPE_TSIG: u16 = 250;
 const TYPE_RRSIG: u16 = 46;
 const CLASS_IN: u16 = 1;
-const OPTION_ECS: u16 = 8;
 
 /// A query in the plain form, as found in the received bytes.
 pub(crate) struct Query<'q> {
@@ -46,12 +45,6 @@ pub(crate) struct Opt<'q> {
     pub dnssec_ok: bool,
     /// The ECS option's data (family, source, scope, address), as received.
     pub ecs: Option<Ecs<'q>>,
-}
-
-pub(crate) struct Ecs<'q> {
-    pub family: u16,
-    pub source: u8,
-    pub address: &'q [u8],
 }
 
 /// Answers `packet` from `src` into `out` if it is a query for a steered name in its
@@ -336,86 +329,13 @@ fn parse_opt(packet: &[u8], at: usize) -> Option<Opt<'_>> {
     if packet.len() != at + 11 + rdlen {
         return None;
     }
-    let mut opt = Opt {
+    Some(Opt {
         payload: u16::from_be_bytes([rr[3], rr[4]]),
         dnssec_ok: rr[7] & 0x80 != 0,
-        ecs: None,
-    };
-    let mut i = at + 11;
-    while i < packet.len() {
-        let code = u16_at(packet, i)?;
-        let len = usize::from(u16_at(packet, i + 2)?);
-        let data = packet.get(i + 4..i + 4 + len)?;
-        if code == OPTION_ECS {
-            if opt.ecs.is_some() {
-                return None;
-            }
-            opt.ecs = Some(parse_ecs(data)?);
-        }
-        i += 4 + len;
-    }
-    Some(opt)
-}
-
-/// An ECS option with a known family, a source prefix that fits it, scope 0, exactly
-/// the address bytes the prefix needs, and no bits set past the prefix.
-fn parse_ecs(data: &[u8]) -> Option<Ecs<'_>> {
-    let family = u16_at(data, 0)?;
-    let source = *data.get(2)?;
-    let scope = *data.get(3)?;
-    let max = match family {
-        1 => 32,
-        2 => 128,
-        _ => return None,
-    };
-    if scope != 0 || source > max {
-        return None;
-    }
-    let address = &data[4..];
-    if address.len() != usize::from(source).div_ceil(8) {
-        return None;
-    }
-    let spare = (8 - source % 8) % 8;
-    if let Some(&last) = address.last() {
-        if last & ((1u8 << spare) - 1) != 0 {
-            return None;
-        }
-    }
-    Some(Ecs {
-        family,
-        source,
-        address,
+        // The options by RFC 7871 §6's one rule (what fails it is the full path's
+        // FORMERR).
+        ecs: ecs_option(packet.get(at + 11..)?).ok()?,
     })
-}
-
-impl Ecs<'_> {
-    /// Bytes of the echoed option (code, length, data).
-    pub fn echo_len(&self) -> u16 {
-        8 + self.address.len() as u16
-    }
-
-    /// Appends the option as echoed (RFC 7871 §7.2.1): family, source and address as
-    /// received, `scope` (0 when the client opted out with source 0).
-    pub fn echo(&self, scope: u8, out: &mut Vec<u8>) {
-        out.extend_from_slice(&OPTION_ECS.to_be_bytes());
-        out.extend_from_slice(&(4 + self.address.len() as u16).to_be_bytes());
-        out.extend_from_slice(&self.family.to_be_bytes());
-        out.push(self.source);
-        out.push(if self.source == 0 { 0 } else { scope });
-        out.extend_from_slice(self.address);
-    }
-
-    fn ip(&self) -> IpAddr {
-        if self.family == 1 {
-            let mut octets = [0u8; 4];
-            octets[..self.address.len()].copy_from_slice(self.address);
-            IpAddr::V4(Ipv4Addr::from(octets))
-        } else {
-            let mut octets = [0u8; 16];
-            octets[..self.address.len()].copy_from_slice(self.address);
-            IpAddr::V6(Ipv6Addr::from(octets))
-        }
-    }
 }
 
 fn u16_at(b: &[u8], i: usize) -> Option<u16> {
@@ -425,26 +345,6 @@ fn u16_at(b: &[u8], i: usize) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ecs_forms() {
-        // 81.2.69.0/24
-        let ok = parse_ecs(&[0, 1, 24, 0, 81, 2, 69]).unwrap();
-        assert_eq!(ok.ip(), "81.2.69.0".parse::<IpAddr>().unwrap());
-        // /0 with no address bytes: an opt-out.
-        assert!(parse_ecs(&[0, 1, 0, 0]).is_some());
-        // Host bits past /22.
-        assert!(parse_ecs(&[0, 1, 22, 0, 81, 2, 77]).is_none());
-        // Scope set in a query, unknown family, source past the family, extra byte.
-        assert!(parse_ecs(&[0, 1, 24, 8, 81, 2, 69]).is_none());
-        assert!(parse_ecs(&[0, 3, 24, 0, 81, 2, 69]).is_none());
-        assert!(parse_ecs(&[0, 1, 33, 0, 81, 2, 69, 0, 0]).is_none());
-        assert!(parse_ecs(&[0, 1, 24, 0, 81, 2, 69, 0]).is_none());
-        assert!(parse_ecs(&[0, 1]).is_none());
-        // IPv6 /48.
-        let v6 = parse_ecs(&[0, 2, 48, 0, 0x20, 0x01, 0x02, 0x18, 0, 0]).unwrap();
-        assert_eq!(v6.ip(), "2001:218::".parse::<IpAddr>().unwrap());
-    }
 
     /// `www.example.com A IN`, then `additional` (ARCOUNT `arcount`).
     fn www(arcount: u8, additional: &[u8]) -> Vec<u8> {

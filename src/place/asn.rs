@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::flat::{gaps, Aliases, Key, Starts};
-use super::tree::GeoError;
+use super::flat::{Aliases, Key, Starts};
+use super::mmdb::{self, GeoError};
 
 /// A validated, in-memory ASN database: its flat tables (the file itself is not kept).
 pub struct AsnDb {
@@ -75,49 +75,37 @@ impl<K: Key> Table<K> {
 impl AsnDb {
     /// Reads and validates a database file. Never used on the query path.
     pub fn open(path: &Path) -> Result<AsnDb, GeoError> {
-        let err = |reason: String| GeoError {
-            path: path.to_path_buf(),
-            reason,
-        };
-        let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        Self::from_bytes(bytes, path).map_err(err)
+        mmdb::read(path, |bytes| Self::from_bytes(bytes, path))
     }
 
     fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<AsnDb, String> {
-        let reader = super::tree::open(bytes)?;
-        let (mut networks, mut with_asn) = (0usize, 0usize);
+        let reader = mmdb::open(bytes)?;
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        super::tree::each_network(&reader, |net, prefix, has_data, rec: Option<Record>| {
-            networks += usize::from(has_data);
+        let walked = mmdb::each_network(&reader, |net, prefix, rec: Option<Record>| {
             let asn = rec.and_then(|r| r.autonomous_system_number).unwrap_or(0);
-            with_asn += usize::from(asn != 0);
             match net {
                 IpAddr::V4(a) => v4.push((u32::from(a), prefix, asn)),
                 IpAddr::V6(a) => v6.push((u128::from(a), prefix, asn)),
             }
+            asn != 0
         })?;
-        if with_asn == 0 {
-            return Err(format!(
-                "no network carries an autonomous_system_number (database type {:?}): \
-                 a GeoLite2-ASN or GeoIP2-ISP database is needed",
-                reader.metadata().database_type
-            ));
-        }
-        let ipv6 = reader.metadata().ip_version == 6;
+        walked.require(
+            "an autonomous_system_number",
+            "a GeoLite2-ASN or GeoIP2-ISP database",
+        )?;
         drop(reader);
         let v6 = Table::new(v6);
-        let aliases = if ipv6 {
-            let prefixes = v6.prefixes.iter().copied();
-            Aliases::new(gaps(v6.starts.as_slice().iter().copied().zip(prefixes)))
-        } else {
-            Aliases::default()
-        };
+        let prefixes = v6.prefixes.iter().copied();
+        let aliases = Aliases::skipped(
+            walked.ipv6,
+            v6.starts.as_slice().iter().copied().zip(prefixes),
+        );
         Ok(AsnDb {
             v4: Table::new(v4),
             v6,
             aliases,
             path: path.to_path_buf(),
-            networks,
+            networks: walked.networks,
         })
     }
 
@@ -218,7 +206,7 @@ mod tests {
         let db = AsnDb::open(&path).unwrap();
         let reader = maxminddb::Reader::from_source(std::fs::read(&path).unwrap()).unwrap();
         let reference = |ip: IpAddr| {
-            let (rec, prefix_len): (Record, u8) = super::super::tree::walk(&reader, ip);
+            let (rec, prefix_len): (Record, u8) = super::super::mmdb::walk(&reader, ip);
             Origin {
                 asn: rec.autonomous_system_number.filter(|&a| a != 0),
                 prefix_len,

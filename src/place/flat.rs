@@ -104,7 +104,7 @@ fn blocks<K: Key>(mut from: K, to: K, out: &mut Vec<(K, u8)>) {
 
 /// The blocks between sorted networks `(start, prefix)` of a family (and before and
 /// after them), as aligned blocks, each with its prefix: what the walk skipped.
-pub(super) fn gaps<K: Key>(networks: impl Iterator<Item = (K, u8)>) -> Vec<(K, u8)> {
+fn gaps<K: Key>(networks: impl Iterator<Item = (K, u8)>) -> Vec<(K, u8)> {
     let mut gaps = Vec::new();
     let mut from = Some(K::ZERO);
     for (s, prefix) in networks {
@@ -124,8 +124,13 @@ pub(super) fn gaps<K: Key>(networks: impl Iterator<Item = (K, u8)>) -> Vec<(K, u
 pub(super) struct Aliases(Box<[(u128, u8)]>);
 
 impl Aliases {
-    pub fn new(blocks: Vec<(u128, u8)>) -> Aliases {
-        Aliases(blocks.into_boxed_slice())
+    /// The blocks an IPv6 walk skipped between its sorted `networks` (none for an IPv4
+    /// database, `ipv6` false: its walk skips nothing).
+    pub fn skipped(ipv6: bool, networks: impl Iterator<Item = (u128, u8)>) -> Aliases {
+        if !ipv6 {
+            return Aliases::default();
+        }
+        Aliases(gaps(networks).into_boxed_slice())
     }
 
     /// The IPv4 address an IPv6 address in an alias stands for (the 32 bits past the

@@ -3,7 +3,8 @@
 //! `GeoDb::open` is called by the control plane only. It reads the whole file into memory
 //! (an operator overwriting the file in place cannot corrupt a running server), walks
 //! every network of the search tree so that a corrupt database is refused at load time
-//! instead of silently answering "not found" later, and detects the schema.
+//! instead of silently answering "not found" later (both through [`super::mmdb`], as the
+//! ASN database), and detects the schema.
 //!
 //! `GeoDb::locate` is on the query path. The walk at load also builds flat tables of
 //! every network of the tree (with data, and the empty ones between them), sorted,
@@ -21,6 +22,7 @@
 //! - flat: `country_code` (the NRO database shipped in `geo/`); the continent then comes
 //!   from the built-in ISO 3166 table.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -28,7 +30,8 @@ use serde::Deserialize;
 
 use super::asn::{AsnDb, Origin};
 use super::countries::{Continent, Country};
-use super::flat::{gaps, Aliases, Key, Starts};
+use super::flat::{Aliases, Key, Starts};
+use super::mmdb::{self, GeoError};
 use super::wider::{self, Around, Places, Start};
 
 /// Where an address is, as far as steering cares.
@@ -62,7 +65,7 @@ pub struct GeoDb {
     /// `database_type` from the metadata.
     database_type: String,
     /// Every distinct place, by index.
-    index: wider::Index,
+    index: Index,
     /// The same places packed ([`pack`], prefix 0), for the narrow tables ([`Packed`]).
     packed: Box<[u32]>,
     /// The AS-number database, for policies that match AS numbers.
@@ -72,8 +75,6 @@ pub struct GeoDb {
     /// Number of networks seen while validating, for the startup log.
     networks: usize,
 }
-
-pub use super::tree::GeoError;
 
 /// Both schemas in one borrowed record: decoding never allocates.
 #[derive(Deserialize, Default)]
@@ -98,32 +99,57 @@ struct ContinentCode<'a> {
     code: Option<&'a str>,
 }
 
+/// The distinct places of a database, each with its index (the indexes of
+/// [`Places`]; past the first 511, [`wider::OTHER`], which no answer allows).
+#[derive(Debug, Default)]
+struct Index {
+    places: Vec<Place>,
+    by_place: HashMap<(Option<Country>, Option<Continent>), u16>,
+}
+
+impl Index {
+    /// The index of a place, given one if it has none yet.
+    fn of(&mut self, p: &Place) -> u16 {
+        let key = (p.country, p.continent);
+        if let Some(&i) = self.by_place.get(&key) {
+            return i;
+        }
+        if self.places.len() >= usize::from(wider::OTHER) {
+            return wider::OTHER;
+        }
+        let i = self.places.len() as u16;
+        self.places.push(Place {
+            country: p.country,
+            continent: p.continent,
+            ..Place::default()
+        });
+        self.by_place.insert(key, i);
+        i
+    }
+
+    /// Every place with an index, in index order.
+    fn places(&self) -> &[Place] {
+        &self.places
+    }
+}
+
 // === impl GeoDb ===
 
 impl GeoDb {
     /// Reads and validates a database file. Never used on the query path.
     pub fn open(path: &Path) -> Result<GeoDb, GeoError> {
-        let err = |reason: String| GeoError {
-            path: path.to_path_buf(),
-            reason,
-        };
-        let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        Self::from_bytes(bytes, path).map_err(err)
+        mmdb::read(path, |bytes| Self::from_bytes(bytes, path))
     }
 
     /// Validates a database held in memory.
     pub fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<GeoDb, String> {
-        let reader = super::tree::open(bytes)?;
-        let mut networks = 0usize;
-        let mut with_country = 0usize;
+        let reader = mmdb::open(bytes)?;
         let (mut v4, mut v6) = (Columns::default(), Columns::default());
-        let mut index = wider::Index::default();
+        let mut index = Index::default();
         // The empty networks too: unknown addresses are a place of their own, and the
         // tables then describe the whole tree (but for the IPv4 aliases in IPv6).
-        super::tree::each_network(&reader, |net, prefix_len, has_data, rec: Option<Record>| {
-            networks += usize::from(has_data);
+        let walked = mmdb::each_network(&reader, |net, prefix_len, rec: Option<Record>| {
             let place = rec.as_ref().map(place_of).unwrap_or_default();
-            with_country += usize::from(place.country.is_some());
             let i = index.of(&place);
             let place = Place {
                 prefix_len,
@@ -133,17 +159,12 @@ impl GeoDb {
                 IpAddr::V4(a) => v4.push(u32::from(a), place, i),
                 IpAddr::V6(a) => v6.push(u128::from(a), place, i),
             }
+            place.country.is_some()
         })?;
-        if with_country == 0 {
-            return Err(format!(
-                "no network carries a country (database type {:?}): \
-                 a GeoIP2/GeoLite2 Country or City database or a flat country_code one is needed",
-                reader.metadata().database_type
-            ));
-        }
-        let meta = reader.metadata();
-        let database_type = meta.database_type.clone();
-        let ipv6 = meta.ip_version == 6;
+        walked.require(
+            "a country",
+            "a GeoIP2/GeoLite2 Country or City database or a flat country_code one",
+        )?;
         // The file's bytes go now: the tables below are all a lookup needs.
         drop(reader);
         let v4 = v4.sorted();
@@ -156,16 +177,8 @@ impl GeoDb {
             around,
         );
         let v6 = v6.sorted();
-        let aliases = if ipv6 {
-            Aliases::new(gaps(
-                v6.starts
-                    .iter()
-                    .copied()
-                    .zip(v6.places.iter().map(|&p| p as u8)),
-            ))
-        } else {
-            Aliases::default()
-        };
+        let prefixes = v6.places.iter().map(|&p| p as u8);
+        let aliases = Aliases::skipped(walked.ipv6, v6.starts.iter().copied().zip(prefixes));
         let (around, up) = v6.widen();
         let (v6, v6_long) = v6.split(up, around, places);
         Ok(GeoDb {
@@ -173,12 +186,12 @@ impl GeoDb {
             v6,
             v6_long,
             aliases,
-            database_type,
+            database_type: walked.database_type,
             packed: index.places().iter().map(|&p| pack(p)).collect(),
             index,
             asn: None,
             path: path.to_path_buf(),
-            networks,
+            networks: walked.networks,
         })
     }
 
@@ -330,7 +343,7 @@ fn unpack(v: u32) -> Place {
 }
 
 /// The places of a table's networks, packed. In 16 bits each, the place's index in
-/// [`wider::Index`] (9 bits) and the prefix length (7), when every place has an index
+/// [`Index`] (9 bits) and the prefix length (7), when every place has an index
 /// of its own (fewer than 512 places: the shipped databases have 251) and every prefix
 /// is below 128 (the IPv4 table and the IPv6 one up to /64): half the memory of
 /// [`pack`]'s 32 bits, 2.8 MB of the shipped database at rest. Else in 32.
@@ -408,7 +421,7 @@ struct Columns<K, I = u16> {
     starts: Vec<K>,
     /// Packed places ([`pack`]).
     places: Vec<u32>,
-    /// Place indexes ([`wider::Index`]), or what else goes with each network.
+    /// Place indexes ([`Index`]), or what else goes with each network.
     index: Vec<I>,
 }
 
@@ -520,18 +533,39 @@ impl std::fmt::Debug for GeoDb {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tree::walk;
+    use super::super::mmdb::walk;
     use super::*;
     use maxminddb::Reader;
     use rand::rngs::SmallRng;
     use rand::{RngExt, SeedableRng};
     use std::net::{Ipv4Addr, Ipv6Addr};
 
+    #[test]
+    fn a_place_keeps_its_index() {
+        let mut index = Index::default();
+        let gb = Place {
+            country: Country::parse("GB"),
+            prefix_len: 24,
+            ..Place::default()
+        };
+        assert_eq!(index.of(&gb), 0);
+        assert_eq!(index.of(&Place::default()), 1);
+        assert_eq!(
+            index.of(&Place {
+                prefix_len: 8,
+                ..gb
+            }),
+            0
+        );
+        assert_eq!(index.places().len(), 2);
+        assert_eq!(index.places()[0].prefix_len, 0);
+    }
+
     /// The 16-bit places unpack as the 32-bit ones do, and a table that does not fit
     /// them keeps 32 bits.
     #[test]
     fn narrow_places_unpack_as_wide_ones() {
-        let mut index = wider::Index::default();
+        let mut index = Index::default();
         let places: Vec<Place> = [("GB", "EU", 24), ("US", "NA", 16), ("JP", "AS", 64)]
             .iter()
             .map(|&(c, k, prefix_len)| Place {

@@ -6,7 +6,9 @@
 //! - [`asn`]: the AS-number database (`--asn-db`);
 //! - [`flat`]: networks as flat sorted tables, the form both databases are looked up in;
 //! - [`wider`]: the places around each network, for the widest correct ECS scope;
-//! - [`tree`]: the bound on a database walk, checked before it, and the walk at load;
+//! - [`mmdb`]: a database file read, opened and walked at load, and [`mmdb::GeoError`],
+//!   for both databases;
+//! - [`tree`]: the bound on a database walk, checked before it;
 //! - [`Match`]: one entry of a policy's `match:` or `where:` list, and whether a client
 //!   falls in it ([`Match::covers`]): the one definition the policy, the plan, explain
 //!   and the drains use.
@@ -15,6 +17,7 @@ pub mod asn;
 pub mod countries;
 mod flat;
 pub mod geo;
+pub mod mmdb;
 pub mod tree;
 pub mod wider;
 

@@ -6,75 +6,8 @@
 //! would take the memory of every network and hours, or never end. So the nodes a walk
 //! would visit are counted first, without decoding anything, and a tree past
 //! [`visit_bound`] (derived from its node count, itself bounded by the file's size,
-//! and never above [`MAX_NETWORKS`] networks) is refused at once.
-
-use std::net::IpAddr;
-use std::path::PathBuf;
-
-use maxminddb::{Reader, WithinOptions};
-use serde::Deserialize;
-
-/// A geo or ASN database refused, with the file it came from.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {reason}")]
-pub struct GeoError {
-    pub path: PathBuf,
-    pub reason: String,
-}
-
-/// Opens a database held in memory once its tree passes [`check`].
-pub fn open(bytes: Vec<u8>) -> Result<Reader<Vec<u8>>, String> {
-    let (node_count, record_size, ip_version) = {
-        let probe =
-            Reader::from_source(&bytes[..]).map_err(|e| format!("not a MaxMind DB: {e}"))?;
-        let m = probe.metadata();
-        (m.node_count as usize, m.record_size, m.ip_version)
-    };
-    check(&bytes, node_count, record_size, ip_version)?;
-    Reader::from_source(bytes).map_err(|e| format!("not a MaxMind DB: {e}"))
-}
-
-/// Walks the whole search tree of a database opened by [`open`], calling `f` with each
-/// network (start, prefix length), whether it has data, and its record, empty networks
-/// included: a broken tree opens fine and then answers "not found" for everyone, which
-/// would silently send all clients to the default, so a database is walked whole at load.
-pub fn each_network<'de, T: Deserialize<'de>>(
-    reader: &'de Reader<Vec<u8>>,
-    mut f: impl FnMut(IpAddr, u8, bool, Option<T>),
-) -> Result<(), String> {
-    let iter = reader
-        .networks(WithinOptions::default().include_networks_without_data())
-        .map_err(|e| format!("cannot walk the search tree: {e}"))?;
-    for item in iter {
-        let item = item.map_err(|e| format!("corrupt search tree: {e}"))?;
-        let net = item
-            .network()
-            .map_err(|e| format!("corrupt search tree: {e}"))?;
-        let rec: Option<T> = item
-            .decode()
-            .map_err(|e| format!("corrupt data section: {e}"))?;
-        f(net.network(), net.prefix(), item.has_data(), rec);
-    }
-    Ok(())
-}
-
-/// A walk of a database's search tree for `ip`: its record (the default when there is
-/// none or it does not decode) and the prefix of the network, or empty block, holding
-/// it. The reference the flat tables are tested against.
-#[cfg(test)]
-pub fn walk<'de, T: Deserialize<'de> + Default>(
-    reader: &'de Reader<Vec<u8>>,
-    ip: IpAddr,
-) -> (T, u8) {
-    let Ok(found) = reader.lookup(ip) else {
-        return (T::default(), 0);
-    };
-    let prefix_len = found.network().map(|n| n.prefix()).unwrap_or(0);
-    (
-        found.decode().ok().flatten().unwrap_or_default(),
-        prefix_len,
-    )
-}
+//! and never above [`MAX_NETWORKS`] networks) is refused at once, when
+//! [`super::mmdb::open`] opens the file.
 
 /// More networks than any real geo or ASN database holds (GeoIP2 City: about 10 M).
 pub const MAX_NETWORKS: usize = 50_000_000;

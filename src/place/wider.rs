@@ -23,9 +23,6 @@
 
 use std::collections::HashMap;
 
-use super::countries::{Continent, Country};
-use super::geo::Place;
-
 /// Words of a [`Places`]: up to 511 distinct places (one cache line); a database with
 /// more has its extra places share the last index, which no answer ever allows.
 const WORDS: usize = 8;
@@ -33,8 +30,8 @@ const _: () = assert!(
     WORDS * 64 <= SET as usize,
     "place indexes leave the SET bit free"
 );
-/// The index of places beyond the first 511.
-const OTHER: u16 = (WORDS * 64 - 1) as u16;
+/// The index of places beyond the first 511 (`geo::Index` gives it).
+pub(super) const OTHER: u16 = (WORDS * 64 - 1) as u16;
 
 /// A set of places, by index.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -54,40 +51,7 @@ impl Places {
     }
 }
 
-/// The distinct places of a database, each with its index.
-#[derive(Debug, Default)]
-pub struct Index {
-    places: Vec<Place>,
-    by_place: HashMap<(Option<Country>, Option<Continent>), u16>,
-}
-
-impl Index {
-    /// The index of a place, given one if it has none yet.
-    pub fn of(&mut self, p: &Place) -> u16 {
-        let key = (p.country, p.continent);
-        if let Some(&i) = self.by_place.get(&key) {
-            return i;
-        }
-        if self.places.len() >= usize::from(OTHER) {
-            return OTHER;
-        }
-        let i = self.places.len() as u16;
-        self.places.push(Place {
-            country: p.country,
-            continent: p.continent,
-            ..Place::default()
-        });
-        self.by_place.insert(key, i);
-        i
-    }
-
-    /// Every place with an index, in index order.
-    pub fn places(&self) -> &[Place] {
-        &self.places
-    }
-}
-
-/// Where a network's steps start, set in the [`Place`] a lookup returns: the widest
+/// Where a network's steps start, set in the place a lookup returns: the widest
 /// prefix whose block (around the network) holds only its own place, in the top 8
 /// bits, and its first step up in the low 24 (`NO_STEP`: none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -519,15 +483,6 @@ mod tests {
 
     #[test]
     fn places_beyond_the_index_are_never_allowed() {
-        let mut index = Index::default();
-        let gb = Place {
-            country: Country::parse("GB"),
-            ..Place::default()
-        };
-        assert_eq!(index.of(&gb), 0);
-        assert_eq!(index.of(&Place::default()), 1);
-        assert_eq!(index.of(&gb), 0);
-        assert_eq!(index.places().len(), 2);
         let mut all = Places::default();
         for i in 0..OTHER {
             all.insert(i);

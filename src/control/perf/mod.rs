@@ -43,7 +43,7 @@ use modifier::PerfReason;
 /// A source network of samples: the /24 (IPv4) or /48 (IPv6) as one number.
 pub fn network(ip: IpAddr) -> u64 {
     match ip.to_canonical() {
-        IpAddr::V4(a) => u64::from(u32::from(a) & 0xffff_ff00),
+        IpAddr::V4(a) => u64::from(u32::from(crate::net::cut_v4(a, 24))),
         IpAddr::V6(a) => (u128::from(a) >> 80) as u64 | 1 << 63,
     }
 }

@@ -1,0 +1,152 @@
+//! Input (loading): a MaxMind DB file, the form of both the geo and the ASN database.
+//! One reader, one walk and one error type for both, so that a broken file is refused
+//! with the same words whichever flag named it.
+//!
+//! A file is read whole ([`read`]: an operator overwriting it in place cannot corrupt a
+//! running server), its search tree bounded before anything is decoded ([`open`],
+//! [`super::tree::check`]), then walked whole ([`each_network`]): a broken tree opens
+//! fine and then answers "not found" for everyone, which would silently send all clients
+//! to the default, so a corrupt database is refused at load and the last good one keeps
+//! serving. The caller keeps what the walk gave it (flat tables, [`super::flat`]) and
+//! drops the file's bytes.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use maxminddb::{Reader, WithinOptions};
+use serde::Deserialize;
+
+/// A geo or ASN database refused, with the file it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct GeoError {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Reads the file at `path` whole and builds a database from its bytes; a failure of
+/// either names the file.
+pub(super) fn read<T>(
+    path: &Path,
+    build: impl FnOnce(Vec<u8>) -> Result<T, String>,
+) -> Result<T, GeoError> {
+    let err = |reason: String| GeoError {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    build(bytes).map_err(err)
+}
+
+/// Opens a database held in memory once its tree passes [`super::tree::check`].
+pub(super) fn open(bytes: Vec<u8>) -> Result<Reader<Vec<u8>>, String> {
+    let (node_count, record_size, ip_version) = {
+        let probe =
+            Reader::from_source(&bytes[..]).map_err(|e| format!("not a MaxMind DB: {e}"))?;
+        let m = probe.metadata();
+        (m.node_count as usize, m.record_size, m.ip_version)
+    };
+    super::tree::check(&bytes, node_count, record_size, ip_version)?;
+    Reader::from_source(bytes).map_err(|e| format!("not a MaxMind DB: {e}"))
+}
+
+/// What a whole walk found ([`each_network`]).
+#[derive(Debug)]
+pub(super) struct Walked {
+    /// Networks with data, for the startup log.
+    pub networks: usize,
+    /// Networks that carry what the database is read for (a country, an AS).
+    pub carrying: usize,
+    /// `database_type` from the metadata.
+    pub database_type: String,
+    /// An IPv6 tree (whose walk skips the aliases of the IPv4 space, [`super::flat`]).
+    pub ipv6: bool,
+}
+
+impl Walked {
+    /// An error unless some network carries `what` (the field the database is read
+    /// for); `needed` names the databases that have it.
+    pub fn require(&self, what: &str, needed: &str) -> Result<(), String> {
+        if self.carrying > 0 {
+            return Ok(());
+        }
+        Err(format!(
+            "no network carries {what} (database type {:?}): {needed} is needed",
+            self.database_type
+        ))
+    }
+}
+
+/// Walks the whole search tree of a database opened by [`open`], calling `f` with each
+/// network (start, prefix length) and its record, empty networks included (`None`);
+/// `f` says whether the network carries what the database is read for.
+pub(super) fn each_network<'de, T: Deserialize<'de>>(
+    reader: &'de Reader<Vec<u8>>,
+    mut f: impl FnMut(IpAddr, u8, Option<T>) -> bool,
+) -> Result<Walked, String> {
+    let meta = reader.metadata();
+    let mut walked = Walked {
+        networks: 0,
+        carrying: 0,
+        database_type: meta.database_type.clone(),
+        ipv6: meta.ip_version == 6,
+    };
+    let iter = reader
+        .networks(WithinOptions::default().include_networks_without_data())
+        .map_err(|e| format!("cannot walk the search tree: {e}"))?;
+    for item in iter {
+        let item = item.map_err(|e| format!("corrupt search tree: {e}"))?;
+        let net = item
+            .network()
+            .map_err(|e| format!("corrupt search tree: {e}"))?;
+        let rec: Option<T> = item
+            .decode()
+            .map_err(|e| format!("corrupt data section: {e}"))?;
+        walked.networks += usize::from(item.has_data());
+        walked.carrying += usize::from(f(net.network(), net.prefix(), rec));
+    }
+    Ok(walked)
+}
+
+/// A walk of a database's search tree for `ip`: its record (the default when there is
+/// none or it does not decode) and the prefix of the network, or empty block, holding
+/// it. The reference the flat tables are tested against.
+#[cfg(test)]
+pub(super) fn walk<'de, T: Deserialize<'de> + Default>(
+    reader: &'de Reader<Vec<u8>>,
+    ip: IpAddr,
+) -> (T, u8) {
+    let Ok(found) = reader.lookup(ip) else {
+        return (T::default(), 0);
+    };
+    let prefix_len = found.network().map(|n| n.prefix()).unwrap_or(0);
+    (
+        found.decode().ok().flatten().unwrap_or_default(),
+        prefix_len,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_the_file_and_why() {
+        let missing = Path::new("/nonexistent/steerdns.mmdb");
+        let e = read(missing, |_| Ok(())).unwrap_err();
+        assert_eq!(e.path, missing);
+        assert!(e.reason.starts_with("cannot read: "), "{e}");
+        let e = read(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("Cargo.toml")
+                .as_path(),
+            |b| open(b).map(drop),
+        )
+        .unwrap_err();
+        assert!(e.reason.starts_with("not a MaxMind DB: "), "{e}");
+        assert!(
+            e.to_string().contains("Cargo.toml: not a MaxMind DB"),
+            "{e}"
+        );
+    }
+}
