@@ -385,7 +385,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         None => None,
     };
     if let Some(url) = &opts.usage_url {
-        crate::control::commit::poll::spawn(
+        crate::control::feed::spawn(
             url.clone(),
             opts.usage_poll,
             command_tx.clone(),

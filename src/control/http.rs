@@ -1,6 +1,7 @@
 //! Control plane: the HTTP/1.1 server both HTTP listeners run on, the admin API
 //! (`api.rs`, `--api`) and content steering (`content/server.rs`, `--steering-http`):
-//! the accept loop under [`ApiLimits`] and the replies they share (JSON, text, errors).
+//! the accept loop under [`ApiLimits`] and the replies they share (JSON, text, errors,
+//! and [`esc`] for the HTML pages).
 //!
 //! Each accepted connection takes a [`crate::slots::Slot`] (at most `max_connections`,
 //! `max_per_source` from one /24 or /56 unless it is one of `unlimited_sources`) or is
@@ -202,4 +203,33 @@ pub(super) fn empty(status: StatusCode) -> Reply {
     let mut r = Response::new(Full::new(Bytes::new()));
     *r.status_mut() = status;
     r
+}
+
+/// `text` safe inside an element or a quoted attribute.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_covers_markup_and_quotes() {
+        assert_eq!(
+            esc(r#"<script>alert("x")</script> & 'y'"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
+        );
+    }
 }

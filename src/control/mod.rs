@@ -11,6 +11,7 @@ pub mod controller;
 pub mod drains;
 pub mod explain;
 pub mod failover;
+pub mod feed;
 pub mod gauges;
 pub mod health;
 pub mod http;

@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
+use crate::control::http::esc;
 use crate::control::state_doc::StateDoc;
 use crate::control::times;
 use crate::plan::{Live, Plan, Snapshot, Steered};
@@ -642,22 +643,6 @@ fn time(ms: u64) -> String {
         .to_string()
 }
 
-/// `text` safe inside an element or a quoted attribute.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,14 +651,6 @@ mod tests {
 
     fn loaded() -> crate::inputs::Loaded {
         crate::inputs::demo()
-    }
-
-    #[test]
-    fn escaping_covers_markup_and_quotes() {
-        assert_eq!(
-            esc(r#"<script>alert("x")</script> & 'y'"#),
-            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
-        );
     }
 
     #[test]

@@ -19,7 +19,6 @@ pub mod demand;
 pub mod ledger;
 pub mod month;
 pub mod page;
-pub mod poll;
 pub mod simulate;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::CdnView;
-use crate::control::status::esc;
+use crate::control::http::esc;
 
 /// The "Commits and capacity" section: per CDN with a contract or a capacity, the
 /// month to date, the projection, the burst budget left, the bias and its reason.

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::RegionView;
-use crate::control::status::esc;
+use crate::control::http::esc;
 
 /// The "Performance steering" section: per region with a `performance:` block, each
 /// CDN's measured figure, samples and networks, its shares (policy, now, target) and

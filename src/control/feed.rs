@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::UsageIn;
 use crate::control::command::Command;
+use crate::control::commit::UsageIn;
 
 /// The largest answer read.
 const MAX_BYTES: usize = 4 << 20;
@@ -69,7 +69,7 @@ pub fn spawn(
     });
 }
 
-type Checked = Vec<(String, u64, super::ledger::Record)>;
+type Checked = Vec<(String, u64, crate::control::commit::ledger::Record)>;
 
 /// The feed's records, the wrong ones skipped (and logged).
 async fn fetch(client: &reqwest::Client, url: reqwest::Url) -> Result<Checked, String> {
