@@ -10,28 +10,23 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use hickory_proto::rr::RecordType;
 use steerdns::app;
 use steerdns::inputs::Inputs;
 
-const BIN: &str = env!("CARGO_BIN_EXE_steerdns");
 const POLICY: &str = "tests/fixtures/steering-asn.yaml";
 const ASN_DB: &str = "tests/fixtures/geo/GeoLite2-ASN-Test.mmdb";
 const SHIPPED_GEO: &str = "geo/country.mmdb";
 
-fn steerdns(args: &[&str]) -> (bool, String) {
-    let out = Command::new(BIN)
+/// `steerdns ARGS` on the ASN policy, from the repository: (success, what it printed).
+fn with_asn_policy(args: &[&str]) -> (bool, String) {
+    let out = steerdns(args)
         .current_dir(repo("."))
-        .args(args)
         .args(["--config", POLICY, "--probes", "tests/fixtures/no-probes"])
         .output()
         .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    (out.status.success(), printed(&out))
 }
 
 /// `config` with the zones, the shipped geo database and the test ASN database.
@@ -49,7 +44,7 @@ fn load(config: &str) -> app::Loaded {
 
 #[test]
 fn check_refuses_as_entries_without_an_asn_database() {
-    let (ok, out) = steerdns(&["check"]);
+    let (ok, out) = with_asn_policy(&["check"]);
     assert!(!ok, "{out}");
     // The file, the line of `match: [AS1221]` (line 11) and the field.
     assert!(
@@ -61,10 +56,10 @@ fn check_refuses_as_entries_without_an_asn_database() {
         "{out}"
     );
     assert!(out.contains("`AS15169`"), "every AS entry is named: {out}");
-    let (ok, out) = steerdns(&["check", "--asn-db", ASN_DB]);
+    let (ok, out) = with_asn_policy(&["check", "--asn-db", ASN_DB]);
     assert!(ok, "{out}");
     // Not an ASN database: refused, named.
-    let (ok, out) = steerdns(&["check", "--asn-db", SHIPPED_GEO]);
+    let (ok, out) = with_asn_policy(&["check", "--asn-db", SHIPPED_GEO]);
     assert!(!ok && out.contains("autonomous_system_number"), "{out}");
 }
 
@@ -106,7 +101,7 @@ async fn a_client_in_a_matched_as_gets_that_region() {
 
 #[test]
 fn explain_shows_the_origin_as() {
-    let (ok, out) = steerdns(&[
+    let (ok, out) = with_asn_policy(&[
         "explain",
         "www.example.com",
         "--client",

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use hickory_proto::rr::RecordType;
 
-const BIN: &str = env!("CARGO_BIN_EXE_steerdns");
-
 /// A scratch copy of the demo inputs (policy, test zone) that a test may break.
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("steerdns-cli-{tag}-{}", std::process::id()));
@@ -26,19 +24,13 @@ fn scratch(tag: &str) -> PathBuf {
     dir
 }
 
-fn steerdns(dir: &Path, args: &[&str], geo: &str) -> std::process::Output {
-    Command::new(BIN)
+/// `steerdns ARGS --geo GEO` run in `dir`.
+fn run_in(dir: &Path, args: &[&str], geo: &str) -> std::process::Output {
+    steerdns(args)
         .current_dir(dir)
-        .args(args)
         .args(["--geo", repo(geo).to_str().unwrap()])
         .output()
         .unwrap()
-}
-
-fn edit(path: &Path, from: &str, to: &str) {
-    let text = std::fs::read_to_string(path).unwrap();
-    assert!(text.contains(from), "{from:?} not in {}", path.display());
-    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
 }
 
 /// A `steerdns serve` child process, its log read on a thread (so that a missing line
@@ -52,9 +44,8 @@ struct Served {
 impl Served {
     /// Starts `steerdns serve ARGS` in `dir`, logging at INFO.
     fn start(dir: &Path, args: &[&str]) -> Served {
-        let mut child = Command::new(BIN)
+        let mut child = steerdns(&["serve"])
             .current_dir(dir)
-            .arg("serve")
             .args(args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -118,9 +109,8 @@ impl Served {
 
 #[test]
 fn check_accepts_the_demo_and_says_what_it_loaded() {
-    let out = Command::new(BIN)
+    let out = steerdns(&["check"])
         .current_dir(repo("."))
-        .arg("check")
         .output()
         .unwrap();
     assert!(
@@ -148,7 +138,7 @@ fn check_reports_policy_errors_with_file_line_and_field() {
         "  - match: [\"*\"]",
         "  - match: [\"EU\"]",
     );
-    let out = steerdns(&dir, &["check"], TEST_GEO);
+    let out = run_in(&dir, &["check"], TEST_GEO);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -175,7 +165,7 @@ fn check_reports_zone_errors_with_their_line() {
         "mail    IN A    192.0.2.25",
         "mail    IN A    192.0.2.256",
     );
-    let out = steerdns(&dir, &["check"], TEST_GEO);
+    let out = run_in(&dir, &["check"], TEST_GEO);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -202,7 +192,7 @@ fn steered_names_must_live_below_a_zone_apex_and_alone() {
         ),
     ] {
         edit(&policy, from, to);
-        let out = steerdns(&dir, &["check"], TEST_GEO);
+        let out = run_in(&dir, &["check"], TEST_GEO);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(
@@ -228,7 +218,7 @@ fn corrupt_geo_databases_are_refused() {
         ("steering.yaml", "not a MaxMind DB"),
         ("tests/fixtures/geo/missing.mmdb", "cannot read"),
     ] {
-        let out = steerdns(&dir, &["check"], db);
+        let out = run_in(&dir, &["check"], db);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{db}: {stderr}");
         assert!(
@@ -246,7 +236,7 @@ fn serve_refuses_to_start_on_the_same_errors() {
         "cname: example.map.fastly.net.",
         "cname: example.map.fastly.net",
     );
-    let out = steerdns(&dir, &["serve", "--listen", "127.0.0.1:0"], TEST_GEO);
+    let out = run_in(&dir, &["serve", "--listen", "127.0.0.1:0"], TEST_GEO);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -260,9 +250,8 @@ fn serve_refuses_to_start_on_the_same_errors() {
 
 #[test]
 fn explain_shows_region_weights_and_scope() {
-    let out = Command::new(BIN)
+    let out = steerdns(&["explain", "www.example.com", "--client", "81.2.69.142"])
         .current_dir(repo("."))
-        .args(["explain", "www.example.com", "--client", "81.2.69.142"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -281,9 +270,8 @@ fn explain_shows_region_weights_and_scope() {
     }
     // A player's session: the order it gets.
     let explain = |session: &str| {
-        Command::new(BIN)
+        steerdns(&["explain", "www.example.com", "--client", "81.2.69.142"])
             .current_dir(repo("."))
-            .args(["explain", "www.example.com", "--client", "81.2.69.142"])
             .args(["--session", session])
             .output()
             .unwrap()
@@ -307,9 +295,8 @@ fn explain_shows_region_weights_and_scope() {
 #[test]
 fn explain_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
-    let mut child = Command::new(BIN)
+    let mut child = steerdns(&["explain", "www.example.com", "--client", "81.2.69.142"])
         .current_dir(repo("."))
-        .args(["explain", "www.example.com", "--client", "81.2.69.142"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -439,18 +426,17 @@ fn saved_state_aged(dir: &Path, cdns: &[&str], level: u32, age: Duration) {
 fn explain_shows_failover_and_fail_open_from_the_saved_state() {
     let dir = scratch("explain-state");
     let explain = |state: &Path| {
-        let out = Command::new(BIN)
-            .current_dir(repo("."))
-            .args([
-                "explain",
-                "www.example.com",
-                "--client",
-                "81.2.69.142",
-                "--state-dir",
-                state.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
+        let out = steerdns(&[
+            "explain",
+            "www.example.com",
+            "--client",
+            "81.2.69.142",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ])
+        .current_dir(repo("."))
+        .output()
+        .unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -502,9 +488,8 @@ fn explain_shows_failover_and_fail_open_from_the_saved_state() {
 #[test]
 fn explain_gives_the_answer_a_resolver_gets() {
     let explain = |args: &[&str]| {
-        let out = Command::new(BIN)
+        let out = steerdns(&["explain", "www.example.com", "--client", "81.2.69.142"])
             .current_dir(repo("."))
-            .args(["explain", "www.example.com", "--client", "81.2.69.142"])
             .args(args)
             .output()
             .unwrap();
@@ -691,14 +676,7 @@ async fn limit_options_are_wired_to_the_server() {
 
     // --tcp-max-queries 2: two queries answered, then the close; a third query sent
     // after them is not read.
-    let framed = |id: u16| {
-        let mut q = query("www.example.com.", RecordType::A);
-        q.metadata.id = id;
-        let bytes = q.to_vec().unwrap();
-        let mut f = (bytes.len() as u16).to_be_bytes().to_vec();
-        f.extend_from_slice(&bytes);
-        f
-    };
+    let framed = |id: u16| framed(&encoded("www.example.com.", RecordType::A, id));
     use tokio::io::AsyncWriteExt;
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(&[framed(1), framed(2)].concat()).await.unwrap();

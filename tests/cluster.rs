@@ -1189,7 +1189,7 @@ async fn a_node_whose_clock_is_two_seconds_behind_sees_the_skew_and_steps_with_t
     let log = std::fs::File::create(dir.join("ns4.log")).unwrap();
     let ns4 = std::process::Command::new("faketime")
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .args(["-f", "-2s", env!("CARGO_BIN_EXE_steerdns"), "serve"])
+        .args(["-f", "-2s", common::BIN, "serve"])
         .arg("--config")
         .arg(dir.join("steering.yaml"))
         .arg("--zones")

@@ -5,6 +5,7 @@
 mod common;
 
 use common::stack::{scratch, unix_ms, Stack};
+use common::steerdns;
 use serde_json::{json, Value};
 use steerdns::config::contract::Contract;
 use steerdns::config::Policy;
@@ -524,9 +525,7 @@ commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
     .unwrap();
     let csv = steerdns::control::commit::demand::to_csv(&rows);
     std::fs::write(dir.join("demand.csv"), &csv).unwrap();
-    let bin = env!("CARGO_BIN_EXE_steerdns");
-    let out = std::process::Command::new(bin)
-        .args(["simulate", "--demand"])
+    let out = steerdns(&["simulate", "--demand"])
         .arg(dir.join("demand.csv"))
         .arg("--policy")
         .arg(dir.join("steering.yaml"))
@@ -554,8 +553,7 @@ commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
     // A row of a region the policy does not have.
     let bad = csv.replacen("default,", "nowhere,", 1);
     std::fs::write(dir.join("bad.csv"), bad).unwrap();
-    let out = std::process::Command::new(bin)
-        .args(["simulate", "--demand"])
+    let out = steerdns(&["simulate", "--demand"])
         .arg(dir.join("bad.csv"))
         .arg("--policy")
         .arg(dir.join("steering.yaml"))
@@ -579,8 +577,7 @@ commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
     );
     std::fs::write(dir.join("two.yaml"), &two).unwrap();
     let simulate = |extra: &[&str]| {
-        std::process::Command::new(bin)
-            .args(["simulate", "--demand"])
+        steerdns(&["simulate", "--demand"])
             .arg(dir.join("demand.csv"))
             .arg("--policy")
             .arg(dir.join("two.yaml"))
@@ -612,10 +609,10 @@ commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
             && err.contains("`nowhere.example.com` is not a steered name of the policy"),
         "{err}"
     );
-    let std::process::Output { stderr, status, .. } = std::process::Command::new(bin)
-        .args(["simulate", "--demand", "/nonexistent.csv"])
-        .output()
-        .unwrap();
+    let std::process::Output { stderr, status, .. } =
+        steerdns(&["simulate", "--demand", "/nonexistent.csv"])
+            .output()
+            .unwrap();
     assert!(!status.success());
     assert!(String::from_utf8_lossy(&stderr).contains("cannot read"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -358,9 +358,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus_during_a_dril
     let text = std::fs::read_to_string(&policy).unwrap();
     std::fs::write(&policy, format!("{text}# edited during the drill\n")).unwrap();
     stack
-        .wait_for("the edit applied", |s| {
-            s["last_reload"]["result"] == "applied"
-        })
+        .wait_for("the edit applied", |s| last_reload(s).0 == "applied")
         .await;
 
     // Until Prometheus has seen the drill: a drained to its last step, c out, the

@@ -25,6 +25,7 @@ use common::dnssec::delv;
 use common::etcd::{have, require_etcd, EtcdSet};
 use common::stack::{scratch, Options, Stack};
 use common::unbound::{Mode, Unbound};
+use common::{printed, steerdns};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -61,16 +62,10 @@ dnssec:
     std::fs::write(dir.join("zones/example.com.zone"), zone).unwrap();
 }
 
-fn steerdns(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_steerdns"))
-        .args(args)
-        .output()
-        .expect("steerdns runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// `steerdns ARGS`, which must succeed: what it printed.
+fn succeeds(args: &[&str]) -> String {
+    let out = steerdns(args).output().expect("steerdns runs");
+    let text = printed(&out);
     assert!(out.status.success(), "steerdns {args:?}: {text}");
     text
 }
@@ -165,7 +160,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
     // The rollover, as an operator starts it.
     let config = dirs[0].join("steering.yaml");
     let zones = dirs[0].join("zones");
-    let said = steerdns(&[
+    let said = succeeds(&[
         "dnssec",
         "rollover",
         "example.com",
@@ -180,7 +175,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
     let successor = all.iter().find(|k| k.tag != old).expect("a successor");
     let (new, new_times) = (successor.tag, successor.times);
     eprintln!("{said}\nold {old_times:?}\nnew {new_times:?}");
-    let status = steerdns(&[
+    let status = succeeds(&[
         "dnssec",
         "status",
         "--config",
@@ -190,7 +185,7 @@ async fn a_csk_rollover_keeps_validators_at_zero_servfail_on_both_nodes() {
     ]);
     assert!(status.contains("rollover under way"), "{status}");
     // Run again (from cron, say), it schedules nothing more.
-    let again = steerdns(&[
+    let again = succeeds(&[
         "dnssec",
         "rollover",
         "example.com",

@@ -415,27 +415,26 @@ async fn explain_over_the_cli_and_over_http_give_the_same_facts() {
             .await;
         assert_eq!(status, 200, "{http}");
         let dir = &stack.dir;
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_steerdns"))
-            .args([
-                "explain",
-                "www.example.com",
-                "--client",
-                client,
-                "--resolver",
-                resolver,
-            ])
-            .args(["--json", "--config"])
-            .arg(dir.join("steering.yaml"))
-            .arg("--zones")
-            .arg(dir.join("zones"))
-            .arg("--geo")
-            .arg(dir.join("geo.mmdb"))
-            .arg("--probes")
-            .arg(dir.join("probes"))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .output()
-            .unwrap();
+        let out = common::steerdns(&[
+            "explain",
+            "www.example.com",
+            "--client",
+            client,
+            "--resolver",
+            resolver,
+        ])
+        .args(["--json", "--config"])
+        .arg(dir.join("steering.yaml"))
+        .arg("--zones")
+        .arg(dir.join("zones"))
+        .arg("--geo")
+        .arg(dir.join("geo.mmdb"))
+        .arg("--probes")
+        .arg(dir.join("probes"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .output()
+        .unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -564,11 +563,11 @@ async fn explain_over_http_says_why() {
 async fn a_drain_written_in_the_policy_applies_on_reload() {
     let (stack, _m) = regional_stack("drain-policy").await;
     let path = stack.dir.join("steering.yaml");
-    let text = std::fs::read_to_string(&path).unwrap().replace(
+    common::edit(
+        &path,
         "  other.example.com:",
         "    drain:\n      - cdn: a\n        where: [uk]\n        reason: \"INC-3 fastly LHR 503s\"\n        immediate: true\n  other.example.com:",
     );
-    std::fs::write(&path, text).unwrap();
     let s = stack
         .wait_for("policy drain", |s| {
             s["drains"].as_array().is_some_and(|d| !d.is_empty())

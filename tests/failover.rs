@@ -416,15 +416,7 @@ async fn a_cdn_without_a_probe_file_is_never_demoted() {
             200
         );
     }
-    let text = std::fs::read_to_string(stack.dir.join("steering.yaml")).unwrap();
-    std::fs::write(
-        stack.dir.join("steering.yaml"),
-        text.replace("ttl: 30", "ttl: 31"),
-    )
-    .unwrap();
-    stack
-        .wait_for("reloaded", |s| s["last_reload"]["result"] == "applied")
-        .await;
+    stack.edit("steering.yaml", "ttl: 30", "ttl: 31").await;
     a.set(Mode::Status(503));
     let s = stack
         .wait_for("a out", |s| removed(s, "a") == Some(100))

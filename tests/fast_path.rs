@@ -20,22 +20,15 @@ use steerdns::metrics::Metrics;
 /// A query for `name` (wire labels as given, so case is kept), type `qtype`, with the
 /// header flags byte `flags` (RD = 0x01, AA = 0x04), CD from `cd`, and `opt` as the
 /// additional section (`None`: no OPT).
-fn packet(id: u16, flags: u8, cd: bool, name: &str, qtype: u16, opt: Option<Vec<u8>>) -> Vec<u8> {
-    let mut p = id.to_be_bytes().to_vec();
-    p.push(flags);
-    p.push(if cd { 0x10 } else { 0 });
-    p.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, u8::from(opt.is_some())]);
-    for label in name.trim_end_matches('.').split('.') {
-        p.push(label.len() as u8);
-        p.extend_from_slice(label.as_bytes());
-    }
-    p.push(0);
-    p.extend_from_slice(&qtype.to_be_bytes());
-    p.extend_from_slice(&1u16.to_be_bytes());
-    if let Some(opt) = opt {
-        p.extend_from_slice(&opt);
-    }
-    p
+fn form(id: u16, flags: u8, cd: bool, name: &str, qtype: u16, opt: Option<Vec<u8>>) -> Vec<u8> {
+    let flags = u16::from_be_bytes([flags, if cd { 0x10 } else { 0 }]);
+    let counts = [1, 0, 0, u16::from(opt.is_some())];
+    packet(
+        id,
+        flags,
+        counts,
+        &[&question(name, qtype, 1), &opt.unwrap_or_default()],
+    )
 }
 
 /// An OPT record: payload size, DO bit, and raw options `(code, data)`.
@@ -44,44 +37,32 @@ fn opt(payload: u16, dnssec_ok: bool, options: &[(u16, Vec<u8>)]) -> Vec<u8> {
     opt_record(payload, dnssec_ok, &options)
 }
 
-/// ECS option data: family, source prefix, scope 0, the address bytes.
-fn ecs(family: u16, source: u8, address: &[u8]) -> (u16, Vec<u8>) {
-    let mut d = family.to_be_bytes().to_vec();
-    d.push(source);
-    d.push(0);
-    d.extend_from_slice(address);
-    (8, d)
-}
-
 fn forms() -> Vec<(&'static str, Vec<u8>)> {
     const A: u16 = 1;
     let gb = || ecs(1, 24, &[81, 2, 69]);
     vec![
         (
             "no EDNS",
-            packet(1, 0x01, false, "pinned.example.com", A, None),
+            form(1, 0x01, false, "pinned.example.com", A, None),
         ),
         (
             "no EDNS, RD clear, CD set",
-            packet(2, 0, true, "pinned.example.com", A, None),
+            form(2, 0, true, "pinned.example.com", A, None),
         ),
         (
             "AA set in the query",
-            packet(3, 0x05, false, "pinned.example.com", A, None),
+            form(3, 0x05, false, "pinned.example.com", A, None),
         ),
         (
             "mixed case",
-            packet(4, 0x01, false, "PiNNed.Example.COM", A, None),
+            form(4, 0x01, false, "PiNNed.Example.COM", A, None),
         ),
-        (
-            "AAAA",
-            packet(5, 0x01, false, "pinned.example.com", 28, None),
-        ),
-        ("TXT", packet(6, 0x01, false, "flat.example.com", 16, None)),
-        ("CNAME", packet(7, 0x01, false, "flat.example.com", 5, None)),
+        ("AAAA", form(5, 0x01, false, "pinned.example.com", 28, None)),
+        ("TXT", form(6, 0x01, false, "flat.example.com", 16, None)),
+        ("CNAME", form(7, 0x01, false, "flat.example.com", 5, None)),
         (
             "EDNS, no options",
-            packet(
+            form(
                 8,
                 0x01,
                 false,
@@ -92,7 +73,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "EDNS payload 4096",
-            packet(
+            form(
                 9,
                 0x01,
                 false,
@@ -103,7 +84,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "EDNS payload 100",
-            packet(
+            form(
                 10,
                 0x01,
                 false,
@@ -114,7 +95,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "DO bit",
-            packet(
+            form(
                 11,
                 0x01,
                 false,
@@ -125,7 +106,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS GB /24",
-            packet(
+            form(
                 12,
                 0x01,
                 false,
@@ -136,7 +117,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS office /25",
-            packet(
+            form(
                 13,
                 0x01,
                 false,
@@ -147,7 +128,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS lab /26 inside /24",
-            packet(
+            form(
                 14,
                 0x01,
                 false,
@@ -158,7 +139,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS /0 opt-out",
-            packet(
+            form(
                 15,
                 0x01,
                 false,
@@ -169,7 +150,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS IPv6 JP /48",
-            packet(
+            form(
                 16,
                 0x01,
                 false,
@@ -184,7 +165,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS IPv6 /0",
-            packet(
+            form(
                 17,
                 0x01,
                 false,
@@ -195,7 +176,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS /32",
-            packet(
+            form(
                 18,
                 0x01,
                 false,
@@ -206,7 +187,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS /20, odd bits clear",
-            packet(
+            form(
                 19,
                 0x01,
                 false,
@@ -217,7 +198,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS and unknown options",
-            packet(
+            form(
                 20,
                 0x01,
                 false,
@@ -232,7 +213,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "ECS and DO, flat name",
-            packet(
+            form(
                 21,
                 0x01,
                 false,
@@ -317,16 +298,16 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
     let gb = ecs(1, 24, &[81, 2, 69]);
     let cases: Vec<(&str, Vec<u8>, u8)> = vec![
         // (what, packet, expected rcode)
-        ("zone data", packet(1, 1, false, "example.com", 6, None), 0),
+        ("zone data", form(1, 1, false, "example.com", 6, None), 0),
         (
             "NXDOMAIN",
-            packet(2, 1, false, "nope.example.com", 1, None),
+            form(2, 1, false, "nope.example.com", 1, None),
             3,
         ),
         (
             "EDNS version 1",
             {
-                let mut p = packet(
+                let mut p = form(
                     3,
                     1,
                     false,
@@ -342,7 +323,7 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         ),
         (
             "two ECS options",
-            packet(
+            form(
                 4,
                 1,
                 false,
@@ -354,7 +335,7 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         ),
         (
             "ECS host bits set",
-            packet(
+            form(
                 5,
                 1,
                 false,
@@ -367,7 +348,7 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         (
             "class CH",
             {
-                let mut p = packet(6, 1, false, "pinned.example.com", 1, None);
+                let mut p = form(6, 1, false, "pinned.example.com", 1, None);
                 let n = p.len();
                 p[n - 1] = 3;
                 p
@@ -376,7 +357,7 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
         ),
         (
             "AXFR over UDP",
-            packet(7, 1, false, "pinned.example.com", 252, None),
+            form(7, 1, false, "pinned.example.com", 252, None),
             5,
         ),
     ];
@@ -413,22 +394,22 @@ fn zone_forms() -> Vec<(&'static str, Vec<u8>)> {
     let gb = || ecs(1, 24, &[81, 2, 69]);
     let edns = |options: &[(u16, Vec<u8>)]| Some(opt(1232, false, options));
     vec![
-        ("SOA", packet(1, 0x01, false, "example.com", 6, None)),
+        ("SOA", form(1, 0x01, false, "example.com", 6, None)),
         (
             "SOA, ECS",
-            packet(2, 0x01, false, "example.com", 6, edns(&[gb()])),
+            form(2, 0x01, false, "example.com", 6, edns(&[gb()])),
         ),
         (
             "NS and glue",
-            packet(3, 0x01, false, "example.com", 2, edns(&[gb()])),
+            form(3, 0x01, false, "example.com", 2, edns(&[gb()])),
         ),
         (
             "A, mixed case",
-            packet(4, 0x01, false, "NS1.Example.com", 1, None),
+            form(4, 0x01, false, "NS1.Example.com", 1, None),
         ),
         (
             "AAAA, DO",
-            packet(
+            form(
                 5,
                 0x01,
                 true,
@@ -439,24 +420,24 @@ fn zone_forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "in-zone CNAME",
-            packet(6, 0x01, false, "api.example.com", 1, edns(&[gb()])),
+            form(6, 0x01, false, "api.example.com", 1, edns(&[gb()])),
         ),
-        ("MX", packet(7, 0x01, false, "multi.example.com", 15, None)),
+        ("MX", form(7, 0x01, false, "multi.example.com", 15, None)),
         (
             "big TXT, no EDNS: TC",
-            packet(8, 0x01, false, "big.example.com", 16, None),
+            form(8, 0x01, false, "big.example.com", 16, None),
         ),
         (
             "big TXT, ECS",
-            packet(9, 0x01, false, "big.example.com", 16, edns(&[gb()])),
+            form(9, 0x01, false, "big.example.com", 16, edns(&[gb()])),
         ),
         (
             "huge TXT: TC",
-            packet(10, 0x01, false, "huge.example.com", 16, edns(&[gb()])),
+            form(10, 0x01, false, "huge.example.com", 16, edns(&[gb()])),
         ),
         (
             "NXDOMAIN, IPv6 ECS",
-            packet(
+            form(
                 11,
                 0x01,
                 false,
@@ -467,7 +448,7 @@ fn zone_forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "NODATA",
-            packet(
+            form(
                 12,
                 0x01,
                 false,
@@ -478,15 +459,15 @@ fn zone_forms() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "referral",
-            packet(13, 0x01, false, "www.sub.example.com", 1, None),
+            form(13, 0x01, false, "www.sub.example.com", 1, None),
         ),
         (
             "out of zone: REFUSED",
-            packet(14, 0x01, false, "example.org", 1, edns(&[gb()])),
+            form(14, 0x01, false, "example.org", 1, edns(&[gb()])),
         ),
         (
             "payload 512",
-            packet(
+            form(
                 15,
                 0x01,
                 false,
@@ -532,7 +513,7 @@ async fn cached_answers_are_the_full_paths() {
 async fn a_new_snapshot_empties_the_cache() {
     let srv = TestServer::demo().await;
     // Not steered by the demo policy: answered from the zone (and cached).
-    let q = packet(1, 0x01, false, "flat.example.com", 1, None);
+    let q = form(1, 0x01, false, "flat.example.com", 1, None);
     for _ in 0..3 {
         let m = Message::from_vec(&raw(srv.addr, Proto::Udp, &q).await.unwrap()).unwrap();
         assert!(m.answers.is_empty(), "{m:?}");

@@ -41,7 +41,7 @@ impl Binary {
             .current_dir(repo("."))
             .arg("-c")
             .arg("ulimit -n 4096 && exec \"$0\" \"$@\"")
-            .arg(env!("CARGO_BIN_EXE_steerdns"))
+            .arg(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--api", "off"])
             .args(["--steering-http", "off", "--geo", geo, "--zones"])
             .arg(dir.join("zones"))
@@ -122,15 +122,7 @@ fn zones_with_a_large_txt(tag: &str) -> std::path::PathBuf {
 }
 
 fn txt4k(id: u16) -> Vec<u8> {
-    let mut m = query("txt4k.example.com.", RecordType::TXT);
-    m.metadata.id = id;
-    m.to_vec().unwrap()
-}
-
-fn framed(msg: &[u8]) -> Vec<u8> {
-    let mut f = (msg.len() as u16).to_be_bytes().to_vec();
-    f.extend_from_slice(msg);
-    f
+    encoded("txt4k.example.com.", RecordType::TXT, id)
 }
 
 /// Connections of the attack, and the queries each pipelines after its padded one.
@@ -450,8 +442,7 @@ async fn a_saved_state_with_a_time_too_late_to_print_is_refused_not_rendered() {
     )
     .unwrap();
     // `explain` reads it: a warning naming the file, the configured weights.
-    let out = Command::new(env!("CARGO_BIN_EXE_steerdns"))
-        .args(["explain", "www.example.com", "--client", "192.0.2.1"])
+    let out = steerdns(&["explain", "www.example.com", "--client", "192.0.2.1"])
         .arg("--config")
         .arg(dir.join("steering.yaml"))
         .arg("--zones")
@@ -604,9 +595,8 @@ const AS13335: &[u8] = b"\xe1\x58autonomous_system_number\xc2\x34\x17";
 /// its PID if it runs for more than 10 s: (exit status, `None` if stopped; output).
 fn check_within(args: &[&str]) -> (Option<bool>, String) {
     let started = std::time::Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_steerdns"))
+    let mut child = steerdns(&["check"])
         .current_dir(repo("."))
-        .arg("check")
         .args([
             "--zones",
             TEST_ZONES,

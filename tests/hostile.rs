@@ -32,64 +32,11 @@ use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 
 // ---------------------------------------------------------------------------------------
-// Raw packet building.
-
-/// A header: id, flags word, and the four counts.
-fn header(id: u16, flags: u16, counts: [u16; 4]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(64);
-    p.extend_from_slice(&id.to_be_bytes());
-    p.extend_from_slice(&flags.to_be_bytes());
-    for c in counts {
-        p.extend_from_slice(&c.to_be_bytes());
-    }
-    p
-}
-
-/// RD set, opcode QUERY.
-const RD: u16 = 0x0100;
-
-fn name(n: &str) -> Vec<u8> {
-    let mut p = Vec::new();
-    for label in n.split('.').filter(|l| !l.is_empty()) {
-        p.push(label.len() as u8);
-        p.extend_from_slice(label.as_bytes());
-    }
-    p.push(0);
-    p
-}
-
-fn question(n: &str, qtype: u16, qclass: u16) -> Vec<u8> {
-    let mut p = name(n);
-    p.extend_from_slice(&qtype.to_be_bytes());
-    p.extend_from_slice(&qclass.to_be_bytes());
-    p
-}
+// Raw packet building (headers, names, questions, whole packets: `common::wire`).
 
 /// An OPT record (root owner) with UDP size 1232 and the given options.
 fn opt(options: &[(u16, &[u8])]) -> Vec<u8> {
     opt_record(1232, false, options)
-}
-
-/// `www.example.com A IN` with the given flags and counts, then `rest`.
-fn packet(id: u16, flags: u16, counts: [u16; 4], rest: &[&[u8]]) -> Vec<u8> {
-    let mut p = header(id, flags, counts);
-    for r in rest {
-        p.extend_from_slice(r);
-    }
-    p
-}
-
-fn www_a() -> Vec<u8> {
-    question("www.example.com", 1, 1)
-}
-
-fn id_of(answer: &[u8]) -> u16 {
-    u16::from_be_bytes([answer[0], answer[1]])
-}
-
-fn counts_of(answer: &[u8]) -> [u16; 4] {
-    let c = |i: usize| u16::from_be_bytes([answer[4 + 2 * i], answer[5 + 2 * i]]);
-    [c(0), c(1), c(2), c(3)]
 }
 
 // ---------------------------------------------------------------------------------------
@@ -612,10 +559,7 @@ async fn a_tcp_length_prefix_that_lies() {
     // in order (FORMERR, then the CNAME).
     let good = query("www.example.com.", RecordType::A).to_vec().unwrap();
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
-    let mut bytes = 12u16.to_be_bytes().to_vec();
-    bytes.extend_from_slice(&q[..12]);
-    bytes.extend_from_slice(&(good.len() as u16).to_be_bytes());
-    bytes.extend_from_slice(&good);
+    let bytes = [framed(&q[..12]), framed(&good)].concat();
     s.write_all(&bytes).await.unwrap();
     let a = read_frame(&mut s).await.unwrap();
     assert_formerr(&a, 90, "header only (QDCOUNT 1, no question)");
@@ -647,9 +591,7 @@ async fn silent_and_trickling_tcp_clients_are_closed_and_starve_no_one() {
     for _ in 0..200 {
         silent.push(TcpStream::connect(srv.addr).await.unwrap());
     }
-    let q = query("www.example.com.", RecordType::A).to_vec().unwrap();
-    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
-    framed.extend_from_slice(&q);
+    let framed = framed(&query("www.example.com.", RecordType::A).to_vec().unwrap());
     let trickle = TcpStream::connect(srv.addr).await.unwrap();
     let trickler = tokio::spawn(async move {
         let mut s = trickle;
@@ -705,10 +647,7 @@ async fn the_idle_timeout_does_not_cut_an_active_connection() {
     let started = Instant::now();
     while started.elapsed() < TEST_IDLE * 2 {
         let q = query("www.example.com.", RecordType::A);
-        let bytes = q.to_vec().unwrap();
-        let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
-        framed.extend_from_slice(&bytes);
-        s.write_all(&framed).await.unwrap();
+        s.write_all(&framed(&q.to_vec().unwrap())).await.unwrap();
         let a = read_frame(&mut s)
             .await
             .expect("answer on a live connection");

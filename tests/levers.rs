@@ -15,8 +15,6 @@ use hickory_proto::rr::RecordType;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_steerdns");
-
 /// Two tenants: acme owns a.example.com, globex owns b.example.com; both 50/50 on the
 /// CDNs a and b everywhere, drained at once (steps [100]).
 fn tenant_policy(dir: &Path) {
@@ -284,15 +282,7 @@ async fn a_tenant_drain_moves_only_that_tenants_names() {
         .get("/v1/explain?name=a.example.com&client=81.2.69.142")
         .await;
     assert_eq!(ex["tenant"], "acme", "{ex:#}");
-    let page = s
-        .http
-        .get(format!("http://{}/", s.api))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = s.text("/").await;
     assert!(page.contains("tenant acme"), "no tenant on the status page");
     assert!(
         page.contains("acme-ops, ticket INC-7, tenant acme"),
@@ -319,11 +309,9 @@ async fn the_tokens_file_is_reloaded_and_a_broken_one_keeps_the_last_good() {
         std::fs::rename(&tmp, &path).unwrap();
     }
     let st = s
-        .wait_for("the reload refused", |st| {
-            st["last_reload"]["result"] == "refused"
-        })
+        .wait_for("the reload refused", |st| last_reload(st).0 == "refused")
         .await;
-    let errors = st["last_reload"]["errors"].to_string();
+    let errors = last_reload(&st).1;
     assert!(
         errors.contains("api-tokens.yaml") && errors.contains("chmod 600"),
         "{errors}"
@@ -334,7 +322,7 @@ async fn the_tokens_file_is_reloaded_and_a_broken_one_keeps_the_last_good() {
     // A new file: only-a is gone, no-freeze may now freeze.
     tokens_file(&s.dir, &[("no-freeze", "    verbs: [freeze]\n")]);
     s.wait_for("the reload applied", |st| {
-        st["last_reload"]["result"] == "applied" && st["config_version"] != version
+        last_reload(st).0 == "applied" && st["config_version"] != version
     })
     .await;
     let (code, _) = as_token(&s, "only-a", Method::POST, "/v1/drains", drain).await;
@@ -344,8 +332,7 @@ async fn the_tokens_file_is_reloaded_and_a_broken_one_keeps_the_last_good() {
 }
 
 fn verify(files: &[PathBuf]) -> (bool, String) {
-    let out = Command::new(BIN)
-        .arg("audit")
+    let out = steerdns(&["audit"])
         .arg("verify")
         .args(files)
         .output()
@@ -460,8 +447,7 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
     assert!(!ok && out.contains(":2: reordered"), "{out}");
 
     // `audit tail` prints it for people.
-    let out = Command::new(BIN)
-        .args(["audit", "tail", "--state-dir"])
+    let out = steerdns(&["audit", "tail", "--state-dir"])
         .arg(s.dir.join("state"))
         .args(["-n", "2"])
         .output()

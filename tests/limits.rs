@@ -34,10 +34,9 @@ async fn server(opts: DnsOptions, metrics: Metrics) -> TestServer {
     }
 }
 
+/// `www.example.com A` with the id `id`, encoded.
 fn www(id: u16) -> Vec<u8> {
-    let mut m = query("www.example.com.", RecordType::A);
-    m.metadata.id = id;
-    m.to_vec().unwrap()
+    encoded("www.example.com.", RecordType::A, id)
 }
 
 /// What a UDP client bound to `from` got back for `count` queries sent back to back.
@@ -299,12 +298,6 @@ fn tcp_limits(max_connections: usize, max_queries: u32) -> DnsOptions {
         },
         ..DnsOptions::default()
     }
-}
-
-fn framed(msg: &[u8]) -> Vec<u8> {
-    let mut f = (msg.len() as u16).to_be_bytes().to_vec();
-    f.extend_from_slice(msg);
-    f
 }
 
 #[tokio::test]

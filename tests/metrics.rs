@@ -424,11 +424,10 @@ async fn an_agent_counts_its_probe_rounds_by_reason_class() {
         .unwrap();
 
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let url = format!("http://{}/metrics", agent.api);
     let p = "steerdns_probe_results_total";
     let deadline = Instant::now() + Duration::from_secs(10);
     let s = loop {
-        let text = http.get(&url).send().await.unwrap().text().await.unwrap();
+        let text = get_text(&http, agent.api, "/metrics").await;
         let s = parse(&text);
         if cdns
             .iter()
@@ -524,7 +523,7 @@ impl Binary {
             .current_dir(repo("."))
             .arg("-c")
             .arg(format!("ulimit -n {MAX_FDS} && exec \"$0\" \"$@\""))
-            .arg(env!("CARGO_BIN_EXE_steerdns"))
+            .arg(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--api", "127.0.0.1:0"])
             // Not the default 127.0.0.1:8053, which another test or server may hold.
             .args(["--steering-http", "off"])
@@ -659,17 +658,8 @@ async fn the_binary_serves_build_info_and_its_own_process_metrics() {
     // The prometheus crate counts CPU time in whole seconds: make the server spend
     // more than one, so that a CPU collector stuck at 0 cannot pass.
     burn_cpu(&server, pid, 1.1);
-    let text = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/metrics", server.api))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let text = get_text(&http, server.api, "/metrics").await;
     let s = parse(&text);
 
     let commit = expected_commit();

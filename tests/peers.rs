@@ -158,15 +158,7 @@ async fn a_peer_renaming_itself_adds_no_metric_series() {
     let (stack, _cdns) = node("peer-renaming", addr).await;
     readings(&served, 20).await;
     stack.rounds("a", 5).await;
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.api))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.text("/metrics").await;
     let series: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("steerdns_vantage_unhappy{"))

@@ -27,9 +27,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::repo;
+use common::{repo, steerdns};
 
-const BIN: &str = env!("CARGO_BIN_EXE_steerdns");
 const TOKEN: &str = "players-test-token-0123456789";
 /// The steering manifests' TTL, and the segments' duration.
 const TTL: Duration = Duration::from_secs(1);
@@ -434,8 +433,7 @@ content_steering:
     }
     let _steerdns = spawn(
         "steerdns",
-        Command::new(BIN)
-            .arg("serve")
+        steerdns(&["serve"])
             .arg("--config")
             .arg(dir.join("steering.yaml"))
             .arg("--zones")

@@ -75,27 +75,24 @@ VERSION=$(git describe --always --dirty 2>/dev/null || echo '?')
 
 # --- scratch dir and ports (stopped and removed on exit by scripts/lib.sh) ---------
 make_tmp soak
-FASTLY_PORT=$(free_port) CLOUDFLARE_PORT=$(free_port) DNS_PORT=$(free_port) API_PORT=$(free_port)
+# Failures are reported as "soak: FAIL: ..." (scripts/lib.sh's `fail`).
+CHECK_PREFIX="soak: "
+
+# --- the mock CDNs: each serves the canary object; fastly's is removed to break it ----
+start_cdn fastly "$TMP/fastly"
+start_cdn cloudflare "$TMP/cloudflare"
+DNS_PORT=$(free_port) API_PORT=$(free_port)
 # A second DNS port of the same server for everything over UDP but dnsperf (the dig
 # checks and the hostile garbage): the drops on DNS_PORT are then dnsperf's own.
 SIDE_PORT=$(free_port)
-
-# --- the mock CDNs: each serves the canary object; fastly's is removed to break it ----
-for cdn in fastly cloudflare; do
-    mkdir -p "$TMP/$cdn/_health" && cp probes/_health/v1.txt "$TMP/$cdn/_health/"
-done
-python3 -m http.server --bind 127.0.0.1 "$FASTLY_PORT" --directory "$TMP/fastly" >/dev/null 2>&1 &
-track $!
-python3 -m http.server --bind 127.0.0.1 "$CLOUDFLARE_PORT" --directory "$TMP/cloudflare" >/dev/null 2>&1 &
-track $!
 
 # --- inputs: policy, zone, geo database, probes, token -------------------------------
 S=$TMP/server
 mkdir -p "$S/probes" "$S/state"
 cp -r zones "$S/zones"
-for cdn in fastly:$FASTLY_PORT cloudflare:$CLOUDFLARE_PORT; do
-    cat >"$S/probes/${cdn%%:*}.yaml" <<YAML
-url: http://127.0.0.1:${cdn##*:}/_health/v1.txt
+for cdn in fastly cloudflare; do
+    cat >"$S/probes/$cdn.yaml" <<YAML
+url: http://127.0.0.1:${CDN_PORT[$cdn]}/_health/v1.txt
 expect_body: healthy-v1
 timeout_ms: 500
 interval_seconds: 0.2
@@ -156,26 +153,12 @@ SERVER_ENV=(NO_COLOR=1)
 env "${SERVER_ENV[@]}" "$STEERDNS_BIN" "${SERVER_ARGS[@]}" >"$TMP/server.log" 2>&1 &
 SERVER_PID=$!
 track "$SERVER_PID"
-up=0
-for _ in $(seq 100); do
-    if dig @127.0.0.1 -p "$DNS_PORT" +time=1 +tries=1 example.com SOA 2>/dev/null | grep -q 'status: NOERROR'; then
-        up=1
-        break
-    fi
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-done
-((up)) || { cat "$TMP/server.log" >&2; die "the server does not answer on 127.0.0.1:$DNS_PORT"; }
+wait_for_dns -p "$SERVER_PID" "$DNS_PORT" ||
+    { cat "$TMP/server.log" >&2; die "the server does not answer on 127.0.0.1:$DNS_PORT"; }
 
 # --- the queries: varied ECS over the whole Internet, 20 % non-steered ---------------
 # benches/queries.py draws a random /24 (IPv4) or /56 (IPv6) inside each listed prefix.
-python3 - >"$TMP/prefixes.tsv" <<'PY'
-for a in range(1, 224):
-    if a not in (10, 127):
-        print(f"{a}.0.0.0/8\t--")
-for p in ("2001::/16", "2400::/12", "2600::/12", "2800::/12", "2a00::/12", "2c00::/12"):
-    print(f"{p}\t--")
-PY
+internet_prefixes >"$TMP/prefixes.tsv"
 python3 benches/queries.py "$TMP/prefixes.tsv" "$TMP" "$QUERIES"
 
 # What dig asks every second, alongside dnsperf: www.example.com for clients in GB, the
@@ -246,7 +229,7 @@ check_tcp() { # one query over TCP from a resolver of its own, as a slipped clie
     out=$(dig @127.0.0.1 -p "$DNS_PORT" +tcp +short +time=2 +tries=2 -b "127.64.2.$((t % 200 + 1))" www.example.com +subnet=81.2.69.0/24 2>&1 | head -1)
     case $out in
     example.map.fastly.net. | example.cdn.cloudflare.net.) tcp_ok=$((tcp_ok + 1)) ;;
-    *) tcp_bad=$((tcp_bad + 1)) && echo "soak: TCP dig at t=$t: $out" >&2 ;;
+    *) tcp_bad=$((tcp_bad + 1)) && log "TCP dig at t=$t: $out" >&2 ;;
     esac
 }
 
@@ -345,7 +328,7 @@ qps=$(num "Queries per second")
 growth=$(awk -v a="$rss_start" -v b="$rss_end" 'BEGIN { printf "%.1f", (b - a) * 100 / a }')
 
 echo
-echo "soak: $(date -u +%Y-%m-%dT%H:%MZ), $TOTAL s of dnsperf -Q $QPS ($WARMUP s warm-up), $VERSION"
+log "$(date -u +%Y-%m-%dT%H:%MZ), $TOTAL s of dnsperf -Q $QPS ($WARMUP s warm-up), $VERSION"
 printf '  %-28s %s\n' \
     "queries sent" "${sent:-0}" \
     "queries completed" "${completed:-0}" \
@@ -374,7 +357,6 @@ if ((HOSTILE)); then
 fi
 grep -E 'Response codes' "$TMP/dnsperf.txt" | sed 's/^ */  dnsperf: /'
 
-fail=()
 # A query the kernel dropped on a full receive queue (the server off the CPU on a busy
 # machine, as the README documents) never reached steerdns; any other loss is a failure.
 # Only drops on dnsperf's own port count (the garbage goes to the side port).
@@ -382,33 +364,32 @@ if [[ ${lost:-x} != 0 ]]; then
     if [[ ${lost:-x} =~ ^[0-9]+$ ]] && ((lost <= drops_server + drops_client)); then
         log "$lost queries lost, all accounted for by the kernel's receive-queue drops ($drops_server + $drops_client)"
     else
-        fail+=("$lost queries lost, $((drops_server + drops_client)) of them dropped by the kernel")
+        fail "$lost queries lost, $((drops_server + drops_client)) of them dropped by the kernel"
     fi
 fi
-((cnames_bad == 0)) || fail+=("$cnames_bad dig answers were not one of the two CNAMEs")
-((cnames_ok >= TOTAL * 40 * 9 / 10)) || fail+=("only $cnames_ok of $((TOTAL * 40)) dig queries answered with a CNAME")
-((${servfail:-0} == 0)) || fail+=("$servfail SERVFAIL")
-((${completed:-0} > 0)) || fail+=("no query completed")
-awk -v g="$growth" -v m="$MAX_RSS_GROWTH" 'BEGIN { exit !(g < m) }' || fail+=("RSS grew $growth % (limit $MAX_RSS_GROWTH %)")
+((cnames_bad == 0)) || fail "$cnames_bad dig answers were not one of the two CNAMEs"
+((cnames_ok >= TOTAL * 40 * 9 / 10)) || fail "only $cnames_ok of $((TOTAL * 40)) dig queries answered with a CNAME"
+((${servfail:-0} == 0)) || fail "$servfail SERVFAIL"
+((${completed:-0} > 0)) || fail "no query completed"
+awk -v g="$growth" -v m="$MAX_RSS_GROWTH" 'BEGIN { exit !(g < m) }' || fail "RSS grew $growth % (limit $MAX_RSS_GROWTH %)"
 ((rss_start <= MAX_RSS_KB && rss_end <= MAX_RSS_KB)) ||
-    fail+=("RSS $rss_start kB after the warm-up, $rss_end kB at the end (limit $MAX_RSS_KB kB)")
-((applied >= MIN_EACH)) || fail+=("only $applied reloads applied (want $MIN_EACH)")
-((refused >= MIN_EACH)) || fail+=("only $refused reloads refused (want $MIN_EACH)")
-((transitions >= MIN_TRANSITIONS)) || fail+=("only $transitions health transitions (want $MIN_TRANSITIONS): the mock CDN flips did not fail over")
-((drain_failed == 0 && drain_ok >= MIN_EACH)) || fail+=("drain API calls: $drain_ok ok, $drain_failed failed")
+    fail "RSS $rss_start kB after the warm-up, $rss_end kB at the end (limit $MAX_RSS_KB kB)"
+((applied >= MIN_EACH)) || fail "only $applied reloads applied (want $MIN_EACH)"
+((refused >= MIN_EACH)) || fail "only $refused reloads refused (want $MIN_EACH)"
+((transitions >= MIN_TRANSITIONS)) || fail "only $transitions health transitions (want $MIN_TRANSITIONS): the mock CDN flips did not fail over"
+((drain_failed == 0 && drain_ok >= MIN_EACH)) || fail "drain API calls: $drain_ok ok, $drain_failed failed"
 if ((HOSTILE)); then
-    ((tcp_bad == 0 && tcp_ok == TOTAL)) || fail+=("TCP digs from another address: $tcp_ok ok, $tcp_bad failed")
-    ((over_source > 0)) || fail+=("no TCP connection closed over the per-source limit: was the slowloris running?")
-    ((idle_closed > 0)) || fail+=("no TCP connection closed as idle: was the slowloris running?")
+    ((tcp_bad == 0 && tcp_ok == TOTAL)) || fail "TCP digs from another address: $tcp_ok ok, $tcp_bad failed"
+    ((over_source > 0)) || fail "no TCP connection closed over the per-source limit: was the slowloris running?"
+    ((idle_closed > 0)) || fail "no TCP connection closed as idle: was the slowloris running?"
     (($(hostile_stat api_opened) > 0 && $(hostile_stat udp_garbage_sent) > 0)) ||
-        fail+=("the API flood or the UDP garbage did not run: $hostile")
+        fail "the API flood or the UDP garbage did not run: $hostile"
     (($(hostile_stat api_spread_closed_by_server) > 0)) ||
-        fail+=("the API flood spread over one /24 was never cut at 32: $hostile")
+        fail "the API flood spread over one /24 was never cut at 32: $hostile"
     (($(hostile_stat amplify_rounds) > 0 && $(hostile_stat amplify_incomplete) == 0)) ||
-        fail+=("the TCP amplification lost answers or did not run: $hostile")
+        fail "the TCP amplification lost answers or did not run: $hostile"
 fi
-if ((${#fail[@]})); then
-    for f in "${fail[@]}"; do log "FAIL: $f"; done
+if ((FAILED)); then
     tail -5 "$TMP/server.log" | sed 's/^/soak: server log: /'
     exit 1
 fi

@@ -226,15 +226,7 @@ async fn the_status_page_shows_a_drill_as_it_happens() {
     // drain (a's line has a second point).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let html = stack
-            .http
-            .get(&url)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let html = stack.text("/").await;
         let line = element(&html, &[("class", "series"), ("data-cdn", "a")]).unwrap_or("");
         // A point, then the step (two), then to now (two): five.
         if line.matches(',').count() >= 5 {

@@ -18,17 +18,6 @@ use steerdns::dns::cache::{AnswerCache, Lookup};
 use steerdns::dns::wire;
 use steerdns::metrics::Metrics;
 
-/// A wire name.
-fn name(n: &str) -> Vec<u8> {
-    let mut p = Vec::new();
-    for label in n.split('.').filter(|l| !l.is_empty()) {
-        p.push(label.len() as u8);
-        p.extend_from_slice(label.as_bytes());
-    }
-    p.push(0);
-    p
-}
-
 /// What the signer put in its TSIG record.
 struct Signed<'a> {
     key: &'a str,
@@ -58,15 +47,13 @@ fn tsig_record(s: &Signed<'_>) -> Vec<u8> {
 
 /// A signed query: `qname` `qtype` IN, RD set, then `opt` if given, then the TSIG.
 fn signed_query(id: u16, qname: &str, qtype: u16, opt: Option<&[u8]>, s: &Signed<'_>) -> Vec<u8> {
-    let mut p = id.to_be_bytes().to_vec();
-    p.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0]);
-    p.push(1 + u8::from(opt.is_some())); // ARCOUNT
-    p.extend_from_slice(&name(qname));
-    p.extend_from_slice(&qtype.to_be_bytes());
-    p.extend_from_slice(&[0, 1]);
-    p.extend_from_slice(opt.unwrap_or_default());
-    p.extend_from_slice(&tsig_record(s));
-    p
+    let counts = [1, 0, 0, 1 + u16::from(opt.is_some())];
+    let rest: [&[u8]; 3] = [
+        &question(qname, qtype, 1),
+        opt.unwrap_or_default(),
+        &tsig_record(s),
+    ];
+    packet(id, RD, counts, &rest)
 }
 
 /// The TSIG of a message: key name, class, TTL and RDATA. hickory-proto keeps it apart
@@ -244,27 +231,23 @@ async fn a_tsig_that_is_not_alone_and_last_gets_formerr() {
     };
     let tsig = tsig_record(&s);
     let edns = opt_record(1232, false, &[]);
-    let www = |id: u16, arcount: u8, rest: &[&[u8]]| {
-        let mut p = id.to_be_bytes().to_vec();
-        p.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, arcount]);
-        p.extend_from_slice(&name("www.example.com"));
-        p.extend_from_slice(&[0, 1, 0, 1]);
-        for r in rest {
-            p.extend_from_slice(r);
-        }
-        p
-    };
     let cases = [
-        ("two TSIG records", www(0x7101, 2, &[&tsig, &tsig])),
-        ("an OPT after the TSIG", www(0x7102, 2, &[&tsig, &edns])),
+        (
+            "two TSIG records",
+            packet(0x7101, RD, [1, 0, 0, 2], &[&www_a(), &tsig, &tsig]),
+        ),
+        (
+            "an OPT after the TSIG",
+            packet(0x7102, RD, [1, 0, 0, 2], &[&www_a(), &tsig, &edns]),
+        ),
     ];
     for proto in BOTH {
         for (what, q) in &cases {
             let a = raw(srv.addr, proto, q)
                 .await
                 .unwrap_or_else(|| panic!("{what}: no answer over {proto:?}"));
-            assert_eq!(a[0..2], q[0..2], "{what}: id");
-            assert_eq!(a[3] & 0x0f, 1, "{what} over {proto:?}: FORMERR expected");
+            assert_eq!(id_of(&a), id_of(q), "{what}: id");
+            assert_eq!(raw_rcode(&a), 1, "{what} over {proto:?}: FORMERR expected");
             let m = Message::from_vec(&a).unwrap();
             assert!(tsig_of(&m).is_none(), "{what}: a TSIG in the FORMERR");
             assert!(m.answers.is_empty(), "{what}");

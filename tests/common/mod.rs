@@ -1,5 +1,6 @@
-//! Test harness: a real steerdns server on an ephemeral loopback port, and a small DNS
-//! client (hickory-proto messages over tokio sockets, UDP and TCP).
+//! Test harness: a real steerdns server on an ephemeral loopback port, a small DNS
+//! client (hickory-proto messages over tokio sockets, UDP and TCP; the messages
+//! themselves are in `wire`), and the steerdns binary and its input files.
 #![allow(dead_code)]
 
 pub mod dnssec;
@@ -8,14 +9,16 @@ pub mod mock_cdn;
 pub mod relay;
 pub mod stack;
 pub mod unbound;
+pub mod wire;
+
+pub use wire::*;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
-use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
-use hickory_proto::rr::{Name, RData, RecordType};
+use hickory_proto::op::Message;
+use hickory_proto::rr::RecordType;
 use steerdns::app::{self, Inputs, Running};
 use steerdns::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,6 +27,30 @@ use tokio::net::{TcpStream, UdpSocket};
 /// A path inside the repository.
 pub fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The steerdns binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_steerdns");
+
+/// A command running the steerdns binary with `args`; more arguments, a directory or
+/// the environment may follow before it is run.
+pub fn steerdns(args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(BIN);
+    c.args(args);
+    c
+}
+
+/// What a finished command printed: its standard output, then its standard error.
+pub fn printed(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// Rewrites the file at `path` (a policy, a zone), replacing the first `from` with
+/// `to`; `from` must be there.
+pub fn edit(path: &std::path::Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{from:?} not in {}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
 }
 
 /// The MaxMind test database used by most tests (GB 81.2.69.x, US 216.160.83.x, JP 2001:218::/32).
@@ -135,34 +162,6 @@ pub enum Proto {
 }
 
 pub const BOTH: [Proto; 2] = [Proto::Udp, Proto::Tcp];
-
-/// A query without EDNS.
-pub fn query(name: &str, qtype: RecordType) -> Message {
-    let mut m = Message::new(rand_id(), MessageType::Query, OpCode::Query);
-    m.metadata.recursion_desired = true;
-    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
-    m
-}
-
-/// A query with EDNS (UDP size 1232) and, optionally, an ECS option `addr/source`.
-pub fn query_edns(name: &str, qtype: RecordType, ecs: Option<(&str, u8)>) -> Message {
-    let mut m = query(name, qtype);
-    let mut edns = Edns::new();
-    edns.set_max_payload(1232);
-    if let Some((addr, source)) = ecs {
-        let ip: IpAddr = addr.parse().unwrap();
-        edns.options_mut()
-            .insert(EdnsOption::Subnet(ClientSubnet::new(ip, source, 0)));
-    }
-    m.set_edns(edns);
-    m
-}
-
-fn rand_id() -> u16 {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    static NEXT: AtomicU16 = AtomicU16::new(4242);
-    NEXT.fetch_add(7, Ordering::Relaxed)
-}
 
 /// The `i`-th of many resolvers: distinct loopback addresses in 127.64.0.0/10, away
 /// from 127.0.0.0/16 where the rate-limit tests live. Answers are a consistent function
@@ -283,9 +282,7 @@ pub async fn raw_from(
                 .ok()?;
                 socket.bind(bind).ok()?;
                 let mut s = socket.connect(addr).await.ok()?;
-                let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
-                framed.extend_from_slice(bytes);
-                s.write_all(&framed).await.ok()?;
+                s.write_all(&framed(bytes)).await.ok()?;
                 read_frame(&mut s).await
             }
         }
@@ -300,72 +297,6 @@ pub async fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
     s.read_exact(&mut buf).await.ok()?;
     Some(buf)
-}
-
-/// The single CNAME target of an answer.
-pub fn cname_of(m: &Message) -> String {
-    assert_eq!(
-        m.answers.len(),
-        1,
-        "expected one CNAME, got {:?}",
-        m.answers
-    );
-    match &m.answers[0].data {
-        RData::CNAME(c) => c.0.to_string(),
-        other => panic!("expected a CNAME, got {other:?}"),
-    }
-}
-
-/// The ECS option of an answer.
-pub fn ecs_of(m: &Message) -> Option<ClientSubnet> {
-    m.edns
-        .as_ref()?
-        .options()
-        .options
-        .iter()
-        .find_map(|(_, o)| match o {
-            EdnsOption::Subnet(cs) => Some(*cs),
-            _ => None,
-        })
-}
-
-/// A raw query for `www.example.com A` carrying one EDNS option with raw bytes, for
-/// malformed options hickory's encoder would not produce.
-pub fn raw_query_with_option(id: u16, code: u16, data: &[u8]) -> Vec<u8> {
-    let mut p = Vec::new();
-    p.extend_from_slice(&id.to_be_bytes());
-    p.extend_from_slice(&[0x01, 0x00]); // RD
-    p.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 1]); // QD=1 AN=0 NS=0 AR=1
-    for label in ["www", "example", "com"] {
-        p.push(label.len() as u8);
-        p.extend_from_slice(label.as_bytes());
-    }
-    p.push(0);
-    p.extend_from_slice(&[0, 1, 0, 1]); // A IN
-    p.extend_from_slice(&opt_record(1232, false, &[(code, data)]));
-    p
-}
-
-/// An OPT record (root owner, EDNS version 0) with UDP size `payload`, the DO bit, and
-/// the options `(code, data)` written raw, so that malformed ones can be sent too.
-pub fn opt_record(payload: u16, dnssec_ok: bool, options: &[(u16, &[u8])]) -> Vec<u8> {
-    let mut rdata = Vec::new();
-    for (code, data) in options {
-        rdata.extend_from_slice(&code.to_be_bytes());
-        rdata.extend_from_slice(&(data.len() as u16).to_be_bytes());
-        rdata.extend_from_slice(data);
-    }
-    let mut o = vec![0, 0, 41];
-    o.extend_from_slice(&payload.to_be_bytes());
-    o.extend_from_slice(&[0, 0, if dnssec_ok { 0x80 } else { 0 }, 0]);
-    o.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
-    o.extend_from_slice(&rdata);
-    o
-}
-
-/// RCODE (low four bits) of a raw answer.
-pub fn raw_rcode(answer: &[u8]) -> u8 {
-    answer[3] & 0x0f
 }
 
 /// Raises this process's open-file limit towards its hard limit (at most 8,192), for

@@ -237,13 +237,23 @@ impl Stack {
 
     /// The admin API's answer to GET `path` as text (the status page, `/metrics`).
     pub async fn text(&self, path: &str) -> String {
-        let url = format!("http://{}{path}", self.api);
-        let r = self.http.get(url).send().await.unwrap();
-        r.text().await.unwrap()
+        get_text(&self.http, self.api, path).await
     }
 
     pub async fn state(&self) -> Value {
         self.get("/v1/state").await
+    }
+
+    /// Rewrites `file` of the stack's directory as [`edit`] does, then waits until a
+    /// reload applied it (`/v1/state` shows the reload applied and a new configuration
+    /// version): the state then.
+    pub async fn edit(&self, file: &str, from: &str, to: &str) -> Value {
+        let version = self.state().await["config_version"].clone();
+        edit(&self.dir.join(file), from, to);
+        self.wait_for("the edit applied", |s| {
+            last_reload(s).0 == "applied" && s["config_version"] != version
+        })
+        .await
     }
 
     /// Polls `/v1/state` until `pred` holds (10 s at most).
@@ -480,6 +490,25 @@ pub async fn get_json(http: &reqwest::Client, api: SocketAddr, path: &str) -> Va
     serde_json::from_slice(&body).unwrap()
 }
 
+/// `GET http://{api}{path}`, the body as text (the status page, `/metrics`).
+pub async fn get_text(http: &reqwest::Client, api: SocketAddr, path: &str) -> String {
+    let r = http
+        .get(format!("http://{api}{path}"))
+        .send()
+        .await
+        .unwrap();
+    r.text().await.unwrap()
+}
+
+/// The last reload's outcome in a `/v1/state` document: its result (`applied`,
+/// `refused`; empty before the first reload) and its errors as JSON text.
+pub fn last_reload(s: &Value) -> (&str, String) {
+    (
+        s["last_reload"]["result"].as_str().unwrap_or(""),
+        s["last_reload"]["errors"].to_string(),
+    )
+}
+
 /// Polls `/v1/state` of the API at `api` until `pred` holds (10 s at most).
 pub async fn wait_state(
     http: &reqwest::Client,
@@ -505,9 +534,8 @@ pub async fn wait_state(
 /// on its files and the state it saved (`--geo geo.mmdb --state-dir state`, the policy,
 /// zones and probes by their default names): its output, once it succeeded.
 pub fn explain_offline(dir: &Path, name: &str, client: &str) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_steerdns"))
+    let out = steerdns(&["explain", name, "--client", client])
         .current_dir(dir)
-        .args(["explain", name, "--client", client])
         .args(["--geo", "geo.mmdb", "--state-dir", "state"])
         .output()
         .unwrap();
