@@ -7,10 +7,15 @@ The layers, top to bottom (ARCHITECTURE.md explains each):
         → place → error, huge, secret, clock, net, slots
 
 A module's layer is its first path segment under src/ (`src/control/api.rs` is
-`control`). Every `crate::X` path outside `#[cfg(test)]` code counts, in `use` lines and
-inline: `crate::app::load(...)` inside `control/` is an upward call and fails the check.
-Unit tests (`#[cfg(test)] mod tests { … }`) may reach up: they build fixtures the way
-`serve` does.
+`control`). Every `crate::X` path counts, in `use` lines and inline, unit tests
+(`#[cfg(test)]`) included: `crate::app::load(...)` inside `control/` is an upward call
+and fails the check, and so does a test of `metrics` that builds its fixture through
+`inputs`.
+
+Inside each folder, the modules (files and subfolders) import one another without a
+circle: `a → b → a` (directly or through others of the folder) fails the check, so
+that every folder reads from its top modules down. Paths count as above, `crate::…`
+and `super::…` alike.
 
     python3 scripts/check-layers.py        # exit 1 and one line per violation
 """
@@ -62,24 +67,106 @@ def skip_literal(text: str, i: int) -> int:
     return i
 
 
-def without_tests(text: str) -> str:
-    """The text with every `#[cfg(test)] mod … { … }` block blanked (lines kept)."""
-    out = text
-    for m in re.finditer(r"^#\[cfg\(test\)\]\s*\n\s*(?:pub )?mod \w+ \{", text, re.M):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            i = skip_literal(text, i)
-            if i < len(text):
-                depth += {"{": 1, "}": -1}.get(text[i], 0)
-                i += 1
-        blank = re.sub(r"[^\n]", " ", text[m.start() : i])
-        out = out[: m.start()] + blank + out[i:]
+def code_of(text: str) -> str:
+    """The text with strings, chars and comments blanked (lines kept)."""
+    out, i = [], 0
+    while i < len(text):
+        j = skip_literal(text, i)
+        if j == i:
+            out.append(text[i])
+            i += 1
+        else:
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+    return "".join(out)
+
+
+def module_path(path: Path, src: Path) -> list:
+    """`src/control/cluster/view.rs` → ["control", "cluster", "view"]; mod.rs is its folder."""
+    parts = list(path.relative_to(src).parts)
+    parts[-1] = parts[-1].removesuffix(".rs")
+    if parts[-1] == "mod":
+        parts.pop()
+    return parts
+
+
+def paths(text: str, own: list):
+    """Every module path the code names (`crate::a::b…`, `super::…`), absolute, as lists."""
+    code = code_of(text)
+    for m in re.finditer(r"\b(crate|(?:super::)+)((?:[a-z_][a-z0-9_]*::)*)(\{[^}]*\}?|[a-z_][a-z0-9_]*)?", code):
+        head, middle, tail = m.group(1), m.group(2), m.group(3) or ""
+        if head == "crate":
+            base = []
+        else:
+            ups = head.count("super::")
+            if ups > len(own):
+                continue
+            base = own[: len(own) - ups]
+        segs = [x for x in middle.split("::") if x]
+        names = re.findall(r"(?:^|[{,])\s*([a-z_][a-z0-9_]*)", tail) if tail.startswith("{") else [tail]
+        for n in names or [""]:
+            full = base + segs + ([n] if n and n not in ("self",) else [])
+            if "super" in full:
+                continue
+            yield full
+
+
+def circles(src: Path) -> list:
+    """Module circles inside each folder, as lines."""
+    edges = {}
+    for path in sorted(src.rglob("*.rs")):
+        own = module_path(path, src)
+        for full in paths(path.read_text(), own):
+            # The first folder where the two paths part: an edge between siblings there.
+            k = 0
+            while k < min(len(own), len(full)) and own[k] == full[k]:
+                k += 1
+            if k < len(own) and k < len(full):
+                folder = tuple(own[:k])
+                edges.setdefault(folder, {}).setdefault(own[k], set()).add(full[k])
+    out = []
+    for folder, graph in sorted(edges.items()):
+        for scc in strongly_connected(graph):
+            if len(scc) > 1:
+                where = "src/" + "/".join(folder) if folder else "src"
+                out.append(f"{where}/: module circle: {' ⇄ '.join(sorted(scc))}")
     return out
 
 
+def strongly_connected(graph: dict) -> list:
+    """Tarjan's strongly connected components of `graph` (node → set of nodes)."""
+    index, low, stack, on, comps, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            comps.append(comp)
+
+    for v in sorted(set(graph) | {w for ws in graph.values() for w in ws}):
+        if v not in index:
+            visit(v)
+    return comps
+
+
 def imports(text: str):
-    """(line number, module) of every crate path outside unit tests."""
-    for no, line in enumerate(without_tests(text).splitlines(), 1):
+    """(line number, module) of every crate path, unit tests included."""
+    for no, line in enumerate(text.splitlines(), 1):
         code = line.split("//", 1)[0]
         for m in re.finditer(r"crate::(\{[^}]*\}?|[a-z_]+)", code):
             target = m.group(1)
@@ -109,6 +196,7 @@ def main() -> int:
                 bad.append(
                     f"{path.relative_to(src.parent)}:{no}: `{own}` imports `{target}`, a layer above it"
                 )
+    bad += circles(src)
     for line in bad:
         print(line)
     print(f"layers: {len(bad)} violation(s)")

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::validate::Ctx;
+use super::locate::Ctx;
 use super::Seg;
 
 /// How a CDN bills, with its commit and cap.

@@ -1,6 +1,7 @@
 //! Input: finds the line of a field in a YAML document, so that semantic errors found
 //! after parsing (an unknown CDN in a region, a default region missing) can name their
-//! line like syntax errors do.
+//! line like syntax errors do; [`Ctx`] gathers the issues validation finds, each at
+//! its field's line.
 //!
 //! serde_yaml keeps no positions in its values, but it does attach the position of the
 //! event being read to any error raised while deserializing. So we deserialize the
@@ -8,9 +9,12 @@
 //! everything else, and raises an error on arrival: its location is the field's.
 
 use std::fmt;
+use std::path::Path;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+
+use crate::error::{ConfigIssue, Issues};
 
 /// One step of a field path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -197,6 +201,30 @@ impl<'de> Visitor<'de> for Arrived {
     }
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
         Err(E::custom(MARK))
+    }
+}
+
+/// What validating one file found so far, each issue located at its field's line.
+pub(super) struct Ctx<'a> {
+    pub(super) file: &'a Path,
+    pub(super) source: &'a str,
+    pub(super) issues: Issues,
+}
+
+impl Ctx<'_> {
+    /// The errors found so far.
+    pub(super) fn errors(&self) -> usize {
+        self.issues.errors().count()
+    }
+    pub(super) fn error(&mut self, path: &[Seg], msg: impl Into<String>) {
+        let line = line_of(self.source, path);
+        self.issues
+            .push(ConfigIssue::error(self.file, line, render(path), msg));
+    }
+    pub(super) fn warn(&mut self, path: &[Seg], msg: impl Into<String>) {
+        let line = line_of(self.source, path);
+        self.issues
+            .push(ConfigIssue::warning(self.file, line, render(path), msg));
     }
 }
 

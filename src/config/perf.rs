@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::validate::Ctx;
+use super::locate::Ctx;
 use super::Seg;
 
 /// What is compared between the CDNs of a region.

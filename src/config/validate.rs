@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
+use super::locate::Ctx;
 use super::{
-    locate, valid_pathway, Cdn, ContentSteering, Drain, DrainScope, Failover, HostPolicy, Match,
+    valid_pathway, Cdn, ContentSteering, Drain, DrainScope, Failover, HostPolicy, Match,
     OrderedMap, Policy, RawCdn, RawContent, RawDrain, RawFailover, RawFile, RawHost, RawRegion,
     Region, Seg,
 };
-use crate::error::{ConfigIssue, Issues};
+use crate::error::Issues;
 use crate::zones::Zones;
 
 /// RFC 2181 §8: a TTL is at most 2^31 - 1.
@@ -22,37 +23,6 @@ const MAX_TTL: i64 = 2_147_483_647;
 const MAX_WEIGHT: i64 = 1_000_000;
 /// A secondary below this share keeps a cold cache (design: warn, allow).
 const WARN_SHARE_PERCENT: u64 = 10;
-
-pub(super) struct Ctx<'a> {
-    file: &'a Path,
-    source: &'a str,
-    issues: Issues,
-}
-
-impl Ctx<'_> {
-    /// The errors found so far.
-    pub(super) fn errors(&self) -> usize {
-        self.issues.errors().count()
-    }
-    pub(super) fn error(&mut self, path: &[Seg], msg: impl Into<String>) {
-        let line = locate::line_of(self.source, path);
-        self.issues.push(ConfigIssue::error(
-            self.file,
-            line,
-            locate::render(path),
-            msg,
-        ));
-    }
-    fn warn(&mut self, path: &[Seg], msg: impl Into<String>) {
-        let line = locate::line_of(self.source, path);
-        self.issues.push(ConfigIssue::warning(
-            self.file,
-            line,
-            locate::render(path),
-            msg,
-        ));
-    }
-}
 
 fn key(k: &str) -> Seg {
     Seg::Key(k.to_string())
