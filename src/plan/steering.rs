@@ -514,9 +514,47 @@ impl Pick<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Selection;
     use crate::plan::layout::tests::{one, spec};
     use crate::plan::layout::{ChoiceSpec, Reason, INLINE};
+    use crate::plan::regions::tests::{idx, m};
     use rand::SeedableRng;
+
+    #[test]
+    fn an_answer_is_where_the_client_lands_then_the_pick() {
+        let geo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb");
+        let geo = GeoDb::open(&geo).unwrap();
+        // GB answered by `a` alone, everyone else by `b` alone.
+        let mut s = spec("n.example.", &["a", "b"], &[vec![(0, 1)], vec![(1, 1)]]);
+        s.index = idx(&[vec![m("GB")], vec![m("*")]]);
+        s.selection = Selection::Consistent;
+        let plan = Plan::new(vec![s], geo.places());
+        let n = plan.names().next().unwrap();
+        for (ip, region) in [("81.2.69.142", 0), ("89.160.20.112", 1), ("2001:db8::1", 1)] {
+            let ip: IpAddr = ip.parse().unwrap();
+            for tailored in [false, true] {
+                let at = n.situate(&geo, ip, tailored);
+                assert_eq!(at.decision.region, region, "{ip}");
+                assert_eq!(at.place, n.locate(&geo, ip));
+                assert!(std::ptr::eq(at.choice, n.choose(&at.decision)));
+                if !tailored {
+                    assert_eq!(at.decision.scope, 0, "{ip}: no scope without ECS");
+                }
+                let asker = Asker::new(ip, tailored.then_some((ip, 24)));
+                let a = n.answer(&geo, &asker, 0, &mut rand::rng());
+                assert_eq!(a.decision, at.decision, "{ip} tailored {tailored}");
+                assert_eq!(a.scope, at.decision.scope);
+                assert!(std::ptr::eq(a.pick.choice, at.choice));
+                assert_eq!(a.pick.target, region, "{ip}");
+            }
+        }
+        // Built for the database's places, the plan lets a tailored answer reach past
+        // the client's own network, as far as every place around gets the same choice:
+        // SE's network lies in a wide block of places all in the default region.
+        let se = n.situate(&geo, "89.160.20.112".parse().unwrap(), true);
+        assert!(se.decision.scope < se.place.prefix_len, "{se:?}");
+    }
 
     #[test]
     fn pick_follows_weights_and_counts_where_it_picked() {
