@@ -5,7 +5,7 @@
 //!   cargo bench --bench scale
 //!
 //! - `plan_build/*`: building a plan snapshot as the control plane does on every change
-//!   (`planner::plan`; `Loaded::snapshot_with`, which wraps it with the geo database and
+//!   (`planner::plan`; `planner::snapshot_with`, which wraps it with the geo database and
 //!   zones; and that adopted by the metrics, as the controller publishes it: adopting
 //!   also folds the answer counts of the plan replaced before into the totals).
 //! - `decision/*`: name lookup, geo lookup, region match and weighted pick.
@@ -73,7 +73,7 @@ fn scale() -> (Loaded, Vec<Name>) {
 
 /// The snapshot `serve` publishes: adopted by the metrics, which read its answer counts.
 fn served(loaded: &Loaded, metrics: &Metrics) -> Arc<Snapshot> {
-    let snap = Arc::new(loaded.snapshot());
+    let snap = Arc::new(planner::snapshot(loaded));
     metrics.adopt(&snap);
     snap
 }
@@ -85,10 +85,17 @@ fn plan_build(c: &mut Criterion) {
     g.sample_size(20);
     for (label, loaded) in [("demo", &demo), ("1000x20", &scale)] {
         g.bench_function(format!("{label}/plan"), |b| {
-            b.iter(|| planner::plan(black_box(&loaded.policy), &Removed::new(), &[]))
+            b.iter(|| {
+                planner::plan(
+                    black_box(&loaded.policy),
+                    &Removed::new(),
+                    &[],
+                    loaded.geo.places(),
+                )
+            })
         });
         g.bench_function(format!("{label}/snapshot"), |b| {
-            b.iter(|| loaded.snapshot_with(&Removed::new(), &[]))
+            b.iter(|| planner::snapshot_with(loaded, &Removed::new(), &[]))
         });
         let metrics = Metrics::new();
         g.bench_function(format!("{label}/snapshot_adopted"), |b| {
@@ -126,17 +133,17 @@ fn decision(c: &mut Criterion) {
         ("1000x20", &scale, &many),
         ("1000x20_one_name", &scale, &one),
     ] {
-        let snap = loaded.snapshot();
+        let snap = planner::snapshot(loaded);
         let mut i = 0usize;
         g.bench_function(label, |b| {
             b.iter(|| {
                 i = (i + 1) % REQUESTS;
                 let steered = snap.plan.get(black_box(&qnames[i])).expect("steered");
                 let ip = black_box(ips[i]);
-                let place = snap.geo.locate(ip);
-                let d = steered.decide(ip, &place, &snap.geo, true);
-                let key = steered.pick_key(ip, ip, d.scope.min(24), 1_800_000_000, &mut rng);
-                black_box(steered.pick(steered.choose(&d), key).cname_wire.len())
+                let at = steered.situate(&snap.geo, ip, true);
+                let key =
+                    steered.pick_key(ip, ip, at.decision.scope.min(24), 1_800_000_000, &mut rng);
+                black_box(steered.pick(at.choice, key).cname_wire.len())
             })
         });
     }

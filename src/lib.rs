@@ -15,7 +15,7 @@
 //!  dns/        handler, EDNS/ECS, geo,        config/     steering.yaml → Policy
 //!              sockets                        zones/      zones/ → Catalog
 //!       │                                     control/    planner: Policy → Plan
-//!       └──── reads ──▶ plan.rs: Snapshot { Plan, GeoDb, Catalog } ◀── publishes ──┘
+//!       └──── reads ──▶ plan/:  Snapshot { Plan, GeoDb, Catalog } ◀── publishes ──┘
 //! ```
 //!
 //! - [`dns`]: the query path: [`dns::Handler`], [`dns::edns`], [`place::geo`], sockets.

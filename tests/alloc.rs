@@ -16,6 +16,7 @@ use hickory_proto::rr::RecordType;
 use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use steerdns::control::planner;
 use steerdns::dns::cache::{AnswerCache, Lookup};
 use steerdns::dns::rrl::{Rrl, RrlConfig, Verdict};
 use steerdns::dns::{wire, Handler};
@@ -93,7 +94,7 @@ fn steered_queries() -> Vec<(&'static str, Vec<u8>)> {
 
 #[test]
 fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
-    let snap = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO).snapshot();
+    let snap = planner::snapshot(&load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO));
     let rrl = Rrl::new(RrlConfig::default()).unwrap();
     let mut rng = SmallRng::seed_from_u64(7);
     let mut out = Vec::new();
@@ -115,9 +116,9 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_hit_of_the_answer_cache_allocates_nothing() {
-    let live = Arc::new(steerdns::plan::Live::from_pointee(
-        load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO).snapshot(),
-    ));
+    let live = Arc::new(steerdns::plan::Live::from_pointee(planner::snapshot(
+        &load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO),
+    )));
     let handler = Handler::new(live.clone(), Metrics::new());
     let snap = live.load_full();
     let src: SocketAddr = "127.0.0.1:5353".parse().unwrap();

@@ -13,6 +13,7 @@ mod common;
 use common::*;
 use hickory_proto::rr::RecordType;
 use steerdns::app;
+use steerdns::control::planner;
 use steerdns::inputs::Inputs;
 
 const POLICY: &str = "tests/fixtures/steering-asn.yaml";
@@ -66,9 +67,12 @@ fn check_refuses_as_entries_without_an_asn_database() {
 #[tokio::test]
 async fn a_client_in_a_matched_as_gets_that_region() {
     let loaded = load(POLICY);
-    let running = app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
-        .await
-        .unwrap();
+    let running = app::start(
+        planner::snapshot(&loaded),
+        &["127.0.0.1:0".parse().unwrap()],
+    )
+    .await
+    .unwrap();
     let addr = running.addrs()[0];
     // (client subnet, source, CNAME, the scope echoed). The scope is exact: the widest
     // block over which the answer holds is cut at the client's AS network when a policy
@@ -123,7 +127,7 @@ fn only_names_with_as_entries_look_the_origin_up() {
     let ip = "1.130.7.1".parse().unwrap();
     for (config, want) in [("steering.yaml", None), (POLICY, Some(1221))] {
         let loaded = load(config);
-        let snap = loaded.snapshot();
+        let snap = planner::snapshot(&loaded);
         let name = snap.plan.names().next().unwrap();
         assert_eq!(name.locate(&snap.geo, ip).origin.asn, want, "{config}");
         assert_eq!(

@@ -17,13 +17,17 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
 use steerdns::app::{self, Running};
+use steerdns::control::planner;
 use tokio::net::UdpSocket;
 
 async fn serve(dir: &Path) -> Running {
     let loaded = app::load(&signed_inputs(dir)).unwrap_or_else(|e| panic!("does not load: {e}"));
-    app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
-        .await
-        .expect("bind loopback")
+    app::start(
+        planner::snapshot(&loaded),
+        &["127.0.0.1:0".parse().unwrap()],
+    )
+    .await
+    .expect("bind loopback")
 }
 
 /// A UDP relay on loopback that adds `ecs` to each query's OPT record (the client a

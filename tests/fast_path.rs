@@ -14,6 +14,7 @@ use hickory_proto::rr::RecordType;
 use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use steerdns::control::planner;
 use steerdns::dns::wire;
 use steerdns::metrics::Metrics;
 
@@ -229,7 +230,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
 async fn fast_and_full_paths_give_the_same_answer() {
     let srv = TestServer::multi().await;
     let loaded = load_fixture(MULTI_POLICY, TEST_ZONES, TEST_GEO);
-    same_answers(&srv, &loaded.snapshot(), false).await;
+    same_answers(&srv, &planner::snapshot(&loaded), false).await;
 }
 
 /// The same forms against a signed zone: DO=1 answers carry the CNAME's pre-signed
@@ -238,14 +239,17 @@ async fn fast_and_full_paths_give_the_same_answer() {
 async fn signed_fast_and_full_paths_give_the_same_answer() {
     let signed = common::dnssec::signed_dir("fastpath", 13, "");
     let loaded = steerdns::app::load(&common::dnssec::signed_inputs(&signed.dir)).unwrap();
-    let running = steerdns::app::start(loaded.snapshot(), &["127.0.0.1:0".parse().unwrap()])
-        .await
-        .unwrap();
+    let running = steerdns::app::start(
+        planner::snapshot(&loaded),
+        &["127.0.0.1:0".parse().unwrap()],
+    )
+    .await
+    .unwrap();
     let srv = TestServer {
         addr: running.addrs()[0],
         running,
     };
-    same_answers(&srv, &loaded.snapshot(), true).await;
+    same_answers(&srv, &planner::snapshot(&loaded), true).await;
 }
 
 /// Every form of [`forms`] on the fast path in-process, then over UDP and TCP and
@@ -293,7 +297,7 @@ async fn same_answers(srv: &TestServer, snap: &steerdns::plan::Snapshot, signed:
 async fn other_forms_take_the_full_path_and_are_still_answered() {
     let srv = TestServer::multi().await;
     let loaded = load_fixture(MULTI_POLICY, TEST_ZONES, TEST_GEO);
-    let snap = loaded.snapshot();
+    let snap = planner::snapshot(&loaded);
     let mut rng = SmallRng::seed_from_u64(1);
     let gb = ecs(1, 24, &[81, 2, 69]);
     let cases: Vec<(&str, Vec<u8>, u8)> = vec![
@@ -522,7 +526,7 @@ async fn a_new_snapshot_empties_the_cache() {
     let multi = load_fixture(MULTI_POLICY, TEST_ZONES, TEST_GEO);
     srv.running
         .live()
-        .store(std::sync::Arc::new(multi.snapshot()));
+        .store(std::sync::Arc::new(planner::snapshot(&multi)));
     for _ in 0..3 {
         let m = Message::from_vec(&raw(srv.addr, Proto::Udp, &q).await.unwrap()).unwrap();
         assert_eq!(cname_of(&m), "only.example.net.");

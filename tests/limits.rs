@@ -12,6 +12,7 @@ use common::*;
 use hickory_proto::op::Message;
 use hickory_proto::rr::RecordType;
 use steerdns::app::{self, DnsOptions};
+use steerdns::control::planner;
 use steerdns::dns::rrl::RrlConfig;
 use steerdns::dns::tcp::TcpLimits;
 use steerdns::metrics::Metrics;
@@ -21,7 +22,7 @@ use tokio::net::{TcpStream, UdpSocket};
 async fn server(opts: DnsOptions, metrics: Metrics) -> TestServer {
     let loaded = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO);
     let running = app::start_with_options(
-        loaded.snapshot(),
+        planner::snapshot(&loaded),
         &["127.0.0.1:0".parse().unwrap()],
         metrics,
         &opts,

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use common::*;
 use hickory_proto::rr::RecordType;
 use steerdns::app;
+use steerdns::control::planner;
 use steerdns::metrics::Metrics;
 
 /// Queries from `clients` distinct UDP sockets (distinct source ports, so the kernel's
@@ -36,7 +37,7 @@ async fn answers_everywhere(addr: SocketAddr, clients: usize) {
 async fn two_udp_sockets_on_port_zero_answer_udp_and_tcp() {
     let loaded = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO);
     let listen: Vec<SocketAddr> = vec!["127.0.0.1:0".parse().unwrap(), "[::1]:0".parse().unwrap()];
-    let running = app::start_with(loaded.snapshot(), &listen, 2, Metrics::new())
+    let running = app::start_with(planner::snapshot(&loaded), &listen, 2, Metrics::new())
         .await
         .expect("bind loopback");
     let addrs = running.addrs().to_vec();
@@ -52,7 +53,7 @@ async fn two_udp_sockets_on_port_zero_answer_udp_and_tcp() {
 async fn a_second_server_on_the_same_address_is_refused() {
     let loaded = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO);
     let first = app::start_with(
-        loaded.snapshot(),
+        planner::snapshot(&loaded),
         &["127.0.0.1:0".parse().unwrap()],
         2,
         Metrics::new(),
@@ -61,7 +62,7 @@ async fn a_second_server_on_the_same_address_is_refused() {
     .expect("bind loopback");
     let addr = first.addrs()[0];
     // The UDP sockets would share the port (SO_REUSEPORT); the TCP listener must not.
-    let second = app::start_with(loaded.snapshot(), &[addr], 2, Metrics::new()).await;
+    let second = app::start_with(planner::snapshot(&loaded), &[addr], 2, Metrics::new()).await;
     let err = second.err().expect("a second server on the same address");
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
     answers_everywhere(addr, 8).await;
@@ -73,7 +74,7 @@ async fn a_panicking_udp_thread_is_restarted_and_every_flow_still_answered() {
     let metrics = Metrics::new();
     let loaded = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO);
     let running = app::start_with_options(
-        loaded.snapshot(),
+        planner::snapshot(&loaded),
         &["127.0.0.1:0".parse().unwrap()],
         metrics.clone(),
         &app::DnsOptions {

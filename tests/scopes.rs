@@ -22,7 +22,7 @@ use hickory_proto::rr::RecordType;
 use ipnet::IpNet;
 use maxminddb::{Reader, WithinOptions};
 use steerdns::config::DrainScope;
-use steerdns::control::planner::{DrainCut, Removed};
+use steerdns::control::planner::{self, DrainCut, Removed};
 use steerdns::place::countries::{Continent, Country};
 use steerdns::place::Match;
 use steerdns::plan::{Asker, Snapshot, Steered};
@@ -83,7 +83,7 @@ fn ip(bits: u32, a: u128) -> IpAddr {
 
 /// What an answer depends on: the region and the location-scoped drains.
 fn label(snap: &Snapshot, name: Steered, a: IpAddr) -> (usize, usize) {
-    let d = name.decide(a, &snap.geo.locate(a), &snap.geo, true);
+    let d = name.situate(&snap.geo, a, true).decision;
     (d.region, d.mask)
 }
 
@@ -176,8 +176,7 @@ fn tally(snap: &Snapshot, name: Steered, family: &Family, edges: &[IpNet]) -> Ta
         let a = ip(bits, first);
         let k = cuts.partition_point(|&c| c <= first) - 1;
         let (lo, hi) = (run_first[k], run_last[k]);
-        let place = snap.geo.locate(a);
-        let scope = name.decide(a, &place, &snap.geo, true).scope;
+        let scope = name.situate(&snap.geo, a, true).decision.scope;
         // The widest block around `first` inside its run.
         let mut best = bits as u8;
         while best > 0 {
@@ -241,7 +240,7 @@ fn check(snap: &Snapshot, edges: &[IpNet], min_cover: f64) {
 #[test]
 fn demo_policy_scopes_are_never_wider_than_correct_and_nearly_the_widest() {
     let loaded = load_fixture(DEMO_POLICY, "zones", SHIPPED_GEO);
-    let snap = loaded.snapshot();
+    let snap = planner::snapshot(&loaded);
     check(&snap, &[], 0.95);
 }
 
@@ -259,7 +258,7 @@ fn cidr_continent_and_drain_scopes_are_never_wider_than_correct() {
     .iter()
     .map(|s| s.parse().unwrap())
     .collect();
-    let plain = loaded.snapshot();
+    let plain = planner::snapshot(&loaded);
     check(&plain, &nets, 0.0);
     // Location-scoped drains split regions further: a country, a continent, a CIDR
     // block of each family, and a region.
@@ -282,7 +281,7 @@ fn cidr_continent_and_drain_scopes_are_never_wider_than_correct() {
         ),
         cut("asia", vec![DrainScope::Region(4)]),
     ];
-    let (drained, _) = loaded.snapshot_with(&Removed::new(), &drains);
+    let (drained, _) = planner::snapshot_with(&loaded, &Removed::new(), &drains);
     let pinned = drained
         .plan
         .names()
@@ -297,7 +296,7 @@ fn cidr_continent_and_drain_scopes_are_never_wider_than_correct() {
 #[tokio::test]
 async fn the_scope_on_the_wire_is_the_widest_correct_one() {
     let loaded = load_fixture(DEMO_POLICY, "zones", SHIPPED_GEO);
-    let snap = loaded.snapshot();
+    let snap = planner::snapshot(&loaded);
     let name = snap.plan.names().next().unwrap();
     let srv = TestServer::start(DEMO_POLICY, "zones", SHIPPED_GEO, "127.0.0.1:0").await;
     let (mut asked, mut wider_than_network) = (0, 0);
@@ -336,7 +335,7 @@ async fn the_scope_on_the_wire_is_the_widest_correct_one() {
 #[test]
 fn without_ecs_the_decision_widens_nothing() {
     let loaded = load_fixture(DEMO_POLICY, "zones", SHIPPED_GEO);
-    let snap = loaded.snapshot();
+    let snap = planner::snapshot(&loaded);
     let name = snap.plan.names().next().unwrap();
     // GB (region of the first entry) and an address in the default region.
     for client in ["81.2.69.160", "216.160.83.56", "2a02:c7f::1"] {

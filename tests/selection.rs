@@ -18,7 +18,7 @@ use hickory_proto::rr::RecordType;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::Loaded;
-use steerdns::control::planner::Removed;
+use steerdns::control::planner::{self, Removed};
 use steerdns::plan::{Asker, Snapshot};
 use steerdns::selection;
 
@@ -98,9 +98,9 @@ fn a_step_moves_only_the_failing_cdns_clients_and_failback_returns_them() {
     let fastly_half: Removed = [(("www.example.com.".to_string(), "fastly".to_string()), 50)]
         .into_iter()
         .collect();
-    let normal = loaded.snapshot();
-    let (step, _) = loaded.snapshot_with(&fastly_half, &[]);
-    let (back, _) = loaded.snapshot_with(&Removed::new(), &[]);
+    let normal = planner::snapshot(&loaded);
+    let (step, _) = planner::snapshot_with(&loaded, &fastly_half, &[]);
+    let (back, _) = planner::snapshot_with(&loaded, &Removed::new(), &[]);
     let mut rng = SmallRng::seed_from_u64(12);
     let clients = located(&loaded, &mut rng, 4000);
     let (mut on_fastly, mut moved) = (0, 0);
@@ -147,7 +147,7 @@ fn a_day_of_a_skewed_population_follows_the_weights() {
         .into_iter()
         .collect();
     for removed in [Removed::new(), fastly_half] {
-        let (snap, _) = loaded.snapshot_with(&removed, &[]);
+        let (snap, _) = planner::snapshot_with(&loaded, &removed, &[]);
         let steered = snap.plan.names().next().unwrap();
         // (region, cdn) -> traffic, and the region's total.
         let mut got: HashMap<(usize, String), f64> = HashMap::new();

@@ -19,6 +19,7 @@ use hickory_proto::op::{Message, MessageType};
 use hickory_server::net::xfer::Protocol;
 use libfuzzer_sys::fuzz_target;
 use steerdns::app::{self, Inputs};
+use steerdns::control::planner;
 use steerdns::dns::cache::{AnswerCache, Lookup};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
@@ -41,7 +42,7 @@ fn fixture() -> &'static Fixture {
             api_tokens: None,
         };
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("fixture: {e}"));
-        let live = Arc::new(arc_swap_new(loaded.snapshot()));
+        let live = Arc::new(arc_swap_new(planner::snapshot(&loaded)));
         Fixture {
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_time()

@@ -5,7 +5,7 @@
 //!   a local `serve` saved, prints it ([`std::fmt::Display`]);
 //! - `GET /v1/explain?name=&client=` (the API), from the live state, serialises it.
 //!
-//! Both read the same plan the data plane answers from (`plan::Steered`: decide, choose,
+//! Both read the same plan the data plane answers from (`plan::Steered`: situate, then
 //! pick), so what explain says is what a query gets.
 
 use std::collections::BTreeMap;
@@ -197,13 +197,15 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
         return Err(ExplainError::NotSteered(lower.to_string()));
     };
     let geo = &facts.snapshot.geo;
-    // Explain shows the origin AS whenever an ASN database is attached.
+    // Where the client lands, with the ECS scope a tailored answer would echo.
+    let at = steered.situate(geo, q.client, true);
+    let (d, choice) = (at.decision, at.choice);
+    // Explain shows the origin AS whenever an ASN database is attached (the situation
+    // holds it only for a name whose answer depends on it).
     let place = Place {
         origin: geo.origin(q.client),
-        ..geo.locate(q.client)
+        ..at.place
     };
-    let d = steered.decide(q.client, &place, geo, true);
-    let choice = steered.choose(&d);
     let region = &host.regions[d.region];
     let why = region
         .matches
@@ -282,13 +284,7 @@ pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError>
             .collect(),
         session: q.session.map(|s| format!("{s:016x}")),
         order: q.session.map(|s| {
-            let o = manifest::order(
-                steered,
-                &facts.snapshot.geo,
-                q.client,
-                s,
-                &Params::default(),
-            );
+            let o = manifest::order(steered, &at, s, &Params::default());
             o.targets
                 .iter()
                 .map(|&t| manifest::pathway(steered, t).to_string())

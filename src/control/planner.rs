@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
 use crate::inputs::Loaded;
+use crate::place::geo::Place;
 use crate::plan::{ChoiceSpec, NameSpec, Plan, Reason, RegionIndex, Snapshot, Target};
 
 /// Percent of weight removed by failover, by (steered name, CDN name); absent = 0.
@@ -41,56 +42,58 @@ pub struct Planned {
     pub fail_open: Vec<(String, String)>,
 }
 
-// === impl Loaded ===
+// === snapshots ===
 
-impl Loaded {
-    /// The snapshot with every CDN at its configured weight.
-    pub fn snapshot(&self) -> Snapshot {
-        self.snapshot_with(&Removed::new(), &[]).0
-    }
-
-    /// The snapshot for a failover state, and the regions that had to fail open.
-    pub fn snapshot_with(
-        &self,
-        removed: &Removed,
-        drains: &[DrainCut],
-    ) -> (Snapshot, Vec<(String, String)>) {
-        self.snapshot_for(&self.policy, removed, drains)
-    }
-
-    /// The snapshot of `policy` (the loaded one, or it with weights changed by a
-    /// modifier, `control/perf/`) for a failover state.
-    pub fn snapshot_for(
-        &self,
-        policy: &Policy,
-        removed: &Removed,
-        drains: &[DrainCut],
-    ) -> (Snapshot, Vec<(String, String)>) {
-        let mut planned = plan(policy, removed, drains);
-        planned.plan.fit(self.geo.places());
-        let signed = self.dnssec.as_ref().map(|d| d.signed());
-        let zones = match &signed {
-            Some(signed) => {
-                planned
-                    .plan
-                    .set_rrsigs(|name, target| signed.cname(name, target));
-                signed.catalog.clone()
-            }
-            None => self.zones.catalog().clone(),
-        };
-        let snapshot = Snapshot {
-            plan: planned.plan,
-            geo: self.geo.clone(),
-            zones,
-            signed_until: signed.as_ref().map(|s| s.window.expiration),
-            denials: signed.map(|s| s.denials.clone()),
-        };
-        (snapshot, planned.fail_open)
-    }
+/// The snapshot of `loaded` with every CDN at its configured weight.
+pub fn snapshot(loaded: &Loaded) -> Snapshot {
+    snapshot_with(loaded, &Removed::new(), &[]).0
 }
 
-/// Builds the plan for a validated policy, the failover state and the drains in force.
-pub fn plan(policy: &Policy, removed: &Removed, drains: &[DrainCut]) -> Planned {
+/// The snapshot of `loaded` for a failover state, and the regions that had to fail
+/// open.
+pub fn snapshot_with(
+    loaded: &Loaded,
+    removed: &Removed,
+    drains: &[DrainCut],
+) -> (Snapshot, Vec<(String, String)>) {
+    snapshot_for(loaded, &loaded.policy, removed, drains)
+}
+
+/// The snapshot of `policy` (the loaded one, or it with weights changed by a
+/// modifier, `control/perf/`) for a failover state: the plan for `loaded`'s geo
+/// database, with the zones (signed, and the CNAMEs' RRSIGs attached, when the policy
+/// signs).
+pub fn snapshot_for(
+    loaded: &Loaded,
+    policy: &Policy,
+    removed: &Removed,
+    drains: &[DrainCut],
+) -> (Snapshot, Vec<(String, String)>) {
+    let mut planned = plan(policy, removed, drains, loaded.geo.places());
+    let signed = loaded.dnssec.as_ref().map(|d| d.signed());
+    let zones = match &signed {
+        Some(signed) => {
+            planned
+                .plan
+                .set_rrsigs(|name, target| signed.cname(name, target));
+            signed.catalog.clone()
+        }
+        None => loaded.zones.catalog().clone(),
+    };
+    let snapshot = Snapshot {
+        plan: planned.plan,
+        geo: loaded.geo.clone(),
+        zones,
+        signed_until: signed.as_ref().map(|s| s.window.expiration),
+        denials: signed.map(|s| s.denials.clone()),
+    };
+    (snapshot, planned.fail_open)
+}
+
+/// Builds the plan for a validated policy, the failover state and the drains in force,
+/// for a geo database whose places are `places` (`GeoDb::places`; the plan is then
+/// used with that database only).
+pub fn plan(policy: &Policy, removed: &Removed, drains: &[DrainCut], places: &[Place]) -> Planned {
     let mut fail_open = Vec::new();
     let names = policy
         .hosts
@@ -98,7 +101,7 @@ pub fn plan(policy: &Policy, removed: &Removed, drains: &[DrainCut]) -> Planned 
         .map(|h| steered(h, removed, drains, &mut fail_open))
         .collect();
     Planned {
-        plan: Plan::new(names),
+        plan: Plan::new(names, places),
         fail_open,
     }
 }
@@ -411,7 +414,8 @@ pub fn check_every_cut(policy: &Policy) -> Result<usize, String> {
     let mut plans = 0;
     let mut run = |removed: &Removed, drains: &[DrainCut]| {
         plans += 1;
-        check(policy, removed, drains, &plan(policy, removed, drains))
+        // The weights checked do not depend on a geo database: no places.
+        check(policy, removed, drains, &plan(policy, removed, drains, &[]))
             .map_err(|e| format!("removed {removed:?}, drains {drains:?}: {e}"))
     };
     run(&Removed::new(), &[])?;
@@ -496,7 +500,7 @@ regions:
 
     #[test]
     fn normal_weights_and_ttl() {
-        let p = plan(&policy(), &Removed::new(), &[]);
+        let p = plan(&policy(), &Removed::new(), &[], &[]);
         assert_eq!(
             weights(&p, 0),
             (
@@ -511,7 +515,7 @@ regions:
     #[test]
     fn a_removed_share_moves_to_the_others_and_shortens_the_ttl() {
         // GB 90/10, steps [50, 100]: fastly 45 %, then 0 %; the total stays 100 %.
-        let p = plan(&policy(), &cut(50), &[]);
+        let p = plan(&policy(), &cut(50), &[], &[]);
         assert_eq!(
             weights(&p, 0),
             (
@@ -520,7 +524,7 @@ regions:
                 10
             )
         );
-        let p = plan(&policy(), &cut(100), &[]);
+        let p = plan(&policy(), &cut(100), &[], &[]);
         assert_eq!(
             weights(&p, 0),
             (vec![("b".into(), 10000)], Reason::Failover, 10)
@@ -647,7 +651,7 @@ regions:
 
     #[test]
     fn a_region_with_nobody_left_fails_open() {
-        let p = plan(&policy(), &cut(100), &[]);
+        let p = plan(&policy(), &cut(100), &[], &[]);
         assert_eq!(
             weights(&p, 1),
             (vec![("a".into(), 10000)], Reason::FailOpen, 10)
@@ -658,7 +662,7 @@ regions:
         );
         // Half removed in a region of one CDN: the half has nowhere to go, so a keeps
         // serving everything, and the plan says so.
-        let p = plan(&policy(), &cut(50), &[]);
+        let p = plan(&policy(), &cut(50), &[], &[]);
         assert_eq!(weights(&p, 1).0, vec![("a".into(), 10000)]);
         assert_eq!(weights(&p, 1).1, Reason::FailOpen);
         assert_eq!(p.fail_open.len(), 1);

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::control::drains::Drains;
 use crate::control::failover::FailoverState;
 use crate::control::persist::{self, Saved};
-use crate::control::planner::{DrainCut, Removed};
+use crate::control::planner::{self, DrainCut, Removed};
 use crate::inputs::Loaded;
 use crate::plan::Snapshot;
 
@@ -79,7 +79,7 @@ impl ControlState {
         loaded: &Loaded,
         policy: &crate::config::Policy,
     ) -> (Snapshot, Vec<(String, String)>) {
-        loaded.snapshot_for(policy, &self.removed(loaded), &self.cuts(loaded))
+        planner::snapshot_for(loaded, policy, &self.removed(loaded), &self.cuts(loaded))
     }
 
     /// Why failover of `name` is frozen: the freeze of every name, else its tenant's.

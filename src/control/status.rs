@@ -647,6 +647,7 @@ fn time(ms: u64) -> String {
 mod tests {
     use super::*;
     use crate::control::drains::{DrainState, DrainStatus};
+    use crate::control::planner;
     use crate::control::state_doc::{FailOpenDoc, HealthDoc, StepDoc};
 
     fn loaded() -> crate::inputs::Loaded {
@@ -656,7 +657,7 @@ mod tests {
     #[test]
     fn history_keeps_changes_only_and_an_hour_of_them() {
         let loaded = loaded();
-        let normal = loaded.snapshot();
+        let normal = planner::snapshot(&loaded);
         let name = normal.plan.names().next().unwrap();
         let (n, region) = (name.text().to_string(), name.region_name(0).to_string());
         let mut h = History::default();
@@ -667,7 +668,7 @@ mod tests {
         assert_eq!(p.iter().copied().collect::<Vec<_>>(), vec![(t0, 900)]);
 
         let removed = [((n.clone(), "fastly".to_string()), 50)].into();
-        let stepped = loaded.snapshot_with(&removed, &[]).0;
+        let stepped = planner::snapshot_with(&loaded, &removed, &[]).0;
         h.record(&stepped.plan, t0 + 2000);
         let p = h.points(&n, &region, "fastly").unwrap();
         assert_eq!(
@@ -707,8 +708,7 @@ mod tests {
     #[test]
     fn the_page_shows_shares_health_steps_drains_and_escapes_everything() {
         let loaded = loaded();
-        let n = loaded
-            .snapshot()
+        let n = planner::snapshot(&loaded)
             .plan
             .names()
             .next()
@@ -716,10 +716,10 @@ mod tests {
             .text()
             .to_string();
         let removed = [((n.clone(), "fastly".to_string()), 50)].into();
-        let stepped = loaded.snapshot_with(&removed, &[]).0;
+        let stepped = planner::snapshot_with(&loaded, &removed, &[]).0;
         let mut history = History::default();
         let now = 1_000_000_000_000;
-        history.record(&loaded.snapshot().plan, now - 60_000);
+        history.record(&planner::snapshot(&loaded).plan, now - 60_000);
         history.record(&stepped.plan, now - 1000);
         let doc = StateDoc {
             vantage: "ns1<b>".into(),

@@ -1,10 +1,10 @@
 //! Unit tests of the families: names, labels, bounds, and what `/metrics` serves.
 
-use super::*;
 use std::time::Duration;
 
 use rand::RngExt;
 
+use super::*;
 use crate::plan::Snapshot;
 
 fn text(m: &Metrics) -> String {
@@ -158,7 +158,62 @@ fn uncommon_rcodes_fall_back_to_a_labelled_counter() {
 
 /// The demo policy's snapshot (the tests read its names and regions from the plan).
 fn demo() -> Snapshot {
-    crate::inputs::demo().snapshot()
+    demo_with(false)
+}
+
+/// A snapshot of the demo policy's steered name built from the plan layer alone
+/// (the planner is a layer above): www.example.com. on fastly and cloudflare in four
+/// regions, at the demo's weights or, with `fastly_out`, with fastly removed by
+/// failover (its whole share on cloudflare).
+fn demo_with(fastly_out: bool) -> Snapshot {
+    use crate::config::{ContentSteering, Match, Selection};
+    use crate::place::geo::GeoDb;
+    use crate::plan::{ChoiceSpec, NameSpec, Plan, Reason, RegionIndex, Target};
+    use hickory_proto::rr::Name;
+
+    let regions: [(&str, &[&str], u64); 4] = [
+        ("europe", &["GB", "IE", "DE", "FR", "NL", "ES", "IT"], 90),
+        ("americas", &["US", "CA", "MX"], 85),
+        ("apac", &["AU", "NZ", "SG", "JP"], 10),
+        ("default", &["*"], 50),
+    ];
+    let matches: Vec<Vec<Match>> = regions
+        .iter()
+        .map(|(_, m, _)| m.iter().map(|m| Match::parse(m).unwrap()).collect())
+        .collect();
+    let choices = regions
+        .iter()
+        .map(|&(_, _, fastly)| match fastly_out {
+            false => ChoiceSpec::new(Reason::Normal, [(0, fastly), (1, 100 - fastly)]),
+            true => ChoiceSpec::new(Reason::Failover, [(0, 0), (1, 100)]),
+        })
+        .map(Option::unwrap)
+        .collect();
+    let target = |cdn: &str, cname: &str| Target::new(cdn.into(), Name::from_ascii(cname).unwrap());
+    let name = NameSpec {
+        name: Name::from_ascii("www.example.com.").unwrap(),
+        ttl: 30,
+        selection: Selection::Consistent,
+        index: RegionIndex::new(matches.iter().map(Vec::as_slice)),
+        regions: regions.iter().map(|(r, _, _)| (*r).into()).collect(),
+        targets: vec![
+            target("fastly", "example.map.fastly.net."),
+            target("cloudflare", "example.cdn.cloudflare.net."),
+        ],
+        drain_scopes: Vec::new(),
+        choices,
+        content: ContentSteering::default(),
+    };
+    let geo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb");
+    let geo = Arc::new(GeoDb::open(&geo).unwrap());
+    Snapshot {
+        plan: Plan::new(vec![name], geo.places()),
+        geo,
+        zones: Arc::new(hickory_server::zone_handler::Catalog::new()),
+        signed_until: None,
+        denials: None,
+    }
 }
 
 /// Answers `n` times from region 0 of the snapshot's first name.
@@ -270,8 +325,7 @@ fn shares(m: &Metrics) -> Vec<(String, String, f64)> {
 fn effective_weights_are_those_of_the_plan_being_served() {
     let m = Metrics::new();
     assert!(shares(&m).is_empty(), "no plan served yet");
-    let loaded = crate::inputs::demo();
-    let normal = Arc::new(loaded.snapshot());
+    let normal = Arc::new(demo());
     m.adopt(&normal);
     let before = shares(&m);
     let regions = normal.plan.names().next().unwrap().regions();
@@ -287,8 +341,7 @@ fn effective_weights_are_those_of_the_plan_being_served() {
     );
 
     // fastly removed by failover: the newest plan is what the gauges show.
-    let removed = [(("www.example.com.".into(), "fastly".into()), 100)].into();
-    let failed = Arc::new(loaded.snapshot_with(&removed, &[]).0);
+    let failed = Arc::new(demo_with(true));
     m.adopt(&failed);
     for (region, cdn, share) in shares(&m) {
         let want = if cdn == "fastly" { 0.0 } else { 100.0 };

@@ -20,6 +20,7 @@ use std::time::Duration;
 use hickory_proto::op::Message;
 use hickory_proto::rr::RecordType;
 use steerdns::app::{self, Inputs, Running};
+use steerdns::control::planner;
 use steerdns::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
@@ -84,7 +85,7 @@ impl TestServer {
 
     pub async fn start(policy: &str, zones: &str, geo: &str, listen: &str) -> TestServer {
         let loaded = load_fixture(policy, zones, geo);
-        let running = app::start(loaded.snapshot(), &[listen.parse().unwrap()])
+        let running = app::start(planner::snapshot(&loaded), &[listen.parse().unwrap()])
             .await
             .expect("bind loopback");
         TestServer {
@@ -97,7 +98,7 @@ impl TestServer {
     pub async fn demo_with(opts: &app::DnsOptions) -> TestServer {
         let loaded = load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO);
         let running = app::start_with_options(
-            loaded.snapshot(),
+            planner::snapshot(&loaded),
             &["127.0.0.1:0".parse().unwrap()],
             Metrics::new(),
             opts,
@@ -119,9 +120,14 @@ impl TestServer {
         metrics: Metrics,
     ) -> TestServer {
         let loaded = load_fixture(policy, zones, geo);
-        let running = app::start_with(loaded.snapshot(), &[listen.parse().unwrap()], 2, metrics)
-            .await
-            .expect("bind loopback");
+        let running = app::start_with(
+            planner::snapshot(&loaded),
+            &[listen.parse().unwrap()],
+            2,
+            metrics,
+        )
+        .await
+        .expect("bind loopback");
         TestServer {
             addr: running.addrs()[0],
             running,

@@ -5,7 +5,7 @@
 //! # The order
 //!
 //! The client's region and the CDNs' effective weights there are the DNS answer's
-//! (`plan::Steered::decide` and `choose`: health, failover steps and drains included).
+//! (`plan::Steered::situate`: health, failover steps and drains included).
 //! The pathways serving the region are ranked by weighted rendezvous hashing
 //! ([`crate::selection::score`]) of a session key, so that:
 //!
@@ -32,11 +32,9 @@
 //! pathway is demoted, demotions are dropped and the weighted order applies again.
 
 use std::fmt::Write as _;
-use std::net::IpAddr;
 
 use crate::config::valid_pathway;
-use crate::place::geo::GeoDb;
-use crate::plan::{Choice, Steered};
+use crate::plan::{Choice, Situation, Steered};
 use crate::selection;
 
 /// Pathways or throughput values one request may list (more is a bad request).
@@ -248,18 +246,11 @@ pub struct Order {
     pub ttl: u32,
 }
 
-/// The order of `steered`'s pathways for `session`, asked by a client at `client`,
-/// with what the player reported in `params`.
-pub fn order(
-    steered: Steered,
-    geo: &GeoDb,
-    client: IpAddr,
-    session: u64,
-    params: &Params,
-) -> Order {
-    let place = steered.locate(geo, client);
-    let d = steered.decide(client, &place, geo, false);
-    let choice = steered.choose(&d);
+/// The order of `steered`'s pathways for `session`, asked by a client that lands at
+/// `at` ([`Steered::situate`]: its region and the choice there), with what the player
+/// reported in `params`.
+pub fn order(steered: Steered, at: &Situation, session: u64, params: &Params) -> Order {
+    let (d, choice) = (at.decision, at.choice);
     let content = steered.content();
     let n = steered.targets().len();
     let target_of = |id: &str| (0..n).position(|t| pathway(steered, t) == id);

@@ -6,7 +6,7 @@
 //! player ── GET /steer/hls/{name}?session=…&_HLS_pathway=a&_HLS_throughput=… ──▶ server.rs
 //!    limits (http.rs accept loop), CORS, methods, client address (X-Forwarded-For from
 //!    --trusted-proxies only)
-//!      ─▶ manifest.rs: parse the query ─▶ locate, decide, choose (plan::Steered, as DNS)
+//!      ─▶ manifest.rs: parse the query ─▶ where the client lands (Steered::situate, as DNS)
 //!      ─▶ weighted order of the pathways for the session ─▶ demotions ─▶ JSON
 //! ◀── {"VERSION":1,"TTL":15,"RELOAD-URI":"www.example.com?session=…","PATHWAY-PRIORITY":["a","b"]}
 //! ```

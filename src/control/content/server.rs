@@ -175,8 +175,10 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
             &format!("{dns_name} is not a steered name"),
         );
     };
-    let place = steered.locate(&snapshot.geo, client);
-    let region = steered.decide(client, &place, &snapshot.geo, false).region;
+    let region = steered
+        .situate(&snapshot.geo, client, false)
+        .decision
+        .region;
     match shared
         .perf
         .record(&dns_name.to_string(), region, net, &samples, now_ms)
@@ -275,7 +277,8 @@ fn steer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
         );
     };
     let session = params.session.unwrap_or_else(rand::random);
-    let order = manifest::order(steered, &snapshot.geo, client, session, &params);
+    let at = steered.situate(&snapshot.geo, client, false);
+    let order = manifest::order(steered, &at, session, &params);
     feed_throughput(shared, steered, order.region, client, &params);
     let mut body = String::with_capacity(192);
     manifest::write(format, steered, &order, session, &mut body);

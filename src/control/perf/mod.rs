@@ -243,8 +243,10 @@ impl Store {
             let Some(steered) = snapshot.plan.get(&dns_name) else {
                 continue;
             };
-            let place = steered.locate(&snapshot.geo, vantage);
-            let region = steered.decide(vantage, &place, &snapshot.geo, false).region;
+            let region = steered
+                .situate(&snapshot.geo, vantage, false)
+                .decision
+                .region;
             if let Some(Some(rc)) = n.regions.get(region) {
                 out.push((name.clone(), region, rc.region.clone()));
             }
