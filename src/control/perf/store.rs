@@ -1,0 +1,326 @@
+//! Control plane: the store of performance samples: a `Cell` per (name, region, CDN)
+//! that beacons, steering polls and probe rounds record into (`Store::record`,
+//! `Store::record_probe`), and what it aggregates for an evaluation (`Store::aggregates`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use super::cell::{Aggregate, Cell, Sample};
+use crate::config::perf::Performance;
+use crate::config::Policy;
+use crate::plan::Snapshot;
+
+use super::{beacon, cell};
+
+/// A source network of samples: the /24 (IPv4) or /48 (IPv6) as one number.
+pub fn network(ip: IpAddr) -> u64 {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => u64::from(u32::from(crate::net::cut_v4(a, 24))),
+        IpAddr::V6(a) => (u128::from(a) >> 80) as u64 | 1 << 63,
+    }
+}
+
+/// What became of a beacon's samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// Added to a cell.
+    pub accepted: u64,
+    /// Refused: their network already held its share of the cell.
+    pub refused_share: u64,
+    /// Taken but unused: the client's region has no `performance:` block.
+    pub unused: u64,
+}
+
+impl Recorded {
+    /// Counts them in `steerdns_rum_samples_total`.
+    pub fn count(&self, metrics: &crate::metrics::Metrics) {
+        metrics.rum_samples("accepted", self.accepted);
+        metrics.rum_samples("refused_share", self.refused_share);
+        metrics.rum_samples("unused", self.unused);
+    }
+}
+
+/// The cells of one region with a `performance:` block.
+#[derive(Debug)]
+struct RegionCells {
+    region: String,
+    perf: Performance,
+    /// By CDN index.
+    cells: Vec<Cell>,
+    /// Samples accepted since start: a node of a set shares the region again when it
+    /// grew.
+    accepted: u64,
+}
+
+/// The cells of one steered name.
+#[derive(Debug, Default)]
+struct NameCells {
+    cdns: Vec<String>,
+    /// By region index; `None`: the region has no `performance:` block.
+    regions: Vec<Option<RegionCells>>,
+}
+
+/// One node's cells of one (name, region), as a set shares them
+/// (`control/cluster/performance.rs`): the buckets of its window, by CDN name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeCells {
+    pub node: String,
+    pub name: String,
+    /// Region index, and its name (a node with another policy's region there does
+    /// not count).
+    pub region: usize,
+    pub region_name: String,
+    /// The window (ms): buckets of another width are not added.
+    pub window_ms: u64,
+    pub cdns: BTreeMap<String, Vec<cell::Bucket>>,
+}
+
+/// The samples of every (name, region, CDN), shared by the steering server (which
+/// adds to it) and the controller (which reads aggregates from it).
+#[derive(Debug, Default)]
+pub struct Store {
+    cells: Mutex<HashMap<String, NameCells>>,
+    limiter: Mutex<beacon::Limiter>,
+}
+
+impl Store {
+    /// Lays the cells out for `policy`, keeping the samples of every (name, region
+    /// name, CDN) whose window is unchanged.
+    pub fn configure(&self, policy: &Policy) {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut old = std::mem::take(&mut *cells);
+        for host in &policy.hosts {
+            let name = host.name.to_string();
+            let mut prev = old.remove(&name).unwrap_or_default();
+            let cdns: Vec<String> = host.cdns.iter().map(|c| c.name.clone()).collect();
+            let regions = host
+                .regions
+                .iter()
+                .map(|r| {
+                    let perf = r.performance.clone()?;
+                    let kept = prev.regions.iter_mut().flatten().find(|k| {
+                        k.region == r.name && k.perf.window == perf.window && prev.cdns == cdns
+                    });
+                    let (cells, accepted) = match kept {
+                        Some(k) => (std::mem::take(&mut k.cells), k.accepted),
+                        None => (vec![Cell::default(); cdns.len()], 0),
+                    };
+                    Some(RegionCells {
+                        region: r.name.clone(),
+                        perf,
+                        cells,
+                        accepted,
+                    })
+                })
+                .collect();
+            prev.cdns.clear();
+            cells.insert(name, NameCells { cdns, regions });
+        }
+    }
+
+    /// The index of `cdn` among `name`'s CDNs; `Err` with why not.
+    pub fn cdn_index(&self, name: &str, cdn: &str) -> Result<usize, String> {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let n = cells
+            .get(name)
+            .ok_or_else(|| format!("{name} is not a steered name"))?;
+        n.cdns
+            .iter()
+            .position(|c| c == cdn)
+            .ok_or_else(|| format!("unknown CDN `{cdn}` for {name}"))
+    }
+
+    /// Adds `samples` (CDN index, sample) of a client of `region` in network `net`.
+    /// `Err` when the name or a CDN is unknown (nothing is added then).
+    pub fn record(
+        &self,
+        name: &str,
+        region: usize,
+        net: u64,
+        samples: &[(&str, Sample)],
+        now_ms: u64,
+    ) -> Result<Recorded, String> {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let n = cells
+            .get_mut(name)
+            .ok_or_else(|| format!("{name} is not a steered name"))?;
+        let mut idx = Vec::with_capacity(samples.len());
+        for (cdn, _) in samples {
+            match n.cdns.iter().position(|c| c == cdn) {
+                Some(i) => idx.push(i),
+                None => return Err(format!("unknown CDN `{cdn}` for {name}")),
+            }
+        }
+        let mut out = Recorded::default();
+        let Some(Some(rc)) = n.regions.get_mut(region) else {
+            out.unused = samples.len() as u64;
+            return Ok(out);
+        };
+        for (&i, (_, s)) in idx.iter().zip(samples) {
+            if rc.cells[i].record(&rc.perf, net, s, now_ms) {
+                out.accepted += 1;
+            } else {
+                out.refused_share += 1;
+            }
+        }
+        rc.accepted += out.accepted;
+        Ok(out)
+    }
+
+    /// Adds a round of this node's prober for `cdn` as a sample of each of `regions`
+    /// (where its vantage point's address lands, [`Store::vantage_regions`]) that has
+    /// the CDN, from the vantage point's network `net`; how many cells took it.
+    pub fn record_probe(
+        &self,
+        regions: &[(String, usize, String)],
+        net: u64,
+        cdn: &str,
+        s: &Sample,
+        now_ms: u64,
+    ) -> u64 {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut taken = 0;
+        for (name, region, _) in regions {
+            let Some(n) = cells.get_mut(name) else {
+                continue;
+            };
+            let Some(i) = n.cdns.iter().position(|c| c == cdn) else {
+                continue;
+            };
+            let Some(Some(rc)) = n.regions.get_mut(*region) else {
+                continue;
+            };
+            if rc.cells[i].record_own(&rc.perf, net, s, now_ms) {
+                rc.accepted += 1;
+                taken += 1;
+            }
+        }
+        taken
+    }
+
+    /// The region a client at `vantage` gets, for each steered name where that region
+    /// has a `performance:` block: (name, region index, region name). Located as a
+    /// client at that address is, with the snapshot's geo database and plan.
+    pub fn vantage_regions(
+        &self,
+        snapshot: &Snapshot,
+        vantage: IpAddr,
+    ) -> Vec<(String, usize, String)> {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (name, n) in cells.iter() {
+            let Ok(dns_name) = hickory_proto::rr::Name::from_ascii(name) else {
+                continue;
+            };
+            let Some(steered) = snapshot.plan.get(&dns_name) else {
+                continue;
+            };
+            let region = steered
+                .situate(&snapshot.geo, vantage, false)
+                .decision
+                .region;
+            if let Some(Some(rc)) = n.regions.get(region) {
+                out.push((name.clone(), region, rc.region.clone()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Whether a beacon from `net` may be taken now (its source's rate).
+    pub fn admit(&self, net: u64, now_ms: u64) -> bool {
+        let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+        l.admit(net, now_ms)
+    }
+
+    /// The aggregate of each CDN of (name, region) over the window ending at `now_ms`,
+    /// this node's samples and the other nodes' of a set (`remote`), and the samples
+    /// refused here.
+    pub fn aggregates(
+        &self,
+        name: &str,
+        region: usize,
+        now_ms: u64,
+        remote: &[Arc<NodeCells>],
+    ) -> Vec<(Aggregate, u64)> {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(n) = cells.get(name) else {
+            return Vec::new();
+        };
+        let Some(Some(rc)) = n.regions.get(region) else {
+            return Vec::new();
+        };
+        let theirs: Vec<&NodeCells> = remote
+            .iter()
+            .filter(|r| r.name == name && r.region == region && r.region_name == rc.region)
+            .filter(|r| r.window_ms == cell::window_ms(&rc.perf))
+            .map(|r| &**r)
+            .collect();
+        rc.cells
+            .iter()
+            .zip(&n.cdns)
+            .map(|(c, cdn)| {
+                let other = theirs
+                    .iter()
+                    .filter_map(|r| r.cdns.get(cdn))
+                    .flatten()
+                    .filter(|b| cell::in_window(b, &rc.perf, now_ms));
+                (
+                    cell::aggregate(c.window(&rc.perf, now_ms).chain(other)),
+                    c.refused,
+                )
+            })
+            .collect()
+    }
+
+    /// The regions that took samples since `written` said (by (name, region): the
+    /// samples accepted then), each with the buckets of its window now: what a node
+    /// of a set shares. With each, the samples accepted so far.
+    pub fn changed(
+        &self,
+        written: &BTreeMap<(String, usize), u64>,
+        now_ms: u64,
+    ) -> Vec<(NodeCells, u64)> {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (name, n) in cells.iter() {
+            for (i, rc) in n.regions.iter().enumerate() {
+                let Some(rc) = rc else { continue };
+                let seen = written.get(&(name.clone(), i)).copied().unwrap_or(0);
+                if rc.accepted == seen {
+                    continue;
+                }
+                let cdns = n
+                    .cdns
+                    .iter()
+                    .zip(&rc.cells)
+                    .map(|(cdn, c)| (cdn.clone(), c.window(&rc.perf, now_ms).cloned().collect()))
+                    .collect();
+                let shared = NodeCells {
+                    node: String::new(),
+                    name: name.clone(),
+                    region: i,
+                    region_name: rc.region.clone(),
+                    window_ms: cell::window_ms(&rc.perf),
+                    cdns,
+                };
+                out.push((shared, rc.accepted));
+            }
+        }
+        out
+    }
+
+    /// How often a node of a set shares its cells: a bucket's width (the shortest of
+    /// every region's), from 100 ms to 5 s.
+    pub fn share_every(&self) -> std::time::Duration {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let width = cells
+            .values()
+            .flat_map(|n| n.regions.iter().flatten())
+            .map(|rc| cell::width_ms(&rc.perf))
+            .min()
+            .unwrap_or(1000);
+        std::time::Duration::from_millis(width.clamp(100, 5000))
+    }
+}
