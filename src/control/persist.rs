@@ -89,9 +89,7 @@ pub fn capture(
                 cdn: cdn.clone(),
                 level: s.level,
                 direction: s.direction,
-                next_in_ms: s
-                    .next_at
-                    .map(|at| at.saturating_duration_since(now).as_millis() as u64),
+                next_in_ms: s.next_in_ms(now),
             })
             .collect(),
         overrides: Vec::new(),
@@ -333,13 +331,7 @@ impl Saved {
         self.steps
             .iter()
             .map(|s| {
-                let stepper = Stepper {
-                    level: s.level,
-                    direction: s.direction,
-                    next_at: s
-                        .next_in_ms
-                        .map(|ms| now + Duration::from_millis(ms.saturating_sub(away))),
-                };
+                let stepper = Stepper::restored(s.level, s.direction, s.next_in_ms, now, away);
                 ((s.name.clone(), s.cdn.clone()), stepper)
             })
             .collect()

@@ -36,6 +36,29 @@ pub enum Direction {
 }
 
 impl Stepper {
+    /// A stepper as saved (`level`, `direction`, its next step `next_in_ms` ahead when
+    /// saved), its next step as far ahead as it was left, less `away_ms` (the time the
+    /// process was away).
+    pub fn restored(
+        level: usize,
+        direction: Direction,
+        next_in_ms: Option<u64>,
+        now: Instant,
+        away_ms: u64,
+    ) -> Stepper {
+        Stepper {
+            level,
+            direction,
+            next_at: next_in_ms.map(|ms| now + Duration::from_millis(ms.saturating_sub(away_ms))),
+        }
+    }
+
+    /// How far ahead of `now` the next step is, in ms, as saved (see [`Stepper::restored`]).
+    pub fn next_in_ms(&self, now: Instant) -> Option<u64> {
+        self.next_at
+            .map(|at| at.saturating_duration_since(now).as_millis() as u64)
+    }
+
     /// The CDN was marked down: the first step applies at once.
     pub fn demote(&mut self, now: Instant, failover: &Failover) {
         self.direction = Direction::Demote;

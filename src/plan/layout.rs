@@ -546,16 +546,17 @@ pub(super) mod tests {
         Plan::new(vec![spec(name, cdns, regions)], &[])
     }
 
+    /// A plan of `n` names `h{i}.example.com.` of one CDN, and the names.
+    pub(in crate::plan) fn many(n: usize) -> (Vec<String>, Plan) {
+        let names: Vec<String> = (0..n).map(|i| format!("h{i}.example.com.")).collect();
+        let specs = names.iter().map(|n| spec(n, &["a"], &[vec![(0, 1)]]));
+        let plan = Plan::new(specs.collect(), &[]);
+        (names, plan)
+    }
+
     #[test]
     fn names_are_laid_out_in_policy_order_and_found_by_wire_form() {
-        let names: Vec<String> = (0..300).map(|i| format!("h{i}.example.com.")).collect();
-        let plan = Plan::new(
-            names
-                .iter()
-                .map(|n| spec(n, &["a"], &[vec![(0, 1)]]))
-                .collect(),
-            &[],
-        );
+        let (names, plan) = many(300);
         assert_eq!(plan.names.len(), 300);
         // 300 country tables are large enough for huge pages; 300 choices are not.
         assert!(plan.countries.is_huge());

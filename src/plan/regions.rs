@@ -282,33 +282,21 @@ pub(super) mod tests {
             vec![m("continent:EU")],
             vec![m("*")],
         ]);
-        let ip: IpAddr = "81.2.69.142".parse().unwrap();
-        assert_eq!(
-            r.decide(ip, &place("GB", 18)),
-            Decision {
-                region: 0,
-                scope: 24,
-                mask: 0
-            }
-        );
-        let ip: IpAddr = "81.2.70.1".parse().unwrap();
-        assert_eq!(
-            r.decide(ip, &place("GB", 18)),
-            Decision {
-                region: 1,
-                scope: 24,
-                mask: 0
-            }
-        );
+        // (client, its country and database prefix) → (region, scope)
+        for (ip, cc, prefix, region, scope) in [
+            ("81.2.69.142", "GB", 18, 0, 24),
+            ("81.2.70.1", "GB", 18, 1, 24),
+            ("89.160.20.112", "SE", 17, 2, 17),
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let want = Decision {
+                region,
+                scope,
+                mask: 0,
+            };
+            assert_eq!(r.decide(ip, &place(cc, prefix)), want, "{ip}");
+        }
         let ip: IpAddr = "89.160.20.112".parse().unwrap();
-        assert_eq!(
-            r.decide(ip, &place("SE", 17)),
-            Decision {
-                region: 2,
-                scope: 17,
-                mask: 0
-            }
-        );
         assert_eq!(r.decide(ip, &Place::default()).region, 3);
     }
 

@@ -515,7 +515,7 @@ impl Pick<'_> {
 mod tests {
     use super::*;
     use crate::config::Selection;
-    use crate::plan::layout::tests::{one, spec};
+    use crate::plan::layout::tests::{many, one, spec};
     use crate::plan::layout::{ChoiceSpec, Reason, INLINE};
     use crate::plan::regions::tests::{idx, m};
     use rand::SeedableRng;
@@ -664,14 +664,7 @@ mod tests {
 
     #[test]
     fn names_are_found_by_wire_form_in_any_case_and_others_are_not() {
-        let names: Vec<String> = (0..300).map(|i| format!("h{i}.example.com.")).collect();
-        let plan = Plan::new(
-            names
-                .iter()
-                .map(|n| spec(n, &["a"], &[vec![(0, 1)]]))
-                .collect(),
-            &[],
-        );
+        let (names, plan) = many(300);
         assert_eq!(plan.names().count(), 300);
         for (i, n) in names.iter().enumerate() {
             let upper = Name::from_ascii(n.to_uppercase()).unwrap();

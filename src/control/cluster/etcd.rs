@@ -504,13 +504,8 @@ impl Etcd {
         mod_revision: i64,
         value: &[u8],
     ) -> Result<bool, EtcdError> {
-        self.txn(
-            key,
-            json!({"target": "MOD", "mod_revision": mod_revision.to_string()}),
-            value,
-            json!({"ignore_lease": true}),
-        )
-        .await
+        self.replace_with(key, mod_revision, value, json!({"ignore_lease": true}))
+            .await
     }
 
     /// One key (`None`: absent), from any member.
@@ -530,13 +525,19 @@ impl Etcd {
         mod_revision: i64,
         value: &[u8],
     ) -> Result<bool, EtcdError> {
-        self.txn(
-            key,
-            json!({"target": "MOD", "mod_revision": mod_revision.to_string()}),
-            value,
-            json!({}),
-        )
-        .await
+        self.replace_with(key, mod_revision, value, json!({})).await
+    }
+
+    /// Writes `key` (with the put's `options`) only if it is still at `mod_revision`.
+    async fn replace_with(
+        &self,
+        key: &str,
+        mod_revision: i64,
+        value: &[u8],
+        options: serde_json::Value,
+    ) -> Result<bool, EtcdError> {
+        let compare = json!({"target": "MOD", "mod_revision": mod_revision.to_string()});
+        self.txn(key, compare, value, options).await
     }
 
     /// Puts `value` (with the put's `extra` fields: a lease) if `compare` holds.

@@ -308,10 +308,7 @@ impl Drains {
                 rule: d.rule.clone(),
                 level: d.stepper.level,
                 direction: d.stepper.direction,
-                next_in_ms: d
-                    .stepper
-                    .next_at
-                    .map(|at| at.saturating_duration_since(now).as_millis() as u64),
+                next_in_ms: d.stepper.next_in_ms(now),
                 active: d.active,
             })
             .collect()
@@ -326,13 +323,7 @@ impl Drains {
     ) {
         self.overrides = overrides;
         for s in saved {
-            let stepper = Stepper {
-                level: s.level,
-                direction: s.direction,
-                next_at: s
-                    .next_in_ms
-                    .map(|ms| now + Duration::from_millis(ms.saturating_sub(away_ms))),
-            };
+            let stepper = Stepper::restored(s.level, s.direction, s.next_in_ms, now, away_ms);
             self.steps.insert(
                 s.rule.key(),
                 Draining {
