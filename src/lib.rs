@@ -39,7 +39,7 @@
 //! - [`dnssec`]: the zones' keys, signing and rollover.
 //! - [`app`]: lifecycle: load, bind, serve, stop.
 //! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`, `agent`,
-//!   `audit`): loads the inputs, handles the signals.
+//!   `simulate`, `dnssec`, `audit`): loads the inputs, handles the signals.
 
 pub mod app;
 pub mod cli;

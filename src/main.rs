@@ -1,4 +1,4 @@
-//! The `steerdns` binary: logging setup and the command line; see `cli.rs`.
+//! The `steerdns` binary: logging setup and the command line; see `cli/`.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

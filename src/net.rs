@@ -1,6 +1,6 @@
 //! Both planes (a leaf anyone may use): an address cut to its first bits, the one
-//! prefix mask of the crate. The rate limiter's and the TCP per-source keys
-//! (`dns/rrl.rs`), the selection key (`selection.rs`), the plan's CIDR scope test
+//! prefix mask of the crate. The per-source keys of the rate limiter and of the
+//! connection slots (`slots::prefix_key`), the selection key (`selection.rs`), the plan's CIDR scope test
 //! (`plan/regions.rs`), the networks of performance samples (`control/perf/`) and `explain`'s
 //! ECS network all cut with it.
 //!

@@ -1,4 +1,4 @@
-//! The command line: `serve`, `check`, `explain`, `agent`. Parsing with clap; each command
+//! The command line: `serve`, `check`, `explain`, `agent`, `simulate`, `dnssec`, `audit`. Parsing with clap; each command
 //! returns an exit code, and problems are printed for a person to read. Two hidden
 //! commands write the manual pages and the shell completions from this definition
 //! (`steerdns man DIR`, `steerdns completions SHELL`), for packages.

@@ -1,5 +1,6 @@
 //! The commands that read files and print, then exit: `check`, `explain` (from the
-//! saved state), `dnssec`, `audit` and `verify-report`, and the hidden `man`.
+//! saved state), `dnssec` and `audit` (`verify_report` behind `audit verify`),
+//! and the hidden `man`.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -31,7 +32,7 @@ pub(super) fn verify_report(files: &[PathBuf]) -> ExitCode {
     }
 }
 
-/// `audit verify` and `audit tail`.
+/// `dnssec rollover` and `dnssec status`.
 pub(super) fn dnssec(command: DnssecCommand) -> ExitCode {
     let now = crate::clock::now_secs();
     let done = match command {
@@ -66,6 +67,7 @@ pub(super) fn dnssec(command: DnssecCommand) -> ExitCode {
     }
 }
 
+/// `audit verify` and `audit tail`.
 pub(super) fn audit(command: AuditCommand) -> ExitCode {
     use crate::control::audit;
     match command {

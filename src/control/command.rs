@@ -1,5 +1,5 @@
 //! Control plane: the admin API's commands to the controller (`api.rs` sends them,
-//! `controller.rs` answers them on their oneshot), and the checks every command passes
+//! `controller/commands.rs` answers them on their oneshot), and the checks every command passes
 //! before it changes anything, on a single node and in a set alike: a drain against
 //! the token's scope and the drains in force ([`admit`]), an undrain against the
 //! token ([`may_undrain`]). Also how the audit log records them.

@@ -10,7 +10,7 @@
 //! ```
 //!
 //! No I/O, no logging, no clock: every call takes `now`, and returns what changed so
-//! that the controller (`controller.rs`) logs it, counts it and publishes a new plan.
+//! that the controller (`controller/rounds.rs`) logs it, counts it and publishes a new plan.
 
 use std::collections::BTreeMap;
 

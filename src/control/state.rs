@@ -1,7 +1,7 @@
 //! Control plane: the control state, pure. What moves weight away from a CDN besides
 //! the policy: the failover state (health, steps, freeze; `failover.rs`) and the drains
-//! (`drains.rs`). One value read three ways: by the controller that serves it
-//! (`controller.rs`), by `steerdns explain` from what `serve` saved
+//! (`drains/`). One value read three ways: by the controller that serves it
+//! (`controller/`), by `steerdns explain` from what `serve` saved
 //! ([`ControlState::from_saved`]), and by a node of a set that applies it from etcd
 //! (`cluster/node.rs`).
 //!

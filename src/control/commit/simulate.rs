@@ -374,7 +374,7 @@ impl Report {
     }
 }
 
-/// `steerdns simulate`'s arguments (parsed in `cli.rs`).
+/// `steerdns simulate`'s arguments (parsed in `cli/mod.rs`).
 #[derive(Clone, Debug)]
 pub struct Args {
     pub demand: std::path::PathBuf,
