@@ -142,6 +142,7 @@ impl Regions {
 
     /// The client's region, and its scope: `widest` (how far the region by place
     /// holds) narrowed past any CIDR entry that cuts it.
+    #[inline]
     pub(super) fn decide(
         &self,
         by_country: &[u16],
@@ -194,6 +195,7 @@ impl Regions {
 ///
 /// # Hot path
 /// Table lookups: the drains by place are precomputed.
+#[inline]
 pub(super) fn by_place(
     regions: &Regions,
     by_country: &[u16],
@@ -246,6 +248,7 @@ fn first(slot: &mut u16, region: u16) {
 
 /// Whether `a` and `b` (same family) share their first `prefix` bits.
 /// Addresses of different families never do.
+#[inline]
 pub(super) fn same_network(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
     net::cut(a, prefix) == net::cut(b, prefix)
 }

@@ -142,6 +142,7 @@ impl<'p> Steered<'p> {
     }
 
     /// The name's country table: the first region listing each country.
+    #[inline]
     fn by_country(self) -> &'p [u16] {
         let at = self.header.countries as usize;
         &self.plan.countries[at..at + COUNTRIES]
@@ -160,6 +161,7 @@ impl<'p> Steered<'p> {
     /// test per step up the geo database's tree ([`GeoDb::widest`], tailored only) and,
     /// only for policies with CIDR entries or location-scoped drains, a short scan; no
     /// allocation.
+    #[inline]
     pub fn situate(self, geo: &GeoDb, ip: IpAddr, tailored: bool) -> Situation<'p> {
         let place = self.locate(geo, ip);
         let regions = &self.header.regions;
@@ -202,6 +204,7 @@ impl<'p> Steered<'p> {
     /// # Hot path
     /// Table lookups and, only for policies with CIDR entries or location-scoped
     /// drains, a short scan.
+    #[inline]
     fn decide(
         self,
         ip: IpAddr,
@@ -256,6 +259,7 @@ impl<'p> Steered<'p> {
     }
 
     /// The choice for a decision.
+    #[inline]
     pub fn choose(self, d: &Decision) -> &'p Choice {
         let i = (d.region << self.header.scopes) | d.mask;
         &self.plan.choices[self.header.choices as usize + i]
@@ -294,6 +298,7 @@ impl<'p> Steered<'p> {
     ///
     /// # Hot path
     /// One geo lookup, and an ASN lookup for names that need it; no allocation.
+    #[inline]
     pub fn locate(self, geo: &GeoDb, ip: IpAddr) -> Place {
         let mut place = geo.locate(ip);
         if self.header.origin {
