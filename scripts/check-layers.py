@@ -93,9 +93,9 @@ def module_path(path: Path, src: Path) -> list:
 def paths(text: str, own: list):
     """Every module path the code names (`crate::a::b…`, `super::…`), absolute, as lists."""
     code = code_of(text)
-    for m in re.finditer(r"\b(crate|(?:super::)+)((?:[a-z_][a-z0-9_]*::)*)(\{[^}]*\}?|[a-z_][a-z0-9_]*)?", code):
+    for m in re.finditer(r"\b(crate::|(?:super::)+)((?:[a-z_][a-z0-9_]*::)*)(\{[^}]*\}?|[a-z_][a-z0-9_]*)?", code):
         head, middle, tail = m.group(1), m.group(2), m.group(3) or ""
-        if head == "crate":
+        if head == "crate::":
             base = []
         else:
             ups = head.count("super::")
