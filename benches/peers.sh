@@ -330,7 +330,9 @@ done
 # --- report --------------------------------------------------------------------------
 version() {
     case $1 in
-    steerdns) echo "steerdns $(git -C "$REPO" describe --always --dirty 2>/dev/null)${UDP_SOCKETS:+, --udp-sockets $UDP_SOCKETS}" ;;
+    # The binary's own commit (`--version`), not the checkout's: STEERDNS_BIN may be
+    # another build (a before/after comparison).
+    steerdns) echo "steerdns $("$STEERDNS_BIN" --version 2>/dev/null | sed -n 's/.*(\(.*\))/\1/p' | cut -c1-7)${UDP_SOCKETS:+, --udp-sockets $UDP_SOCKETS}" ;;
     gdnsd) echo "gdnsd $(gdnsd -h 2>&1 | grep -o 'gdnsd version [0-9.]*' | head -1 | cut -d' ' -f3)" ;;
     pdns) echo "PowerDNS $(pdns_server --version 2>&1 | grep -o 'Server [0-9.]*' | head -1 | cut -d' ' -f2), LUA shared" ;;
     esac
