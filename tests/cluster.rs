@@ -1190,16 +1190,7 @@ async fn a_node_whose_clock_is_two_seconds_behind_sees_the_skew_and_steps_with_t
     let ns4 = std::process::Command::new("faketime")
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .args(["-f", "-2s", common::BIN, "serve"])
-        .arg("--config")
-        .arg(dir.join("steering.yaml"))
-        .arg("--zones")
-        .arg(dir.join("zones"))
-        .arg("--probes")
-        .arg(dir.join("probes"))
-        .arg("--geo")
-        .arg(dir.join("geo.mmdb"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
+        .args(common::stack::stack_inputs(&dir))
         .args([
             "--listen",
             &format!("127.0.0.1:{dns}"),

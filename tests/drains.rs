@@ -423,16 +423,8 @@ async fn explain_over_the_cli_and_over_http_give_the_same_facts() {
             "--resolver",
             resolver,
         ])
-        .args(["--json", "--config"])
-        .arg(dir.join("steering.yaml"))
-        .arg("--zones")
-        .arg(dir.join("zones"))
-        .arg("--geo")
-        .arg(dir.join("geo.mmdb"))
-        .arg("--probes")
-        .arg(dir.join("probes"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
+        .arg("--json")
+        .args(stack_inputs(dir))
         .output()
         .unwrap();
         assert!(

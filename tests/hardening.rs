@@ -443,16 +443,7 @@ async fn a_saved_state_with_a_time_too_late_to_print_is_refused_not_rendered() {
     .unwrap();
     // `explain` reads it: a warning naming the file, the configured weights.
     let out = steerdns(&["explain", "www.example.com", "--client", "192.0.2.1"])
-        .arg("--config")
-        .arg(dir.join("steering.yaml"))
-        .arg("--zones")
-        .arg(dir.join("zones"))
-        .arg("--geo")
-        .arg(dir.join("geo.mmdb"))
-        .arg("--probes")
-        .arg(dir.join("probes"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
+        .args(stack_inputs(&dir))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

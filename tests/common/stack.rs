@@ -530,6 +530,22 @@ pub async fn wait_state(
     }
 }
 
+/// The input flags of a stack's directory `dir` (`--config`, `--zones`, `--geo`,
+/// `--probes`, `--state-dir` on its files), for a `steerdns` command run on them.
+pub fn stack_inputs(dir: &Path) -> Vec<std::ffi::OsString> {
+    let files = [
+        ("--config", "steering.yaml"),
+        ("--zones", "zones"),
+        ("--geo", "geo.mmdb"),
+        ("--probes", "probes"),
+        ("--state-dir", "state"),
+    ];
+    files
+        .iter()
+        .flat_map(|(flag, file)| [flag.into(), dir.join(file).into_os_string()])
+        .collect()
+}
+
 /// `steerdns explain NAME --client CLIENT` run offline in a stack's directory `dir`,
 /// on its files and the state it saved (`--geo geo.mmdb --state-dir state`, the policy,
 /// zones and probes by their default names): its output, once it succeeded.
