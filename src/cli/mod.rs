@@ -10,6 +10,7 @@
 
 mod args;
 mod offline;
+mod reference;
 mod serve;
 
 use std::net::{IpAddr, SocketAddr};
@@ -195,6 +196,10 @@ pub enum Command {
         #[command(subcommand)]
         command: DnssecCommand,
     },
+    /// Print a generated page of the book's reference in Markdown: every command and
+    /// flag (`cli`), or every metric family with its type and labels (`metrics`). CI
+    /// compares them with docs/book/src/reference/{cli,metrics}.md.
+    Reference { page: reference::Page },
     /// Write the manual pages (steerdns.1, steerdns-serve.1, ...) into DIR, or
     /// steerdns.1 to standard output.
     #[command(hide = true)]
@@ -351,6 +356,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         }
         Command::Dnssec { command } => dnssec(command),
         Command::Man { dir } => man(dir.as_deref()),
+        Command::Reference { page } => {
+            print!("{}", reference::page(page));
+            ExitCode::SUCCESS
+        }
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -55,19 +55,23 @@
 //! points, a fixed set of rcodes and reason classes); a client address is never a label,
 //! and a peer is labelled by its configured URL, never by what it answers.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use prometheus::core::Collector;
 use prometheus::{
     exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod catalogue;
 mod control;
 mod data;
 mod labels;
 mod steered;
 
+pub use catalogue::Family;
 pub use labels::{rcode_name, reason_class};
 use steered::{effective_weights, label, Tally};
 
@@ -90,6 +94,9 @@ struct Inner {
     /// The standard `process_*` families, which carry no `steerdns_` prefix (dashboards
     /// and alerts written for any exporter read them by these names).
     process: Registry,
+    /// A handle on every family registered, for [`Metrics::catalogue`] (the registry
+    /// lists only the families that have series).
+    catalogue: Vec<Box<dyn Collector>>,
     queries: IntCounterVec,
     /// The steered part of `queries_total`, added at scrape time.
     tally: Mutex<Tally>,
@@ -171,7 +178,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new_custom(Some("steerdns".into()), None)
             .expect("static registry prefix is valid");
-        let reg = Reg(&registry);
+        let reg = Reg::new(&registry);
 
         let queries = reg.counters(
             "queries_total",
@@ -190,35 +197,27 @@ impl Metrics {
             .buckets(exponential_buckets(1e-6, 2.0, 14).expect("static buckets")),
         )
         .expect("static histogram definition");
-        registry
-            .register(Box::new(duration.clone()))
-            .expect("registered once");
+        reg.add(duration.clone());
         let state_save_failing = prometheus::IntGauge::new(
             "state_save_failing",
             "1 while the latest save of the state file failed (it is retried; the state is kept in memory).",
         )
         .expect("static gauge");
-        registry
-            .register(Box::new(state_save_failing.clone()))
-            .expect("registered once");
+        reg.add(state_save_failing.clone());
         let etcd_fail_static = prometheus::IntGauge::new(
             "etcd_fail_static",
             "1 while this node of a set (--etcd) cannot reach etcd: it keeps the last shared \
              state and starts no demotion; 0 otherwise (and without --etcd).",
         )
         .expect("static gauge");
-        registry
-            .register(Box::new(etcd_fail_static.clone()))
-            .expect("registered once");
+        reg.add(etcd_fail_static.clone());
         let etcd_refused = prometheus::IntGauge::new(
             "etcd_refused_keys",
             "Keys under the etcd prefix refused now (bad form, a CDN or name outside the policy): \
              they do not count.",
         )
         .expect("static gauge");
-        registry
-            .register(Box::new(etcd_refused.clone()))
-            .expect("registered once");
+        reg.add(etcd_refused.clone());
         let etcd_skew = prometheus::Gauge::new(
             "etcd_clock_skew_seconds",
             "This node's clock against etcd's, from the Date of etcd's answers (positive: \
@@ -226,25 +225,19 @@ impl Metrics {
              every node on NTP.",
         )
         .expect("static gauge");
-        registry
-            .register(Box::new(etcd_skew.clone()))
-            .expect("registered once");
+        reg.add(etcd_skew.clone());
         let state_save_errors = IntCounter::new(
             "state_save_errors_total",
             "Failed saves of the state file (unwritable, disk full, ...); each is retried.",
         )
         .expect("static counter");
-        registry
-            .register(Box::new(state_save_errors.clone()))
-            .expect("registered once");
+        reg.add(state_save_errors.clone());
         let udp_thread_restarts = IntCounter::new(
             "udp_thread_restarts_total",
             "UDP threads that panicked and were restarted on their socket (a bug: see the log).",
         )
         .expect("static counter");
-        registry
-            .register(Box::new(udp_thread_restarts.clone()))
-            .expect("registered once");
+        reg.add(udp_thread_restarts.clone());
         reg.gauges(
             "build_info",
             "1; the version and the git commit of the steerdns binary.",
@@ -334,9 +327,7 @@ impl Metrics {
                 tcp_connections: {
                     let g = IntGauge::new("tcp_connections", "Open DNS-over-TCP connections.")
                         .expect("static gauge");
-                    registry
-                        .register(Box::new(g.clone()))
-                        .expect("registered once");
+                    reg.add(g.clone());
                     g
                 },
                 tcp_closed: {
@@ -398,9 +389,7 @@ impl Metrics {
                         &["name", "region", "cdn", "metric"],
                     )
                     .expect("static gauge");
-                    reg.0
-                        .register(Box::new(v.clone()))
-                        .expect("registered once");
+                    reg.add(v.clone());
                     v
                 },
                 perf_reason: reg.gauges(
@@ -432,6 +421,7 @@ impl Metrics {
                      commit_behind, cap_ahead, burst_budget or capacity.",
                     &["name", "cdn", "reason"],
                 ),
+                catalogue: reg.kept.into_inner(),
                 registry,
                 process: process_registry(),
             }),
@@ -483,17 +473,23 @@ impl Metrics {
 /// `steerdns_dnssec_signature_expiry_seconds`: how long the signatures being served
 /// remain valid, read from the snapshot when `/metrics` is scraped.
 fn signature_expiry(until: u64, now: u64) -> prometheus::proto::MetricFamily {
+    let mut family = signature_expiry_family();
+    let mut m = prometheus::proto::Metric::default();
+    let mut g = prometheus::proto::Gauge::default();
+    g.set_value(until as f64 - now as f64);
+    m.set_gauge(g);
+    family.mut_metric().push(m);
+    family
+}
+
+/// The family of [`signature_expiry`], without its one series.
+fn signature_expiry_family() -> prometheus::proto::MetricFamily {
     let mut family = prometheus::proto::MetricFamily::default();
     family.set_name("steerdns_dnssec_signature_expiry_seconds".into());
     family.set_help(
         "Seconds until the DNSSEC signatures being served expire (negative: expired).".into(),
     );
     family.set_field_type(prometheus::proto::MetricType::GAUGE);
-    let mut m = prometheus::proto::Metric::default();
-    let mut g = prometheus::proto::Gauge::default();
-    g.set_value(until as f64 - now as f64);
-    m.set_gauge(g);
-    family.mut_metric().push(m);
     family
 }
 
@@ -510,33 +506,40 @@ fn process_registry() -> Registry {
     registry
 }
 
-/// Registers families in one registry; every definition is static, so a failure is a
-/// programming error caught by the unit tests.
-struct Reg<'r>(&'r Registry);
+/// Registers families in one registry and keeps a handle on each, for
+/// [`Metrics::catalogue`]; every definition is static, so a failure is a programming
+/// error caught by the unit tests.
+struct Reg<'r> {
+    registry: &'r Registry,
+    kept: RefCell<Vec<Box<dyn Collector>>>,
+}
 
-impl Reg<'_> {
-    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-        let v = IntCounterVec::new(Opts::new(name, help), labels).expect("static counter");
-        self.0
-            .register(Box::new(v.clone()))
+impl<'r> Reg<'r> {
+    fn new(registry: &'r Registry) -> Self {
+        Reg {
+            registry,
+            kept: RefCell::default(),
+        }
+    }
+
+    fn add<C: Collector + Clone + 'static>(&self, c: C) -> C {
+        self.registry
+            .register(Box::new(c.clone()))
             .expect("registered once");
-        v
+        self.kept.borrow_mut().push(Box::new(c.clone()));
+        c
+    }
+
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("static counter"))
     }
 
     fn float_gauges(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
-        let v = prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("static gauge");
-        self.0
-            .register(Box::new(v.clone()))
-            .expect("registered once");
-        v
+        self.add(prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("static gauge"))
     }
 
     fn gauges(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-        let v = IntGaugeVec::new(Opts::new(name, help), labels).expect("static gauge");
-        self.0
-            .register(Box::new(v.clone()))
-            .expect("registered once");
-        v
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels).expect("static gauge"))
     }
 }
 

@@ -8,15 +8,24 @@ use std::sync::Arc;
 
 use crate::plan::{Plan, Snapshot};
 
-/// `effective_weight{name, region, cdn}`: each CDN's share of a region's answers in
-/// `plan`, for clients outside location-scoped drains.
-pub(super) fn effective_weights(plan: &Plan) -> prometheus::proto::MetricFamily {
+/// The labels of [`effective_weights`]' series.
+pub(super) const EFFECTIVE_WEIGHT_LABELS: [&str; 3] = ["cdn", "name", "region"];
+
+/// The family of [`effective_weights`], without its series.
+pub(super) fn effective_weight_family() -> prometheus::proto::MetricFamily {
     let mut family = prometheus::proto::MetricFamily::default();
     family.set_name("steerdns_effective_weight".into());
     family.set_help(
         "Share of the region's answers going to the CDN now, in percent (0..100).".into(),
     );
     family.set_field_type(prometheus::proto::MetricType::GAUGE);
+    family
+}
+
+/// `effective_weight{name, region, cdn}`: each CDN's share of a region's answers in
+/// `plan`, for clients outside location-scoped drains.
+pub(super) fn effective_weights(plan: &Plan) -> prometheus::proto::MetricFamily {
+    let mut family = effective_weight_family();
     for steered in plan.names() {
         for r in 0..steered.regions() {
             let choice = steered.choice(r);
