@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The book (docs/book): mdBook, pinned, installed from crates.io into target/tools when
+# missing (the first run compiles it, about 3 minutes on 2 cores; later runs reuse it),
+# then built, then every relative link and #anchor of the output checked
+# (scripts/check-book-links.py). Fails on a missing page, a broken include or a broken
+# link. The HTML lands in docs/book/book/ (ignored by git).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+MDBOOK_VERSION=0.5.4
+mdbook=target/tools/bin/mdbook
+if ! [ -x "$mdbook" ] || ! "$mdbook" --version | grep -qF "$MDBOOK_VERSION"; then
+    echo "== cargo install mdbook $MDBOOK_VERSION (into target/tools)"
+    cargo install mdbook --version "$MDBOOK_VERSION" --locked --no-default-features \
+        --features search --root target/tools --target-dir target/tools-build
+fi
+rm -rf docs/book/book
+"$mdbook" build docs/book
+python3 scripts/check-book-links.py docs/book/book
