@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::Probes;
 use crate::control::api::{self, ApiLimits, ApiState};
+use crate::control::book::Book;
 use crate::control::cluster::node::ClusterLink;
 use crate::control::cluster::{self, ClusterOptions, Etcd};
 use crate::control::content::{self, SteeringOptions};
@@ -216,6 +217,8 @@ pub struct ServeOptions {
     /// Names a read's `Host` may carry besides the API's address and `localhost`
     /// (`--api-host`).
     pub api_hosts: Vec<String>,
+    /// Where the status page's links to the manual lead (`--book`).
+    pub book: Book,
     /// Where health and failover progress are saved; `None` to keep nothing.
     pub state: Option<StateFile>,
     /// This vantage point's name (in observations, logs and the probe User-Agent).
@@ -347,6 +350,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
                 status: Some(StatusSource {
                     live: dns.live().clone(),
                     history,
+                    book: opts.book.clone(),
                 }),
             };
             let limits = ApiLimits {

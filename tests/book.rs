@@ -350,8 +350,9 @@ struct Demo {
 }
 
 impl Demo {
-    fn start() -> Demo {
-        let dir = std::env::temp_dir().join(format!("steerdns-book-demo-{}", std::process::id()));
+    /// A demo server in its own directory (`tag` tells the tests' directories apart).
+    fn start(tag: &str) -> Demo {
+        let dir = std::env::temp_dir().join(format!("steerdns-book-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for sub in ["zones", "probes", "geo", "state", "bin"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
@@ -462,7 +463,7 @@ fn every_command_in_the_book_runs_against_a_demo_server() {
         .filter(|b| shells.contains(&b.lang.as_str()) && !b.has("norun") && runs_ours(&b.text))
         .collect();
     assert!(!runnable.is_empty(), "no runnable command in the book");
-    let demo = Demo::start();
+    let demo = Demo::start("commands");
     let mut failures = BTreeMap::new();
     for b in &runnable {
         if let Err(e) = demo.run(b) {
@@ -507,4 +508,115 @@ fn the_harness_sees_what_it_must_run() {
         (2, "yaml", true)
     );
     assert_eq!(b[1].text, "```sh\n");
+}
+
+// === links into the book from --help and the status page ===
+
+/// The ids of the headings of a book page (mdBook's: lowercase, letters, digits, `-`
+/// and `_` kept, spaces made `-`, the rest dropped) and of its `<a id>` elements.
+fn anchors(page: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo(&format!("{BOOK}/{page}")))
+        .unwrap_or_else(|e| panic!("{BOOK}/{page}: {e}"));
+    let mut ids = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        }
+        if let Some(heading) = line.strip_prefix('#').filter(|_| !in_code) {
+            let heading = heading.trim_start_matches('#').trim();
+            let id: String = heading
+                .chars()
+                .filter_map(|c| match c {
+                    c if c.is_alphanumeric() || c == '_' || c == '-' => {
+                        Some(c.to_ascii_lowercase())
+                    }
+                    c if c.is_whitespace() => Some('-'),
+                    _ => None,
+                })
+                .collect();
+            ids.push(id);
+        }
+        for part in line.split("<a id=\"").skip(1) {
+            ids.push(part.split('"').next().unwrap_or("").to_string());
+        }
+    }
+    ids
+}
+
+/// Each `PREFIX PAGE.EXT[#ANCHOR]` in `text` that names no page of the book or no
+/// heading of it.
+fn dead_links(text: &str, prefix: &str, ext: &str) -> (usize, Vec<String>) {
+    let mut dead = Vec::new();
+    let mut seen = 0;
+    for part in text.split(prefix).skip(1) {
+        let link: String = part
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || "/_-.#".contains(*c))
+            .collect();
+        let Some((page, anchor)) = link
+            .split_once(ext)
+            .map(|(p, rest)| (format!("{p}.md"), rest))
+        else {
+            dead.push(format!("{prefix}{link}: not a page"));
+            continue;
+        };
+        seen += 1;
+        if !repo(&format!("{BOOK}/{page}")).is_file() {
+            dead.push(format!("{prefix}{link}: no page {BOOK}/{page}"));
+        } else if let Some(id) = anchor.strip_prefix('#') {
+            if !anchors(&page).iter().any(|a| a == id) {
+                dead.push(format!("{prefix}{link}: no heading #{id} in {BOOK}/{page}"));
+            }
+        }
+    }
+    (seen, dead)
+}
+
+#[test]
+fn the_help_links_to_pages_of_the_book_that_exist() {
+    let mut help = String::new();
+    let commands: &[&[&str]] = &[
+        &[],
+        &["serve"],
+        &["agent"],
+        &["check"],
+        &["simulate"],
+        &["explain"],
+        &["audit"],
+        &["dnssec"],
+        &["reference"],
+    ];
+    for args in commands {
+        let out = steerdns(args).arg("--help").output().unwrap();
+        assert!(out.status.success(), "steerdns {args:?} --help");
+        help.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let (seen, dead) = dead_links(&help, "docs/book/src/", ".md");
+    assert!(
+        seen >= commands.len(),
+        "only {seen} links to the book in --help"
+    );
+    assert!(dead.is_empty(), "{}", dead.join("\n"));
+}
+
+#[test]
+fn the_status_page_links_to_pages_of_the_book_that_exist() {
+    let demo = Demo::start("status");
+    let mut page = String::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !page.contains("</html>") {
+        assert!(Instant::now() < deadline, "no status page");
+        let out = Command::new("curl")
+            .args(["-sS", &format!("http://127.0.0.1:{}/", demo.api)])
+            .output()
+            .unwrap();
+        page = String::from_utf8_lossy(&out.stdout).to_string();
+    }
+    let (seen, dead) = dead_links(&page, "href=\"/book/", ".html");
+    assert!(
+        seen >= 5,
+        "only {seen} links to the book on the status page:\n{page}"
+    );
+    assert!(dead.is_empty(), "{}", dead.join("\n"));
 }

@@ -205,7 +205,7 @@ async fn state_metrics_status_and_explain_show_signing() {
         "{left}"
     );
     let page = stack.text("/").await;
-    assert!(page.contains("<h2>DNSSEC</h2>"), "{page}");
+    assert!(page.contains("<h2>DNSSEC <a class=\"manual\""), "{page}");
     assert!(page.contains("<td>active</td>"), "{page}");
 
     let text = common::stack::explain_offline(&dir, "www.example.com", "81.2.69.160");

@@ -193,7 +193,7 @@ pub struct InputArgs {
     /// Scoped API tokens (YAML, owner-only mode): each a `name`, the `sha256` of its
     /// secret, its `verbs` (drain, undrain, freeze, resume, usage), and optionally the
     /// `names`, `tenants` and `regions` it may touch and `require_ticket`. Reloaded with
-    /// the policy; see the README, "Operating it live".
+    /// the policy; see the book, docs/book/src/user/admin-api.md (tokens).
     #[arg(long = "api-tokens", value_name = "FILE")]
     pub api_tokens: Option<PathBuf>,
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::app::{self, Inputs, ServeOptions};
+use crate::control::book::Book;
 use crate::control::content::SteeringOptions;
 use crate::control::controller::StateFile;
 use crate::control::state::SAVED_MAX_AGE;
@@ -42,7 +43,10 @@ const VERSION: &str = concat!(
 #[command(
     name = "steerdns",
     version = VERSION,
-    about = "Authoritative DNS server that steers a hostname across CDNs"
+    about = "Authoritative DNS server that steers a hostname across CDNs",
+    after_help = "The manual is a book: docs/book/src/introduction.md in the source tree (every \
+                  command and flag: docs/book/src/reference/cli.md). `bash scripts/book.sh` builds \
+                  it, and `serve` shows the built book at /book/ on --api (--book)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -54,6 +58,9 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve DNS (UDP and TCP) from the policy, the zones and the geo database.
+    #[command(
+        after_help = "The book: docs/book/src/user/install.md (running it), docs/book/src/reference/command-line.md (how the flags work together), docs/book/src/user/operating.md (live operation), docs/book/src/user/set/index.md (--etcd)"
+    )]
     Serve {
         #[command(flatten)]
         inputs: InputArgs,
@@ -70,6 +77,12 @@ pub enum Command {
         /// several.
         #[arg(long = "api-host", value_name = "NAME")]
         api_hosts: Vec<String>,
+        /// Where the manual is, for the status page's links (`/book/…` on the API): a
+        /// directory holding the built book, served read-only (`bash scripts/book.sh`
+        /// builds it into docs/book/book), or the http(s) URL of a published copy, to
+        /// which `/book/PAGE` redirects.
+        #[arg(long, value_name = "DIR|URL", default_value = "docs/book/book")]
+        book: String,
         /// Where health and failover progress are saved across restarts.
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
@@ -112,6 +125,7 @@ pub enum Command {
         usage_poll_ms: u64,
     },
     /// Run only the prober, publishing observations for the servers on --api.
+    #[command(after_help = "The book: docs/book/src/user/failover.md#vantage-points-and-quorum")]
     Agent {
         /// The directory of probe files.
         #[arg(long, value_name = "DIR", default_value = "probes/")]
@@ -126,6 +140,9 @@ pub enum Command {
         etcd: EtcdArgs,
     },
     /// Validate the policy, the zones and the geo database; exit non-zero on any error.
+    #[command(
+        after_help = "The book: docs/book/src/user/try-it.md#ask-the-server-why-explain-and-check, docs/book/src/user/policy.md#validation"
+    )]
     Check {
         #[command(flatten)]
         inputs: InputArgs,
@@ -136,6 +153,7 @@ pub enum Command {
     /// five-minute samples above a p95 cap, the largest shift per period, and an SVG
     /// chart of the shares. One steered name is simulated: `--name`, by default the
     /// first with a contract or a capacity.
+    #[command(after_help = "The book: docs/book/src/user/commit-steering.md")]
     Simulate {
         /// The demand file: a header `start,region,mbps` (or `bytes`), then one row per
         /// five minutes and region (`region` is a region's `name:` in the policy).
@@ -160,6 +178,7 @@ pub enum Command {
         name: Option<String>,
     },
     /// Show, offline, how NAME is answered for a client and why.
+    #[command(after_help = "The book: docs/book/src/runbooks/read-explain.md")]
     Explain {
         /// The steered name (www.example.com).
         name: String,
@@ -187,18 +206,21 @@ pub enum Command {
         state_dir: PathBuf,
     },
     /// The audit log (STATE_DIR/audit.jsonl): check its hash chain, or print it.
+    #[command(after_help = "The book: docs/book/src/user/audit-and-faults.md#audit-log")]
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
     },
     /// DNSSEC zone keys: make one, roll one over, show their status, print the DS records for the parent zone.
+    #[command(after_help = "The book: docs/book/src/user/dnssec.md")]
     Dnssec {
         #[command(subcommand)]
         command: DnssecCommand,
     },
     /// Print a generated page of the book's reference in Markdown: every command and
     /// flag (`cli`), or every metric family with its type and labels (`metrics`). CI
-    /// compares them with docs/book/src/reference/{cli,metrics}.md.
+    /// compares them with docs/book/src/reference/cli.md and docs/book/src/reference/metrics.md.
+    #[command(after_help = "The book: docs/book/src/dev/testing.md")]
     Reference { page: reference::Page },
     /// Write the manual pages (steerdns.1, steerdns-serve.1, ...) into DIR, or
     /// steerdns.1 to standard output.
@@ -218,6 +240,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             dns,
             api,
             api_hosts,
+            book,
             state_dir,
             state_max_age_seconds,
             vantage,
@@ -261,6 +284,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 dns,
                 api: api.0,
                 api_hosts,
+                book: Book::parse(&book),
                 state: Some(StateFile::new(
                     state_dir,
                     Duration::from_secs(state_max_age_seconds),

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod audit;
+pub mod book;
 pub mod cluster;
 pub mod command;
 pub mod commit;

@@ -48,6 +48,8 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 pub struct StatusSource {
     pub live: Arc<Live>,
     pub history: Arc<Mutex<History>>,
+    /// Where `/book/` (the page's links to the manual) leads: `serve --book`.
+    pub book: crate::control::book::Book,
 }
 
 /// A series: (name, region, CDN).
@@ -191,7 +193,7 @@ const COLOURS: [&str; 8] = [
 ];
 
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1em 2em;color:#222}\
-h1{font-size:20px;margin:0}h2{font-size:16px;margin:1.2em 0 .4em}\
+h1{font-size:20px;margin:0}h2{font-size:16px;margin:1.2em 0 .4em}.manual{font-size:11px;font-weight:normal;color:#666}\
 .meta{color:#666}table{border-collapse:collapse;margin:.3em 0}\
 td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:middle}\
 th{background:#f4f4f4}.banner{padding:6px 10px;margin:6px 0;border-radius:4px}\
@@ -223,7 +225,8 @@ fn write_page(
         h,
         "<header><h1>steerdns: {}</h1><p class=\"meta\">configuration <code>{}</code> · \
          {} UTC · refreshes every {REFRESH_SECONDS} s · <a href=\"/v1/state\">/v1/state</a> · \
-         <a href=\"/metrics\">/metrics</a></p></header>",
+         <a href=\"/metrics\">/metrics</a> · \
+         <a href=\"/book/user/operating.html#status-page\">the manual</a></p></header>",
         esc(&doc.vantage),
         esc(&doc.config_version),
         time(now),
@@ -244,7 +247,7 @@ fn write_page(
         writeln!(
             h,
             "<h2 class=\"name\">{}{tenant}</h2>\n<table class=\"regions\"><tr><th>region</th>\
-             <th>why</th><th>shares now</th><th>last hour (or since start)</th></tr>",
+             <th>why <a class=\"manual\" href=\"/book/runbooks/read-explain.html\">manual</a></th><th>shares now</th><th>last hour (or since start)</th></tr>",
             esc(name)
         )?;
         for r in 0..steered.regions() {
@@ -432,7 +435,7 @@ fn chart(
 
 fn health(h: &mut String, doc: &StateDoc) -> std::fmt::Result {
     h.push_str(
-        "<h2>Health</h2>\n<table id=\"health\"><tr><th>CDN</th><th>state</th>\
+        "<h2>Health <a class=\"manual\" href=\"/book/user/failover.html\">manual</a></h2>\n<table id=\"health\"><tr><th>CDN</th><th>state</th>\
          <th>bad rounds in a row</th><th>good rounds in a row</th><th>last round (evidence)</th>\
          <th>rounds down / up / unknown</th></tr>\n",
     );
@@ -464,7 +467,7 @@ fn health(h: &mut String, doc: &StateDoc) -> std::fmt::Result {
 
 fn failover(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
     h.push_str(
-        "<h2>Failover steps</h2>\n<table id=\"failover\"><tr><th>name</th><th>CDN</th>\
+        "<h2>Failover steps <a class=\"manual\" href=\"/book/user/failover.html#hysteresis-and-steps\">manual</a></h2>\n<table id=\"failover\"><tr><th>name</th><th>CDN</th>\
          <th>share removed</th><th>direction</th><th>since</th></tr>\n",
     );
     if doc.failover.is_empty() {
@@ -509,7 +512,7 @@ fn by(d: &crate::control::drains::DrainStatus) -> String {
 
 fn drains(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
     h.push_str(
-        "<h2>Drains</h2>\n<table id=\"drains\"><tr><th>name</th><th>CDN</th><th>where</th>\
+        "<h2>Drains <a class=\"manual\" href=\"/book/user/operating.html#drains\">manual</a></h2>\n<table id=\"drains\"><tr><th>name</th><th>CDN</th><th>where</th>\
          <th>reason</th><th>until</th><th>status</th><th>share removed</th><th>by</th></tr>\n",
     );
     if doc.drains.is_empty() {
@@ -547,7 +550,7 @@ fn drains(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
 
 fn fail_open(h: &mut String, doc: &StateDoc) -> std::fmt::Result {
     h.push_str(
-        "<h2>Fail-open</h2>\n<table id=\"fail-open\"><tr><th>name</th><th>region</th></tr>\n",
+        "<h2>Fail-open <a class=\"manual\" href=\"/book/user/failover.html#fail-open\">manual</a></h2>\n<table id=\"fail-open\"><tr><th>name</th><th>region</th></tr>\n",
     );
     if doc.fail_open.is_empty() {
         h.push_str("<tr><td colspan=\"2\">No region fails open.</td></tr>\n");
@@ -573,7 +576,7 @@ fn dnssec(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
     };
     writeln!(
         h,
-        "<h2>DNSSEC</h2>\n<p id=\"dnssec\">Signatures valid until {}, replaced {}.</p>",
+        "<h2>DNSSEC <a class=\"manual\" href=\"/book/user/dnssec.html\">manual</a></h2>\n<p id=\"dnssec\">Signatures valid until {}, replaced {}.</p>",
         when(d.signed_until_unix.saturating_mul(1000), now),
         when(d.resign_at_unix.saturating_mul(1000), now)
     )?;
@@ -593,7 +596,7 @@ fn dnssec(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
 }
 
 fn reload(h: &mut String, doc: &StateDoc) -> std::fmt::Result {
-    h.push_str("<h2>Last reload</h2>\n<p id=\"reload\">");
+    h.push_str("<h2>Last reload <a class=\"manual\" href=\"/book/user/operating.html#reload\">manual</a></h2>\n<p id=\"reload\">");
     match &doc.last_reload {
         None => h.push_str("None since start."),
         Some(r) => {

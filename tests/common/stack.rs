@@ -188,6 +188,7 @@ impl Stack {
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
         let opts = ServeOptions {
             api_hosts: Vec::new(),
+            book: steerdns::control::book::Book::parse("docs/book/book"),
             inputs: inputs.clone(),
             reload_poll: o.reload_poll,
             listen: vec!["127.0.0.1:0".parse().unwrap()],
