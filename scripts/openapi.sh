@@ -35,7 +35,7 @@ SPEC_VALIDATOR=0.9.0
 SCHEMATHESIS=4.32.5
 # Test cases per operation and phase; the run's time bound.
 EXAMPLES=${EXAMPLES:-25}
-MAX_TIME=${MAX_TIME:-50}
+MAX_TIME=${MAX_TIME:-35}
 SEED=${SEED:-47}
 
 have_pip_version() { # PACKAGE VERSION
