@@ -44,7 +44,9 @@ have_pip_version() { # PACKAGE VERSION
 for pkg in "openapi-spec-validator==$SPEC_VALIDATOR" "schemathesis==$SCHEMATHESIS"; do
     if ! have_pip_version "${pkg%%==*}" "${pkg##*==}"; then
         log "pip install $pkg"
-        python3 -m pip install --quiet "$pkg" >&2 || die "cannot install $pkg"
+        python3 -m pip install --quiet "$pkg" >&2 ||
+            python3 -m pip install --quiet --break-system-packages "$pkg" >&2 ||
+            die "cannot install $pkg"
     fi
 done
 

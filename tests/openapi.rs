@@ -103,7 +103,10 @@ fn every_mutation_names_its_verb_and_the_bearer_scheme() {
             "{method} {path}: no bearerAuth"
         );
         let verb = op["x-steerdns-verb"].as_str().unwrap_or_default();
-        assert!(verbs.contains(&verb), "{method} {path}: x-steerdns-verb {verb:?}");
+        assert!(
+            verbs.contains(&verb),
+            "{method} {path}: x-steerdns-verb {verb:?}"
+        );
         let description = op["description"].as_str().unwrap_or_default();
         let description = description.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(
@@ -341,10 +344,7 @@ fn every_documented_operation_answers_as_documented() {
     let mut sent = BTreeSet::new();
 
     // The admin API: reads, then each mutation (a drain is made, then ended).
-    let start = humantime::format_rfc3339_seconds(
-        std::time::SystemTime::now() - Duration::from_secs(3600),
-    )
-    .to_string();
+    let start = steerdns::clock::rfc3339(steerdns::clock::now_ms() - 3_600_000);
     let usage = format!(r#"{{"cdn":"fastly","start":"{start}","seconds":300,"bytes":1000000}}"#);
     let mut samples = vec![
         sample("GET", "/", "/", None, 200),
@@ -363,7 +363,9 @@ fn every_documented_operation_answers_as_documented() {
             "POST",
             "/v1/drains",
             "/v1/drains",
-            Some(r#"{"name":"www.example.com","cdn":"fastly","where":["GB"],"reason":"openapi test","ttl_seconds":600}"#),
+            Some(
+                r#"{"name":"www.example.com","cdn":"fastly","where":["GB"],"reason":"openapi test","ttl_seconds":600}"#,
+            ),
             201,
         ),
         sample(

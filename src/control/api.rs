@@ -44,7 +44,7 @@ use crate::config::tokens::{Token, Tokens, Verb};
 use crate::control::command::{Command, Lever};
 use crate::control::drains::{DrainError, DrainRule};
 use crate::control::explain::ExplainError;
-use crate::control::http::{error, json_reply, serve_http, text, Conn, Reply};
+use crate::control::http::{error, json_reply, path_matches, serve_http, text, Conn, Reply};
 use crate::control::peers::Published;
 use crate::control::prober::Local;
 use crate::control::state_doc::StateDoc;
@@ -210,27 +210,9 @@ const TABLE: &[(&str, &str, Op)] = &[
     ("POST", "/v1/usage", Op::Mutation(Verb::Usage)),
 ];
 
-/// Whether `path` is an instance of `template`, whose `{…}` segments match one
-/// non-empty segment each.
-pub fn path_matches(template: &str, path: &str) -> bool {
-    let (mut t, mut p) = (template.split('/'), path.split('/'));
-    loop {
-        match (t.next(), p.next()) {
-            (None, None) => return true,
-            (Some(ts), Some(ps)) if ts.starts_with('{') && ts.ends_with('}') => {
-                if ps.is_empty() {
-                    return false;
-                }
-            }
-            (Some(ts), Some(ps)) if ts == ps => {}
-            _ => return false,
-        }
-    }
-}
-
 /// The operation `method` and `path` ask for ([`TABLE`]), or the fallback: `405` with
 /// the method the path takes, or `404`.
-fn op_of(method: &Method, path: &str) -> Result<Op, Reply> {
+fn op_of(method: &Method, path: &str) -> Result<Op, Box<Reply>> {
     let mut allowed = None;
     for &(m, template, op) in TABLE {
         if path_matches(template, path) {
@@ -240,7 +222,7 @@ fn op_of(method: &Method, path: &str) -> Result<Op, Reply> {
             allowed = Some(m);
         }
     }
-    Err(match allowed {
+    Err(Box::new(match allowed {
         Some(m) => {
             let (only, allow) = match m {
                 "GET" => ("GET only\n", "GET"),
@@ -253,7 +235,7 @@ fn op_of(method: &Method, path: &str) -> Result<Op, Reply> {
             r
         }
         None => text(StatusCode::NOT_FOUND, "not found\n"),
-    })
+    }))
 }
 
 async fn route(
@@ -265,7 +247,7 @@ async fn route(
     let query = req.uri().query().unwrap_or("").to_string();
     let op = match op_of(req.method(), &path) {
         Ok(op) => op,
-        Err(fallback) => return Ok(fallback),
+        Err(fallback) => return Ok(*fallback),
     };
     Ok(match op {
         Op::StatusPage => status_page(&state),
@@ -833,7 +815,10 @@ mod tests {
                     .iter()
                     .any(|(m, t)| *m == method.as_str() && path_matches(t, path));
                 match op_of(method, path) {
-                    Ok(op) => assert!(listed, "{method} {path:?} is served ({op:?}) but not in ROUTES"),
+                    Ok(op) => assert!(
+                        listed,
+                        "{method} {path:?} is served ({op:?}) but not in ROUTES"
+                    ),
                     Err(fallback) => {
                         assert!(!listed, "{method} {path:?} is in ROUTES but falls through");
                         let status = fallback.status();
@@ -844,10 +829,16 @@ mod tests {
                         );
                         // 405 for a path of the table, and it says which method.
                         let known = ROUTES.iter().any(|(_, t)| path_matches(t, path));
-                        assert_eq!(status == StatusCode::METHOD_NOT_ALLOWED, known, "{method} {path:?}");
+                        assert_eq!(
+                            status == StatusCode::METHOD_NOT_ALLOWED,
+                            known,
+                            "{method} {path:?}"
+                        );
                         if known {
                             let allow = fallback.headers()[header::ALLOW].to_str().unwrap();
-                            assert!(ROUTES.iter().any(|(m, t)| *m == allow && path_matches(t, path)));
+                            assert!(ROUTES
+                                .iter()
+                                .any(|(m, t)| *m == allow && path_matches(t, path)));
                         }
                     }
                 }
@@ -858,7 +849,10 @@ mod tests {
             let path = t.replace("{id}", "api-7");
             let method = Method::from_bytes(m.as_bytes()).unwrap();
             assert!(op_of(&method, &path).is_ok(), "{m} {path}");
-            assert!(PATHS.contains(&path.replace("api-7", "api-1").as_str()), "{path}: add it to PATHS");
+            assert!(
+                PATHS.contains(&path.replace("api-7", "api-1").as_str()),
+                "{path}: add it to PATHS"
+            );
         }
     }
 

@@ -441,9 +441,8 @@ mod tests {
 
     #[test]
     fn the_router_serves_its_table_and_nothing_else() {
-        let matches = |template: &str, path: &str| {
-            crate::control::api::path_matches(template, path)
-        };
+        let matches =
+            |template: &str, path: &str| crate::control::http::path_matches(template, path);
         let paths = [
             "/steer/hls/www.example.com",
             "/steer/dash/www.example.com",
@@ -494,7 +493,10 @@ mod tests {
         }
         for (_, t) in ROUTES {
             let path = t.replace("{name}", "www.example.com");
-            assert!(paths.contains(&path.as_str()), "{path}: add it to the paths");
+            assert!(
+                paths.contains(&path.as_str()),
+                "{path}: add it to the paths"
+            );
         }
         assert_eq!(
             route(&Method::GET, "/steer/dash/v.example.com"),
