@@ -108,13 +108,15 @@ run() { # NAME DOCUMENT URL [ARG...]
     log "schemathesis run $doc against $url"
     # The base URL is 127.0.0.1:PORT, the address the API listens on: its Host is one
     # the API takes for reads (any other name would get 421).
+    # From $TMP: schemathesis keeps a cache of what it found in .schemathesis/ of its
+    # working directory, which is not the repository's to hold.
     set +e
-    st --config-file scripts/schemathesis.toml run "$doc" --url "$url" \
+    (cd "$TMP" && st --config-file "$REPO/scripts/schemathesis.toml" run "$REPO/$doc" --url "$url" \
         --checks all --exclude-checks "$EXCLUDED" \
         --max-examples "$EXAMPLES" --max-time "$MAX_TIME" --seed "$SEED" \
         --generation-database none --no-color --output-truncate true \
         --report ndjson --report-ndjson-path "$TMP/$name.ndjson" \
-        "$@" >"$TMP/$name.out" 2>&1
+        "$@" >"$TMP/$name.out" 2>&1)
     local rc=$?
     set -e
     local n
