@@ -44,7 +44,7 @@ use crate::config::tokens::{Token, Tokens, Verb};
 use crate::control::command::{Command, Lever};
 use crate::control::drains::{DrainError, DrainRule};
 use crate::control::explain::ExplainError;
-use crate::control::http::{error, json_reply, serve_http, text, Conn, Reply};
+use crate::control::http::{error, json_reply, path_matches, serve_http, text, Conn, Reply};
 use crate::control::peers::Published;
 use crate::control::prober::Local;
 use crate::control::state_doc::StateDoc;
@@ -168,6 +168,76 @@ fn host_name(host: &str) -> &str {
 /// reload) and the API (which reads them per mutation).
 pub type ScopedTokens = Arc<arc_swap::ArcSwap<Tokens>>;
 
+/// What the admin API serves: one row per (method, path) its router knows, `{id}` being
+/// one path segment. The router below is derived from it ([`op_of`]); `tests/openapi.rs`
+/// holds it against `docs/openapi/admin.yaml`.
+pub const ROUTES: &[(&str, &str)] = &{
+    let mut out = [("", ""); TABLE.len()];
+    let mut i = 0;
+    while i < TABLE.len() {
+        out[i] = (TABLE[i].0, TABLE[i].1);
+        i += 1;
+    }
+    out
+};
+
+/// An operation of the admin API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    StatusPage,
+    Healthz,
+    Metrics,
+    Observations,
+    State,
+    Explain,
+    Audit,
+    /// A mutation, with the token verb it needs.
+    Mutation(Verb),
+}
+
+const TABLE: &[(&str, &str, Op)] = &[
+    ("GET", "/", Op::StatusPage),
+    ("GET", "/healthz", Op::Healthz),
+    ("GET", "/metrics", Op::Metrics),
+    ("GET", "/v1/observations", Op::Observations),
+    ("GET", "/v1/state", Op::State),
+    ("GET", "/v1/explain", Op::Explain),
+    ("GET", "/v1/audit", Op::Audit),
+    ("POST", "/v1/drains", Op::Mutation(Verb::Drain)),
+    ("DELETE", "/v1/drains/{id}", Op::Mutation(Verb::Undrain)),
+    ("POST", "/v1/failover/freeze", Op::Mutation(Verb::Freeze)),
+    ("POST", "/v1/failover/resume", Op::Mutation(Verb::Resume)),
+    ("POST", "/v1/usage", Op::Mutation(Verb::Usage)),
+];
+
+/// The operation `method` and `path` ask for ([`TABLE`]), or the fallback: `405` with
+/// the method the path takes, or `404`.
+fn op_of(method: &Method, path: &str) -> Result<Op, Box<Reply>> {
+    let mut allowed = None;
+    for &(m, template, op) in TABLE {
+        if path_matches(template, path) {
+            if m == method.as_str() {
+                return Ok(op);
+            }
+            allowed = Some(m);
+        }
+    }
+    Err(Box::new(match allowed {
+        Some(m) => {
+            let (only, allow) = match m {
+                "GET" => ("GET only\n", "GET"),
+                "DELETE" => ("DELETE only\n", "DELETE"),
+                _ => ("POST only\n", "POST"),
+            };
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, only);
+            r.headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static(allow));
+            r
+        }
+        None => text(StatusCode::NOT_FOUND, "not found\n"),
+    }))
+}
+
 async fn route(
     req: Request<Incoming>,
     state: ApiState,
@@ -175,18 +245,22 @@ async fn route(
 ) -> Result<Reply, Infallible> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    Ok(match (req.method().clone(), path.as_str()) {
-        (Method::GET, "/") => status_page(&state),
-        (Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-        (Method::GET, "/metrics") => prometheus_text(&state.metrics),
-        (Method::GET, "/v1/observations") => json_reply(
+    let op = match op_of(req.method(), &path) {
+        Ok(op) => op,
+        Err(fallback) => return Ok(*fallback),
+    };
+    Ok(match op {
+        Op::StatusPage => status_page(&state),
+        Op::Healthz => text(StatusCode::OK, "ok\n"),
+        Op::Metrics => prometheus_text(&state.metrics),
+        Op::Observations => json_reply(
             StatusCode::OK,
             &Published {
                 vantage: state.vantage.clone(),
                 observations: state.local.snapshot(),
             },
         ),
-        (Method::GET, "/v1/state") => {
+        Op::State => {
             let doc = state
                 .state
                 .lock()
@@ -194,36 +268,18 @@ async fn route(
                 .clone();
             json_reply(StatusCode::OK, &doc)
         }
-        (Method::GET, "/v1/explain") => explain(&state, &query).await,
-        (Method::POST, "/v1/drains")
-        | (Method::DELETE, _)
-        | (Method::POST, "/v1/failover/freeze")
-        | (Method::POST, "/v1/failover/resume")
-        | (Method::POST, "/v1/usage") => {
+        Op::Explain => explain(&state, &query).await,
+        Op::Audit => audit_page(&state, &query).await,
+        Op::Mutation(verb) => {
             let token = match authenticate(&req, &state) {
                 Ok(t) => t,
                 Err(refusal) => return Ok(*refusal),
-            };
-            let verb = match (req.method(), path.as_str()) {
-                (&Method::POST, "/v1/drains") => Verb::Drain,
-                (&Method::DELETE, _) => Verb::Undrain,
-                (_, "/v1/failover/freeze") => Verb::Freeze,
-                (_, "/v1/usage") => Verb::Usage,
-                _ => Verb::Resume,
             };
             if let Err(lacks) = token.may(verb) {
                 return Ok(error(StatusCode::FORBIDDEN, &lacks));
             }
             mutate(req, &state, token, &path, body_timeout).await
         }
-        (Method::GET, "/v1/audit") => audit_page(&state, &query).await,
-        (
-            _,
-            "/" | "/healthz" | "/metrics" | "/v1/observations" | "/v1/state" | "/v1/explain"
-            | "/v1/audit",
-        ) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
-        (_, "/v1/usage") => text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n"),
-        _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }
 
@@ -712,6 +768,104 @@ fn prometheus_text(m: &Metrics) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Paths the router is tried with: each route's, with `{id}` filled in, and
+    /// near misses.
+    const PATHS: &[&str] = &[
+        "/",
+        "/healthz",
+        "/metrics",
+        "/v1/observations",
+        "/v1/state",
+        "/v1/explain",
+        "/v1/audit",
+        "/v1/drains",
+        "/v1/drains/api-1",
+        "/v1/drains/",
+        "/v1/drains/api-1/x",
+        "/v1/failover/freeze",
+        "/v1/failover/resume",
+        "/v1/failover",
+        "/v1/usage",
+        "/v1/usage/",
+        "/v1",
+        "/v1/",
+        "/healthz/",
+        "//",
+        "/index.html",
+        "/v2/state",
+        "",
+    ];
+    const METHODS: &[Method] = &[
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::TRACE,
+    ];
+
+    #[test]
+    fn the_router_serves_its_table_and_nothing_else() {
+        for method in METHODS {
+            for path in PATHS {
+                let listed = ROUTES
+                    .iter()
+                    .any(|(m, t)| *m == method.as_str() && path_matches(t, path));
+                match op_of(method, path) {
+                    Ok(op) => assert!(
+                        listed,
+                        "{method} {path:?} is served ({op:?}) but not in ROUTES"
+                    ),
+                    Err(fallback) => {
+                        assert!(!listed, "{method} {path:?} is in ROUTES but falls through");
+                        let status = fallback.status();
+                        assert!(
+                            status == StatusCode::NOT_FOUND
+                                || status == StatusCode::METHOD_NOT_ALLOWED,
+                            "{method} {path:?}: {status}"
+                        );
+                        // 405 for a path of the table, and it says which method.
+                        let known = ROUTES.iter().any(|(_, t)| path_matches(t, path));
+                        assert_eq!(
+                            status == StatusCode::METHOD_NOT_ALLOWED,
+                            known,
+                            "{method} {path:?}"
+                        );
+                        if known {
+                            let allow = fallback.headers()[header::ALLOW].to_str().unwrap();
+                            assert!(ROUTES
+                                .iter()
+                                .any(|(m, t)| *m == allow && path_matches(t, path)));
+                        }
+                    }
+                }
+            }
+        }
+        // Every row of the table is reached by its own method and path.
+        for (m, t) in ROUTES {
+            let path = t.replace("{id}", "api-7");
+            let method = Method::from_bytes(m.as_bytes()).unwrap();
+            assert!(op_of(&method, &path).is_ok(), "{m} {path}");
+            assert!(
+                PATHS.contains(&path.replace("api-7", "api-1").as_str()),
+                "{path}: add it to PATHS"
+            );
+        }
+    }
+
+    #[test]
+    fn templates_match_one_segment_per_parameter() {
+        assert!(path_matches("/v1/drains/{id}", "/v1/drains/api-3"));
+        assert!(!path_matches("/v1/drains/{id}", "/v1/drains/"));
+        assert!(!path_matches("/v1/drains/{id}", "/v1/drains"));
+        assert!(!path_matches("/v1/drains/{id}", "/v1/drains/a/b"));
+        assert!(path_matches("/", "/"));
+        assert!(!path_matches("/", ""));
+        assert!(!path_matches("/v1/state", "/v1/state/"));
+    }
 
     #[test]
     fn tokens_are_compared_whole() {

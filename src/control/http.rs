@@ -205,6 +205,24 @@ pub(super) fn empty(status: StatusCode) -> Reply {
     r
 }
 
+/// Whether `path` is an instance of `template`, whose `{…}` segments match one
+/// non-empty segment each: how the routers' `ROUTES` tables read.
+pub fn path_matches(template: &str, path: &str) -> bool {
+    let (mut t, mut p) = (template.split('/'), path.split('/'));
+    loop {
+        match (t.next(), p.next()) {
+            (None, None) => return true,
+            (Some(ts), Some(ps)) if ts.starts_with('{') && ts.ends_with('}') => {
+                if ps.is_empty() {
+                    return false;
+                }
+            }
+            (Some(ts), Some(ps)) if ts == ps => {}
+            _ => return false,
+        }
+    }
+}
+
 /// `text` safe inside an element or a quoted attribute.
 pub fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

@@ -5,10 +5,13 @@
 //! | `GET /steer/hls/{name}` | 200, the HLS steering manifest (`PATHWAY-PRIORITY`) |
 //! | `GET /steer/dash/{name}` | 200, the DASH steering manifest (`SERVICE-LOCATION-PRIORITY`) |
 //! | `HEAD` of either | 200, the same headers, no body |
-//! | `OPTIONS` of any path | 204, CORS preflight (`GET, HEAD, OPTIONS`, any header) |
+//! | `POST /rum/{name}` | 204, a beacon's samples recorded (performance steering) |
+//! | `OPTIONS` of any of these | 204, CORS preflight (`GET, HEAD, POST, OPTIONS`, any header) |
 //! | a name that is not a DNS name, a malformed parameter | 400, `{"error": …}` |
 //! | a name that is not steered, another path | 404, `{"error": …}` |
-//! | another method | 405, `Allow: GET, HEAD, OPTIONS` |
+//! | another method | 405, `Allow: GET, HEAD, OPTIONS` (`POST, OPTIONS` on `/rum/{name}`) |
+//!
+//! [`ROUTES`] lists them; `docs/openapi/steering.yaml` describes them.
 //!
 //! Every answer carries `Access-Control-Allow-Origin: *` (players fetch cross-origin);
 //! a manifest carries `Cache-Control: private, max-age=TTL` (its order is for one client
@@ -108,10 +111,9 @@ pub async fn spawn(
         let shared = shared.clone();
         async move {
             let peer = conn.peer.ip().to_canonical();
-            let reply = if req.method() == Method::POST && req.uri().path().starts_with("/rum/") {
-                rum(&shared, req, peer).await
-            } else {
-                answer(&shared, &req, peer)
+            let reply = match route(req.method(), req.uri().path()) {
+                Route::Beacon => rum(&shared, req, peer).await,
+                other => answer(&shared, other, &req, peer),
             };
             Ok::<_, Infallible>(finish(&shared, reply))
         }
@@ -120,8 +122,58 @@ pub async fn spawn(
 }
 
 const ALLOW: &str = "GET, HEAD, OPTIONS";
+/// What a beacon's path allows.
+const ALLOW_RUM: &str = "POST, OPTIONS";
 /// What a preflight allows: beacons are posted.
 const ALLOW_CORS: &str = "GET, HEAD, POST, OPTIONS";
+
+/// What the steering server serves: one row per (method, path) its router ([`route`])
+/// knows, `{name}` being one path segment. `tests/openapi.rs` holds it against
+/// `docs/openapi/steering.yaml`.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/steer/hls/{name}"),
+    ("HEAD", "/steer/hls/{name}"),
+    ("OPTIONS", "/steer/hls/{name}"),
+    ("GET", "/steer/dash/{name}"),
+    ("HEAD", "/steer/dash/{name}"),
+    ("OPTIONS", "/steer/dash/{name}"),
+    ("POST", "/rum/{name}"),
+    ("OPTIONS", "/rum/{name}"),
+];
+
+/// What a request asks for, by its method and path alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route<'a> {
+    /// `GET` or `HEAD` of `/steer/{format}/{name}`.
+    Manifest(Format, &'a str),
+    /// `POST /rum/{name}`.
+    Beacon,
+    /// `OPTIONS` of a path of [`ROUTES`].
+    Preflight,
+    /// `405`, with the methods the path allows.
+    NotAllowed(&'static str),
+    /// `404`.
+    NotFound,
+}
+
+/// The router: [`ROUTES`], on the request path without allocating.
+fn route<'a>(method: &Method, path: &'a str) -> Route<'a> {
+    let target = match path.strip_prefix("/steer/") {
+        Some(rest) => rest
+            .split_once('/')
+            .and_then(|(f, name)| Some((Some(Format::from_segment(f)?), name))),
+        None => path.strip_prefix("/rum/").map(|name| (None, name)),
+    }
+    .filter(|(_, name)| !name.is_empty() && !name.contains('/'));
+    match (method, target) {
+        (&Method::OPTIONS, Some(_)) => Route::Preflight,
+        (&Method::GET | &Method::HEAD, Some((Some(format), name))) => Route::Manifest(format, name),
+        (&Method::POST, Some((None, _))) => Route::Beacon,
+        (_, Some((None, _))) => Route::NotAllowed(ALLOW_RUM),
+        (&Method::GET | &Method::HEAD | &Method::OPTIONS, _) => Route::NotFound,
+        _ => Route::NotAllowed(ALLOW),
+    }
+}
 
 /// A beacon, `POST /rum/{name}`: 204 once its samples are recorded for the client's
 /// region (located here, as for manifests); 400, 413 or 429 with a message.
@@ -192,10 +244,10 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
 }
 
 /// The answer to one request but a beacon. Never panics, never waits.
-fn answer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
-    match *req.method() {
-        Method::GET | Method::HEAD => steer(shared, req, peer),
-        Method::OPTIONS => {
+fn answer(shared: &Shared, route: Route, req: &Request<Incoming>, peer: IpAddr) -> Reply {
+    match route {
+        Route::Manifest(format, name) => steer(shared, format, name, req, peer),
+        Route::Preflight => {
             let mut r = empty(StatusCode::NO_CONTENT);
             let h = r.headers_mut();
             h.insert(
@@ -212,12 +264,21 @@ fn answer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
             );
             r
         }
-        _ => {
-            let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "GET, HEAD or OPTIONS only");
+        Route::NotAllowed(allow) => {
+            let message = if allow == ALLOW_RUM {
+                "POST or OPTIONS only"
+            } else {
+                "GET, HEAD or OPTIONS only"
+            };
+            let mut r = error(StatusCode::METHOD_NOT_ALLOWED, message);
             r.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
             r
         }
+        Route::NotFound | Route::Beacon => error(
+            StatusCode::NOT_FOUND,
+            "not found: ask /steer/hls/{name} or /steer/dash/{name}",
+        ),
     }
 }
 
@@ -238,25 +299,13 @@ fn finish(shared: &Shared, mut reply: Reply) -> Reply {
 }
 
 /// A `GET` or `HEAD` of `/steer/{format}/{name}`.
-fn steer(shared: &Shared, req: &Request<Incoming>, peer: IpAddr) -> Reply {
-    let Some((format, name)) = req
-        .uri()
-        .path()
-        .strip_prefix("/steer/")
-        .and_then(|rest| rest.split_once('/'))
-        .and_then(|(f, name)| Some((Format::from_segment(f)?, name)))
-    else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "not found: ask /steer/hls/{name} or /steer/dash/{name}",
-        );
-    };
-    if name.is_empty() || name.contains('/') {
-        return error(
-            StatusCode::NOT_FOUND,
-            "not found: ask /steer/hls/{name} or /steer/dash/{name}",
-        );
-    }
+fn steer(
+    shared: &Shared,
+    format: Format,
+    name: &str,
+    req: &Request<Incoming>,
+    peer: IpAddr,
+) -> Reply {
     let Ok(mut dns_name) = hickory_proto::rr::Name::from_ascii(name) else {
         return error(StatusCode::BAD_REQUEST, "the name is not a DNS name");
     };
@@ -388,6 +437,71 @@ mod tests {
             h.append("x-forwarded-for", HeaderValue::from_str(v).unwrap());
         }
         h
+    }
+
+    #[test]
+    fn the_router_serves_its_table_and_nothing_else() {
+        let matches =
+            |template: &str, path: &str| crate::control::http::path_matches(template, path);
+        let paths = [
+            "/steer/hls/www.example.com",
+            "/steer/dash/www.example.com",
+            "/rum/www.example.com",
+            "/steer/hls/",
+            "/steer/hls",
+            "/steer/dash/a/b",
+            "/steer/mss/www.example.com",
+            "/steer/",
+            "/rum/",
+            "/rum",
+            "/rum/a/b",
+            "/",
+            "/metrics",
+            "",
+            "/steer/hls/not a name",
+        ];
+        let methods = [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+            Method::OPTIONS,
+            Method::TRACE,
+        ];
+        for method in &methods {
+            for path in paths {
+                let listed = ROUTES
+                    .iter()
+                    .any(|(m, t)| *m == method.as_str() && matches(t, path));
+                let r = route(method, path);
+                let fallback = matches!(r, Route::NotFound | Route::NotAllowed(_));
+                assert_eq!(listed, !fallback, "{method} {path:?}: {r:?}");
+                if let Route::NotAllowed(allow) = r {
+                    // What it allows is what the table has for the path, if anything.
+                    let of_path: Vec<&str> = ROUTES
+                        .iter()
+                        .filter(|(_, t)| matches(t, path))
+                        .map(|(m, _)| *m)
+                        .collect();
+                    if !of_path.is_empty() {
+                        assert_eq!(allow.split(", ").collect::<Vec<_>>(), of_path, "{path}");
+                    }
+                }
+            }
+        }
+        for (_, t) in ROUTES {
+            let path = t.replace("{name}", "www.example.com");
+            assert!(
+                paths.contains(&path.as_str()),
+                "{path}: add it to the paths"
+            );
+        }
+        assert_eq!(
+            route(&Method::GET, "/steer/dash/v.example.com"),
+            Route::Manifest(Format::Dash, "v.example.com")
+        );
     }
 
     #[test]
