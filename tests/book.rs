@@ -620,3 +620,42 @@ fn the_status_page_links_to_pages_of_the_book_that_exist() {
     );
     assert!(dead.is_empty(), "{}", dead.join("\n"));
 }
+
+#[test]
+fn every_family_a_live_server_serves_is_in_the_metrics_reference() {
+    let demo = Demo::start("metrics");
+    // A query, so that the steered series exist too.
+    let _ = Command::new("dig")
+        .args([
+            "+short",
+            "-p",
+            &demo.dns.to_string(),
+            "@127.0.0.1",
+            "www.example.com",
+        ])
+        .output();
+    let out = Command::new("curl")
+        .args(["-sS", &format!("http://127.0.0.1:{}/metrics", demo.api)])
+        .output()
+        .unwrap();
+    let served = String::from_utf8_lossy(&out.stdout).to_string();
+    let reference = std::fs::read_to_string(repo(&format!("{BOOK}/reference/metrics.md"))).unwrap();
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for line in served.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        seen += 1;
+        if !reference.contains(&format!("\n## {name}\n\n{kind}, ")) {
+            missing.push(format!("{name} ({kind})"));
+        }
+    }
+    assert!(seen > 20, "only {seen} families served:\n{served}");
+    assert!(
+        missing.is_empty(),
+        "served but not in {BOOK}/reference/metrics.md: {}",
+        missing.join(", ")
+    );
+}

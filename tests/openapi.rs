@@ -150,6 +150,14 @@ impl Demo {
                 std::fs::copy(&f, dir.join("probes").join(f.file_name().unwrap())).unwrap();
             }
         }
+        // A built manual of one page for `/book/{page}` (`--book`).
+        std::fs::create_dir_all(dir.join("book/user")).unwrap();
+        std::fs::write(dir.join("book/index.html"), "<h1>steerdns</h1>").unwrap();
+        std::fs::write(
+            dir.join("book/user/operating.html"),
+            "<h2 id=\"drains\">Drains</h2>",
+        )
+        .unwrap();
         let token = dir.join("token");
         std::fs::write(&token, TOKEN).unwrap();
         #[cfg(unix)]
@@ -163,7 +171,14 @@ impl Demo {
             .current_dir(&dir)
             .arg("--geo")
             .arg(repo(TEST_GEO))
-            .args(["--api-token-file", "token", "--state-dir", "state"])
+            .args([
+                "--api-token-file",
+                "token",
+                "--state-dir",
+                "state",
+                "--book",
+                "book",
+            ])
             .args(["--listen", &format!("127.0.0.1:{dns}")])
             .args(["--api", &format!("127.0.0.1:{api}")])
             .args(["--steering-http", &format!("127.0.0.1:{steering}")])
@@ -384,6 +399,13 @@ fn every_documented_operation_answers_as_documented() {
         ),
         sample("POST", "/v1/usage", "/v1/usage", Some(&usage), 200),
         sample("GET", "/v1/audit", "/v1/audit?after=0&limit=10", None, 200),
+        sample(
+            "GET",
+            "/book/{page}",
+            "/book/user/operating.html",
+            None,
+            200,
+        ),
     ];
     let mut drain = None;
     for s in &samples {

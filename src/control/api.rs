@@ -191,6 +191,8 @@ enum Op {
     State,
     Explain,
     Audit,
+    /// A file of the manual (`serve --book`).
+    Book,
     /// A mutation, with the token verb it needs.
     Mutation(Verb),
 }
@@ -203,6 +205,7 @@ const TABLE: &[(&str, &str, Op)] = &[
     ("GET", "/v1/state", Op::State),
     ("GET", "/v1/explain", Op::Explain),
     ("GET", "/v1/audit", Op::Audit),
+    ("GET", "/book/{page}", Op::Book),
     ("POST", "/v1/drains", Op::Mutation(Verb::Drain)),
     ("DELETE", "/v1/drains/{id}", Op::Mutation(Verb::Undrain)),
     ("POST", "/v1/failover/freeze", Op::Mutation(Verb::Freeze)),
@@ -270,6 +273,10 @@ async fn route(
         }
         Op::Explain => explain(&state, &query).await,
         Op::Audit => audit_page(&state, &query).await,
+        Op::Book => match &state.status {
+            Some(status) => status.book.get(&path["/book/".len()..]).await,
+            None => error(StatusCode::NOT_FOUND, "not available in this mode"),
+        },
         Op::Mutation(verb) => {
             let token = match authenticate(&req, &state) {
                 Ok(t) => t,
@@ -779,6 +786,8 @@ mod tests {
         "/v1/state",
         "/v1/explain",
         "/v1/audit",
+        "/book/user/operating.html",
+        "/book/",
         "/v1/drains",
         "/v1/drains/api-1",
         "/v1/drains/",
@@ -846,7 +855,9 @@ mod tests {
         }
         // Every row of the table is reached by its own method and path.
         for (m, t) in ROUTES {
-            let path = t.replace("{id}", "api-7");
+            let path = t
+                .replace("{id}", "api-7")
+                .replace("{page}", "user/operating.html");
             let method = Method::from_bytes(m.as_bytes()).unwrap();
             assert!(op_of(&method, &path).is_ok(), "{m} {path}");
             assert!(

@@ -206,12 +206,15 @@ pub(super) fn empty(status: StatusCode) -> Reply {
 }
 
 /// Whether `path` is an instance of `template`, whose `{…}` segments match one
-/// non-empty segment each: how the routers' `ROUTES` tables read.
+/// non-empty segment each, but `{page}`, the last, which takes the rest of the path
+/// (the manual's files are in folders): how the routers' `ROUTES` tables read.
 pub fn path_matches(template: &str, path: &str) -> bool {
     let (mut t, mut p) = (template.split('/'), path.split('/'));
     loop {
         match (t.next(), p.next()) {
             (None, None) => return true,
+            // The manual's pages are in folders: `{page}` takes the rest of the path.
+            (Some("{page}"), Some(_)) => return t.next().is_none(),
             (Some(ts), Some(ps)) if ts.starts_with('{') && ts.ends_with('}') => {
                 if ps.is_empty() {
                     return false;

@@ -6,7 +6,7 @@
 use prometheus::proto::{MetricFamily, MetricType};
 
 use super::steered::{effective_weight_family, EFFECTIVE_WEIGHT_LABELS};
-use super::{signature_expiry_family, Metrics};
+use super::{signature_expiry_family, Metrics, PREFIX};
 
 /// One metric family as `/metrics` serves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +32,10 @@ impl Metrics {
                 .first()
                 .map(|d| d.variable_labels.clone())
                 .unwrap_or_default();
-            for family in collector.collect() {
+            // The registry adds the prefix as it gathers; a collector's own family
+            // has none.
+            for mut family in collector.collect() {
+                family.set_name(format!("{PREFIX}_{}", family.name()));
                 all.push(Family::from_proto(&family, labels.clone()));
             }
         }

@@ -75,6 +75,10 @@ pub use catalogue::Family;
 pub use labels::{rcode_name, reason_class};
 use steered::{effective_weights, label, Tally};
 
+/// The prefix of our families' names (`steerdns_…`), which the registry adds as it
+/// gathers them.
+const PREFIX: &str = "steerdns";
+
 /// The content type of [`Metrics::encode`]'s output (`text/plain; version=0.0.4`).
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 
@@ -176,7 +180,7 @@ impl fmt::Debug for Metrics {
 impl Metrics {
     /// A fresh registry with every family registered.
     pub fn new() -> Metrics {
-        let registry = Registry::new_custom(Some("steerdns".into()), None)
+        let registry = Registry::new_custom(Some(PREFIX.into()), None)
             .expect("static registry prefix is valid");
         let reg = Reg::new(&registry);
 
