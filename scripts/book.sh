@@ -14,6 +14,10 @@ if ! [ -x "$mdbook" ] || ! "$mdbook" --version | grep -qF "$MDBOOK_VERSION"; the
     cargo install mdbook --version "$MDBOOK_VERSION" --locked --no-default-features \
         --features search --root target/tools --target-dir target/tools-build
 fi
+# `--install-only`: .ci/run installs mdBook at its start, beside the package installs.
+if [ "${1:-}" = --install-only ]; then
+    exit 0
+fi
 rm -rf docs/book/book
 "$mdbook" build docs/book
 python3 scripts/check-book-links.py docs/book/book
