@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the Rust test suite twice at once, RUNS times in a row (default 10): the flake
-# hunt of docs/testing.md ("Two suites at once"). The test binaries are built once
+# hunt of docs/book/src/dev/testing.md ("Two suites at once"). The test binaries are built once
 # (`cargo test --release --no-run`) and each lane runs every one of them in turn from the
 # package root, as `cargo test --release` does, with CI=true (skips are failures).
 #
