@@ -44,7 +44,7 @@ struct SetUp {
     /// Failover step interval, seconds.
     step_seconds: f64,
     /// etcd authentication on with one user and role per member (ns1..ns3 nodes,
-    /// agent1 an agent), as the README sets them up.
+    /// agent1 an agent), as the book (user/set/security.md) sets them up.
     member_roles: bool,
     /// The policy of [`commit_policy`] instead (`a` behind its commit).
     commit: bool,
@@ -405,7 +405,7 @@ async fn one_etcd_member_lost_changes_nothing_two_make_every_node_fail_static() 
     // The set still agrees: a drain posted to ns1 reaches ns3. If the member killed led
     // the cluster, the other two elect a leader first (about a second, longer on a
     // loaded machine); meanwhile etcd refuses writes and the API says 503 (retry), as
-    // the README says. Nothing else may be answered.
+    // the book says. Nothing else may be answered.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, body) = set.nodes[0]
@@ -920,7 +920,7 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
     let agent = Some(("agent1", "pw-agent1"));
     let node = Some(("ns1", "pw-ns1"));
     let drain = json!({"rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": "x"}, "node": "ns1", "at_unix_ms": 1}).to_string();
-    // The roles the README gives: an agent writes its own observations only...
+    // The roles the book gives: an agent writes its own observations only...
     let cases = [
         (
             agent,

@@ -479,7 +479,7 @@ async fn a_peer_answering_garbage_or_hanging_is_refused_counted_and_never_counts
             "{mode:?} not counted"
         );
         if mode == PeerMode::Hang {
-            // The README's promise: a reading ends within 1 to 2 s, whatever the peer
+            // The book's promise: a reading ends within 1 to 2 s, whatever the peer
             // does (the timeout is 1 s here; the second is the machine's load).
             for held in peer.held(1).await {
                 assert!(
@@ -689,7 +689,7 @@ async fn a_hung_disk_holds_up_neither_the_controller_nor_the_api() {
     let (status, rule) = stack.post("/v1/drains", drain_a()).await;
     let took = posted.elapsed();
     assert_eq!(status, 201, "{rule}");
-    // Answered after 2 s on a hung disk (the README): not before, and not much later
+    // Answered after 2 s on a hung disk (the book): not before, and not much later
     // (one more second for a loaded machine).
     assert!(
         (Duration::from_millis(1900)..Duration::from_secs(3)).contains(&took),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Smoke test: the README's dig commands against the release binary.
+# Smoke test: the dig commands of the book's "Try it with dig" against the release binary.
 #
 #   bash tests/smoke.sh          # from anywhere; PORT=20053 bash tests/smoke.sh to pick the port
 #
@@ -109,7 +109,7 @@ share() {
 
 # ---- checks ------------------------------------------------------------------------
 
-# The README's first command: a GB client, via ECS.
+# The first command of "Try it with dig": a GB client, via ECS.
 q www.example.com +subnet=81.2.69.0/24
 if [ "$(status)" = NOERROR ] && [[ $(flags) == *" aa "* ]] && [[ $(flags) != *" ra "* ]]; then
     ok "www.example.com +subnet=81.2.69.0/24: NOERROR, aa set, ra clear"

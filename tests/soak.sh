@@ -358,7 +358,7 @@ fi
 grep -E 'Response codes' "$TMP/dnsperf.txt" | sed 's/^ */  dnsperf: /'
 
 # A query the kernel dropped on a full receive queue (the server off the CPU on a busy
-# machine, as the README documents) never reached steerdns; any other loss is a failure.
+# machine, as the book documents) never reached steerdns; any other loss is a failure.
 # Only drops on dnsperf's own port count (the garbage goes to the side port).
 if [[ ${lost:-x} != 0 ]]; then
     if [[ ${lost:-x} =~ ^[0-9]+$ ]] && ((lost <= drops_server + drops_client)); then

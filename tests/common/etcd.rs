@@ -294,7 +294,7 @@ impl EtcdSet {
     }
 
     /// Turns authentication on with one user per member of the set, each with the
-    /// role the README gives it: a node (`nodes`) reads the prefix and writes its own
+    /// role the book gives it: a node (`nodes`) reads the prefix and writes its own
     /// observations, its own audit entries and the shared keys; an agent (`agents`) writes its own
     /// observations only. Passwords are `pw-{name}`.
     pub fn enable_member_roles(&mut self, prefix: &str, nodes: &[&str], agents: &[&str]) {

@@ -39,7 +39,7 @@
 //! **Writers.** Only the members named by the operator (`--members`: nodes and agents)
 //! are vantage points; an observation under any other name is refused and counted.
 //! etcd's roles make each member write only its own `obs/{name}/` (and a node the
-//! shared keys): see the README.
+//! shared keys): see the book, `docs/book/src/user/set/security.md`.
 //!
 //! **Bounds.** A value over [`etcd::MAX_VALUE`], a key outside the table above, or one
 //! past the cap of its kind is refused when it is decoded and is not kept; the initial
