@@ -2,8 +2,8 @@
 # The book (docs/book): mdBook, pinned, installed from crates.io into target/tools when
 # missing (the first run compiles it, about 3 minutes on 2 cores; later runs reuse it),
 # then built, then every relative link and #anchor of the output checked
-# (scripts/check-book-links.py). Fails on a missing page, a broken include or a broken
-# link. The HTML lands in docs/book/book/ (ignored by git).
+# (scripts/check-book-links.py). Fails on a missing page, a broken include, a warning of
+# mdBook's (unbalanced HTML) or a broken link. The HTML lands in docs/book/book/ (ignored by git).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,5 +19,11 @@ if [ "${1:-}" = --install-only ]; then
     exit 0
 fi
 rm -rf docs/book/book
-"$mdbook" build docs/book
+# mdBook's warnings (unbalanced HTML, a missing file) fail the build too.
+log=$("$mdbook" build docs/book 2>&1) || { echo "$log"; exit 1; }
+echo "$log"
+if grep -qE ' (WARN|ERROR) ' <<<"$log"; then
+    echo "scripts/book.sh: mdbook warned (above): fix the page" >&2
+    exit 1
+fi
 python3 scripts/check-book-links.py docs/book/book
