@@ -209,6 +209,13 @@ fn every_policy_in_the_book_passes_check() {
     let dir = std::env::temp_dir().join(format!("steerdns-book-policies-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // A key for the demo zone beside the policies, for the blocks with a `dnssec:`
+    // block (`keys: keys/`, relative to the policy).
+    let keygen = steerdns(&["dnssec", "keygen", "example.com", "--keys"])
+        .arg(dir.join("keys"))
+        .output()
+        .unwrap();
+    assert!(keygen.status.success(), "dnssec keygen: {}", printed(&keygen));
     let yaml: Vec<Block> = blocks().into_iter().filter(|b| b.lang == "yaml").collect();
     let mut failures = Vec::new();
     let mut checked = 0;
