@@ -215,7 +215,11 @@ fn every_policy_in_the_book_passes_check() {
         .arg(dir.join("keys"))
         .output()
         .unwrap();
-    assert!(keygen.status.success(), "dnssec keygen: {}", printed(&keygen));
+    assert!(
+        keygen.status.success(),
+        "dnssec keygen: {}",
+        printed(&keygen)
+    );
     let yaml: Vec<Block> = blocks().into_iter().filter(|b| b.lang == "yaml").collect();
     let mut failures = Vec::new();
     let mut checked = 0;
