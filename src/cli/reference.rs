@@ -29,19 +29,21 @@ pub fn page(page: Page) -> String {
     }
 }
 
-const GENERATED: &str = "<!-- Generated: `steerdns reference {}` writes this page and \
-                         tests/book.rs checks that it matches. Do not edit it by hand. -->";
+/// A generated page's title and the comment that says how it is made.
+fn header(out: &mut String, title: &str, page: &str) {
+    let _ = writeln!(
+        out,
+        "# {title}\n\n<!-- Generated: `steerdns reference {page} > \
+         docs/book/src/reference/{page}.md` writes this page and tests/book.rs checks that it \
+         matches. Do not edit it by hand. -->\n"
+    );
+}
 
 fn cli() -> String {
     let mut root = Cli::command();
     root.build();
     let mut out = String::new();
-    let _ = writeln!(out, "# Command line reference\n");
-    let _ = writeln!(
-        out,
-        "{}\n",
-        GENERATED.replace("{}", "cli > docs/book/src/reference/cli.md")
-    );
+    header(&mut out, "Command line reference", "cli");
     let _ = writeln!(
         out,
         "Every command of `steerdns` and every flag, with its value, default and \
@@ -200,12 +202,7 @@ fn cell(text: &str) -> String {
 fn metrics() -> String {
     let families = Metrics::new().catalogue();
     let mut out = String::new();
-    let _ = writeln!(out, "# Metrics reference\n");
-    let _ = writeln!(
-        out,
-        "{}\n",
-        GENERATED.replace("{}", "metrics > docs/book/src/reference/metrics.md")
-    );
+    header(&mut out, "Metrics reference", "metrics");
     let _ = writeln!(
         out,
         "`/metrics` on `--api` serves these {} families in the Prometheus text format, \

@@ -805,20 +805,10 @@ mod tests {
         "/v2/state",
         "",
     ];
-    const METHODS: &[Method] = &[
-        Method::GET,
-        Method::HEAD,
-        Method::POST,
-        Method::PUT,
-        Method::DELETE,
-        Method::PATCH,
-        Method::OPTIONS,
-        Method::TRACE,
-    ];
 
     #[test]
     fn the_router_serves_its_table_and_nothing_else() {
-        for method in METHODS {
+        for method in crate::control::http::METHODS {
             for path in PATHS {
                 let listed = ROUTES
                     .iter()

@@ -242,6 +242,19 @@ pub fn esc(text: &str) -> String {
     out
 }
 
+/// The methods the routers' tests try every path with.
+#[cfg(test)]
+pub(crate) const METHODS: &[hyper::Method] = &[
+    hyper::Method::GET,
+    hyper::Method::HEAD,
+    hyper::Method::POST,
+    hyper::Method::PUT,
+    hyper::Method::DELETE,
+    hyper::Method::PATCH,
+    hyper::Method::OPTIONS,
+    hyper::Method::TRACE,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

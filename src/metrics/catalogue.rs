@@ -51,7 +51,6 @@ impl Metrics {
             all.push(Family::from_proto(&family, Vec::new()));
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
-        all.dedup_by(|a, b| a.name == b.name);
         all
     }
 }

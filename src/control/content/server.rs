@@ -460,17 +460,7 @@ mod tests {
             "",
             "/steer/hls/not a name",
         ];
-        let methods = [
-            Method::GET,
-            Method::HEAD,
-            Method::POST,
-            Method::PUT,
-            Method::DELETE,
-            Method::PATCH,
-            Method::OPTIONS,
-            Method::TRACE,
-        ];
-        for method in &methods {
+        for method in crate::control::http::METHODS {
             for path in paths {
                 let listed = ROUTES
                     .iter()
