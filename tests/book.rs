@@ -10,8 +10,8 @@
 //! - every ` ```console ` / ` ```sh ` / ` ```bash ` / ` ```shell ` block that runs
 //!   `steerdns`, `curl`, `dig` or `cargo run` is run, in book order, in a copy of the demo
 //!   directory against one demo server (unless it is marked `,norun`): a console block's
-//!   `$ ` commands must exit 0 or 1 (how `check` reports findings), a script block must
-//!   exit 0. The documented addresses and the token file are rewritten to the test
+//!   `$ ` commands must exit 0 (`steerdns` may exit 1: how `check` reports findings), a
+//!   script block must exit 0. The documented addresses and the token file are rewritten to the test
 //!   server's; `curl` fails on a 400, 404, 405 or 5xx reply (a refusal an example means
 //!   to show is a 401, 403, 409, 412, 413 or 429).
 //!
@@ -284,7 +284,8 @@ fn runs_ours(script: &str) -> bool {
 }
 
 /// A console block as a script: each `$ ` command (with its `\` continuations) runs in
-/// one shell, and an exit status above 1 stops it.
+/// one shell and must exit 0, or 1 when it is `steerdns` (how `check` reports
+/// findings); `dig` and `curl` say 1 for a usage error, so they get no such leeway.
 fn console_script(text: &str) -> String {
     let mut script = String::from("set +e\n");
     let mut command: Option<String> = None;
@@ -299,8 +300,17 @@ fn console_script(text: &str) -> String {
         }
         if !line.trim_end().ends_with('\\') {
             let c = command.take().unwrap();
+            let first = c
+                .split_whitespace()
+                .find(|w| !w.contains('='))
+                .unwrap_or("");
+            let most = if first == "steerdns" || c.starts_with("cargo run") {
+                1
+            } else {
+                0
+            };
             script.push_str(&format!(
-                "{c}\nrc=$?\nif [ $rc -gt 1 ]; then echo \"exit status $rc: \"{} >&2; exit $rc; fi\n",
+                "{c}\nrc=$?\nif [ $rc -gt {most} ]; then echo \"exit status $rc: \"{} >&2; exit $rc; fi\n",
                 shell_quote(&c)
             ));
         }
@@ -506,7 +516,11 @@ fn the_harness_sees_what_it_must_run() {
     assert!(!runs_ours("journalctl -u steerdns # steerdns logs"));
     assert!(!runs_ours("ls /etc/steerdns/"));
     let s = console_script("$ steerdns check \\\n  --config x\nok: 1 name\n$ echo hi\nhi\n");
-    assert!(s.contains("steerdns check \\\n  --config x\nrc=$?"), "{s}");
+    assert!(
+        s.contains("steerdns check \\\n  --config x\nrc=$?\nif [ $rc -gt 1 ]"),
+        "{s}"
+    );
+    assert!(s.contains("echo hi\nrc=$?\nif [ $rc -gt 0 ]"), "{s}");
     assert!(!s.contains("ok: 1 name"));
     let b = fenced(
         "p.md",
