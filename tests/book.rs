@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::demo::Demo;
 use common::*;
 use serde::Deserialize as _;
 
@@ -360,32 +361,13 @@ fn which(tool: &str) -> Option<PathBuf> {
     (out.status.success() && path.starts_with('/')).then(|| PathBuf::from(path))
 }
 
-/// The demo server of the run: `steerdns serve` in a copy of the demo directory.
-struct Demo {
-    child: std::process::Child,
-    dir: PathBuf,
-    dns: u16,
-    api: u16,
-    steering: u16,
-    token: PathBuf,
-}
-
-impl Demo {
-    /// A demo server in its own directory (`tag` tells the tests' directories apart).
-    fn start(tag: &str) -> Demo {
-        let dir = std::env::temp_dir().join(format!("steerdns-book-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        for sub in ["zones", "probes", "geo", "state", "bin"] {
+/// A demo server ([`Demo`]) for the book's blocks: the geo database in `geo/` as the
+/// demo has it (the offline commands read it there), and `bin/` with `steerdns` and the
+/// checking `curl` first on the blocks' PATH.
+fn demo(tag: &str) -> Demo {
+    Demo::start(tag, &repo("geo/country.mmdb"), &[], |dir| {
+        for sub in ["geo", "bin"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
-        }
-        std::fs::copy(repo(DEMO_POLICY), dir.join("steering.yaml")).unwrap();
-        for sub in ["zones", "probes"] {
-            for e in std::fs::read_dir(repo(sub)).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_file() {
-                    std::fs::copy(&p, dir.join(sub).join(p.file_name().unwrap())).unwrap();
-                }
-            }
         }
         std::os::unix::fs::symlink(repo("geo/country.mmdb"), dir.join("geo/country.mmdb")).unwrap();
         std::os::unix::fs::symlink(BIN, dir.join("bin/steerdns")).unwrap();
@@ -394,75 +376,37 @@ impl Demo {
         std::fs::write(&wrapper, CURL.replace("REAL", real.to_str().unwrap())).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let token = dir.join("api-token");
-        std::fs::write(&token, format!("{}\n", stack::TOKEN)).unwrap();
-        // `serve` refuses a token file that others may read.
-        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let (dns, api, steering) = (etcd::free_port(), etcd::free_port(), etcd::free_port());
-        let child = steerdns(&["serve"])
-            .current_dir(&dir)
-            .args(["--listen", &format!("127.0.0.1:{dns}")])
-            .args(["--api", &format!("127.0.0.1:{api}")])
-            .args(["--steering-http", &format!("127.0.0.1:{steering}")])
-            .arg("--api-token-file")
-            .arg(&token)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let demo = Demo {
-            child,
-            dir,
-            dns,
-            api,
-            steering,
-            token,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", api)).is_err() {
-            assert!(Instant::now() < deadline, "the demo server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        demo
-    }
-
-    /// Runs one block; the error says what failed.
-    fn run(&self, b: &Block) -> Result<(), String> {
-        let body = match b.lang.as_str() {
-            "console" => console_script(&b.text),
-            _ => format!("set -e -o pipefail\n{}", b.text),
-        };
-        let script = rewrite(&body, self.dns, self.api, self.steering, &self.token);
-        let path = format!(
-            "{}:{}",
-            self.dir.join("bin").display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let out = Command::new("timeout")
-            .args(["60", "bash", "-c", &script])
-            .current_dir(&self.dir)
-            .env("PATH", path)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        match out.status.code() {
-            Some(0) => Ok(()),
-            Some(124) => Err(format!(
-                "did not finish within 60 s (mark it `,norun` if it serves):\n{script}"
-            )),
-            code => Err(format!(
-                "exit status {code:?}\n--- script\n{script}\n--- output\n{}",
-                printed(&out)
-            )),
-        }
-    }
+    })
 }
 
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+/// Runs one block against `demo`; the error says what failed.
+fn run(demo: &Demo, b: &Block) -> Result<(), String> {
+    let body = match b.lang.as_str() {
+        "console" => console_script(&b.text),
+        _ => format!("set -e -o pipefail\n{}", b.text),
+    };
+    let script = rewrite(&body, demo.dns, demo.api, demo.steering, &demo.token);
+    let path = format!(
+        "{}:{}",
+        demo.dir.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("timeout")
+        .args(["60", "bash", "-c", &script])
+        .current_dir(&demo.dir)
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    match out.status.code() {
+        Some(0) => Ok(()),
+        Some(124) => Err(format!(
+            "did not finish within 60 s (mark it `,norun` if it serves):\n{script}"
+        )),
+        code => Err(format!(
+            "exit status {code:?}\n--- script\n{script}\n--- output\n{}",
+            printed(&out)
+        )),
     }
 }
 
@@ -484,10 +428,10 @@ fn every_command_in_the_book_runs_against_a_demo_server() {
         .filter(|b| shells.contains(&b.lang.as_str()) && !b.has("norun") && runs_ours(&b.text))
         .collect();
     assert!(!runnable.is_empty(), "no runnable command in the book");
-    let demo = Demo::start("commands");
+    let demo = demo("commands");
     let mut failures = BTreeMap::new();
     for b in &runnable {
-        if let Err(e) = demo.run(b) {
+        if let Err(e) = run(&demo, b) {
             failures.insert(b.at(), e);
         }
     }
@@ -627,7 +571,7 @@ fn the_help_links_to_pages_of_the_book_that_exist() {
 
 #[test]
 fn the_status_page_links_to_pages_of_the_book_that_exist() {
-    let demo = Demo::start("status");
+    let demo = demo("status");
     let mut page = String::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !page.contains("</html>") {
@@ -648,7 +592,7 @@ fn the_status_page_links_to_pages_of_the_book_that_exist() {
 
 #[test]
 fn every_family_a_live_server_serves_is_in_the_metrics_reference() {
-    let demo = Demo::start("metrics");
+    let demo = demo("metrics");
     // A query, so that the steered series exist too.
     let _ = Command::new("dig")
         .args([

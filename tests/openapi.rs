@@ -10,14 +10,14 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
 
-use common::{repo, steerdns, TEST_GEO};
+use std::time::Duration;
+
+use common::demo::Demo;
+use common::{repo, TEST_GEO};
 use serde_yaml::Value;
 
-const TOKEN: &str = "openapi-test-token-0123456789";
+use common::stack::TOKEN;
 
 /// (method, path template) of every operation of a document, methods upper-case.
 fn operations(doc: &Value) -> BTreeSet<(String, String)> {
@@ -122,35 +122,10 @@ fn every_mutation_names_its_verb_and_the_bearer_scheme() {
     }
 }
 
-/// `steerdns serve` on the demo policy in a scratch directory, on free loopback ports,
-/// with a token; killed (by its PID) and its directory removed when dropped.
-struct Demo {
-    child: Child,
-    dir: PathBuf,
-    api: u16,
-    steering: u16,
-}
-
-impl Demo {
-    fn start() -> Demo {
-        let dir = std::env::temp_dir().join(format!("steerdns-openapi-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("zones")).unwrap();
-        std::fs::create_dir_all(dir.join("probes")).unwrap();
-        std::fs::copy(repo("steering.yaml"), dir.join("steering.yaml")).unwrap();
-        std::fs::copy(
-            repo("zones/example.com.zone"),
-            dir.join("zones/example.com.zone"),
-        )
-        .unwrap();
-        // The demo's probes aim at a loopback port where nothing listens.
-        for f in std::fs::read_dir(repo("probes")).unwrap() {
-            let f = f.unwrap().path();
-            if f.extension().is_some_and(|e| e == "yaml") {
-                std::fs::copy(&f, dir.join("probes").join(f.file_name().unwrap())).unwrap();
-            }
-        }
-        // A built manual of one page for `/book/{page}` (`--book`).
+/// The demo server ([`Demo`]) with a built manual of one page for `/book/{page}`
+/// (`--book`).
+fn demo() -> Demo {
+    Demo::start("openapi", &repo(TEST_GEO), &["--book", "book"], |dir| {
         std::fs::create_dir_all(dir.join("book/user")).unwrap();
         std::fs::write(dir.join("book/index.html"), "<h1>steerdns</h1>").unwrap();
         std::fs::write(
@@ -158,71 +133,7 @@ impl Demo {
             "<h2 id=\"drains\">Drains</h2>",
         )
         .unwrap();
-        let token = dir.join("token");
-        std::fs::write(&token, TOKEN).unwrap();
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-        }
-        let free = common::etcd::free_port;
-        let (dns, api, steering) = (free(), free(), free());
-        let child = steerdns(&["serve"])
-            .current_dir(&dir)
-            .arg("--geo")
-            .arg(repo(TEST_GEO))
-            .args([
-                "--api-token-file",
-                "token",
-                "--state-dir",
-                "state",
-                "--book",
-                "book",
-            ])
-            .args(["--listen", &format!("127.0.0.1:{dns}")])
-            .args(["--api", &format!("127.0.0.1:{api}")])
-            .args(["--steering-http", &format!("127.0.0.1:{steering}")])
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
-            .spawn()
-            .expect("steerdns serve");
-        let demo = Demo {
-            child,
-            dir,
-            api,
-            steering,
-        };
-        demo.wait_ready();
-        demo
-    }
-
-    /// Until both servers accept and the API serves its first state document.
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let up = TcpStream::connect(("127.0.0.1", self.steering)).is_ok()
-                && http("GET", self.api, "/v1/state", None, None)
-                    .is_ok_and(|r| r.status == 200 && r.body.contains("config_version"));
-            if up {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "steerdns does not serve; its log:\n{}",
-                std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    })
 }
 
 struct Reply {
@@ -354,7 +265,7 @@ fn check(doc: &Value, port: u16, s: &Sample) -> Result<Reply, String> {
 fn every_documented_operation_answers_as_documented() {
     let admin = load("docs/openapi/admin.yaml");
     let steering = load("docs/openapi/steering.yaml");
-    let demo = Demo::start();
+    let demo = demo();
     let mut wrong = Vec::new();
     let mut sent = BTreeSet::new();
 

@@ -3,6 +3,7 @@
 //! themselves are in `wire`), and the steerdns binary and its input files.
 #![allow(dead_code)]
 
+pub mod demo;
 pub mod dnssec;
 pub mod etcd;
 pub mod mock_cdn;
