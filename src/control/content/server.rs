@@ -150,8 +150,8 @@ enum Route<'a> {
     Beacon,
     /// `OPTIONS` of a path of [`ROUTES`].
     Preflight,
-    /// `405`, with the methods the path allows.
-    NotAllowed(&'static str),
+    /// `405`, with the methods the path allows (`Allow`) and the message saying so.
+    NotAllowed(&'static str, &'static str),
     /// `404`.
     NotFound,
 }
@@ -169,9 +169,9 @@ fn route<'a>(method: &Method, path: &'a str) -> Route<'a> {
         (&Method::OPTIONS, Some(_)) => Route::Preflight,
         (&Method::GET | &Method::HEAD, Some((Some(format), name))) => Route::Manifest(format, name),
         (&Method::POST, Some((None, _))) => Route::Beacon,
-        (_, Some((None, _))) => Route::NotAllowed(ALLOW_RUM),
+        (_, Some((None, _))) => Route::NotAllowed(ALLOW_RUM, "POST or OPTIONS only"),
         (&Method::GET | &Method::HEAD | &Method::OPTIONS, _) => Route::NotFound,
-        _ => Route::NotAllowed(ALLOW),
+        _ => Route::NotAllowed(ALLOW, "GET, HEAD or OPTIONS only"),
     }
 }
 
@@ -264,12 +264,7 @@ fn answer(shared: &Shared, route: Route, req: &Request<Incoming>, peer: IpAddr) 
             );
             r
         }
-        Route::NotAllowed(allow) => {
-            let message = if allow == ALLOW_RUM {
-                "POST or OPTIONS only"
-            } else {
-                "GET, HEAD or OPTIONS only"
-            };
+        Route::NotAllowed(allow, message) => {
             let mut r = error(StatusCode::METHOD_NOT_ALLOWED, message);
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
@@ -466,9 +461,9 @@ mod tests {
                     .iter()
                     .any(|(m, t)| *m == method.as_str() && matches(t, path));
                 let r = route(method, path);
-                let fallback = matches!(r, Route::NotFound | Route::NotAllowed(_));
+                let fallback = matches!(r, Route::NotFound | Route::NotAllowed(..));
                 assert_eq!(listed, !fallback, "{method} {path:?}: {r:?}");
-                if let Route::NotAllowed(allow) = r {
+                if let Route::NotAllowed(allow, _) = r {
                     // What it allows is what the table has for the path, if anything.
                     let of_path: Vec<&str> = ROUTES
                         .iter()
