@@ -13,8 +13,9 @@ use hickory_proto::op::{Edns, Message, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::EdnsOption;
 use hickory_proto::rr::{DNSClass, RecordType};
 
-/// Queries answered by every path of the handler, and the rcode each gets.
-fn every_path() -> Vec<(&'static str, Message, ResponseCode)> {
+/// Queries answered by every path of the handler, the rcode each gets, and the
+/// INFO-CODE of the Extended DNS Error (RFC 8914) it carries when the query has an OPT.
+fn every_path() -> Vec<(&'static str, Message, ResponseCode, Option<u16>)> {
     let mut notimp = query("www.example.com.", RecordType::A);
     notimp.metadata.op_code = OpCode::Status;
     let mut chaos = query("version.bind.", RecordType::TXT);
@@ -26,25 +27,35 @@ fn every_path() -> Vec<(&'static str, Message, ResponseCode)> {
             "steered",
             query("www.example.com.", RecordType::A),
             ResponseCode::NoError,
+            None,
         ),
         (
             "zone data",
             query("example.com.", RecordType::SOA),
             ResponseCode::NoError,
+            None,
         ),
         (
             "NXDOMAIN",
             query("nope.example.com.", RecordType::A),
             ResponseCode::NXDomain,
+            None,
         ),
         (
             "outside our zones",
             query("example.org.", RecordType::A),
             ResponseCode::Refused,
+            Some(20),
         ),
-        ("opcode STATUS", notimp, ResponseCode::NotImp),
-        ("class CH", chaos, ResponseCode::Refused),
-        ("no question", no_question, ResponseCode::FormErr),
+        (
+            "zone transfer",
+            query("example.com.", RecordType::AXFR),
+            ResponseCode::Refused,
+            Some(21),
+        ),
+        ("opcode STATUS", notimp, ResponseCode::NotImp, Some(21)),
+        ("class CH", chaos, ResponseCode::Refused, Some(21)),
+        ("no question", no_question, ResponseCode::FormErr, Some(0)),
     ]
 }
 
@@ -60,7 +71,7 @@ fn with_edns(mut m: Message, f: impl FnOnce(&mut Edns)) -> Message {
 async fn no_opt_in_the_query_means_none_in_any_answer() {
     let srv = TestServer::demo().await;
     for proto in BOTH {
-        for (what, q, rcode) in every_path() {
+        for (what, q, rcode, _) in every_path() {
             let m = srv.ask(proto, &q).await;
             assert_eq!(m.metadata.response_code, rcode, "{what} {proto:?}");
             assert!(m.edns.is_none(), "{what} over {proto:?}: {:?}", m.edns);
@@ -72,7 +83,7 @@ async fn no_opt_in_the_query_means_none_in_any_answer() {
 async fn an_opt_in_the_query_gets_one_in_every_answer() {
     let srv = TestServer::demo().await;
     for proto in BOTH {
-        for (what, q, rcode) in every_path() {
+        for (what, q, rcode, _) in every_path() {
             let m = srv.ask(proto, &with_edns(q, |_| {})).await;
             assert_eq!(m.metadata.response_code, rcode, "{what} {proto:?}");
             let opt = m
@@ -88,7 +99,7 @@ async fn an_opt_in_the_query_gets_one_in_every_answer() {
 async fn unknown_options_are_ignored_and_not_echoed() {
     let srv = TestServer::demo().await;
     for proto in BOTH {
-        for (what, q, rcode) in every_path() {
+        for (what, q, rcode, _) in every_path() {
             let q = with_edns(q, |e| {
                 // genreport's `ednsopt` sends option 100; NSID-like and local-use codes too.
                 for (code, data) in [
@@ -101,11 +112,11 @@ async fn unknown_options_are_ignored_and_not_echoed() {
             });
             let m = srv.ask(proto, &q).await;
             assert_eq!(m.metadata.response_code, rcode, "{what} {proto:?}");
-            let opt = m.edns.expect("OPT");
+            // Nothing but the answer's own Extended DNS Error.
+            let others = other_options(&m).expect("OPT");
             assert!(
-                opt.options().options.is_empty(),
-                "{what} over {proto:?} echoed {:?}",
-                opt.options()
+                others.iter().all(|(code, _)| *code == 15),
+                "{what} over {proto:?} echoed {others:?}"
             );
         }
     }
@@ -126,7 +137,7 @@ async fn unknown_options_are_ignored_and_not_echoed() {
 async fn unknown_edns_flags_are_ignored_and_not_echoed() {
     let srv = TestServer::demo().await;
     for proto in BOTH {
-        for (what, q, rcode) in every_path() {
+        for (what, q, rcode, _) in every_path() {
             // genreport's `ednsflags` sets an undefined flag (0x0080); set them all.
             for (z, dnssec_ok) in [(0x0080u16, false), (0x7fff, false), (0x7fff, true)] {
                 let q = with_edns(q.clone(), |e| {
@@ -161,7 +172,7 @@ async fn the_header_z_bit_is_not_echoed() {
 async fn edns_version_one_gets_badvers_with_version_zero() {
     let srv = TestServer::demo().await;
     for proto in BOTH {
-        for (what, q, _) in every_path() {
+        for (what, q, _, _) in every_path() {
             for (version, option) in [(1u8, false), (1, true), (255, false)] {
                 // `edns1` and `edns1opt`: the answer is BADVERS with our version, no data.
                 let q = with_edns(q.clone(), |e| {
@@ -197,7 +208,7 @@ async fn the_do_bit_is_copied_and_nothing_is_signed() {
     // DNSSEC, so no RRSIG, NSEC or DNSKEY appears in any answer.
     let srv = TestServer::demo().await;
     for proto in BOTH {
-        for (what, q, rcode) in every_path() {
+        for (what, q, rcode, _) in every_path() {
             for dnssec_ok in [false, true] {
                 let m = srv
                     .ask(
@@ -314,4 +325,89 @@ async fn edns_over_tcp() {
         .await;
     cname_of(&m);
     assert_eq!(m.edns.as_ref().unwrap().version(), 0);
+}
+
+#[tokio::test]
+async fn error_answers_say_why_in_an_extended_dns_error() {
+    // RFC 8914: each error answer to a query with an OPT carries the INFO-CODE of
+    // `every_path` (and an EXTRA-TEXT); answers that are not errors carry none; without
+    // an OPT in the query there is none (`no_opt_in_the_query_means_none_in_any_answer`).
+    let srv = TestServer::demo().await;
+    for proto in BOTH {
+        for (what, q, rcode, want) in every_path() {
+            // Twice: the second UDP answer may come from the answer cache.
+            for round in 0..2 {
+                let m = srv.ask(proto, &with_edns(q.clone(), |_| {})).await;
+                assert_eq!(m.metadata.response_code, rcode, "{what} {proto:?}");
+                let ede = ede_of(&m);
+                assert_eq!(
+                    ede.as_ref().map(|e| e.0),
+                    want,
+                    "{what} over {proto:?}, round {round}: {ede:?}"
+                );
+                if let Some((_, text)) = ede {
+                    assert!(!text.is_empty(), "{what}: no EXTRA-TEXT");
+                }
+            }
+        }
+    }
+    // Out of zone with ECS, again and again (the answer cache replays it): the EDE, then
+    // the ECS echo with scope 0.
+    for round in 0..3 {
+        let m = srv
+            .ask(
+                Proto::Udp,
+                &query_edns("example.org.", RecordType::A, Some(("81.2.69.0", 24))),
+            )
+            .await;
+        assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+        assert_eq!(ede_of(&m).map(|e| e.0), Some(20), "round {round}");
+        let ecs = ecs_of(&m).unwrap_or_else(|| panic!("round {round}: no ECS echo"));
+        assert_eq!((ecs.source_prefix(), ecs.scope_prefix()), (24, 0));
+    }
+    // A malformed ECS option (a bit set past the source prefix): FORMERR, EDE 0.
+    let mut bad = query("www.example.com.", RecordType::A);
+    bad.set_edns(Edns::new());
+    let mut bytes = bad.to_vec().unwrap();
+    let n = bytes.len();
+    // The OPT's RDLENGTH (last two bytes, 0), then one ECS option: 81.2.77.0/22.
+    bytes[n - 2..].copy_from_slice(&[0, 11]);
+    bytes.extend_from_slice(&[0, 8, 0, 7, 0, 1, 22, 0, 81, 2, 77]);
+    for proto in BOTH {
+        let a = raw(srv.addr, proto, &bytes).await.expect("an answer");
+        let m = Message::from_vec(&a).unwrap();
+        assert_eq!(m.metadata.response_code, ResponseCode::FormErr, "{proto:?}");
+        assert_eq!(ede_of(&m).map(|e| e.0), Some(0), "{proto:?}");
+    }
+}
+
+#[test]
+fn dig_shows_the_extended_dns_error() {
+    if !require_dig("dig_shows_the_extended_dns_error") {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = rt.block_on(TestServer::demo());
+    let dig = |args: &[&str]| {
+        let out = std::process::Command::new("dig")
+            .args(["@127.0.0.1", "-p", &srv.addr.port().to_string()])
+            .args(["+tries=1", "+time=2"])
+            .args(args)
+            .output()
+            .expect("dig runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = dig(&["example.org", "A"]);
+    assert!(out.contains("status: REFUSED"), "{out}");
+    assert!(out.contains("EDE: 20 (Not Authoritative)"), "{out}");
+    let out = dig(&["+opcode=notify", "example.com", "SOA"]);
+    assert!(out.contains("status: NOTIMP"), "{out}");
+    assert!(out.contains("EDE: 21 (Not Supported)"), "{out}");
+    // No EDNS, no EDE.
+    let out = dig(&["+noedns", "example.org", "A"]);
+    assert!(
+        out.contains("status: REFUSED") && !out.contains("EDE"),
+        "{out}"
+    );
+    drop(srv);
 }

@@ -213,7 +213,7 @@ async fn compression_pointer_loops_get_formerr() {
             assert_formerr(&a, id, "pointer into the header");
             let m = hickory_proto::op::Message::from_vec(&a).expect("the answer decodes");
             assert!(m.queries.is_empty());
-            // With an OPT, the FORMERR carries one.
+            // With an OPT, the FORMERR carries one, which says why (RFC 8914, EDE 0).
             let bytes = packet(id, RD, [1, 0, 0, 1], &[&name, &tail, &opt(&[])]);
             let a = answer(&srv, proto, &bytes, "pointer into the header, OPT").await;
             let m = hickory_proto::op::Message::from_vec(&a).expect("the answer decodes");
@@ -222,6 +222,9 @@ async fn compression_pointer_loops_get_formerr() {
                 hickory_proto::op::ResponseCode::FormErr
             );
             assert!(m.edns.is_some());
+            let (code, text) = ede_of(&m).expect("an EDE");
+            assert_eq!(code, 0);
+            assert!(text.contains("question"), "{text}");
         }
     }
     still_answers(&srv, "pointer loops").await;
@@ -343,10 +346,15 @@ async fn opcodes_other_than_query_get_notimp() {
     // Every opcode but QUERY, with a question or header only, every flag or only RD,
     // with and without EDNS: the same bare NOTIMP over UDP (which the fast path and the
     // answer cache leave to the full path) and TCP. With an OPT in the query the answer
-    // has one (RFC 6891 §7): our version 0, the payload size, nothing echoed.
+    // has one (RFC 6891 §7): our version 0, the payload size, nothing echoed, and the
+    // Extended DNS Error 21 (Not Supported, RFC 8914).
     let srv = TestServer::demo().await;
-    // The query's OPT and ours: root, UDP size 1232, version 0, no flags, no options.
+    // The query's OPT: root, UDP size 1232, version 0, no flags, no options; ours the
+    // same with the EDE.
     let edns_opt = opt(&[]);
+    let mut ede = vec![0, 21];
+    ede.extend_from_slice(b"only opcode QUERY is served");
+    let answer_opt = opt(&[(15, &ede)]);
     for proto in BOTH {
         for op in 1u16..16 {
             for (flags, question, edns) in [
@@ -364,7 +372,7 @@ async fn opcodes_other_than_query_get_notimp() {
                 let what =
                     format!("opcode {op}, flags {flags:#06x}, question {question}, EDNS {edns}");
                 let a = answer(&srv, proto, &bytes, &what).await;
-                let want = bare_notimp(id, op, edns.then_some(edns_opt.as_slice()));
+                let want = bare_notimp(id, op, edns.then_some(answer_opt.as_slice()));
                 assert_eq!(a, want, "{what} over {proto:?}");
             }
         }

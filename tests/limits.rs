@@ -209,7 +209,8 @@ async fn slips(server: SocketAddr, from: &str, query: &[u8], count: u16) -> Vec<
 async fn a_slip_to_a_query_with_an_opt_carries_an_opt() {
     // RFC 6891 §7: a query with an OPT record gets one in its response, the truncated
     // answer of a slip included: the UDP size normal answers advertise (the client's,
-    // at least 512, at most 1232), DO copied, version 0, and no options (no ECS echo).
+    // at least 512, at most 1232), DO copied, version 0, and no options (no ECS echo)
+    // but the Extended DNS Error (RFC 8914) that says why: 0, "rate limited".
     let srv = server(no_exemptions(5, 1), Metrics::new()).await;
     let ecs: &[u8] = &[0, 1, 24, 0, 81, 2, 69];
     let cases = [
@@ -253,7 +254,16 @@ async fn a_slip_to_a_query_with_an_opt_carries_an_opt() {
             assert_eq!(e.max_payload(), payload, "{what}: UDP size");
             assert_eq!(e.flags().dnssec_ok, dnssec_ok, "{what}: DO");
             assert_eq!((e.version(), e.rcode_high()), (0, 0), "{what}");
-            assert!(e.options().options.is_empty(), "{what}: {:?}", e.options());
+            assert_eq!(
+                other_options(&m).unwrap().len(),
+                1,
+                "{what}: {:?}",
+                e.options()
+            );
+            assert!(ecs_of(&m).is_none(), "{what}: ECS echoed");
+            let (code, text) = ede_of(&m).unwrap_or_else(|| panic!("{what}: no EDE"));
+            assert_eq!(code, 0, "{what}");
+            assert!(text.starts_with("rate limited"), "{what}: {text}");
             assert_eq!(a[10..12], [0, 1], "{what}: ARCOUNT");
         }
     }

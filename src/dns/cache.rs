@@ -5,9 +5,10 @@
 //!
 //! - Key: the header's flag bytes, the question as received (so the client's case comes
 //!   back), whether there is an OPT, the payload size as the answer uses it, and DO.
-//! - Value: the full path's answer to the query rebuilt without its EDNS options; the
-//!   client's ECS option, whose echo in these answers always has scope 0, is appended on
-//!   the way out (what the full path does for the original query).
+//! - Value: the full path's answer to the query rebuilt without its EDNS options (but
+//!   the Extended DNS Error it gives, which depends on the question alone); the client's
+//!   ECS option, whose echo in these answers always has scope 0, is appended on the way
+//!   out after them (what the full path does for the original query).
 //! - Dropped whole when the snapshot changes (any reload, health change or drain), and
 //!   when it reaches its byte budget: the process's budget (`--answer-cache-bytes`,
 //!   [`DEFAULT_BUDGET`]) split evenly between the UDP threads, so that neither a flood
@@ -37,7 +38,7 @@ pub struct AnswerCache {
     /// while the entries live. A strong hold kept every idle thread's last snapshot
     /// alive, one plan each, long after a reload had replaced it.
     snapshot: Option<Weak<Snapshot>>,
-    entries: HashMap<Box<[u8]>, Box<[u8]>>,
+    entries: HashMap<Box<[u8]>, Entry>,
     key: Vec<u8>,
     /// Bytes the entries may take ([`AnswerCache::cost`]); the cache starts over past it.
     budget: usize,
@@ -50,6 +51,12 @@ impl Default for AnswerCache {
     fn default() -> Self {
         AnswerCache::new(DEFAULT_BUDGET)
     }
+}
+
+/// A cached answer, and where its OPT's RDLENGTH is (0: no OPT).
+struct Entry {
+    rdlen_at: usize,
+    answer: Box<[u8]>,
 }
 
 /// What to do with a query the fast path did not take.
@@ -126,8 +133,8 @@ impl AnswerCache {
             self.key.extend_from_slice(&payload.to_be_bytes());
         }
         if let Some(cached) = self.entries.get(self.key.as_slice()) {
-            return match finish(&query, cached, out) {
-                true => Lookup::Hit(cached[3] & 0x0f),
+            return match finish(&query, &cached.answer, cached.rdlen_at, out) {
+                true => Lookup::Hit(cached.answer[3] & 0x0f),
                 false => Lookup::Bypass,
             };
         }
@@ -139,23 +146,27 @@ impl AnswerCache {
     /// to the original query into `out`; `false` if that answer cannot be built from it
     /// (the full path then answers the original query itself).
     pub fn store(&mut self, miss: Miss<'_>, answer: &[u8], out: &mut Vec<u8>) -> bool {
-        if !replayable(&miss.query, answer) {
+        let Some(rdlen_at) = replayable(&miss.query, answer) else {
             return false;
-        }
+        };
         let cost = self.key.len() + answer.len() + ENTRY_OVERHEAD;
         if self.bytes + cost > self.budget {
             self.start_over();
         }
         if cost <= self.budget {
-            let old = self
-                .entries
-                .insert(Box::from(self.key.as_slice()), Box::from(answer));
+            let old = self.entries.insert(
+                Box::from(self.key.as_slice()),
+                Entry {
+                    rdlen_at,
+                    answer: Box::from(answer),
+                },
+            );
             self.bytes += cost;
             if let Some(old) = old {
-                self.bytes -= self.key.len() + old.len() + ENTRY_OVERHEAD;
+                self.bytes -= self.key.len() + old.answer.len() + ENTRY_OVERHEAD;
             }
         }
-        finish(&miss.query, answer, out)
+        finish(&miss.query, answer, rdlen_at, out)
     }
 }
 
@@ -172,29 +183,36 @@ fn strip(query: &Query<'_>, out: &mut Vec<u8>) {
 }
 
 /// Whether `answer` (to the stripped query) has the shape `finish` relies on: the same
-/// question echoed, and with an OPT in the query, an empty OPT as its last record.
-fn replayable(query: &Query<'_>, answer: &[u8]) -> bool {
+/// question echoed, and with an OPT in the query, an OPT as its last record, holding no
+/// option but an Extended DNS Error. `Some`: where that OPT's RDLENGTH is (0 without an
+/// OPT).
+fn replayable(query: &Query<'_>, answer: &[u8]) -> Option<usize> {
     let q = &query.packet[12..query.question_end];
     if answer.len() < query.question_end || answer.get(4..6) != Some(&[0, 1]) {
-        return false;
+        return None;
     }
     if &answer[12..query.question_end] != q {
-        return false;
+        return None;
     }
-    match &query.opt {
-        None => true,
-        Some(_) => {
-            let Some(tail) = answer.len().checked_sub(11).and_then(|i| answer.get(i..)) else {
-                return false;
-            };
-            tail[..3] == [0, 0, 41] && tail[9..] == [0, 0] && answer[10..12] != [0, 0]
-        }
+    if query.opt.is_none() {
+        return Some(0);
     }
+    let opt = wire::records(answer).last()?;
+    let rdlen_at = answer.len().checked_sub(opt.rdata.len() + 2)?;
+    // The OPT's RDATA ends the answer.
+    let last = std::ptr::eq(opt.rdata.as_ptr(), answer[rdlen_at + 2..].as_ptr());
+    let one_ede = |d: &[u8]| match d {
+        [0, 15, l0, l1, rest @ ..] => usize::from(u16::from_be_bytes([*l0, *l1])) == rest.len(),
+        _ => false,
+    };
+    let options = opt.rdata.is_empty() || one_ede(opt.rdata);
+    (last && opt.additional && opt.rtype == 41 && options).then_some(rdlen_at)
 }
 
-/// The answer to `query` from a cached one: the query's id, and its ECS option echoed
-/// with scope 0 in the OPT. `false` if that does not fit the client's UDP size.
-fn finish(query: &Query<'_>, cached: &[u8], out: &mut Vec<u8>) -> bool {
+/// The answer to `query` from a cached one (whose OPT's RDLENGTH is at `rdlen_at`): the
+/// query's id, and its ECS option echoed with scope 0 at the end of the OPT. `false` if
+/// that does not fit the client's UDP size.
+fn finish(query: &Query<'_>, cached: &[u8], rdlen_at: usize, out: &mut Vec<u8>) -> bool {
     out.clear();
     out.extend_from_slice(cached);
     out[0..2].copy_from_slice(&query.packet[0..2]);
@@ -202,8 +220,8 @@ fn finish(query: &Query<'_>, cached: &[u8], out: &mut Vec<u8>) -> bool {
         return out.len() <= 512;
     };
     if let Some(ecs) = &opt.ecs {
-        let n = out.len();
-        out[n - 2..].copy_from_slice(&ecs.echo_len().to_be_bytes());
+        let rdlen = u16::from_be_bytes([out[rdlen_at], out[rdlen_at + 1]]);
+        out[rdlen_at..rdlen_at + 2].copy_from_slice(&(rdlen + ecs.echo_len()).to_be_bytes());
         ecs.echo(0, out);
     }
     out.len() <= usize::from(opt.payload.clamp(512, MAX_UDP_PAYLOAD))

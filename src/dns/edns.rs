@@ -16,6 +16,7 @@
 //! | 6891 §7 | the rate limiter's truncated answer (slip) to a query with an OPT carries one: payload and DO as above, version 0, no ECS (`wire::truncated`) |
 //! | 8945 §5.2, §5.3.2 | a TSIG-signed request (no key is configured, so every key is unknown): `NOTAUTH` with an unsigned TSIG, error `BADKEY` (`Handler`'s `bad_key`) |
 //! | 1035 §4.1.1 | an opcode other than QUERY: `NOTIMP`, header only (no question), id and opcode copied, no flag but QR; the OPT as above (RFC 6891 §7) |
+//! | 8914 | an error answer to a query with an OPT says why in an Extended DNS Error ([`Ede`]: the table there); none without an OPT |
 //!
 //! Every ECS rule of RFC 7871 §6 is one function over the option's bytes as received,
 //! [`ecs_option`]: the fast path (`wire.rs`) takes a query only when it passes, the full
@@ -34,6 +35,92 @@ pub const MAX_UDP_PAYLOAD: u16 = 1232;
 
 /// The EDNS option code of Client Subnet (RFC 7871 §6).
 const OPTION_ECS: u16 = 8;
+/// The EDNS option code of Extended DNS Error (RFC 8914 §2).
+const OPTION_EDE: u16 = 15;
+
+/// An Extended DNS Error (RFC 8914): the INFO-CODE and the EXTRA-TEXT steerdns gives in
+/// the OPT of an error answer, so that a resolver's operator sees why without asking us.
+/// Only to a query that carried an OPT (RFC 6891 §7); the EDE option comes before the ECS
+/// echo.
+///
+/// | answer | rcode | INFO-CODE | EXTRA-TEXT |
+/// |---|---|---|---|
+/// | a name outside every zone served here | `REFUSED` | 20 Not Authoritative | [`Ede::NOT_OURS`] |
+/// | a zone transfer (AXFR, IXFR) | `REFUSED` | 21 Not Supported | [`Ede::TRANSFER`] |
+/// | a class other than IN | `REFUSED` | 21 Not Supported | [`Ede::CLASS`] |
+/// | an opcode other than QUERY | `NOTIMP` | 21 Not Supported | [`Ede::OPCODE`] |
+/// | a malformed ECS option (RFC 7871 §6) | `FORMERR` | 0 Other Error | [`Ede::ECS`] |
+/// | a question that is compressed, or not one question | `FORMERR` | 0 Other Error | [`Ede::QUESTION`] |
+/// | the rate limiter's truncated answer (slip) | `NOERROR`, TC | 0 Other Error | [`Ede::RATE_LIMITED`] |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ede {
+    pub code: u16,
+    pub text: &'static str,
+}
+
+impl Ede {
+    pub const NOT_OURS: Ede = Ede {
+        code: 20,
+        text: "not in a zone served here",
+    };
+    pub const TRANSFER: Ede = Ede {
+        code: 21,
+        text: "zone transfers are not offered",
+    };
+    pub const CLASS: Ede = Ede {
+        code: 21,
+        text: "only class IN is served",
+    };
+    pub const OPCODE: Ede = Ede {
+        code: 21,
+        text: "only opcode QUERY is served",
+    };
+    pub const ECS: Ede = Ede {
+        code: 0,
+        text: "malformed ECS option (RFC 7871 section 6)",
+    };
+    pub const QUESTION: Ede = Ede {
+        code: 0,
+        text: "one uncompressed question is served",
+    };
+    pub const RATE_LIMITED: Ede = Ede {
+        code: 0,
+        text: "rate limited: retry over TCP",
+    };
+
+    /// Bytes of the option (code, length, INFO-CODE, EXTRA-TEXT).
+    pub fn wire_len(&self) -> u16 {
+        6 + self.text.len() as u16
+    }
+
+    /// Appends the option as the wire carries it.
+    ///
+    /// # Hot path
+    /// Copies into `out`; no allocation once `out` has grown.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&OPTION_EDE.to_be_bytes());
+        out.extend_from_slice(&(2 + self.text.len() as u16).to_be_bytes());
+        out.extend_from_slice(&self.code.to_be_bytes());
+        out.extend_from_slice(self.text.as_bytes());
+    }
+
+    /// Puts the option first among `opt`'s options (before the ECS echo, where the answer
+    /// cache expects it).
+    pub fn add_to(&self, opt: &mut Edns) {
+        let mut data = self.code.to_be_bytes().to_vec();
+        data.extend_from_slice(self.text.as_bytes());
+        let option = EdnsOption::Unknown(OPTION_EDE, data);
+        opt.options_mut()
+            .options
+            .insert(0, ((&option).into(), option));
+    }
+}
+
+/// `opt` with `ede` added ([`Ede::add_to`]).
+pub fn with_ede(mut opt: Edns, ede: Ede) -> Edns {
+    ede.add_to(&mut opt);
+    opt
+}
 
 /// Who asked, as far as steering cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

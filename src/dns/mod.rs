@@ -46,6 +46,7 @@ use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 use crate::plan::{Answer, Asker, Live, Pick, Snapshot};
+use edns::Ede;
 
 /// The request handler registered with hickory's `Server`. It holds the live snapshot,
 /// which the control plane replaces; each query reads one snapshot from start to end.
@@ -206,7 +207,10 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     // included; a pointer (into the header, say) would then point into *our* answer and
     // make it undecodable. No resolver compresses a lone question: FORMERR, without it.
     if compressed_question(request.queries.as_bytes(), request.queries.len()) {
-        let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));
+        let opt = request
+            .edns
+            .as_ref()
+            .map(|e| edns::with_ede(edns::response(e, None, 0), Ede::QUESTION));
         let info = reply(
             request,
             ResponseCode::FormErr,
@@ -224,7 +228,13 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     let client = match edns::client(request.edns.as_ref(), request.src().ip(), options) {
         Ok(c) => c,
         Err(rcode) => {
-            let opt = request.edns.as_ref().map(|e| edns::response(e, None, 0));
+            let opt = request.edns.as_ref().map(|e| {
+                let opt = edns::response(e, None, 0);
+                match rcode {
+                    ResponseCode::FormErr => edns::with_ede(opt, Ede::ECS),
+                    _ => opt,
+                }
+            });
             let info = reply(request, rcode, true, opt.as_ref(), None, response);
             return (info.await, None);
         }
@@ -245,25 +255,29 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         let info = reply(request, rcode, true, untailored.as_ref(), tsig, response);
         return (info.await, None);
     }
+    // An error answer says why (RFC 8914) when the query has an OPT.
+    let explained = |ede: Ede| untailored.clone().map(|opt| edns::with_ede(opt, ede));
     if request.metadata.op_code != OpCode::Query
         || request.metadata.message_type != MessageType::Query
     {
+        let opt = explained(Ede::OPCODE);
         let info = reply(
             request,
             ResponseCode::NotImp,
             true,
-            untailored.as_ref(),
+            opt.as_ref(),
             None,
             response,
         );
         return (info.await, None);
     }
     let [query] = request.queries.queries() else {
+        let opt = explained(Ede::QUESTION);
         let info = reply(
             request,
             ResponseCode::FormErr,
             true,
-            untailored.as_ref(),
+            opt.as_ref(),
             None,
             response,
         );
@@ -271,14 +285,18 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     };
 
     // Only the Internet class is served, and zone transfers are not offered.
-    if query.query_class() != DNSClass::IN
-        || matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR)
-    {
+    let unserved = if matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR) {
+        Some(Ede::TRANSFER)
+    } else {
+        (query.query_class() != DNSClass::IN).then_some(Ede::CLASS)
+    };
+    if let Some(ede) = unserved {
+        let opt = explained(ede);
         let info = reply(
             request,
             ResponseCode::Refused,
             true,
-            untailored.as_ref(),
+            opt.as_ref(),
             None,
             response,
         );
@@ -303,9 +321,14 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
             let info = send(request, message_send(response, message).await);
             return (info, None);
         }
+        // Outside every zone: hickory's catalog answers REFUSED; say why.
+        let opt = match snap.zones.find(query.name()) {
+            None => explained(Ede::NOT_OURS),
+            Some(_) => untailored,
+        };
         let info = snap
             .zones
-            .lookup(request, untailored.as_ref(), T::current_time(), response)
+            .lookup(request, opt.as_ref(), T::current_time(), response)
             .await;
         return (info, None);
     };

@@ -20,7 +20,7 @@ use std::net::IpAddr;
 
 use rand::Rng;
 
-use super::edns::{ecs_option, Ecs, MAX_UDP_PAYLOAD};
+use super::edns::{ecs_option, Ecs, Ede, MAX_UDP_PAYLOAD};
 use super::Steer;
 use crate::plan::{Answer, Asker, Snapshot};
 
@@ -148,7 +148,8 @@ fn rrsig_count(mut run: &[u8]) -> u8 {
 /// CD copied), the question if it is one plain name, no records but, when the query has
 /// an OPT record, an OPT of our own (RFC 6891 §7): the payload size normal answers
 /// advertise (the client's, at least 512, at most [`MAX_UDP_PAYLOAD`]), DO copied,
-/// version 0 and no options. No ECS echo: nothing in the slip depends on the client, no
+/// version 0, and one option: the Extended DNS Error [`Ede::RATE_LIMITED`] (RFC 8914),
+/// so that a resolver's operator sees why. No ECS echo: nothing in the slip depends on the client, no
 /// resolver caches an empty TC answer (it retries over TCP, where the ECS is validated
 /// and echoed), and nothing of the query's options is checked before a slip. `false`:
 /// not a query worth answering (too short, QR=1).
@@ -179,8 +180,10 @@ pub fn truncated(packet: &[u8], out: &mut Vec<u8>) -> bool {
         out.push(0); // root owner
         out.extend_from_slice(&TYPE_OPT.to_be_bytes());
         out.extend_from_slice(&payload.to_be_bytes());
-        // Extended rcode 0, version 0, flags: DO copied; no options.
-        out.extend_from_slice(&[0, 0, opt.ttl[2] & 0x80, 0, 0, 0]);
+        // Extended rcode 0, version 0, flags: DO copied; the EDE.
+        out.extend_from_slice(&[0, 0, opt.ttl[2] & 0x80, 0]);
+        out.extend_from_slice(&Ede::RATE_LIMITED.wire_len().to_be_bytes());
+        Ede::RATE_LIMITED.write(out);
     }
     true
 }
@@ -361,17 +364,24 @@ mod tests {
         let q = www(1, opt);
         let mut out = Vec::new();
         assert!(truncated(&q, &mut out));
-        // QR TC RD, CD; QDCOUNT 1, ARCOUNT 1; the question; OPT 1232, DO, no options.
+        // QR TC RD, CD; QDCOUNT 1, ARCOUNT 1; the question; OPT 1232, DO, the EDE.
         assert_eq!(out[..12], [0x12, 0x34, 0x83, 0x10, 0, 1, 0, 0, 0, 0, 0, 1]);
-        assert_eq!(out[12..q.len() - opt.len()], q[12..q.len() - opt.len()]);
+        let at = q.len() - opt.len();
+        assert_eq!(out[12..at], q[12..at]);
+        let ede = Ede::RATE_LIMITED;
+        let [l0, l1] = ede.wire_len().to_be_bytes();
         assert_eq!(
-            out[q.len() - opt.len()..],
-            [0, 0, 41, 0x04, 0xd0, 0, 0, 0x80, 0, 0, 0]
+            out[at..at + 11],
+            [0, 0, 41, 0x04, 0xd0, 0, 0, 0x80, 0, l0, l1]
         );
+        // Option 15, INFO-CODE 0 (Other Error), the text.
+        assert_eq!(out[at + 11..at + 17], [0, 15, 0, l1 - 4, 0, 0]);
+        assert_eq!(&out[at + 17..], ede.text.as_bytes());
         // Payload 100 counts as 512; without an OPT, none.
         let small = www(1, b"\x00\x00\x29\x00\x64\x00\x00\x00\x00\x00\x00");
         assert!(truncated(&small, &mut out));
-        assert_eq!(out[out.len() - 11..], [0, 0, 41, 2, 0, 0, 0, 0, 0, 0, 0]);
+        let at = small.len() - 11;
+        assert_eq!(out[at..at + 9], [0, 0, 41, 2, 0, 0, 0, 0, 0]);
         assert!(truncated(&www(0, &[]), &mut out));
         assert_eq!(out[10..12], [0, 0]);
         // Cut anywhere: no panic.

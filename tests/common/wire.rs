@@ -167,6 +167,37 @@ pub fn cname_of(m: &Message) -> String {
     }
 }
 
+/// The options of an answer's OPT other than ECS, as (code, data); `None` without an
+/// OPT.
+pub fn other_options(m: &Message) -> Option<Vec<(u16, Vec<u8>)>> {
+    let opt = m.edns.as_ref()?;
+    Some(
+        opt.options()
+            .options
+            .iter()
+            .filter_map(|(_, o)| match o {
+                EdnsOption::Subnet(_) => None,
+                EdnsOption::Unknown(code, data) => Some((*code, data.clone())),
+                other => Some((0xffff, format!("{other:?}").into_bytes())),
+            })
+            .collect(),
+    )
+}
+
+/// The Extended DNS Error (RFC 8914) of an answer: INFO-CODE and EXTRA-TEXT; `None`
+/// without one. Panics on two, or on one that is not well formed.
+pub fn ede_of(m: &Message) -> Option<(u16, String)> {
+    let edes: Vec<_> = other_options(m)?
+        .into_iter()
+        .filter(|(code, _)| *code == 15)
+        .collect();
+    assert!(edes.len() <= 1, "two EDE options: {edes:?}");
+    let (_, data) = edes.into_iter().next()?;
+    assert!(data.len() >= 2, "EDE of {} bytes", data.len());
+    let text = String::from_utf8(data[2..].to_vec()).expect("EXTRA-TEXT is UTF-8");
+    Some((u16::from_be_bytes([data[0], data[1]]), text))
+}
+
 /// The ECS option of an answer.
 pub fn ecs_of(m: &Message) -> Option<ClientSubnet> {
     m.edns
