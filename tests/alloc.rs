@@ -102,11 +102,19 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
     let now = 1_800_000_000;
     for (what, packet) in steered_queries() {
         // Grow the buffer (and whatever else starts lazily) first.
-        assert!(wire::answer(&snap, &packet, sources[0], &mut out, now, &mut rng).is_some());
+        assert!(wire::answer(&snap, &packet, sources[0], &mut out, now, &mut rng, None).is_some());
         let n = allocations(|| {
             for (i, src) in sources.iter().enumerate() {
                 assert_eq!(rrl.check(*src), Verdict::Answer);
-                let steer = wire::answer(&snap, &packet, *src, &mut out, now + i as u64, &mut rng);
+                let steer = wire::answer(
+                    &snap,
+                    &packet,
+                    *src,
+                    &mut out,
+                    now + i as u64,
+                    &mut rng,
+                    None,
+                );
                 assert!(steer.is_some(), "{what}: not taken by the fast path");
             }
         });
@@ -134,7 +142,7 @@ async fn a_hit_of_the_answer_cache_allocates_nothing() {
     ];
     for (what, q) in zone {
         let packet = q.to_vec().unwrap();
-        match cache.lookup(&snap, &packet, &mut out, &mut stripped) {
+        match cache.lookup(&snap, &packet, &mut out, &mut stripped, None) {
             Lookup::Miss(miss) => {
                 let answer = handler
                     .respond(&stripped, src, Protocol::Udp)
@@ -146,12 +154,12 @@ async fn a_hit_of_the_answer_cache_allocates_nothing() {
         }
         // Once more to grow the output buffer, then counted.
         assert!(matches!(
-            cache.lookup(&snap, &packet, &mut out, &mut stripped),
+            cache.lookup(&snap, &packet, &mut out, &mut stripped, None),
             Lookup::Hit(_)
         ));
         let n = allocations(|| {
             for _ in 0..64 {
-                let hit = cache.lookup(&snap, &packet, &mut out, &mut stripped);
+                let hit = cache.lookup(&snap, &packet, &mut out, &mut stripped, None);
                 assert!(
                     matches!(hit, Lookup::Hit(_)),
                     "{what}: a stored answer must hit"

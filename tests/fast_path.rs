@@ -268,7 +268,8 @@ async fn same_answers(srv: &TestServer, snap: &steerdns::plan::Snapshot, signed:
                 src,
                 &mut out,
                 steerdns::clock::now_secs(),
-                &mut rng
+                &mut rng,
+                None
             )
             .is_some(),
             "{what}: not on the fast path"
@@ -375,7 +376,8 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
                 src,
                 &mut out,
                 steerdns::clock::now_secs(),
-                &mut rng
+                &mut rng,
+                None
             )
             .is_none(),
             "{what}: took the fast path"

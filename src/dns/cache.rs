@@ -6,8 +6,10 @@
 //! - Key: the header's flag bytes, the question as received (so the client's case comes
 //!   back), whether there is an OPT, the payload size as the answer uses it, and DO.
 //! - Value: the full path's answer to the query rebuilt without its EDNS options; the
-//!   client's ECS option, whose echo in these answers always has scope 0, is appended on
-//!   the way out (what the full path does for the original query).
+//!   client's ECS option, whose echo in these answers always has scope 0, and the
+//!   answer's COOKIE option (the client's cookie and ours, judged per query by the
+//!   caller) are appended on the way out (what the full path does for the original
+//!   query).
 //! - Dropped whole when the snapshot changes (any reload, health change or drain), and
 //!   when it reaches its byte budget: the process's budget (`--answer-cache-bytes`,
 //!   [`DEFAULT_BUDGET`]) split evenly between the UDP threads, so that neither a flood
@@ -20,6 +22,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use super::cookie;
 use super::edns::MAX_UDP_PAYLOAD;
 use super::wire::{self, Query};
 use crate::plan::Snapshot;
@@ -65,6 +68,7 @@ pub enum Lookup<'q> {
 
 pub struct Miss<'q> {
     query: Query<'q>,
+    cookie: Option<[u8; cookie::REPLY_LEN]>,
 }
 
 impl AnswerCache {
@@ -91,7 +95,9 @@ impl AnswerCache {
     }
 
     /// Looks `packet` up; on a hit the answer is in `out`, on a miss the query to ask the
-    /// full path is in `stripped`.
+    /// full path is in `stripped`. `cookie`: the answer's COOKIE option data, judged by
+    /// the caller (`cookie::of_packet`); a query with a COOKIE option and no `cookie` is
+    /// bypassed.
     ///
     /// # Hot path
     /// A key built in a reused buffer, one hash lookup, a copy; no allocation on a hit.
@@ -101,6 +107,7 @@ impl AnswerCache {
         packet: &'q [u8],
         out: &mut Vec<u8>,
         stripped: &mut Vec<u8>,
+        cookie: Option<&[u8; cookie::REPLY_LEN]>,
     ) -> Lookup<'q> {
         if !self
             .snapshot
@@ -117,6 +124,13 @@ impl AnswerCache {
         if snap.plan.get_wire(&lower[..name_len]).is_some() {
             return Lookup::Bypass;
         }
+        let cookie = match &query.opt {
+            Some(o) if o.cookie => match cookie {
+                Some(c) => Some(c),
+                None => return Lookup::Bypass,
+            },
+            _ => None,
+        };
         self.key.clear();
         self.key.extend_from_slice(&packet[2..4]);
         self.key.extend_from_slice(&packet[12..query.question_end]);
@@ -126,13 +140,16 @@ impl AnswerCache {
             self.key.extend_from_slice(&payload.to_be_bytes());
         }
         if let Some(cached) = self.entries.get(self.key.as_slice()) {
-            return match finish(&query, cached, out) {
+            return match finish(&query, cached, out, cookie) {
                 true => Lookup::Hit(cached[3] & 0x0f),
                 false => Lookup::Bypass,
             };
         }
         strip(&query, stripped);
-        Lookup::Miss(Miss { query })
+        Lookup::Miss(Miss {
+            query,
+            cookie: cookie.copied(),
+        })
     }
 
     /// Keeps the full path's `answer` to a miss's stripped query and writes the answer
@@ -155,7 +172,7 @@ impl AnswerCache {
                 self.bytes -= self.key.len() + old.len() + ENTRY_OVERHEAD;
             }
         }
-        finish(&miss.query, answer, out)
+        finish(&miss.query, answer, out, miss.cookie.as_ref())
     }
 }
 
@@ -193,18 +210,28 @@ fn replayable(query: &Query<'_>, answer: &[u8]) -> bool {
 }
 
 /// The answer to `query` from a cached one: the query's id, and its ECS option echoed
-/// with scope 0 in the OPT. `false` if that does not fit the client's UDP size.
-fn finish(query: &Query<'_>, cached: &[u8], out: &mut Vec<u8>) -> bool {
+/// with scope 0 and `cookie` in the OPT. `false` if that does not fit the client's UDP
+/// size.
+fn finish(
+    query: &Query<'_>,
+    cached: &[u8],
+    out: &mut Vec<u8>,
+    cookie: Option<&[u8; cookie::REPLY_LEN]>,
+) -> bool {
     out.clear();
     out.extend_from_slice(cached);
     out[0..2].copy_from_slice(&query.packet[0..2]);
     let Some(opt) = &query.opt else {
         return out.len() <= 512;
     };
+    let ecs_len = opt.ecs.as_ref().map_or(0, |e| e.echo_len());
+    let n = out.len();
+    out[n - 2..].copy_from_slice(&(ecs_len + wire::cookie_len(cookie)).to_be_bytes());
     if let Some(ecs) = &opt.ecs {
-        let n = out.len();
-        out[n - 2..].copy_from_slice(&ecs.echo_len().to_be_bytes());
         ecs.echo(0, out);
+    }
+    if let Some(c) = cookie {
+        wire::push_cookie(c, out);
     }
     out.len() <= usize::from(opt.payload.clamp(512, MAX_UDP_PAYLOAD))
 }
