@@ -1,7 +1,7 @@
 //! "No allocation on the fast path once buffers have grown" (ARCHITECTURE), counted: a
 //! global allocator that counts the allocations of the thread that asks, around the
 //! UDP data plane's per-query steps called in-process on the bytes a client sends:
-//! response rate limiting, judging a DNS cookie (`dns::cookie::of_packet`), the fast
+//! response rate limiting, judging a DNS cookie (`dns::wire::cookie_of`), the fast
 //! path (`dns::wire::answer`, every ECS shape, both families, with and without a cookie)
 //! and a hit of the answer cache (`dns::cache::AnswerCache::lookup`, with a cookie too).
 
@@ -129,7 +129,7 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
     let secrets = secrets();
     for (what, packet) in steered_queries() {
         // Grow the buffer (and whatever else starts lazily) first.
-        let judged = cookie::of_packet(&packet, &secrets, sources[0], now);
+        let judged = wire::cookie_of(&packet, &secrets, sources[0], now);
         let first = wire::answer(
             &snap,
             &packet,
@@ -144,7 +144,7 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
             for (i, src) in sources.iter().enumerate() {
                 // As the UDP thread does: the cookie, the limiter, the answer.
                 let now = now + i as u64;
-                let judged = cookie::of_packet(&packet, &secrets, *src, now);
+                let judged = wire::cookie_of(&packet, &secrets, *src, now);
                 assert_eq!(rrl.check(*src), Verdict::Answer);
                 let steer = wire::answer(
                     &snap,
@@ -170,7 +170,7 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
     let packet = with_cookie(edns, &valid);
     let n = allocations(|| {
         for _ in 0..64 {
-            let judged = cookie::of_packet(&packet, &secrets, sources[0], now);
+            let judged = wire::cookie_of(&packet, &secrets, sources[0], now);
             assert!(judged.is_valid());
             assert_eq!(rrl.check_own(sources[0]), Verdict::Answer);
             let steer = wire::answer(
@@ -215,7 +215,7 @@ async fn a_hit_of_the_answer_cache_allocates_nothing() {
     let secrets = secrets();
     let now = steerdns::clock::now_secs();
     for (what, packet) in zone {
-        let judged = cookie::of_packet(&packet, &secrets, src.ip(), now);
+        let judged = wire::cookie_of(&packet, &secrets, src.ip(), now);
         let reply = judged.reply();
         assert_eq!(reply.is_some(), what.contains("cookie"), "{what}");
         match cache.lookup(&snap, &packet, &mut out, &mut stripped, reply) {
@@ -235,7 +235,7 @@ async fn a_hit_of_the_answer_cache_allocates_nothing() {
         ));
         let n = allocations(|| {
             for _ in 0..64 {
-                let judged = cookie::of_packet(&packet, &secrets, src.ip(), now);
+                let judged = wire::cookie_of(&packet, &secrets, src.ip(), now);
                 let hit = cache.lookup(&snap, &packet, &mut out, &mut stripped, judged.reply());
                 assert!(
                     matches!(hit, Lookup::Hit(_)),

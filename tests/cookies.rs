@@ -19,8 +19,8 @@ use hickory_proto::op::Message;
 use hickory_proto::rr::RecordType;
 use hickory_server::net::xfer::Protocol;
 use rand::SeedableRng;
-use steerdns::dns::cookie;
 use steerdns::dns::rrl::RrlConfig;
+use steerdns::dns::{cookie, wire};
 use steerdns::metrics::Metrics;
 
 const CLIENT: [u8; 8] = [0x24, 0x64, 0xc4, 0xab, 0xcf, 0x10, 0xc9, 0x57];
@@ -270,10 +270,10 @@ async fn fast_path_cache_and_full_path_give_the_same_bytes() {
     let snap = srv.running.live().load_full();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
     for (what, q) in &cases {
-        let judged = cookie::of_packet(q, &secrets, local(), now.into());
+        let judged = wire::cookie_of(q, &secrets, local(), now.into());
         assert!(judged.reply().is_some(), "{what}");
         let mut out = Vec::new();
-        let fast = steerdns::dns::wire::answer(
+        let fast = wire::answer(
             &snap,
             q,
             local(),
@@ -284,8 +284,7 @@ async fn fast_path_cache_and_full_path_give_the_same_bytes() {
         );
         assert_eq!(fast.is_some(), what.starts_with("steered"), "{what}");
         // Without the judged cookie the fast path leaves the query to the full path.
-        let blind =
-            steerdns::dns::wire::answer(&snap, q, local(), &mut out, now.into(), &mut rng, None);
+        let blind = wire::answer(&snap, q, local(), &mut out, now.into(), &mut rng, None);
         assert!(blind.is_none(), "{what}");
     }
     for (what, q) in cases {

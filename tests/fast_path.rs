@@ -279,7 +279,7 @@ async fn same_answers(srv: &TestServer, snap: &steerdns::plan::Snapshot, signed:
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
         let now = steerdns::clock::now_secs();
-        let cookie = steerdns::dns::cookie::of_packet(&q, &secrets, src, now);
+        let cookie = steerdns::dns::wire::cookie_of(&q, &secrets, src, now);
         assert!(
             wire::answer(snap, &q, src, &mut out, now, &mut rng, cookie.reply()).is_some(),
             "{what}: not on the fast path"

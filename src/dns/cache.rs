@@ -96,7 +96,7 @@ impl AnswerCache {
 
     /// Looks `packet` up; on a hit the answer is in `out`, on a miss the query to ask the
     /// full path is in `stripped`. `cookie`: the answer's COOKIE option data, judged by
-    /// the caller (`cookie::of_packet`); a query with a COOKIE option and no `cookie` is
+    /// the caller (`wire::cookie_of`); a query with a COOKIE option and no `cookie` is
     /// bypassed.
     ///
     /// # Hot path

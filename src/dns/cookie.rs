@@ -25,6 +25,8 @@
 //!
 //! Judging a query's cookie is one walk of the OPT's options and one or two SipHash
 //! runs over at most 32 bytes: no allocation. The secrets are read lock-free ([`Jar`]).
+//! A whole message's cookie is found by `wire::cookie_of` (this module imports none of
+//! its siblings).
 
 use std::net::IpAddr;
 
@@ -160,22 +162,6 @@ pub fn option(options: &[u8]) -> Result<Option<&[u8]>, ()> {
         rest = after;
     }
     Ok(found)
-}
-
-/// The cookie of a whole message as received (its first OPT record, in the additional
-/// section), judged for a client at `ip` at `now` (Unix seconds).
-///
-/// # Hot path
-/// A walk of the records' lengths, then [`option`] and [`judge`]; no allocation.
-pub fn of_packet(packet: &[u8], secrets: &Secrets, ip: IpAddr, now: u64) -> Cookie {
-    let Some(opt) = super::wire::find_opt(packet) else {
-        return Cookie::Absent;
-    };
-    match option(opt.rdata) {
-        Ok(None) => Cookie::Absent,
-        Ok(Some(data)) => Cookie::Present(judge(data, secrets, ip, now as u32)),
-        Err(()) => Cookie::Malformed,
-    }
 }
 
 /// Judges a well-formed COOKIE option's `data` (8, or 16 to 40 bytes) from a client at

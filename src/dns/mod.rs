@@ -223,9 +223,9 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     response: R,
 ) -> (ResponseInfo, Option<Steer<'s>>) {
     // RFC 7873: the COOKIE option judged over the bytes as received, as the fast path's
-    // callers do (`cookie::of_packet`); every answer with an OPT carries the reply.
+    // callers do (`wire::cookie_of`); every answer with an OPT carries the reply.
     let now = crate::clock::now_secs();
-    let cookie = cookie::of_packet(request.as_slice(), secrets, request.src().ip(), now);
+    let cookie = wire::cookie_of(request.as_slice(), secrets, request.src().ip(), now);
     let reply = cookie.reply();
     // hickory echoes the question as the bytes it received, compression pointers
     // included; a pointer (into the header, say) would then point into *our* answer and

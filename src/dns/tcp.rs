@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{cookie, wire, Handler};
+use super::{wire, Handler};
 use crate::slots::{Refused, Slot, Slots};
 
 /// How TCP clients are bounded (`--tcp-*` flags).
@@ -172,7 +172,7 @@ async fn answer_all(
             at += 2 + message.len();
             frames = frames.saturating_add(1);
             // Cookies are echoed over TCP, never required (RFC 7873 §5.2.3).
-            let judged = cookie::of_packet(message, &secrets, peer.ip(), now);
+            let judged = wire::cookie_of(message, &secrets, peer.ip(), now);
             handler.metrics().cookie(judged.label());
             let cookie = judged.reply();
             if let Some(steer) =

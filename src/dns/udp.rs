@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cache::{AnswerCache, Lookup};
 use super::rrl::{Rrl, Verdict};
-use super::{cookie, wire, Handler};
+use super::{wire, Handler};
 use hickory_server::net::xfer::Protocol;
 
 /// Datagrams per system call, as gdnsd and the floor program in `../shared/peers` use.
@@ -203,7 +203,7 @@ fn serve(
                 }
             }
             // The COOKIE option, judged once for the rate limiter and the answer.
-            let judged = cookie::of_packet(packet, &secrets, src.ip(), now);
+            let judged = wire::cookie_of(packet, &secrets, src.ip(), now);
             handler.metrics().cookie(judged.label());
             let cookie = judged.reply();
             if let Some(rrl) = rrl {

@@ -21,7 +21,7 @@ use std::net::IpAddr;
 
 use rand::Rng;
 
-use super::cookie;
+use super::cookie::{self, Cookie};
 use super::edns::{ecs_option, Ecs, MAX_UDP_PAYLOAD};
 use super::Steer;
 use crate::plan::{Answer, Asker, Snapshot};
@@ -55,7 +55,7 @@ pub(crate) struct Opt<'q> {
 /// plain form, at `now` (Unix seconds, for the selection window; `rng` draws only for
 /// `selection: random`); returns the answer given, for counting. `None`: `out` holds nothing
 /// useful and the query goes to the full handler. `cookie`: the answer's COOKIE option
-/// data, as judged by the caller (`cookie::of_packet`, the same bytes the full path
+/// data, as judged by the caller (`wire::cookie_of`, the same bytes the full path
 /// judges); a query with a COOKIE option and no `cookie` goes to the full handler.
 ///
 /// # Hot path
@@ -249,6 +249,23 @@ pub fn badcookie(packet: &[u8], cookie: &[u8; cookie::REPLY_LEN], out: &mut Vec<
     out.extend_from_slice(&cookie_len(Some(cookie)).to_be_bytes());
     push_cookie(cookie, out);
     true
+}
+
+/// The cookie of a whole message as received (its first OPT record, in the additional
+/// section), judged for a client at `ip` at `now` (Unix seconds).
+///
+/// # Hot path
+/// A walk of the records' lengths, then `cookie::option` and `cookie::judge`; no
+/// allocation.
+pub fn cookie_of(packet: &[u8], secrets: &cookie::Secrets, ip: IpAddr, now: u64) -> Cookie {
+    let Some(opt) = find_opt(packet) else {
+        return Cookie::Absent;
+    };
+    match cookie::option(opt.rdata) {
+        Ok(None) => Cookie::Absent,
+        Ok(Some(data)) => Cookie::Present(cookie::judge(data, secrets, ip, now as u32)),
+        Err(()) => Cookie::Malformed,
+    }
 }
 
 /// One resource record of a message, as found by [`records`].
