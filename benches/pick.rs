@@ -176,14 +176,32 @@ fn handler(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % ecs.len();
             black_box(
-                wire::answer(&snap, &ecs[i], src.ip(), &mut out, 1_800_000_000, &mut rng).is_some(),
+                wire::answer(
+                    &snap,
+                    &ecs[i],
+                    src.ip(),
+                    &mut out,
+                    1_800_000_000,
+                    &mut rng,
+                    None,
+                )
+                .is_some(),
             )
         })
     });
     g.bench_function("fast_path_plain", |b| {
         b.iter(|| {
             black_box(
-                wire::answer(&snap, &plain, src.ip(), &mut out, 1_800_000_000, &mut rng).is_some(),
+                wire::answer(
+                    &snap,
+                    &plain,
+                    src.ip(),
+                    &mut out,
+                    1_800_000_000,
+                    &mut rng,
+                    None,
+                )
+                .is_some(),
             )
         })
     });

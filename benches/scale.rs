@@ -190,8 +190,15 @@ fn query(c: &mut Criterion) {
         g.bench_function(label, |b| {
             b.iter(|| {
                 i = (i + 1) % REQUESTS;
-                let steer =
-                    wire::answer(&snap, &requests[i], src, &mut out, 1_800_000_000, &mut rng);
+                let steer = wire::answer(
+                    &snap,
+                    &requests[i],
+                    src,
+                    &mut out,
+                    1_800_000_000,
+                    &mut rng,
+                    None,
+                );
                 if let Some(s) = steer {
                     handler.count_steered(&s);
                 }

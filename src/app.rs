@@ -38,6 +38,7 @@ pub struct Running {
     shutdown: CancellationToken,
     addrs: Vec<SocketAddr>,
     live: Arc<Live>,
+    cookies: Arc<crate::dns::cookie::Jar>,
 }
 
 /// Binds every address (UDP and TCP, the default number of UDP sockets) and starts
@@ -56,6 +57,8 @@ pub struct DnsOptions {
     /// Bytes of cached full-path answers for the whole process, split evenly between
     /// the UDP threads (`--answer-cache-bytes`).
     pub answer_cache_bytes: usize,
+    /// How often the DNS cookie secret is rotated (`--cookie-rotation-seconds`).
+    pub cookie_rotation: Duration,
     /// Tests only (no flag sets it): a UDP thread receiving a query for this name
     /// (e.g. `panic.example.com.`) panics, to show that threads are supervised.
     #[doc(hidden)]
@@ -69,6 +72,7 @@ impl Default for DnsOptions {
             tcp: TcpLimits::default(),
             rrl: RrlConfig::default(),
             answer_cache_bytes: crate::dns::cache::DEFAULT_BUDGET,
+            cookie_rotation: crate::control::cookies::DEFAULT_ROTATION,
             udp_panic_on: None,
         }
     }
@@ -101,6 +105,7 @@ pub async fn start_with_options(
     metrics.adopt(&snapshot);
     let live = Arc::new(ArcSwap::new(snapshot));
     let handler = Handler::new(live.clone(), metrics);
+    let cookies = handler.cookies().clone();
     let rrl = Rrl::new(opts.rrl.clone()).map(Arc::new);
     let panic_on: udp::PanicOn = opts.udp_panic_on.as_deref().and_then(|name| {
         let name = hickory_proto::rr::Name::from_ascii(name).ok()?;
@@ -142,6 +147,7 @@ pub async fn start_with_options(
         shutdown,
         addrs,
         live,
+        cookies,
     })
 }
 
@@ -154,6 +160,12 @@ impl Running {
     /// The live snapshot, for the control plane to replace.
     pub fn live(&self) -> &Arc<Live> {
         &self.live
+    }
+
+    /// The DNS cookie secrets the data plane reads, for the control plane to replace
+    /// (`control::cookies`).
+    pub fn cookies(&self) -> &Arc<crate::dns::cookie::Jar> {
+        &self.cookies
     }
 
     /// A token that stops the server when cancelled.
@@ -293,6 +305,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     if let Some(address) = opts.vantage_address {
         controller.measure_from(address);
     }
+    let mut cookie_set = None;
     if let Some(c) = &opts.cluster {
         if c.members.is_empty() {
             return Err(io::Error::other(
@@ -300,6 +313,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
             ));
         }
         let etcd = etcd_client(c)?;
+        cookie_set = Some((etcd.clone(), cluster::cookie_key(&c.prefix)));
         let shared = cluster::spawn_session(etcd.clone(), c, stop.clone());
         let rounds = Arc::new(tokio::sync::Notify::new());
         cluster::Publisher {
@@ -334,6 +348,14 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         &opts.dns,
     )
     .await?;
+    crate::control::cookies::Keeper {
+        jar: dns.cookies().clone(),
+        dir: opts.state.as_ref().map(|s| s.dir.clone()),
+        set: cookie_set,
+        rotation: opts.dns.cookie_rotation,
+    }
+    .start(stop.clone())
+    .map_err(|e| io::Error::other(format!("the DNS cookie secret: {e}")))?;
     let (command_tx, command_rx) = tokio::sync::mpsc::channel(16);
     let api = match opts.api {
         Some(addr) => {

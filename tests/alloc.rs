@@ -1,8 +1,9 @@
 //! "No allocation on the fast path once buffers have grown" (ARCHITECTURE), counted: a
 //! global allocator that counts the allocations of the thread that asks, around the
 //! UDP data plane's per-query steps called in-process on the bytes a client sends:
-//! response rate limiting, the fast path (`dns::wire::answer`, every ECS shape, both
-//! families) and a hit of the answer cache (`dns::cache::AnswerCache::lookup`).
+//! response rate limiting, judging a DNS cookie (`dns::wire::cookie_of`), the fast
+//! path (`dns::wire::answer`, every ECS shape, both families, with and without a cookie)
+//! and a hit of the answer cache (`dns::cache::AnswerCache::lookup`, with a cookie too).
 
 mod common;
 
@@ -18,6 +19,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use steerdns::control::planner;
 use steerdns::dns::cache::{AnswerCache, Lookup};
+use steerdns::dns::cookie::{self, Secrets};
 use steerdns::dns::rrl::{Rrl, RrlConfig, Verdict};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
@@ -89,7 +91,31 @@ fn steered_queries() -> Vec<(&'static str, Vec<u8>)> {
         ("ECS JP /48", q(Some(("2001:218::", 48)))),
         ("ECS unknown /24", q(Some(("100.64.0.0", 24)))),
         ("ECS opt-out", q(Some(("0.0.0.0", 0)))),
+        ("client cookie", with_cookie(q(None), &[7; 8])),
+        (
+            "ECS and a foreign server cookie",
+            with_cookie(q(Some(("81.2.69.0", 24))), &[9; 24]),
+        ),
     ]
+}
+
+/// `packet` (a query with an OPT) with a COOKIE option `data` added to its OPT.
+fn with_cookie(packet: Vec<u8>, data: &[u8]) -> Vec<u8> {
+    let mut m = hickory_proto::op::Message::from_vec(&packet).unwrap();
+    let opt = m.edns.as_mut().expect("an OPT").options_mut();
+    opt.insert(hickory_proto::rr::rdata::opt::EdnsOption::Unknown(
+        10,
+        data.to_vec(),
+    ));
+    m.to_vec().unwrap()
+}
+
+/// Secrets with a previous one, so that an invalid cookie is tried under both.
+fn secrets() -> Secrets {
+    Secrets {
+        current: [1; 16],
+        previous: Some([2; 16]),
+    }
 }
 
 #[test]
@@ -100,18 +126,66 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
     let mut out = Vec::new();
     let sources: Vec<IpAddr> = (0..64).map(resolver).collect();
     let now = 1_800_000_000;
+    let secrets = secrets();
     for (what, packet) in steered_queries() {
         // Grow the buffer (and whatever else starts lazily) first.
-        assert!(wire::answer(&snap, &packet, sources[0], &mut out, now, &mut rng).is_some());
+        let judged = wire::cookie_of(&packet, &secrets, sources[0], now);
+        let first = wire::answer(
+            &snap,
+            &packet,
+            sources[0],
+            &mut out,
+            now,
+            &mut rng,
+            judged.reply(),
+        );
+        assert!(first.is_some());
         let n = allocations(|| {
             for (i, src) in sources.iter().enumerate() {
+                // As the UDP thread does: the cookie, the limiter, the answer.
+                let now = now + i as u64;
+                let judged = wire::cookie_of(&packet, &secrets, *src, now);
                 assert_eq!(rrl.check(*src), Verdict::Answer);
-                let steer = wire::answer(&snap, &packet, *src, &mut out, now + i as u64, &mut rng);
+                let steer = wire::answer(
+                    &snap,
+                    &packet,
+                    *src,
+                    &mut out,
+                    now,
+                    &mut rng,
+                    judged.reply(),
+                );
                 assert!(steer.is_some(), "{what}: not taken by the fast path");
             }
         });
         assert_eq!(n, 0, "{what}: {n} allocations in 64 answers");
     }
+    // A valid server cookie, echoed, on the client's own budget.
+    let client = [5u8; 8];
+    let made = cookie::server_cookie(&secrets.current, &client, now as u32, sources[0]);
+    let valid = [&client[..], &made].concat();
+    let edns = query_edns("www.example.com.", RecordType::A, None)
+        .to_vec()
+        .unwrap();
+    let packet = with_cookie(edns, &valid);
+    let n = allocations(|| {
+        for _ in 0..64 {
+            let judged = wire::cookie_of(&packet, &secrets, sources[0], now);
+            assert!(judged.is_valid());
+            assert_eq!(rrl.check_own(sources[0]), Verdict::Answer);
+            let steer = wire::answer(
+                &snap,
+                &packet,
+                sources[0],
+                &mut out,
+                now,
+                &mut rng,
+                judged.reply(),
+            );
+            assert!(steer.is_some(), "valid cookie: not taken by the fast path");
+        }
+    });
+    assert_eq!(n, 0, "valid cookie: {n} allocations in 64 answers");
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -132,9 +206,19 @@ async fn a_hit_of_the_answer_cache_allocates_nothing() {
             query_edns("nope.example.com.", RecordType::A, Some(("81.2.69.0", 24))),
         ),
     ];
-    for (what, q) in zone {
-        let packet = q.to_vec().unwrap();
-        match cache.lookup(&snap, &packet, &mut out, &mut stripped) {
+    let with_a_cookie = query_edns("gone.example.com.", RecordType::A, Some(("81.2.69.0", 24)));
+    let with_a_cookie = with_cookie(with_a_cookie.to_vec().unwrap(), &[3; 8]);
+    let zone = zone
+        .into_iter()
+        .map(|(what, q)| (what, q.to_vec().unwrap()))
+        .chain([("NXDOMAIN with ECS and a cookie", with_a_cookie)]);
+    let secrets = secrets();
+    let now = steerdns::clock::now_secs();
+    for (what, packet) in zone {
+        let judged = wire::cookie_of(&packet, &secrets, src.ip(), now);
+        let reply = judged.reply();
+        assert_eq!(reply.is_some(), what.contains("cookie"), "{what}");
+        match cache.lookup(&snap, &packet, &mut out, &mut stripped, reply) {
             Lookup::Miss(miss) => {
                 let answer = handler
                     .respond(&stripped, src, Protocol::Udp)
@@ -146,12 +230,13 @@ async fn a_hit_of_the_answer_cache_allocates_nothing() {
         }
         // Once more to grow the output buffer, then counted.
         assert!(matches!(
-            cache.lookup(&snap, &packet, &mut out, &mut stripped),
+            cache.lookup(&snap, &packet, &mut out, &mut stripped, reply),
             Lookup::Hit(_)
         ));
         let n = allocations(|| {
             for _ in 0..64 {
-                let hit = cache.lookup(&snap, &packet, &mut out, &mut stripped);
+                let judged = wire::cookie_of(&packet, &secrets, src.ip(), now);
+                let hit = cache.lookup(&snap, &packet, &mut out, &mut stripped, judged.reply());
                 assert!(
                     matches!(hit, Lookup::Hit(_)),
                     "{what}: a stored answer must hit"

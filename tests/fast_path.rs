@@ -10,6 +10,7 @@ mod common;
 
 use common::*;
 use hickory_proto::op::Message;
+use hickory_proto::rr::rdata::opt::EdnsOption;
 use hickory_proto::rr::RecordType;
 use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
@@ -198,7 +199,7 @@ fn forms() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         (
-            "ECS and unknown options",
+            "ECS, unknown options and a client cookie",
             form(
                 20,
                 0x01,
@@ -252,36 +253,51 @@ async fn signed_fast_and_full_paths_give_the_same_answer() {
     same_answers(&srv, &planner::snapshot(&loaded), true).await;
 }
 
+/// `m` with the timestamp and hash of its server cookie zeroed (they depend on the
+/// second it was made in).
+fn timeless(mut m: Message) -> Message {
+    if let Some(e) = m.edns.as_mut() {
+        for (_, o) in e.options_mut().options.iter_mut() {
+            if let EdnsOption::Unknown(10, data) = o {
+                assert!(data.len() == 24, "our cookies are 24 bytes");
+                data[12..].fill(0);
+            }
+        }
+    }
+    m
+}
+
 /// Every form of [`forms`] on the fast path in-process, then over UDP and TCP and
 /// through the full path, all the same message; with `signed`, DO=1 answers hold the
 /// CNAME and its RRSIG, and the others the CNAME alone.
 async fn same_answers(srv: &TestServer, snap: &steerdns::plan::Snapshot, signed: bool) {
     let mut rng = SmallRng::seed_from_u64(1);
+    let secrets = srv.running.cookies().load_full();
     for (what, q) in forms() {
-        // In-process: these bytes take the fast path.
+        // In-process: these bytes take the fast path (with their DNS cookie judged as
+        // the UDP and TCP loops judge it).
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
+        let now = steerdns::clock::now_secs();
+        let cookie = steerdns::dns::wire::cookie_of(&q, &secrets, src, now);
         assert!(
-            wire::answer(
-                snap,
-                &q,
-                src,
-                &mut out,
-                steerdns::clock::now_secs(),
-                &mut rng
-            )
-            .is_some(),
+            wire::answer(snap, &q, src, &mut out, now, &mut rng, cookie.reply()).is_some(),
             "{what}: not on the fast path"
         );
         let udp = raw(srv.addr, Proto::Udp, &q).await.expect("UDP answer");
         let tcp = raw(srv.addr, Proto::Tcp, &q).await.expect("TCP answer");
-        let full = steerdns::dns::Handler::new(srv.running.live().clone(), Metrics::new())
-            .respond(&q, "127.0.0.1:5353".parse().unwrap(), Protocol::Tcp)
-            .await
-            .expect("full path answer");
-        let udp = Message::from_vec(&udp).unwrap_or_else(|e| panic!("{what}: UDP: {e}"));
-        let tcp = Message::from_vec(&tcp).unwrap_or_else(|e| panic!("{what}: TCP: {e}"));
-        let full = Message::from_vec(&full).unwrap_or_else(|e| panic!("{what}: full: {e}"));
+        let full = steerdns::dns::Handler::with_cookies(
+            srv.running.live().clone(),
+            Metrics::new(),
+            srv.running.cookies().clone(),
+        )
+        .respond(&q, "127.0.0.1:5353".parse().unwrap(), Protocol::Tcp)
+        .await
+        .expect("full path answer");
+        let udp = timeless(Message::from_vec(&udp).unwrap_or_else(|e| panic!("{what}: UDP: {e}")));
+        let tcp = timeless(Message::from_vec(&tcp).unwrap_or_else(|e| panic!("{what}: TCP: {e}")));
+        let full =
+            timeless(Message::from_vec(&full).unwrap_or_else(|e| panic!("{what}: full: {e}")));
         assert_eq!(udp, full, "{what}: fast path (UDP) and full path differ");
         assert_eq!(tcp, full, "{what}: fast path (TCP) and full path differ");
         let dnssec_ok = udp.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok);
@@ -375,7 +391,8 @@ async fn other_forms_take_the_full_path_and_are_still_answered() {
                 src,
                 &mut out,
                 steerdns::clock::now_secs(),
-                &mut rng
+                &mut rng,
+                None
             )
             .is_none(),
             "{what}: took the fast path"

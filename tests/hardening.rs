@@ -482,7 +482,7 @@ async fn the_answer_cache_keeps_to_its_byte_budget() {
         let mut q = query(&format!("n{i}.nx.example.com."), RecordType::A);
         q.metadata.id = i;
         let packet = q.to_vec().unwrap();
-        let Lookup::Miss(miss) = cache.lookup(&snap, &packet, &mut out, &mut stripped) else {
+        let Lookup::Miss(miss) = cache.lookup(&snap, &packet, &mut out, &mut stripped, None) else {
             panic!("n{i}: not a miss");
         };
         let answer = raw(srv.addr, Proto::Udp, &stripped)
@@ -497,7 +497,7 @@ async fn the_answer_cache_keeps_to_its_byte_budget() {
         );
         // The last answer stored is replayed.
         assert!(matches!(
-            cache.lookup(&snap, &packet, &mut out, &mut stripped),
+            cache.lookup(&snap, &packet, &mut out, &mut stripped, None),
             Lookup::Hit(3)
         ));
     }
@@ -510,7 +510,7 @@ async fn the_answer_cache_keeps_to_its_byte_budget() {
     let packet = query("idle.nx.example.com.", RecordType::A)
         .to_vec()
         .unwrap();
-    let _ = idle.lookup(&fresh, &packet, &mut out, &mut stripped);
+    let _ = idle.lookup(&fresh, &packet, &mut out, &mut stripped, None);
     assert_eq!(
         Arc::strong_count(&fresh),
         held,
@@ -521,14 +521,14 @@ async fn the_answer_cache_keeps_to_its_byte_budget() {
     let packet = query("www2.nx.example.com.", RecordType::A)
         .to_vec()
         .unwrap();
-    let Lookup::Miss(miss) = none.lookup(&snap, &packet, &mut out, &mut stripped) else {
+    let Lookup::Miss(miss) = none.lookup(&snap, &packet, &mut out, &mut stripped, None) else {
         panic!("not a miss");
     };
     let answer = raw(srv.addr, Proto::Udp, &stripped).await.unwrap();
     assert!(none.store(miss, &answer, &mut out));
     assert_eq!(none.bytes(), 0);
     assert!(matches!(
-        none.lookup(&snap, &packet, &mut out, &mut stripped),
+        none.lookup(&snap, &packet, &mut out, &mut stripped, None),
         Lookup::Miss(_)
     ));
 }

@@ -134,13 +134,13 @@ async fn a_signed_query_under_an_unknown_key_gets_notauth_badkey() {
         let mut out = Vec::new();
         let src = "127.0.0.1".parse().unwrap();
         assert!(
-            wire::answer(&snap, &q, src, &mut out, 0, &mut rng).is_none(),
+            wire::answer(&snap, &q, src, &mut out, 0, &mut rng, None).is_none(),
             "{what}: took the fast path"
         );
         let (mut cache, mut stripped) = (AnswerCache::default(), Vec::new());
         assert!(
             matches!(
-                cache.lookup(&snap, &q, &mut out, &mut stripped),
+                cache.lookup(&snap, &q, &mut out, &mut stripped, None),
                 Lookup::Bypass
             ),
             "{what}: the answer cache takes it"

@@ -84,7 +84,7 @@ fuzz_target!(|data: &[u8]| {
     let mut fast = Vec::new();
     let snap = f.handler.live().load_full();
     let mut rng = rand::rng();
-    if wire::answer(&snap, msg, src.ip(), &mut fast, steerdns::clock::now_secs(), &mut rng).is_some() {
+    if wire::answer(&snap, msg, src.ip(), &mut fast, steerdns::clock::now_secs(), &mut rng, None).is_some() {
         same_as_full(&fast, full.as_deref(), "the fast path");
     }
 
@@ -94,7 +94,7 @@ fuzz_target!(|data: &[u8]| {
         let mut cache = AnswerCache::default();
         for round in ["miss", "hit"] {
             let (mut out, mut stripped) = (Vec::new(), Vec::new());
-            let replayed = match cache.lookup(&snap, msg, &mut out, &mut stripped) {
+            let replayed = match cache.lookup(&snap, msg, &mut out, &mut stripped, None) {
                 Lookup::Bypass => break,
                 Lookup::Hit(_) => true,
                 Lookup::Miss(miss) => {

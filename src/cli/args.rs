@@ -312,6 +312,11 @@ pub struct DnsArgs {
     /// the whole process, split between the UDP sockets (0: no cache).
     #[arg(long, value_name = "BYTES", default_value_t = crate::dns::cache::DEFAULT_BUDGET)]
     answer_cache_bytes: usize,
+    /// How often the DNS cookie secret is replaced (the previous one is still accepted
+    /// until the next rotation); at least 3600, a cookie's lifetime. In a set, the
+    /// first node to see the shared secret this old rotates it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(3600..))]
+    cookie_rotation_seconds: u64,
 }
 
 impl DnsArgs {
@@ -342,6 +347,7 @@ impl DnsArgs {
                 exempt: self.rrl_exempt,
             },
             answer_cache_bytes: self.answer_cache_bytes,
+            cookie_rotation: Duration::from_secs(self.cookie_rotation_seconds),
             udp_panic_on: None,
         })
     }

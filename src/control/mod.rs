@@ -9,6 +9,7 @@ pub mod command;
 pub mod commit;
 pub mod content;
 pub mod controller;
+pub mod cookies;
 pub mod drains;
 pub mod explain;
 pub mod failover;

@@ -7,8 +7,9 @@
 //!   back), whether there is an OPT, the payload size as the answer uses it, and DO.
 //! - Value: the full path's answer to the query rebuilt without its EDNS options (but
 //!   the Extended DNS Error it gives, which depends on the question alone); the client's
-//!   ECS option, whose echo in these answers always has scope 0, is appended on the way
-//!   out after them (what the full path does for the original query).
+//!   ECS option, whose echo in these answers always has scope 0, and the answer's COOKIE
+//!   option (the client's cookie and ours, judged per query by the caller) are appended
+//!   on the way out after them (what the full path does for the original query).
 //! - Dropped whole when the snapshot changes (any reload, health change or drain), and
 //!   when it reaches its byte budget: the process's budget (`--answer-cache-bytes`,
 //!   [`DEFAULT_BUDGET`]) split evenly between the UDP threads, so that neither a flood
@@ -21,6 +22,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use super::cookie;
 use super::edns::MAX_UDP_PAYLOAD;
 use super::wire::{self, Query};
 use crate::plan::Snapshot;
@@ -72,6 +74,7 @@ pub enum Lookup<'q> {
 
 pub struct Miss<'q> {
     query: Query<'q>,
+    cookie: Option<[u8; cookie::REPLY_LEN]>,
 }
 
 impl AnswerCache {
@@ -98,7 +101,9 @@ impl AnswerCache {
     }
 
     /// Looks `packet` up; on a hit the answer is in `out`, on a miss the query to ask the
-    /// full path is in `stripped`.
+    /// full path is in `stripped`. `cookie`: the answer's COOKIE option data, judged by
+    /// the caller (`wire::cookie_of`); a query with a COOKIE option and no `cookie` is
+    /// bypassed.
     ///
     /// # Hot path
     /// A key built in a reused buffer, one hash lookup, a copy; no allocation on a hit.
@@ -108,6 +113,7 @@ impl AnswerCache {
         packet: &'q [u8],
         out: &mut Vec<u8>,
         stripped: &mut Vec<u8>,
+        cookie: Option<&[u8; cookie::REPLY_LEN]>,
     ) -> Lookup<'q> {
         if !self
             .snapshot
@@ -124,6 +130,13 @@ impl AnswerCache {
         if snap.plan.get_wire(&lower[..name_len]).is_some() {
             return Lookup::Bypass;
         }
+        let cookie = match &query.opt {
+            Some(o) if o.cookie => match cookie {
+                Some(c) => Some(c),
+                None => return Lookup::Bypass,
+            },
+            _ => None,
+        };
         self.key.clear();
         self.key.extend_from_slice(&packet[2..4]);
         self.key.extend_from_slice(&packet[12..query.question_end]);
@@ -133,13 +146,16 @@ impl AnswerCache {
             self.key.extend_from_slice(&payload.to_be_bytes());
         }
         if let Some(cached) = self.entries.get(self.key.as_slice()) {
-            return match finish(&query, &cached.answer, cached.rdlen_at, out) {
+            return match finish(&query, &cached.answer, cached.rdlen_at, out, cookie) {
                 true => Lookup::Hit(cached.answer[3] & 0x0f),
                 false => Lookup::Bypass,
             };
         }
         strip(&query, stripped);
-        Lookup::Miss(Miss { query })
+        Lookup::Miss(Miss {
+            query,
+            cookie: cookie.copied(),
+        })
     }
 
     /// Keeps the full path's `answer` to a miss's stripped query and writes the answer
@@ -166,7 +182,7 @@ impl AnswerCache {
                 self.bytes -= self.key.len() + old.answer.len() + ENTRY_OVERHEAD;
             }
         }
-        finish(&miss.query, answer, rdlen_at, out)
+        finish(&miss.query, answer, rdlen_at, out, miss.cookie.as_ref())
     }
 }
 
@@ -210,19 +226,30 @@ fn replayable(query: &Query<'_>, answer: &[u8]) -> Option<usize> {
 }
 
 /// The answer to `query` from a cached one (whose OPT's RDLENGTH is at `rdlen_at`): the
-/// query's id, and its ECS option echoed with scope 0 at the end of the OPT. `false` if
-/// that does not fit the client's UDP size.
-fn finish(query: &Query<'_>, cached: &[u8], rdlen_at: usize, out: &mut Vec<u8>) -> bool {
+/// query's id, and its ECS option echoed with scope 0 and `cookie` at the end of the OPT.
+/// `false` if that does not fit the client's UDP size.
+fn finish(
+    query: &Query<'_>,
+    cached: &[u8],
+    rdlen_at: usize,
+    out: &mut Vec<u8>,
+    cookie: Option<&[u8; cookie::REPLY_LEN]>,
+) -> bool {
     out.clear();
     out.extend_from_slice(cached);
     out[0..2].copy_from_slice(&query.packet[0..2]);
     let Some(opt) = &query.opt else {
         return out.len() <= 512;
     };
+    let ecs_len = opt.ecs.as_ref().map_or(0, |e| e.echo_len());
+    let rdlen = u16::from_be_bytes([out[rdlen_at], out[rdlen_at + 1]]);
+    let rdlen = rdlen + ecs_len + wire::cookie_len(cookie);
+    out[rdlen_at..rdlen_at + 2].copy_from_slice(&rdlen.to_be_bytes());
     if let Some(ecs) = &opt.ecs {
-        let rdlen = u16::from_be_bytes([out[rdlen_at], out[rdlen_at + 1]]);
-        out[rdlen_at..rdlen_at + 2].copy_from_slice(&(rdlen + ecs.echo_len()).to_be_bytes());
         ecs.echo(0, out);
+    }
+    if let Some(c) = cookie {
+        wire::push_cookie(c, out);
     }
     out.len() <= usize::from(opt.payload.clamp(512, MAX_UDP_PAYLOAD))
 }

@@ -16,6 +16,11 @@
 //! | 6891 §7 | the rate limiter's truncated answer (slip) to a query with an OPT carries one: payload and DO as above, version 0, no ECS (`wire::truncated`) |
 //! | 8945 §5.2, §5.3.2 | a TSIG-signed request (no key is configured, so every key is unknown): `NOTAUTH` with an unsigned TSIG, error `BADKEY` (`Handler`'s `bad_key`) |
 //! | 1035 §4.1.1 | an opcode other than QUERY: `NOTIMP`, header only (no question), id and opcode copied, no flag but QR; the OPT as above (RFC 6891 §7) |
+//! | 7873 §5.2.2 | a COOKIE option of a length other than 8 or 16 to 40 (or two of them): `FORMERR`, OPT without a cookie |
+//! | 7873 §5.2.3, 9018 §4.3 | a client cookie, alone or with a server cookie that is not ours, expired (> 1 h) or from the future (> 5 min): answered as usual with a fresh server cookie (cookies are never required) |
+//! | 7873 §5.2.4, 9018 §4.3 | a valid server cookie (under the current or the previous secret): echoed, or renewed when older than 30 min |
+//! | 7873 §5.4 | every answer to a query with a well-formed COOKIE option carries one (errors, BADVERS, NOTIMP included), over UDP and TCP; over TCP cookies are echoed, never required |
+//! | 7873 §5.2.3, §5.3 | a query with a client cookie but no valid server cookie that the rate limiter would slip (TC) gets `BADCOOKIE` (extended rcode 23) with a fresh server cookie instead (`wire::badcookie`); a valid server cookie gets the client its own rate budget, never slipped (`rrl.rs`) |
 //! | 8914 | an error answer to a query with an OPT says why in an Extended DNS Error ([`Ede`]: the table there); none without an OPT |
 //!
 //! Every ECS rule of RFC 7871 §6 is one function over the option's bytes as received,
@@ -51,6 +56,7 @@ const OPTION_EDE: u16 = 15;
 /// | an opcode other than QUERY | `NOTIMP` | 21 Not Supported | [`Ede::OPCODE`] |
 /// | a malformed ECS option (RFC 7871 §6) | `FORMERR` | 0 Other Error | [`Ede::ECS`] |
 /// | a question that is compressed, or not one question | `FORMERR` | 0 Other Error | [`Ede::QUESTION`] |
+/// | a malformed COOKIE option (RFC 7873 §5.2.2) | `FORMERR` | 0 Other Error | [`Ede::COOKIE`] |
 /// | the rate limiter's truncated answer (slip) | `NOERROR`, TC | 0 Other Error | [`Ede::RATE_LIMITED`] |
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ede {
@@ -82,6 +88,10 @@ impl Ede {
     pub const QUESTION: Ede = Ede {
         code: 0,
         text: "one uncompressed question is served",
+    };
+    pub const COOKIE: Ede = Ede {
+        code: 0,
+        text: "malformed COOKIE option (RFC 7873 section 5.2.2)",
     };
     pub const RATE_LIMITED: Ede = Ede {
         code: 0,
@@ -273,9 +283,15 @@ impl Ecs<'_> {
     }
 }
 
-/// The response OPT for a request that had one: our version, the payload size, DO, and
-/// the ECS option echoed with `scope` (forced to 0 when the client opted out).
-pub fn response(req: &Edns, ecs: Option<ClientSubnet>, scope: u8) -> Edns {
+/// The response OPT for a request that had one: our version, the payload size, DO, the
+/// ECS option echoed with `scope` (forced to 0 when the client opted out), then the
+/// COOKIE option `cookie` (client cookie and ours, `cookie.rs`).
+pub fn response(
+    req: &Edns,
+    ecs: Option<ClientSubnet>,
+    scope: u8,
+    cookie: Option<&[u8; super::cookie::REPLY_LEN]>,
+) -> Edns {
     let mut out = Edns::new();
     out.set_max_payload(req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
     out.set_version(0);
@@ -283,6 +299,12 @@ pub fn response(req: &Edns, ecs: Option<ClientSubnet>, scope: u8) -> Edns {
     if let Some(mut cs) = ecs {
         cs.set_scope_prefix(if cs.source_prefix() == 0 { 0 } else { scope });
         out.options_mut().insert(EdnsOption::Subnet(cs));
+    }
+    if let Some(c) = cookie {
+        out.options_mut().insert(EdnsOption::Unknown(
+            super::cookie::OPTION_COOKIE,
+            c.to_vec(),
+        ));
     }
     out
 }
@@ -342,7 +364,7 @@ mod tests {
         assert_eq!(c.ip, src());
         let mut req = Edns::new();
         req.options_mut().insert(EdnsOption::Subnet(c.ecs.unwrap()));
-        let resp = response(&req, c.ecs, 24);
+        let resp = response(&req, c.ecs, 24, None);
         match resp.option(EdnsCode::Subnet) {
             Some(EdnsOption::Subnet(out)) => assert_eq!(out.scope_prefix(), 0),
             other => panic!("{other:?}"),
@@ -446,8 +468,8 @@ mod tests {
     fn payload_is_clamped() {
         let mut e = Edns::new();
         e.set_max_payload(4096);
-        assert_eq!(response(&e, None, 0).max_payload(), MAX_UDP_PAYLOAD);
+        assert_eq!(response(&e, None, 0, None).max_payload(), MAX_UDP_PAYLOAD);
         e.set_max_payload(700);
-        assert_eq!(response(&e, None, 0).max_payload(), 700);
+        assert_eq!(response(&e, None, 0, None).max_payload(), 700);
     }
 }

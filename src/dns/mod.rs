@@ -19,6 +19,7 @@
 //! and ECS echo), and in `edns.rs` (the layout of an ECS option).
 
 pub mod cache;
+pub mod cookie;
 pub mod edns;
 pub mod listen;
 pub mod rrl;
@@ -55,15 +56,32 @@ pub struct Handler {
     live: Arc<Live>,
     /// Answers by name, region, CDN and rcode, and how long they took.
     metrics: Metrics,
+    /// The DNS cookie secrets (`cookie.rs`), which the control plane replaces.
+    cookies: Arc<cookie::Jar>,
 }
 
 impl Handler {
+    /// A handler with a random cookie secret of its own (see [`Handler::with_cookies`]).
     pub fn new(live: Arc<Live>, metrics: Metrics) -> Handler {
-        Handler { live, metrics }
+        Handler::with_cookies(live, metrics, Arc::new(cookie::random_jar()))
+    }
+
+    /// A handler whose cookie secrets are `cookies`.
+    pub fn with_cookies(live: Arc<Live>, metrics: Metrics, cookies: Arc<cookie::Jar>) -> Handler {
+        Handler {
+            live,
+            metrics,
+            cookies,
+        }
     }
 
     pub fn live(&self) -> &Arc<Live> {
         &self.live
+    }
+
+    /// The cookie secrets the handler reads.
+    pub fn cookies(&self) -> &Arc<cookie::Jar> {
+        &self.cookies
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -177,7 +195,8 @@ impl RequestHandler for Handler {
     ) -> ResponseInfo {
         let started = Instant::now();
         let snap = self.live.load_full();
-        let (info, steered) = answer::<R, T>(&snap, request, response).await;
+        let secrets = self.cookies.load();
+        let (info, steered) = answer::<R, T>(&snap, &secrets, request, response).await;
         match steered {
             // A steered answer that could not be sent counts as what hickory was told.
             Some(s) if info.response_code == ResponseCode::NoError => self.count_steered(&s),
@@ -200,9 +219,15 @@ pub struct Steer<'s> {
 /// and the answer record (the target name is inline for names up to 32 bytes).
 async fn answer<'s, R: ResponseHandler, T: Time>(
     snap: &'s Snapshot,
+    secrets: &cookie::Secrets,
     request: &Request,
     response: R,
 ) -> (ResponseInfo, Option<Steer<'s>>) {
+    // RFC 7873: the COOKIE option judged over the bytes as received, as the fast path's
+    // callers do (`wire::cookie_of`); every answer with an OPT carries the reply.
+    let now = crate::clock::now_secs();
+    let cookie = wire::cookie_of(request.as_slice(), secrets, request.src().ip(), now);
+    let reply = cookie.reply();
     // hickory echoes the question as the bytes it received, compression pointers
     // included; a pointer (into the header, say) would then point into *our* answer and
     // make it undecodable. No resolver compresses a lone question: FORMERR, without it.
@@ -210,8 +235,8 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         let opt = request
             .edns
             .as_ref()
-            .map(|e| edns::with_ede(edns::response(e, None, 0), Ede::QUESTION));
-        let info = reply(
+            .map(|e| edns::with_ede(edns::response(e, None, 0, reply), Ede::QUESTION));
+        let info = reply_with(
             request,
             ResponseCode::FormErr,
             false,
@@ -229,21 +254,38 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         Ok(c) => c,
         Err(rcode) => {
             let opt = request.edns.as_ref().map(|e| {
-                let opt = edns::response(e, None, 0);
+                let opt = edns::response(e, None, 0, reply);
                 match rcode {
                     ResponseCode::FormErr => edns::with_ede(opt, Ede::ECS),
                     _ => opt,
                 }
             });
-            let info = reply(request, rcode, true, opt.as_ref(), None, response);
+            let info = reply_with(request, rcode, true, opt.as_ref(), None, response);
             return (info.await, None);
         }
     };
+    // RFC 7873 §5.2.2: a malformed COOKIE option is FORMERR (and there is no client
+    // cookie to answer with).
+    if cookie == cookie::Cookie::Malformed {
+        let opt = request
+            .edns
+            .as_ref()
+            .map(|e| edns::with_ede(edns::response(e, None, 0, None), Ede::COOKIE));
+        let info = reply_with(
+            request,
+            ResponseCode::FormErr,
+            true,
+            opt.as_ref(),
+            None,
+            response,
+        );
+        return (info.await, None);
+    }
     // Answers that do not depend on the client carry ECS scope 0.
     let untailored = request
         .edns
         .as_ref()
-        .map(|e| edns::response(e, client.ecs, 0));
+        .map(|e| edns::response(e, client.ecs, 0, reply));
 
     // RFC 8945 §5.2: a TSIG under a key the server does not know gets NOTAUTH with
     // TSIG error BADKEY; steerdns is configured with no key at all.
@@ -252,7 +294,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
             Ok((key, tsig)) => (ResponseCode::NotAuth, Some(bad_key(key, tsig))),
             Err(rcode) => (rcode, None),
         };
-        let info = reply(request, rcode, true, untailored.as_ref(), tsig, response);
+        let info = reply_with(request, rcode, true, untailored.as_ref(), tsig, response);
         return (info.await, None);
     }
     // An error answer says why (RFC 8914) when the query has an OPT.
@@ -261,7 +303,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         || request.metadata.message_type != MessageType::Query
     {
         let opt = explained(Ede::OPCODE);
-        let info = reply(
+        let info = reply_with(
             request,
             ResponseCode::NotImp,
             true,
@@ -273,7 +315,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     }
     let [query] = request.queries.queries() else {
         let opt = explained(Ede::QUESTION);
-        let info = reply(
+        let info = reply_with(
             request,
             ResponseCode::FormErr,
             true,
@@ -292,7 +334,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     };
     if let Some(ede) = unserved {
         let opt = explained(ede);
-        let info = reply(
+        let info = reply_with(
             request,
             ResponseCode::Refused,
             true,
@@ -337,12 +379,11 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         request.src().ip(),
         client.ecs.map(|e| (client.ip, e.source_prefix())),
     );
-    let now = crate::clock::now_secs();
     let Answer { pick, scope, .. } = steered.answer(&snap.geo, &asker, now, &mut rand::rng());
     let opt = request
         .edns
         .as_ref()
-        .map(|e| edns::response(e, client.ecs, scope));
+        .map(|e| edns::response(e, client.ecs, scope, reply));
     // The owner is the query name as asked, so its case is preserved (RFC 4343).
     let record = Record::from_rdata(
         query.original().name().clone(),
@@ -391,7 +432,7 @@ fn rrsig_records(owner: &Name, ttl: u32, mut run: &[u8]) -> Vec<Record> {
 /// A response without records: the header of [`reply_metadata`], the question as received
 /// when `echo_question` and the opcode is QUERY (none otherwise: a question belongs to
 /// a QUERY, and BIND answers other opcodes header only), then `opt`, then `tsig`.
-async fn reply<R: ResponseHandler>(
+async fn reply_with<R: ResponseHandler>(
     request: &Request,
     rcode: ResponseCode,
     echo_question: bool,

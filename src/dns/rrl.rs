@@ -8,6 +8,13 @@
 //! are dropped. TCP is never limited. Exempt sources (by default loopback, which the
 //! kernel never accepts from the network) are never limited.
 //!
+//! A client that presents a valid DNS cookie of ours (`cookie.rs`) proved that it
+//! receives what is sent to its address: it is no spoofed source. It is counted apart
+//! ([`Rrl::check_own`]): by its full address (IPv4 /32, IPv6 /128) in a budget of
+//! `rate` responses per second of its own, which a flood from its /24 does not touch;
+//! past it, it is dropped, never slipped (a truncated answer would only send a client
+//! that is not spoofed to TCP for nothing).
+//!
 //! The table is a fixed array of atomic counters indexed by a keyed hash of the prefix:
 //! constant memory whatever the flood, no locks. Two prefixes that share a slot share
 //! its budget (a collision costs the attacker, never the limit: a flood spread over more
@@ -24,6 +31,8 @@ use crate::slots::prefix_key;
 
 /// Slots in the table (512 KiB).
 const SLOTS: usize = 1 << 17;
+/// Mixed into the key of a full address counted by [`Rrl::check_own`].
+const OWN_DOMAIN: u128 = 0x636f_6f6b_6965 << 64;
 
 /// How response rate limiting is set up (`--rrl-*` flags).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,12 +117,48 @@ impl Rrl {
         self.check_at(ip, self.epoch.elapsed().as_secs())
     }
 
+    /// Counts one response to `ip`, which presented a valid server cookie: a budget of
+    /// its own, by its full address; past it, [`Verdict::Drop`], never a slip.
+    ///
+    /// # Hot path
+    /// A hash and one compare-and-swap on one slot.
+    pub fn check_own(&self, ip: IpAddr) -> Verdict {
+        self.check_own_at(ip, self.epoch.elapsed().as_secs())
+    }
+
+    fn check_own_at(&self, ip: IpAddr, second: u64) -> Verdict {
+        if self.cfg.exempt.iter().any(|n| n.contains(&ip)) {
+            return Verdict::Answer;
+        }
+        // Another hash domain than the prefixes': an address is not its /24's slot.
+        let slot = self.hash(prefix_key(ip, 32, 128) ^ OWN_DOMAIN) as usize & (SLOTS - 1);
+        if self.count(slot, second) {
+            Verdict::Answer
+        } else {
+            self.limited.fetch_add(1, Ordering::Relaxed);
+            Verdict::Drop
+        }
+    }
+
     /// [`Rrl::check`] in second `second` since the limiter started.
     fn check_at(&self, ip: IpAddr, second: u64) -> Verdict {
         if self.cfg.exempt.iter().any(|n| n.contains(&ip)) {
             return Verdict::Answer;
         }
-        let slot = &self.table[self.slot(ip)];
+        if self.count(self.slot(ip), second) {
+            return Verdict::Answer;
+        }
+        let n = self.limited.fetch_add(1, Ordering::Relaxed);
+        if self.cfg.slip > 0 && n.is_multiple_of(self.cfg.slip) {
+            Verdict::Slip
+        } else {
+            Verdict::Drop
+        }
+    }
+
+    /// Counts one response in `slot` in `second`; `false` when its budget is spent.
+    fn count(&self, slot: usize, second: u64) -> bool {
+        let slot = &self.table[slot];
         let second = (second & 0xffff) as u32;
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
@@ -125,16 +170,11 @@ impl Rrl {
             }
             let new = second << 16 | (count + 1);
             match slot.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Verdict::Answer,
+                Ok(_) => return true,
                 Err(now) => cur = now,
             }
         }
-        let n = self.limited.fetch_add(1, Ordering::Relaxed);
-        if self.cfg.slip > 0 && n.is_multiple_of(self.cfg.slip) {
-            Verdict::Slip
-        } else {
-            Verdict::Drop
-        }
+        false
     }
 
     /// The table index of `ip`'s prefix.
@@ -216,6 +256,31 @@ mod tests {
             Verdict::Answer,
             "a new second, a new budget"
         );
+    }
+
+    #[test]
+    fn a_client_with_a_valid_cookie_has_its_own_budget() {
+        let r = rrl(10, 1);
+        let flood: IpAddr = "192.0.2.1".parse().unwrap();
+        let resolver: IpAddr = "192.0.2.53".parse().unwrap();
+        // The /24's budget is spent by the flood, and the flood is slipped.
+        assert_eq!(
+            (0..10)
+                .filter(|_| r.check_at(flood, 5) == Verdict::Answer)
+                .count(),
+            10
+        );
+        assert_eq!(r.check_at(flood, 5), Verdict::Slip);
+        assert_ne!(r.check_at(resolver, 5), Verdict::Answer, "without a cookie");
+        // With a cookie: its own ten, then dropped, never slipped.
+        let own: Vec<Verdict> = (0..20).map(|_| r.check_own_at(resolver, 5)).collect();
+        assert!(own[..10].iter().all(|v| *v == Verdict::Answer), "{own:?}");
+        assert!(own[10..].iter().all(|v| *v == Verdict::Drop), "{own:?}");
+        // Its own budget takes nothing from its /24's.
+        let r = rrl(10, 1);
+        assert!((0..10).all(|_| r.check_own_at(resolver, 5) == Verdict::Answer));
+        assert!((0..10).all(|_| r.check_at(flood, 5) == Verdict::Answer));
+        assert_eq!(r.check_own_at(resolver, 6), Verdict::Answer, "a new second");
     }
 
     #[test]

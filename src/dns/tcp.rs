@@ -164,13 +164,19 @@ async fn answer_all(
         }
         // Every whole message read so far, answered in order.
         let mut snap = handler.live().load_full();
+        let secrets = handler.cookies().load_full();
         let now = crate::clock::now_secs();
         let mut at = 0;
         let mut end = None;
         while let Some(message) = frame(&input[at..]) {
             at += 2 + message.len();
             frames = frames.saturating_add(1);
-            if let Some(steer) = wire::answer(&snap, message, peer.ip(), &mut reply, now, &mut rng)
+            // Cookies are echoed over TCP, never required (RFC 7873 §5.2.3).
+            let judged = wire::cookie_of(message, &secrets, peer.ip(), now);
+            handler.metrics().cookie(judged.label());
+            let cookie = judged.reply();
+            if let Some(steer) =
+                wire::answer(&snap, message, peer.ip(), &mut reply, now, &mut rng, cookie)
             {
                 handler.count_steered(&steer);
             } else if let Some(full) = handler.respond(message, peer, Protocol::Tcp).await {

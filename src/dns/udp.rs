@@ -13,8 +13,10 @@
 //! batch being answered is lost).
 //!
 //! Per datagram the thread drops what must not be answered (sources with port 0, an
-//! unspecified or broadcast address; datagrams larger than [`RECV_BUF`]), then asks the
-//! rate limiter, then answers. Nothing here allocates once the buffers have grown, unless
+//! unspecified or broadcast address; datagrams larger than [`RECV_BUF`]), judges its DNS
+//! cookie (`cookie.rs`), then asks the rate limiter (a valid cookie: the client's own
+//! budget; a limited client that sent a cookie: `BADCOOKIE` instead of the slip), then
+//! answers. Nothing here allocates once the buffers have grown, unless
 //! the query takes the full path, which runs on the tokio runtime's handle.
 
 use std::io;
@@ -180,7 +182,8 @@ fn serve(
         };
         let started = Instant::now();
         let snap = handler.live().load();
-        // Seconds are all the selection window needs: once per batch.
+        let secrets = handler.cookies().load();
+        // Seconds are all the selection window and cookies need: once per batch.
         let now = crate::clock::now_secs();
         replies.clear();
         // The full path times its own queries; the fast path's share is the rest.
@@ -199,30 +202,53 @@ fn serve(
                     panic!("injected UDP thread panic (a test's panic_on name)");
                 }
             }
+            // The COOKIE option, judged once for the rate limiter and the answer.
+            let judged = wire::cookie_of(packet, &secrets, src.ip(), now);
+            handler.metrics().cookie(judged.label());
+            let cookie = judged.reply();
             if let Some(rrl) = rrl {
-                match rrl.check(src.ip()) {
+                // A valid server cookie: the client's own budget, never a slip.
+                let verdict = if judged.is_valid() {
+                    rrl.check_own(src.ip())
+                } else {
+                    rrl.check(src.ip())
+                };
+                match verdict {
                     Verdict::Answer => {}
                     Verdict::Drop => {
                         handler.metrics().rate_limited(false);
                         continue;
                     }
+                    // A client cookie without a valid server cookie: BADCOOKIE with a
+                    // fresh one instead of the slip (RFC 7873 §5.3), so that it retries
+                    // with it and gets its own budget.
                     Verdict::Slip => {
-                        handler.metrics().rate_limited(true);
-                        if wire::truncated(packet, reply) {
+                        let sent = match cookie {
+                            Some(c) => {
+                                handler.metrics().rate_limited_badcookie();
+                                wire::badcookie(packet, c, reply)
+                            }
+                            None => {
+                                handler.metrics().rate_limited(true);
+                                wire::truncated(packet, reply)
+                            }
+                        };
+                        if sent {
                             replies.push(i);
                         }
                         continue;
                     }
                 }
             }
-            if let Some(steer) = wire::answer(&snap, packet, src.ip(), reply, now, &mut rng) {
+            if let Some(steer) = wire::answer(&snap, packet, src.ip(), reply, now, &mut rng, cookie)
+            {
                 handler.count_steered(&steer);
                 replies.push(i);
                 fast += 1;
                 continue;
             }
             let full_started = Instant::now();
-            let cached = match cache.lookup(&snap, packet, reply, &mut stripped) {
+            let cached = match cache.lookup(&snap, packet, reply, &mut stripped, cookie) {
                 Lookup::Hit(rcode) => {
                     handler.metrics().answered(rcode.into());
                     replies.push(i);
@@ -247,6 +273,7 @@ fn serve(
             full_time += full_started.elapsed();
         }
         drop(snap);
+        drop(secrets);
         let fast_time = started.elapsed().saturating_sub(full_time);
         handler.metrics().observe_batch(fast_time, fast);
         send_all(socket, &mut batch, &out, &replies, handler);

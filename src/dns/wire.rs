@@ -13,13 +13,15 @@
 //! query:    header | question (copied as received) | [OPT: payload, DO, ECS]
 //! response: header (QR AA, RD and CD copied) | question | CNAME, owner = pointer to the
 //!           question | [DO=1, signed zone: the CNAME's pre-signed RRSIGs, same owner]
-//!           | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope]
+//!           | [OPT: min(payload, 1232), DO copied, ECS echoed with its scope, COOKIE:
+//!             the client's and our server cookie (`cookie.rs`)]
 //! ```
 
 use std::net::IpAddr;
 
 use rand::Rng;
 
+use super::cookie::{self, Cookie};
 use super::edns::{ecs_option, Ecs, Ede, MAX_UDP_PAYLOAD};
 use super::Steer;
 use crate::plan::{Answer, Asker, Snapshot};
@@ -45,12 +47,16 @@ pub(crate) struct Opt<'q> {
     pub dnssec_ok: bool,
     /// The ECS option's data (family, source, scope, address), as received.
     pub ecs: Option<Ecs<'q>>,
+    /// Whether there is a COOKIE option (of a valid length, RFC 7873 §5.2.2).
+    pub cookie: bool,
 }
 
 /// Answers `packet` from `src` into `out` if it is a query for a steered name in its
 /// plain form, at `now` (Unix seconds, for the selection window; `rng` draws only for
 /// `selection: random`); returns the answer given, for counting. `None`: `out` holds nothing
-/// useful and the query goes to the full handler.
+/// useful and the query goes to the full handler. `cookie`: the answer's COOKIE option
+/// data, as judged by the caller (`wire::cookie_of`, the same bytes the full path
+/// judges); a query with a COOKIE option and no `cookie` goes to the full handler.
 ///
 /// # Hot path
 /// Bounds-checked byte reads, one hash lookup, the steering decision, one pick, and
@@ -62,10 +68,15 @@ pub fn answer<'s, R: Rng + ?Sized>(
     out: &mut Vec<u8>,
     now: u64,
     rng: &mut R,
+    cookie: Option<&[u8; cookie::REPLY_LEN]>,
 ) -> Option<Steer<'s>> {
     let mut lower = [0u8; 255];
     let (query, name_len) = parse(packet, &mut lower)?;
     let steered = snap.plan.get_wire(&lower[..name_len])?;
+    let cookie = match &query.opt {
+        Some(o) if o.cookie => Some(cookie?),
+        _ => None,
+    };
 
     let ecs = query.opt.as_ref().and_then(|o| o.ecs.as_ref());
     let asker = Asker::new(src, ecs.map(|e| (e.ip(), e.source)));
@@ -113,12 +124,13 @@ pub fn answer<'s, R: Rng + ?Sized>(
             out.extend_from_slice(&payload.to_be_bytes());
             // Extended rcode 0, version 0, flags: DO copied, nothing else.
             out.extend_from_slice(&[0, 0, if opt.dnssec_ok { 0x80 } else { 0 }, 0]);
-            match &opt.ecs {
-                None => out.extend_from_slice(&[0, 0]),
-                Some(e) => {
-                    out.extend_from_slice(&e.echo_len().to_be_bytes());
-                    e.echo(scope, out);
-                }
+            let ecs_len = opt.ecs.as_ref().map_or(0, Ecs::echo_len);
+            out.extend_from_slice(&(ecs_len + cookie_len(cookie)).to_be_bytes());
+            if let Some(e) = &opt.ecs {
+                e.echo(scope, out);
+            }
+            if let Some(c) = cookie {
+                push_cookie(c, out);
             }
             usize::from(payload)
         }
@@ -186,6 +198,77 @@ pub fn truncated(packet: &[u8], out: &mut Vec<u8>) -> bool {
         Ede::RATE_LIMITED.write(out);
     }
     true
+}
+
+/// Bytes of the COOKIE option (code, length, data) an answer carries.
+pub(crate) fn cookie_len(cookie: Option<&[u8; cookie::REPLY_LEN]>) -> u16 {
+    cookie.map_or(0, |c| 4 + c.len() as u16)
+}
+
+/// Appends the COOKIE option (code, length, data) of an answer.
+pub(crate) fn push_cookie(cookie: &[u8; cookie::REPLY_LEN], out: &mut Vec<u8>) {
+    out.extend_from_slice(&cookie::OPTION_COOKIE.to_be_bytes());
+    out.extend_from_slice(&(cookie.len() as u16).to_be_bytes());
+    out.extend_from_slice(cookie);
+}
+
+/// The rate limiter's answer, in place of its truncated slip, to a query that carried
+/// a client cookie without a valid server cookie (RFC 7873 §5.2.3, §5.3; BIND does the
+/// same): `BADCOOKIE` (extended rcode 23) with the client cookie and a fresh server
+/// cookie, so that the client retries with it and gets the budget of a client with a
+/// valid cookie. Header as [`truncated`]'s without TC, the question if it is one plain
+/// name, no records, an OPT (payload and DO as in [`truncated`]) with `cookie`.
+/// `false`: not a query worth answering (too short, QR=1, no OPT).
+///
+/// # Hot path
+/// Runs for limited queries during a flood: a bounded walk of the packet, no allocation
+/// once `out` has grown.
+pub fn badcookie(packet: &[u8], cookie: &[u8; cookie::REPLY_LEN], out: &mut Vec<u8>) -> bool {
+    let Some(h) = packet.get(..HEADER) else {
+        return false;
+    };
+    if h[2] & 0x80 != 0 {
+        return false;
+    }
+    let Some(opt) = find_opt(packet) else {
+        return false;
+    };
+    let question = (h[4..6] == [0, 1]).then(|| question_end(packet)).flatten();
+    out.clear();
+    out.extend_from_slice(&h[0..2]);
+    out.push(0x80 | (h[2] & 0x79));
+    // RCODE: BADCOOKIE's low four bits; the OPT holds the rest.
+    out.push((h[3] & 0x10) | (cookie::BADCOOKIE & 0x0f) as u8);
+    out.extend_from_slice(&[0, u8::from(question.is_some()), 0, 0, 0, 0, 0, 1]);
+    if let Some(end) = question {
+        out.extend_from_slice(&packet[HEADER..end]);
+    }
+    let payload = opt.class.clamp(512, MAX_UDP_PAYLOAD);
+    out.push(0); // root owner
+    out.extend_from_slice(&TYPE_OPT.to_be_bytes());
+    out.extend_from_slice(&payload.to_be_bytes());
+    // Extended rcode (BADCOOKIE >> 4), version 0, flags: DO copied.
+    out.extend_from_slice(&[(cookie::BADCOOKIE >> 4) as u8, 0, opt.ttl[2] & 0x80, 0]);
+    out.extend_from_slice(&cookie_len(Some(cookie)).to_be_bytes());
+    push_cookie(cookie, out);
+    true
+}
+
+/// The cookie of a whole message as received (its first OPT record, in the additional
+/// section), judged for a client at `ip` at `now` (Unix seconds).
+///
+/// # Hot path
+/// A walk of the records' lengths, then `cookie::option` and `cookie::judge`; no
+/// allocation.
+pub fn cookie_of(packet: &[u8], secrets: &cookie::Secrets, ip: IpAddr, now: u64) -> Cookie {
+    let Some(opt) = find_opt(packet) else {
+        return Cookie::Absent;
+    };
+    match cookie::option(opt.rdata) {
+        Ok(None) => Cookie::Absent,
+        Ok(Some(data)) => Cookie::Present(cookie::judge(data, secrets, ip, now as u32)),
+        Err(()) => Cookie::Malformed,
+    }
 }
 
 /// One resource record of a message, as found by [`records`].
@@ -335,9 +418,10 @@ fn parse_opt(packet: &[u8], at: usize) -> Option<Opt<'_>> {
     Some(Opt {
         payload: u16::from_be_bytes([rr[3], rr[4]]),
         dnssec_ok: rr[7] & 0x80 != 0,
-        // The options by RFC 7871 §6's one rule (what fails it is the full path's
-        // FORMERR).
+        // The options by RFC 7871 §6's one rule and RFC 7873 §5.2.2's (what fails
+        // them is the full path's FORMERR).
         ecs: ecs_option(packet.get(at + 11..)?).ok()?,
+        cookie: cookie::option(packet.get(at + 11..)?).ok()?.is_some(),
     })
 }
 

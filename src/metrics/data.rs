@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{rcode_name, Metrics, COMMON_RCODES, TCP_CLOSE_REASONS, UDP_DROP_REASONS};
+use super::{
+    rcode_name, Metrics, COMMON_RCODES, COOKIE_RESULTS, TCP_CLOSE_REASONS, UDP_DROP_REASONS,
+};
 use crate::plan::Snapshot;
 
 impl Metrics {
@@ -43,6 +45,18 @@ impl Metrics {
     /// Counts a query over the rate limit.
     pub fn rate_limited(&self, slipped: bool) {
         self.inner.rate_limited[usize::from(slipped)].inc();
+    }
+
+    /// Counts a rate-limited query answered BADCOOKIE instead of the slip.
+    pub fn rate_limited_badcookie(&self) {
+        self.inner.rate_limited[2].inc();
+    }
+
+    /// Counts a query's COOKIE option by one of [`COOKIE_RESULTS`] (`None`: none).
+    pub fn cookie(&self, result: Option<&str>) {
+        if let Some(i) = result.and_then(|r| COOKIE_RESULTS.iter().position(|c| *c == r)) {
+            self.inner.cookies[i].inc();
+        }
     }
 
     /// Counts a UDP thread restarted after a panic.

@@ -27,6 +27,8 @@
 //! | `state_save_failing` | | 1 while the latest save of the state file failed |
 //! | `state_load_errors_total` | reason | saved state not restored at startup: `corrupt`, `unreadable` |
 //! | `udp_thread_restarts_total` | | UDP threads that panicked and were restarted on their socket |
+//! | `rate_limited_total` | action | UDP queries over the rate limit: `dropped`, `slipped` (TC), `badcookie` (BADCOOKIE instead of the slip to a client that sent a cookie) |
+//! | `cookies_total` | result | queries with a DNS cookie: `client_only`, `valid`, `invalid`, `malformed` |
 //! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
 //! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name, a writer outside `--members`, over a size or count cap, a drain over the scope cap): they do not count |
 //! | `etcd_clock_skew_seconds` | | this node's clock against etcd's, as etcd's answers date them (positive: etcd is ahead); a set needs NTP |
@@ -120,8 +122,10 @@ struct Inner {
     drains: IntGaugeVec,
     /// `udp_dropped_total{reason}` for each of `UDP_DROP_REASONS`.
     udp_dropped: [IntCounter; UDP_DROP_REASONS.len()],
-    /// `rate_limited_total{action="dropped"}` and `{action="slipped"}`.
-    rate_limited: [IntCounter; 2],
+    /// `rate_limited_total{action}`: `dropped`, `slipped`, `badcookie`.
+    rate_limited: [IntCounter; 3],
+    /// `cookies_total{result}` for each of `COOKIE_RESULTS`.
+    cookies: [IntCounter; COOKIE_RESULTS.len()],
     tcp_connections: IntGauge,
     /// `tcp_closed_total{reason}` for each of `TCP_CLOSE_REASONS`.
     tcp_closed: [IntCounter; TCP_CLOSE_REASONS.len()],
@@ -152,6 +156,8 @@ pub const COMMIT: &str = env!("STEERDNS_COMMIT");
 
 /// Why a UDP datagram got no answer (besides rate limiting).
 pub const UDP_DROP_REASONS: [&str; 4] = ["oversized", "bad-source", "send-error", "send-timeout"];
+/// The `result` label values of `cookies_total` (`dns::cookie`).
+pub const COOKIE_RESULTS: [&str; 4] = ["client_only", "valid", "invalid", "malformed"];
 /// Why steerdns closed a TCP connection (`client`: the client closed it).
 pub const TCP_CLOSE_REASONS: [&str; 7] = [
     "client",
@@ -322,11 +328,25 @@ impl Metrics {
                 rate_limited: {
                     let v = reg.counters(
                         "rate_limited_total",
-                        "UDP queries over the response rate limit: dropped, or slipped (answered \
-                         truncated so that real clients retry over TCP).",
+                        "UDP queries over the response rate limit: dropped, slipped (answered \
+                         truncated so that real clients retry over TCP), or badcookie (a \
+                         client that sent a DNS cookie answered BADCOOKIE with a fresh server \
+                         cookie instead of the slip).",
                         &["action"],
                     );
-                    ["dropped", "slipped"].map(|a| v.with_label_values(&[a]))
+                    ["dropped", "slipped", "badcookie"].map(|a| v.with_label_values(&[a]))
+                },
+                cookies: {
+                    let v = reg.counters(
+                        "cookies_total",
+                        "DNS queries (UDP and TCP) with a COOKIE option (RFC 7873), by what it \
+                         held: client_only (a client cookie alone), valid (a server cookie of \
+                         ours, under the current or previous secret, within its hour), \
+                         invalid (a server cookie not ours, expired, or from the future: \
+                         answered with a fresh one), malformed (a wrong length: FORMERR).",
+                        &["result"],
+                    );
+                    COOKIE_RESULTS.map(|r| v.with_label_values(&[r]))
                 },
                 tcp_connections: {
                     let g = IntGauge::new("tcp_connections", "Open DNS-over-TCP connections.")

@@ -15,6 +15,9 @@ use super::{repo, steerdns};
 
 pub struct Demo {
     child: Child,
+    /// The geo database and the arguments after the addresses, to start it again.
+    geo: PathBuf,
+    args: Vec<String>,
     /// The scratch directory, the server's working directory (`server.log` in it).
     pub dir: PathBuf,
     pub dns: u16,
@@ -51,23 +54,12 @@ impl Demo {
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
         prepare(&dir);
         let (dns, api, steering) = (free_port(), free_port(), free_port());
-        let child = steerdns(&["serve", "--state-dir", "state"])
-            .current_dir(&dir)
-            .arg("--geo")
-            .arg(geo)
-            .arg("--api-token-file")
-            .arg(&token)
-            .args(["--listen", &format!("127.0.0.1:{dns}")])
-            .args(["--api", &format!("127.0.0.1:{api}")])
-            .args(["--steering-http", &format!("127.0.0.1:{steering}")])
-            .args(args)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
-            .spawn()
-            .expect("steerdns serve");
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = spawn(&dir, geo, &token, (dns, api, steering), &args);
         let demo = Demo {
             child,
+            geo: geo.to_path_buf(),
+            args,
             dir,
             dns,
             api,
@@ -76,6 +68,21 @@ impl Demo {
         };
         demo.wait_ready();
         demo
+    }
+
+    /// Kills it (SIGKILL, by its PID) and starts it again in the same directory, on
+    /// the same ports, with the same arguments; returns once it serves again.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let ports = (self.dns, self.api, self.steering);
+        self.child = spawn(&self.dir, &self.geo, &self.token, ports, &self.args);
+        self.wait_ready();
+    }
+
+    /// `GET /metrics`, whole response (headers included).
+    pub fn metrics(&self) -> String {
+        self.get("/metrics")
     }
 
     fn wait_ready(&self) {
@@ -94,17 +101,48 @@ impl Demo {
 
     /// `GET /v1/state`, whole response, or empty while the API does not answer.
     fn state(&self) -> String {
+        self.get("/v1/state")
+    }
+
+    fn get(&self, path: &str) -> String {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.api)) else {
             return String::new();
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let request = "GET /v1/state HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
         let mut out = String::new();
         if s.write_all(request.as_bytes()).is_ok() {
             let _ = s.read_to_string(&mut out);
         }
         out
     }
+}
+
+/// `steerdns serve` in `dir` on the ports (DNS, API, steering), logging to
+/// `server.log` (appended to, across restarts).
+fn spawn(dir: &Path, geo: &Path, token: &Path, ports: (u16, u16, u16), args: &[String]) -> Child {
+    let (dns, api, steering) = ports;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .unwrap();
+    steerdns(&["serve", "--state-dir", "state"])
+        .current_dir(dir)
+        .arg("--geo")
+        .arg(geo)
+        .arg("--api-token-file")
+        .arg(token)
+        .args(["--listen", &format!("127.0.0.1:{dns}")])
+        .args(["--api", &format!("127.0.0.1:{api}")])
+        .args(["--steering-http", &format!("127.0.0.1:{steering}")])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("steerdns serve")
 }
 
 impl Drop for Demo {

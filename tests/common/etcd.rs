@@ -329,6 +329,7 @@ impl EtcdSet {
                 grant("readwrite", &format!("{prefix}commit/"));
                 grant("readwrite", &format!("{prefix}perf/{name}/"));
                 grant("readwrite", &format!("{prefix}shift/"));
+                grant("readwrite", &format!("{prefix}cookie"));
             }
             self.etcdctl(&[
                 "user",

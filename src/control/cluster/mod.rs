@@ -20,6 +20,7 @@
 //! | `commit/{name}` | [`usage::SharedBiases`]: the commit biases of the set's latest evaluation | the first node to evaluate that period (create-if-absent, or compare-and-swap) |
 //! | `perf/{node}/{name}/{region}` | [`performance::SharedCells`]: one node's performance buckets of a region's window (a lease of the window) | that node, each bucket width in which it took samples |
 //! | `shift/{name}/{region}` | [`performance::SharedShift`]: the set's latest performance evaluation of a region | the first node to evaluate that period (create-if-absent, or compare-and-swap) |
+//! | `cookie` | `control::cookies::SharedSecrets`: the DNS cookie secrets (current, previous, when current was made), read by every node every 2 s (`control/cookies.rs`, not through the watch) | the first node to find none (create-if-absent); the first to find it older than `--cookie-rotation-seconds` rotates it (compare-and-swap on the revision) |
 //! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
@@ -173,6 +174,11 @@ pub fn audit_key(prefix: &str, node: &str, serial: u64) -> String {
 /// Key of the freeze.
 pub fn freeze_key(prefix: &str) -> String {
     format!("{prefix}freeze")
+}
+
+/// Key of the set's DNS cookie secrets.
+pub fn cookie_key(prefix: &str) -> String {
+    format!("{prefix}cookie")
 }
 
 /// Writes an evaluation (`value` at `key`) for the set, in the background: created
