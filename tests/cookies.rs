@@ -717,6 +717,9 @@ async fn a_set_shares_its_secret_and_accepts_the_previous_one_after_a_rotation()
             aged,
             "the previous secret is accepted"
         );
+        // The `cookie` key is one of the set's: read by the watch, refused by none.
+        let refused = n.metric("steerdns_etcd_refused_keys").await;
+        assert_eq!(refused, Some(0.0), "the cookie key refused by the view");
     }
     for n in nodes {
         n.stop().await;
