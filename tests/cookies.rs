@@ -1,6 +1,6 @@
 //! DNS cookies (RFC 7873, RFC 9018 server cookies) over real sockets: `dig +cookie`
 //! twice against `steerdns serve`, ISC genreport's cookie probes (`ednscookie`,
-//! `edns1cookie`, and `dig`'s own checks), malformed lengths, the fast path, the answer
+//! `edns1cookie`, `bind11`, `dig11`, and `dig`'s own checks), malformed lengths, the fast path, the answer
 //! cache and the full path giving the same bytes, a restart keeping cookies valid, the
 //! rate limiter (a resolver with a valid cookie is never limited by a flood from its
 //! /24; a limited client with a client cookie gets BADCOOKIE), and a set sharing its
@@ -137,6 +137,33 @@ async fn edns1cookie_gets_badvers() {
         assert!(m.answers.is_empty());
         if let Some(c) = cookie_of(&a) {
             assert_eq!(c[..8], CLIENT);
+        }
+    }
+}
+
+#[tokio::test]
+async fn bind11_and_dig11_are_answered_with_the_cookie() {
+    // genreport's `bind11` (EDNS 0, payload 4096, DO, cookie 0102030405060708, no RD,
+    // no AD: what BIND 9.11's named sends) and `dig11` (EDNS 0, cookie, RD and AD:
+    // what dig 9.11 sends), on the SOA as genreport asks, and on a steered name.
+    let srv = TestServer::demo().await;
+    let client: [u8; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+    for (probe, flags, dnssec_ok) in [("bind11", 0x0000u16, true), ("dig11", 0x0120, false)] {
+        for (name, qtype) in [("example.com.", 6u16), ("www.example.com.", 1)] {
+            let opt = opt_record(4096, dnssec_ok, &[(10, &client)]);
+            let q = packet(50, flags, [1, 0, 0, 1], &[&question(name, qtype, 1), &opt]);
+            for proto in BOTH {
+                let a = raw(srv.addr, proto, &q).await.expect("an answer");
+                let what = format!("{probe} {name} {proto:?}");
+                assert_eq!(full_rcode(&a), 0, "{what}");
+                let m = Message::from_vec(&a).unwrap();
+                assert!(m.metadata.authoritative, "{what}: AA");
+                assert_eq!(m.answers.len(), 1, "{what}");
+                let opt = m.edns.as_ref().expect("an OPT");
+                assert_eq!(opt.flags().dnssec_ok, dnssec_ok, "{what}: DO copied");
+                let c = cookie_of(&a).unwrap_or_else(|| panic!("{what}: no cookie"));
+                assert_eq!((c.len(), &c[..8]), (24, &client[..]), "{what}");
+            }
         }
     }
 }
@@ -694,6 +721,9 @@ async fn a_set_shares_its_secret_and_accepts_the_previous_one_after_a_rotation()
             aged,
             "the previous secret is accepted"
         );
+        // The `cookie` key is one of the set's: read by the watch, refused by none.
+        let refused = n.metric("steerdns_etcd_refused_keys").await;
+        assert_eq!(refused, Some(0.0), "the cookie key refused by the view");
     }
     for n in nodes {
         n.stop().await;
