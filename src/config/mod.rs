@@ -55,6 +55,9 @@ pub struct Policy {
     /// The file's text, kept so that later cross-checks (against the zones) can still
     /// find the line of a field.
     pub source: String,
+    /// The policy version: the first 12 hex digits of the SHA-256 of the file's bytes
+    /// (dnstap's steering decisions name it).
+    pub version: String,
     pub hosts: Vec<HostPolicy>,
     /// Signing (`dnssec:`); `None`: the zones are served unsigned.
     pub dnssec: Option<dnssec::DnssecSettings>,

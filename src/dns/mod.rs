@@ -19,6 +19,7 @@
 //! and ECS echo), and in `edns.rs` (the layout of an ECS option).
 
 pub mod cache;
+pub mod dnstap;
 pub mod edns;
 pub mod listen;
 pub mod rrl;
@@ -45,7 +46,7 @@ use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Quer
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::plan::{Answer, Asker, Live, Pick, Snapshot};
+use crate::plan::{Answer, Asker, Live, Pick, Snapshot, Steered};
 
 /// The request handler registered with hickory's `Server`. It holds the live snapshot,
 /// which the control plane replaces; each query reads one snapshot from start to end.
@@ -54,11 +55,29 @@ pub struct Handler {
     live: Arc<Live>,
     /// Answers by name, region, CDN and rcode, and how long they took.
     metrics: Metrics,
+    /// `--dnstap`: where each query and its answer are copied; `None` without.
+    tap: Option<dnstap::Tap>,
 }
 
 impl Handler {
     pub fn new(live: Arc<Live>, metrics: Metrics) -> Handler {
-        Handler { live, metrics }
+        Handler {
+            live,
+            metrics,
+            tap: None,
+        }
+    }
+
+    /// With a dnstap sink (`serve --dnstap`).
+    pub fn with_tap(mut self, tap: Option<dnstap::Tap>) -> Handler {
+        self.tap = tap;
+        self
+    }
+
+    /// A dnstap tap of its own for a UDP thread or a TCP connection (each keeps its
+    /// sampling count); `None` without `--dnstap`.
+    pub fn tap(&self) -> Option<dnstap::Tap> {
+        self.tap.clone()
     }
 
     pub fn live(&self) -> &Arc<Live> {
@@ -86,6 +105,19 @@ impl Handler {
         src: SocketAddr,
         protocol: Protocol,
     ) -> Option<Vec<u8>> {
+        self.respond_decided(packet, src, protocol)
+            .await
+            .map(|(bytes, _)| bytes)
+    }
+
+    /// As [`Handler::respond`], with the steering decision of a steered answer (for
+    /// dnstap).
+    pub async fn respond_decided(
+        &self,
+        packet: &[u8],
+        src: SocketAddr,
+        protocol: Protocol,
+    ) -> Option<(Vec<u8>, Option<dnstap::Decided<Arc<str>>>)> {
         if packet.len() < 12 || packet[2] & 0x80 != 0 {
             return None;
         }
@@ -93,10 +125,13 @@ impl Handler {
             protocol,
             out: Arc::default(),
         };
+        let mut decided = None;
         match Request::from_bytes(packet.to_vec(), src, protocol) {
             Ok(request) => {
-                self.handle_request::<_, TokioTime>(&request, capture.clone())
-                    .await;
+                decided = self
+                    .handle_decided::<_, TokioTime>(&request, capture.clone())
+                    .await
+                    .1;
             }
             Err(_) => {
                 let header = Header::read(&mut BinDecoder::new(packet)).ok()?;
@@ -108,7 +143,38 @@ impl Handler {
             }
         }
         let mut out = capture.out.lock().unwrap_or_else(|p| p.into_inner());
-        out.take()
+        out.take().map(|bytes| (bytes, decided))
+    }
+
+    /// [`RequestHandler::handle_request`], with the decision of a steered answer.
+    async fn handle_decided<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        response: R,
+    ) -> (ResponseInfo, Option<dnstap::Decided<Arc<str>>>) {
+        let started = Instant::now();
+        let snap = self.live.load_full();
+        let (info, steered) = answer::<R, T>(&snap, request, response).await;
+        let mut decided = None;
+        match steered {
+            // A steered answer that could not be sent counts as what hickory was told.
+            Some(s) if info.response_code == ResponseCode::NoError => {
+                self.count_steered(&s);
+                if self.tap.is_some() {
+                    let d = s.decided();
+                    decided = Some(dnstap::Decided {
+                        rule: s.steered.why(s.pick.choice).clone(),
+                        cdn: s.steered.target(s.pick.target).cdn.clone(),
+                        ecs: d.ecs,
+                        scope: d.scope,
+                        remarkable: d.remarkable,
+                    });
+                }
+            }
+            _ => self.metrics.answered(info.response_code.into()),
+        }
+        self.metrics.observe(started.elapsed());
+        (info, decided)
     }
 }
 
@@ -174,22 +240,30 @@ impl RequestHandler for Handler {
         request: &Request,
         response: R,
     ) -> ResponseInfo {
-        let started = Instant::now();
-        let snap = self.live.load_full();
-        let (info, steered) = answer::<R, T>(&snap, request, response).await;
-        match steered {
-            // A steered answer that could not be sent counts as what hickory was told.
-            Some(s) if info.response_code == ResponseCode::NoError => self.count_steered(&s),
-            _ => self.metrics.answered(info.response_code.into()),
-        }
-        self.metrics.observe(started.elapsed());
-        info
+        self.handle_decided::<R, T>(request, response).await.0
     }
 }
 
-/// Which steered answer was given, for the metrics.
+/// Which steered answer was given, for the metrics and dnstap.
 pub struct Steer<'s> {
     pub pick: Pick<'s>,
+    pub steered: Steered<'s>,
+    /// The ECS source prefix of the query (`None`: no ECS) and the scope echoed.
+    pub ecs: Option<u8>,
+    pub scope: u8,
+}
+
+impl<'s> Steer<'s> {
+    /// The decision, as dnstap writes it.
+    pub fn decided(&self) -> dnstap::Decided<&'s str> {
+        dnstap::Decided {
+            rule: self.steered.why(self.pick.choice),
+            cdn: &self.steered.target(self.pick.target).cdn,
+            ecs: self.ecs,
+            scope: self.scope,
+            remarkable: self.pick.choice.reason != crate::plan::Reason::Normal,
+        }
+    }
 }
 
 /// The query pipeline.
@@ -347,7 +421,14 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         iter::empty(),
     );
     let info = send(request, message_send(response, message).await);
-    (info, Some(Steer { pick }))
+    let ecs = client.ecs.map(|e| e.source_prefix());
+    let steer = Steer {
+        pick,
+        steered,
+        ecs,
+        scope,
+    };
+    (info, Some(steer))
 }
 
 /// The RRSIG records of a pre-signed run (`Plan::set_rrsigs`), owned by `owner`.

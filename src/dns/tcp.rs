@@ -37,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::dnstap::{self, Event};
 use super::{wire, Handler};
 use crate::slots::{Refused, Slot, Slots};
 
@@ -145,6 +146,10 @@ async fn answer_all(
     limits: TcpLimits,
 ) -> &'static str {
     let _ = stream.set_nodelay(true);
+    let mut tap = handler.tap();
+    let server = stream
+        .local_addr()
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut output: Vec<u8> = Vec::with_capacity(READ_CHUNK);
@@ -165,17 +170,37 @@ async fn answer_all(
         // Every whole message read so far, answered in order.
         let mut snap = handler.live().load_full();
         let now = crate::clock::now_secs();
+        let received = match tap {
+            Some(_) => dnstap::now(),
+            None => (0, 0),
+        };
         let mut at = 0;
         let mut end = None;
         while let Some(message) = frame(&input[at..]) {
             at += 2 + message.len();
             frames = frames.saturating_add(1);
+            let event = Event::new(true, peer, server, received, message);
             if let Some(steer) = wire::answer(&snap, message, peer.ip(), &mut reply, now, &mut rng)
             {
                 handler.count_steered(&steer);
-            } else if let Some(full) = handler.respond(message, peer, Protocol::Tcp).await {
+                if let Some(tap) = &mut tap {
+                    tap.log(&event.answer(&reply).decided(steer.decided()));
+                }
+            } else if let Some((full, decided)) =
+                handler.respond_decided(message, peer, Protocol::Tcp).await
+            {
                 reply = full;
+                if let Some(tap) = &mut tap {
+                    let event = event.answer(&reply);
+                    match &decided {
+                        Some(d) => tap.log(&event.decided(d.as_ref())),
+                        None => tap.log(&event),
+                    }
+                }
             } else {
+                if let Some(tap) = &mut tap {
+                    tap.log(&event);
+                }
                 end = Some("no-answer");
                 break;
             }

@@ -28,6 +28,7 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use super::cache::{AnswerCache, Lookup};
+use super::dnstap::{self, Event};
 use super::rrl::{Rrl, Verdict};
 use super::{wire, Handler};
 use hickory_server::net::xfer::Protocol;
@@ -157,6 +158,10 @@ fn serve(
     let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
     let mut cache = AnswerCache::new(cache_bytes);
     let mut stripped = Vec::with_capacity(512);
+    let mut tap = handler.tap();
+    let server = socket
+        .local_addr()
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     while !shutdown.is_cancelled() {
         let n = match batch.recv(socket) {
             // Woken by `UdpThread::wake`.
@@ -179,6 +184,11 @@ fn serve(
             }
         };
         let started = Instant::now();
+        // dnstap's query time: once per batch (the batch was read at once).
+        let received = match tap {
+            Some(_) => dnstap::now(),
+            None => (0, 0),
+        };
         let snap = handler.live().load();
         // Seconds are all the selection window needs: once per batch.
         let now = crate::clock::now_secs();
@@ -199,17 +209,25 @@ fn serve(
                     panic!("injected UDP thread panic (a test's panic_on name)");
                 }
             }
+            let event = Event::new(false, src, server, received, packet);
             if let Some(rrl) = rrl {
                 match rrl.check(src.ip()) {
                     Verdict::Answer => {}
                     Verdict::Drop => {
                         handler.metrics().rate_limited(false);
+                        // Nothing was sent: the query alone.
+                        if let Some(tap) = &mut tap {
+                            tap.log(&event.limited());
+                        }
                         continue;
                     }
                     Verdict::Slip => {
                         handler.metrics().rate_limited(true);
                         if wire::truncated(packet, reply) {
                             replies.push(i);
+                            if let Some(tap) = &mut tap {
+                                tap.log(&event.limited().answer(reply));
+                            }
                         }
                         continue;
                     }
@@ -219,6 +237,9 @@ fn serve(
                 handler.count_steered(&steer);
                 replies.push(i);
                 fast += 1;
+                if let Some(tap) = &mut tap {
+                    tap.log(&event.answer(reply).decided(steer.decided()));
+                }
                 continue;
             }
             let full_started = Instant::now();
@@ -227,6 +248,9 @@ fn serve(
                     handler.metrics().answered(rcode.into());
                     replies.push(i);
                     fast += 1;
+                    if let Some(tap) = &mut tap {
+                        tap.log(&event.answer(reply));
+                    }
                     continue;
                 }
                 Lookup::Miss(miss) => runtime
@@ -238,11 +262,23 @@ fn serve(
             // the full path answers the query as received.
             if cached {
                 replies.push(i);
-            } else if let Some(bytes) =
-                runtime.block_on(handler.respond(packet, src, Protocol::Udp))
+                if let Some(tap) = &mut tap {
+                    tap.log(&event.answer(reply));
+                }
+            } else if let Some((bytes, decided)) =
+                runtime.block_on(handler.respond_decided(packet, src, Protocol::Udp))
             {
                 *reply = bytes;
                 replies.push(i);
+                if let Some(tap) = &mut tap {
+                    let event = event.answer(reply);
+                    match &decided {
+                        Some(d) => tap.log(&event.decided(d.as_ref())),
+                        None => tap.log(&event),
+                    }
+                }
+            } else if let Some(tap) = &mut tap {
+                tap.log(&event);
             }
             full_time += full_started.elapsed();
         }

@@ -45,6 +45,11 @@ impl Metrics {
         self.inner.rate_limited[usize::from(slipped)].inc();
     }
 
+    /// The dnstap writer's counters (`steerdns_dnstap_*`).
+    pub fn dnstap_counters(&self) -> crate::dns::dnstap::Counters {
+        self.inner.dnstap.clone()
+    }
+
     /// Counts a UDP thread restarted after a panic.
     pub fn udp_thread_restarted(&self) {
         self.inner.udp_thread_restarts.inc();

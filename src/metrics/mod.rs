@@ -27,6 +27,9 @@
 //! | `state_save_failing` | | 1 while the latest save of the state file failed |
 //! | `state_load_errors_total` | reason | saved state not restored at startup: `corrupt`, `unreadable` |
 //! | `udp_thread_restarts_total` | | UDP threads that panicked and were restarted on their socket |
+//! | `dnstap_frames_total` | | dnstap frames written to the collector (`--dnstap`) |
+//! | `dnstap_dropped_total` | | dnstap frames dropped: the queue was full, or the collector went away with them |
+//! | `dnstap_connected` | | 1 while the dnstap writer is connected to its collector |
 //! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
 //! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name, a writer outside `--members`, over a size or count cap, a drain over the scope cap): they do not count |
 //! | `etcd_clock_skew_seconds` | | this node's clock against etcd's, as etcd's answers date them (positive: etcd is ahead); a set needs NTP |
@@ -128,6 +131,7 @@ struct Inner {
     peer_errors: IntCounterVec,
     state_save_errors: IntCounter,
     udp_thread_restarts: IntCounter,
+    dnstap: crate::dns::dnstap::Counters,
     state_save_failing: prometheus::IntGauge,
     etcd_fail_static: prometheus::IntGauge,
     etcd_refused: prometheus::IntGauge,
@@ -242,6 +246,27 @@ impl Metrics {
         )
         .expect("static counter");
         reg.add(udp_thread_restarts.clone());
+        let dnstap = crate::dns::dnstap::Counters {
+            frames: IntCounter::new(
+                "dnstap_frames_total",
+                "dnstap frames (AUTH_QUERY, AUTH_RESPONSE) written to the collector (--dnstap).",
+            )
+            .expect("static counter"),
+            dropped: IntCounter::new(
+                "dnstap_dropped_total",
+                "dnstap frames dropped: the queue to the writer was full (a slow or absent \
+                 collector), or the collector went away while they were written.",
+            )
+            .expect("static counter"),
+            connected: IntGauge::new(
+                "dnstap_connected",
+                "1 while the dnstap writer is connected to its collector.",
+            )
+            .expect("static gauge"),
+        };
+        reg.add(dnstap.frames.clone());
+        reg.add(dnstap.dropped.clone());
+        reg.add(dnstap.connected.clone());
         reg.gauges(
             "build_info",
             "1; the version and the git commit of the steerdns binary.",
@@ -352,6 +377,7 @@ impl Metrics {
                 ),
                 state_save_errors,
                 udp_thread_restarts,
+                dnstap,
                 state_save_failing,
                 etcd_fail_static,
                 etcd_refused,
