@@ -216,7 +216,7 @@ fn mixed(i: usize) -> (Vec<u8>, bool) {
         3 => query("example.com.", RecordType::SOA),
         _ => query("elsewhere.example.org.", RecordType::A),
     };
-    (m.to_vec().unwrap(), i % 3 == 0)
+    (m.to_vec().unwrap(), i.is_multiple_of(3))
 }
 
 // === Reading the capture ===
@@ -569,4 +569,47 @@ fn a_collector_that_stops_reading_costs_drops_not_answers_and_then_catches_up() 
     wait_for(10, "new frames written", || {
         metric(&demo, "steerdns_dnstap_frames_total") >= written + 200.0
     });
+}
+
+#[test]
+fn the_writer_reconnects_when_the_collector_comes_back_and_loses_nothing_queued() {
+    if !require_tools("dnstap") {
+        return;
+    }
+    let scratch = Scratch::new("again");
+    let sock = scratch.0.join("tap.sock");
+    let (first, second) = (scratch.0.join("1.fstrm"), scratch.0.join("2.fstrm"));
+    let capture = Capture::start(&sock, &first);
+    let tap = format!("unix:{}", sock.display());
+    let demo = demo("dnstap-again", &["--dnstap", &tap]);
+    let connected = |want: f64| metric(&demo, "steerdns_dnstap_connected") == want;
+    wait_for(10, "the writer connects", || connected(1.0));
+    let mut client = Client::new(demo.dns);
+    let mut ask = |n: usize| {
+        for i in 0..n {
+            let (q, tcp) = mixed(i);
+            client.ask(&q, tcp);
+        }
+    };
+    ask(10);
+    wait_for(10, "20 frames written", || {
+        metric(&demo, "steerdns_dnstap_frames_total") >= 20.0
+    });
+    capture.stop();
+    let _ = std::fs::remove_file(&sock);
+    wait_for(10, "the writer sees the collector gone", || connected(0.0));
+    // Asked while nobody listens: queued, then written to the next collector.
+    ask(10);
+    let capture = Capture::start(&sock, &second);
+    wait_for(10, "the writer reconnects", || connected(1.0));
+    ask(10);
+    wait_for(10, "60 frames written", || {
+        metric(&demo, "steerdns_dnstap_frames_total") >= 60.0
+    });
+    capture.stop();
+    assert_eq!(read_capture(&first).len(), 20);
+    let again = read_capture(&second);
+    assert_eq!(again.len(), 40);
+    assert_eq!(again.iter().filter(|t| t.response).count(), 20);
+    assert_eq!(metric(&demo, "steerdns_dnstap_dropped_total"), 0.0);
 }

@@ -11,6 +11,8 @@
 //!                            │yes
 //!    client location (ECS | source) ─▶ geo lookup ─▶ region ─▶ weighted pick ─▶ CNAME + ECS scope
 //!                                     (key: resolver, network within the scope, window)
+//! every answer (and every RRL drop) ─▶ dnstap/ (--dnstap): sampled, copied into a pooled
+//!    record (never waits) ─▶ writer thread ─▶ Frame Streams collector
 //! ```
 //!
 //! No locks and no I/O besides the sockets; everything expensive was done by the

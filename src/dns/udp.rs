@@ -183,6 +183,10 @@ fn serve(
                 continue;
             }
         };
+        // Woken for shutdown, `recvmmsg` may report empty datagrams from stale sources.
+        if shutdown.is_cancelled() {
+            break;
+        }
         let started = Instant::now();
         // dnstap's query time: once per batch (the batch was read at once).
         let received = match tap {

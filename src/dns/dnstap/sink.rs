@@ -389,6 +389,25 @@ impl Write for Conn {
 }
 
 impl Conn {
+    /// Whether the collector closed (or wrote something, which a collector does only
+    /// to finish): a write into a closed socket may still succeed once, losing its
+    /// frames, so an idle writer looks before it writes.
+    fn closed(&mut self) -> bool {
+        let set = |conn: &Conn, on: bool| match conn {
+            Conn::Unix(s) => s.set_nonblocking(on),
+            Conn::Tcp(s) => s.set_nonblocking(on),
+        };
+        if set(self, true).is_err() {
+            return true;
+        }
+        let mut buf = [0u8; 64];
+        let closed = match self.read(&mut buf) {
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+            Ok(_) => true,
+        };
+        set(self, false).is_err() || closed
+    }
+
     fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
         match self {
             Conn::Unix(s) => {
@@ -498,6 +517,12 @@ fn session(s: &Shared, mut conn: Conn, identity: &[u8], version: &[u8]) -> io::R
                 // The collector's FINISH, if it sends one soon.
                 let _ = frames::read_control(&mut conn).map(|(kind, _)| kind == FINISH);
                 return Ok(());
+            }
+            Err(RecvTimeoutError::Timeout) if conn.closed() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "the collector closed the connection",
+                ))
             }
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return Ok(()),
