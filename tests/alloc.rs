@@ -217,8 +217,11 @@ fn the_fast_path_with_dnstap_allocates_nothing_either() {
                 let steer =
                     wire::answer(&snap, &packet, src.ip(), &mut out, now + i as u64, &mut rng);
                 let steer = steer.expect("the fast path");
-                let event = Event::new(false, *src, server, received, &packet);
-                tap.log(&event.answer(&out).decided(steer.decided()));
+                // As the UDP thread does.
+                if tap.keep(steer.remarkable()) {
+                    let event = Event::new(false, *src, server, received, &packet);
+                    tap.write(&event.answer(&out).decided(steer.decided()));
+                }
             }
         });
         logged += sources.len();

@@ -256,6 +256,13 @@ pub struct Steer<'s> {
 }
 
 impl<'s> Steer<'s> {
+    /// Whether dnstap always writes this answer: not by the configured weights
+    /// (failover, drain, fail-open). The fast path's answers are otherwise plain
+    /// NOERROR.
+    pub fn remarkable(&self) -> bool {
+        self.pick.choice.reason != crate::plan::Reason::Normal
+    }
+
     /// The decision, as dnstap writes it.
     pub fn decided(&self) -> dnstap::Decided<&'s str> {
         dnstap::Decided {
@@ -263,7 +270,7 @@ impl<'s> Steer<'s> {
             cdn: &self.steered.target(self.pick.target).cdn,
             ecs: self.ecs,
             scope: self.scope,
-            remarkable: self.pick.choice.reason != crate::plan::Reason::Normal,
+            remarkable: self.remarkable(),
         }
     }
 }

@@ -183,8 +183,11 @@ async fn answer_all(
             if let Some(steer) = wire::answer(&snap, message, peer.ip(), &mut reply, now, &mut rng)
             {
                 handler.count_steered(&steer);
+                // The decision's text is looked up only for answers written.
                 if let Some(tap) = &mut tap {
-                    tap.log(&event.answer(&reply).decided(steer.decided()));
+                    if tap.keep(steer.remarkable()) {
+                        tap.write(&event.answer(&reply).decided(steer.decided()));
+                    }
                 }
             } else if let Some((full, decided)) =
                 handler.respond_decided(message, peer, Protocol::Tcp).await

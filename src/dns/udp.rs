@@ -241,8 +241,11 @@ fn serve(
                 handler.count_steered(&steer);
                 replies.push(i);
                 fast += 1;
+                // The decision's text is looked up only for answers written.
                 if let Some(tap) = &mut tap {
-                    tap.log(&event.answer(reply).decided(steer.decided()));
+                    if tap.keep(steer.remarkable()) {
+                        tap.write(&event.answer(reply).decided(steer.decided()));
+                    }
                 }
                 continue;
             }

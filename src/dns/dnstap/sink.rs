@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
 use prometheus::{IntCounter, IntGauge};
 
 use super::frames::{self, ACCEPT, CONTENT_TYPE, FINISH, READY, START, STOP};
@@ -40,6 +40,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// dropped and reconnected to.
 const WRITE_TIMEOUT: Duration = Duration::from_millis(200);
 const STALL_LIMIT: Duration = Duration::from_secs(30);
+/// How long the writer sleeps when the queue is empty: the most a frame waits, and
+/// how often an idle writer looks whether its collector closed.
+const TICK: Duration = Duration::from_millis(10);
 /// Bytes written at once (many frames a write).
 const BATCH_BYTES: usize = 64 << 10;
 
@@ -291,14 +294,29 @@ impl Tap {
     /// record's buffers, one channel send. No allocation once the buffers have grown;
     /// never waits: without a free record the frames are dropped and counted.
     pub fn log(&mut self, e: &Event<'_>) {
-        let s = &*self.shared;
-        if s.sample > 1 && !remarkable(e) {
+        if self.keep(remarkable(e)) {
+            self.write(e);
+        }
+    }
+
+    /// Whether an answer is written: always when `remarkable`, else one in N
+    /// (`--dnstap-sample`); each call counts. For the fast path, which then builds the
+    /// event (the decision's text) only for answers written, and calls [`Tap::write`].
+    #[inline]
+    pub fn keep(&mut self, remarkable: bool) -> bool {
+        if self.shared.sample > 1 && !remarkable {
             if self.countdown > 1 {
                 self.countdown -= 1;
-                return;
+                return false;
             }
-            self.countdown = s.sample;
+            self.countdown = self.shared.sample;
         }
+        true
+    }
+
+    /// Hands `e` to the writer, whatever the sampling ([`Tap::keep`] decided).
+    pub fn write(&mut self, e: &Event<'_>) {
+        let s = &*self.shared;
         let frames = if e.response.is_some() { 2 } else { 1 };
         let Ok(mut r) = s.free.1.try_recv() else {
             s.counters.dropped.inc_by(frames);
@@ -508,9 +526,11 @@ fn session(s: &Shared, mut conn: Conn, identity: &[u8], version: &[u8]) -> io::R
     let mut out = Vec::with_capacity(BATCH_BYTES + 8192);
     let (mut payload, mut scratch, mut line) = (Vec::new(), Vec::new(), Vec::new());
     loop {
-        let first = match s.full.1.recv_timeout(Duration::from_millis(50)) {
+        // Polled, not waited on: a writer blocked on the queue would have to be woken
+        // (a system call on the query path) for each record queued while it sleeps.
+        let first = match s.full.1.try_recv() {
             Ok(r) => r,
-            Err(RecvTimeoutError::Timeout) if s.stop.load(Ordering::Relaxed) => {
+            Err(TryRecvError::Empty) if s.stop.load(Ordering::Relaxed) => {
                 out.clear();
                 frames::control(STOP, None, &mut out);
                 conn.write_all(&out)?;
@@ -518,14 +538,17 @@ fn session(s: &Shared, mut conn: Conn, identity: &[u8], version: &[u8]) -> io::R
                 let _ = frames::read_control(&mut conn).map(|(kind, _)| kind == FINISH);
                 return Ok(());
             }
-            Err(RecvTimeoutError::Timeout) if conn.closed() => {
+            Err(TryRecvError::Empty) if conn.closed() => {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionReset,
                     "the collector closed the connection",
                 ))
             }
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            Err(TryRecvError::Empty) => {
+                std::thread::sleep(TICK);
+                continue;
+            }
+            Err(TryRecvError::Disconnected) => return Ok(()),
         };
         out.clear();
         let mut n = 0;
