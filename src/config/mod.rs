@@ -160,6 +160,9 @@ pub struct Region {
     pub weights: Vec<u32>,
     /// How measured performance may move `weights` (`performance:`); `None`: static.
     pub performance: Option<perf::Performance>,
+    /// What moved `weights` from the file's (`performance`, `commit`), for dnstap's
+    /// steering decisions; empty as loaded.
+    pub moved_by: Vec<&'static str>,
 }
 
 /// At most this many distinct location scopes of drains per name: each doubles the

@@ -485,6 +485,7 @@ fn regions(cx: &mut Ctx, base: &[Seg], raw: Option<Vec<RawRegion>>, cdns: &[Cdn]
             matches,
             weights,
             performance,
+            moved_by: Vec::new(),
         });
     }
     if default_at.is_none() {

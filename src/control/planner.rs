@@ -242,30 +242,27 @@ fn steered(
                 Reason::Normal
             };
             let mut why = format!("{name} region={} reason={reason}", region.name);
-            match reason {
-                Reason::Normal | Reason::FailOpen => {}
-                Reason::Failover => {
-                    for &c in serving.iter().filter(|&&c| health[c] > 0) {
-                        let cdn = &host.cdns[c].name;
-                        let _ = write!(why, " failover={cdn}:-{}%", health[c]);
-                    }
+            // A performance shift or a commit bias moved the weights the reason starts
+            // from.
+            for m in &region.moved_by {
+                let _ = write!(why, " moved-by={m}");
+            }
+            // What cuts here: each drain (by its id) and each failover step.
+            if reason != Reason::Normal {
+                let hits = applied.iter().filter(|(_, c, regions, group)| {
+                    region.weights[*c] > 0
+                        && match (regions, group) {
+                            (None, _) => true,
+                            (_, Some(g)) => mask & (1 << g) != 0,
+                            (Some(rs), None) => rs.contains(&r),
+                        }
+                });
+                for (d, _, _, _) in hits {
+                    let _ = write!(why, " drain={}:{}:-{}%", d.id, d.cdn, d.percent);
                 }
-                Reason::Drain => {
-                    let hits = applied.iter().filter(|(_, c, regions, group)| {
-                        region.weights[*c] > 0
-                            && match (regions, group) {
-                                (None, _) => true,
-                                (_, Some(g)) => mask & (1 << g) != 0,
-                                (Some(rs), None) => rs.contains(&r),
-                            }
-                    });
-                    for (d, _, _, _) in hits {
-                        let _ = write!(why, " drain={}:{}:-{}%", d.id, d.cdn, d.percent);
-                    }
-                    for &c in serving.iter().filter(|&&c| health[c] > 0) {
-                        let cdn = &host.cdns[c].name;
-                        let _ = write!(why, " failover={cdn}:-{}%", health[c]);
-                    }
+                for &c in serving.iter().filter(|&&c| health[c] > 0) {
+                    let cdn = &host.cdns[c].name;
+                    let _ = write!(why, " failover={cdn}:-{}%", health[c]);
                 }
             }
             let _ = write!(why, " policy={version}");
@@ -552,6 +549,57 @@ regions:
         [(("www.example.com.".to_string(), "a".to_string()), pct)]
             .into_iter()
             .collect()
+    }
+
+    /// The one line of region `region`'s choice (clients outside location drains).
+    fn why(p: &Planned, region: usize) -> String {
+        let s = p.plan.names().next().unwrap();
+        s.why(s.choice(region)).to_string()
+    }
+
+    #[test]
+    fn each_choice_says_why_in_one_line_naming_drains_steps_and_the_policy_version() {
+        let policy = policy();
+        let v = &policy.version;
+        assert_eq!(v.len(), 12);
+        let p = plan(&policy, &Removed::new(), &[], &[]);
+        assert_eq!(
+            why(&p, 0),
+            format!("www.example.com. region=GB reason=normal policy={v}")
+        );
+        // Failover at 50 % on a; a drain of b in the default region only.
+        let drain = DrainCut {
+            id: "api-7".into(),
+            name: "www.example.com.".into(),
+            cdn: "b".into(),
+            scope: vec![DrainScope::Region(2)],
+            percent: 50,
+        };
+        let p = plan(&policy, &cut(50), &[drain], &[]);
+        assert_eq!(
+            why(&p, 0),
+            format!("www.example.com. region=GB reason=failover failover=a:-50% policy={v}")
+        );
+        assert_eq!(
+            why(&p, 2),
+            format!(
+                "www.example.com. region=default reason=drain drain=api-7:b:-50% failover=a:-50% policy={v}"
+            )
+        );
+        // JP has a alone: cut, it stays (fail-open).
+        let p = plan(&policy, &cut(100), &[], &[]);
+        assert_eq!(
+            why(&p, 1),
+            format!("www.example.com. region=JP reason=fail-open failover=a:-100% policy={v}")
+        );
+        // Weights moved by a modifier are named.
+        let mut moved = policy.clone();
+        moved.hosts[0].regions[0].moved_by.push("performance");
+        let p = plan(&moved, &Removed::new(), &[], &[]);
+        assert_eq!(
+            why(&p, 0),
+            format!("www.example.com. region=GB reason=normal moved-by=performance policy={v}")
+        );
     }
 
     #[test]
