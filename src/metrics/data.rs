@@ -46,7 +46,7 @@ impl Metrics {
     }
 
     /// The dnstap writer's counters (`steerdns_dnstap_*`).
-    pub fn dnstap_counters(&self) -> crate::dns::dnstap::Counters {
+    pub fn dnstap_counters(&self) -> super::DnstapCounters {
         self.inner.dnstap.clone()
     }
 

@@ -89,6 +89,18 @@ pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 const COMMON_RCODES: [u16; 7] = [0, 1, 2, 3, 4, 5, 16];
 
 /// The metrics of one process. Cheap to clone: every clone updates the same registry.
+/// The dnstap writer's counters (`steerdns_dnstap_*`), which the data plane's tap and
+/// the writer thread keep.
+#[derive(Clone)]
+pub struct DnstapCounters {
+    /// Frames written to the collector.
+    pub frames: IntCounter,
+    /// Frames dropped: no free record, or lost with a failed write.
+    pub dropped: IntCounter,
+    /// 1 while connected to the collector.
+    pub connected: IntGauge,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
@@ -131,7 +143,7 @@ struct Inner {
     peer_errors: IntCounterVec,
     state_save_errors: IntCounter,
     udp_thread_restarts: IntCounter,
-    dnstap: crate::dns::dnstap::Counters,
+    dnstap: DnstapCounters,
     state_save_failing: prometheus::IntGauge,
     etcd_fail_static: prometheus::IntGauge,
     etcd_refused: prometheus::IntGauge,
@@ -246,7 +258,7 @@ impl Metrics {
         )
         .expect("static counter");
         reg.add(udp_thread_restarts.clone());
-        let dnstap = crate::dns::dnstap::Counters {
+        let dnstap = DnstapCounters {
             frames: IntCounter::new(
                 "dnstap_frames_total",
                 "dnstap frames (AUTH_QUERY, AUTH_RESPONSE) written to the collector (--dnstap).",

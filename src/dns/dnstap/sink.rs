@@ -20,7 +20,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
-use prometheus::{IntCounter, IntGauge};
 
 use super::frames::{self, ACCEPT, CONTENT_TYPE, FINISH, READY, START, STOP};
 use super::message::{self, Record, CDN_CAPACITY, RULE_CAPACITY};
@@ -92,12 +91,7 @@ pub struct Config {
 }
 
 /// The counters the writer and the data plane keep (`steerdns_dnstap_*`).
-#[derive(Clone)]
-pub struct Counters {
-    pub frames: IntCounter,
-    pub dropped: IntCounter,
-    pub connected: IntGauge,
-}
+pub use crate::metrics::DnstapCounters as Counters;
 
 struct Shared {
     free: (Sender<Box<Record>>, Receiver<Box<Record>>),
@@ -622,6 +616,7 @@ fn write_patiently(conn: &mut Conn, buf: &[u8], stop: &AtomicBool) -> io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus::{IntCounter, IntGauge};
 
     #[test]
     fn endpoints_are_unix_paths_or_tcp_addresses() {
