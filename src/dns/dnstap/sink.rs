@@ -28,7 +28,8 @@ use super::message::{self, Record, CDN_CAPACITY, RULE_CAPACITY};
 pub const POOL: usize = 2048;
 /// Bytes of query and response a record holds without growing.
 pub const BASE_BYTES: usize = 2048;
-/// Bytes that records may grow by in all (long TCP answers); past it, dropped.
+/// Bytes that records may grow by in all (long TCP answers), kept once grown; past
+/// it, a message that does not fit its record is dropped.
 pub const GROWN_LIMIT: usize = 4 << 20;
 /// The writer's reconnection backoff: from the first to the last, doubling.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -319,6 +320,8 @@ impl Tap {
         let response = e.response.unwrap_or_default();
         let need = e.query.len() + response.len();
         if need > r.bytes.capacity() {
+            // Grown records stay grown (no allocation once warmed, even for long
+            // messages), within GROWN_LIMIT for the whole pool.
             let more = need - r.bytes.capacity();
             if s.grown.fetch_add(more, Ordering::Relaxed) + more > GROWN_LIMIT {
                 s.grown.fetch_sub(more, Ordering::Relaxed);
@@ -326,6 +329,8 @@ impl Tap {
                 let _ = s.free.0.try_send(r);
                 return;
             }
+            r.bytes.clear();
+            r.bytes.reserve_exact(need);
         }
         r.tcp = e.tcp;
         r.client = e.client;
@@ -358,17 +363,8 @@ impl Tap {
     }
 }
 
-/// Returns a written (or dropped) record to the pool, shrunk to its base size.
-fn give_back(s: &Shared, mut r: Box<Record>) {
-    let cap = r.bytes.capacity();
-    if cap > BASE_BYTES {
-        r.bytes = Vec::with_capacity(BASE_BYTES);
-        let _ = s
-            .grown
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
-                Some(g.saturating_sub(cap - BASE_BYTES))
-            });
-    }
+/// Returns a written (or dropped) record to the pool.
+fn give_back(s: &Shared, r: Box<Record>) {
     let _ = s.free.0.try_send(r);
 }
 
@@ -723,5 +719,32 @@ mod tests {
         assert_eq!(dnstap.shared.full.1.len(), POOL);
         assert_eq!(c.dropped.get(), 15, "one frame each, no response");
         assert_eq!(c.frames.get(), 0);
+    }
+
+    #[test]
+    fn records_grow_for_long_messages_within_a_budget_and_stay_grown() {
+        let dir = std::env::temp_dir().join(format!("steerdns-tap-grow-{}", std::process::id()));
+        let config = Config {
+            endpoint: Endpoint::Unix(dir.join("none.sock")),
+            sample: 1,
+            identity: "n".into(),
+        };
+        let c = counters();
+        let dnstap = Dnstap::start(config, c.clone()).unwrap();
+        let mut tap = dnstap.tap();
+        // As many 64 KiB answers as the budget holds are queued; the rest are dropped.
+        let long = vec![0u8; 65_535];
+        let fit = GROWN_LIMIT / (65_535 + 12 - BASE_BYTES);
+        for _ in 0..fit + 10 {
+            tap.log(&event(Some(&long), false));
+        }
+        assert_eq!(dnstap.shared.full.1.len(), fit);
+        assert_eq!(c.dropped.get(), 20);
+        assert!(dnstap.shared.grown.load(Ordering::Relaxed) <= GROWN_LIMIT);
+        // Given back, a grown record keeps its size.
+        let r = dnstap.shared.full.1.try_recv().unwrap();
+        assert!(r.bytes.capacity() >= 65_535 + 12);
+        give_back(&dnstap.shared, r);
+        assert_eq!(dnstap.shared.free.1.len(), POOL - fit + 1);
     }
 }
