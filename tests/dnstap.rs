@@ -537,6 +537,8 @@ fn a_collector_that_stops_reading_costs_drops_not_answers_and_then_catches_up() 
     wait_for(10, "the writer connects", || {
         metric(&demo, "steerdns_dnstap_connected") == 1.0
     });
+    let rss = || metric(&demo, "process_resident_memory_bytes") / 1e6;
+    let rss_before = rss();
     // Under load, nothing read: every query is still answered, and frames are dropped
     // once the socket's buffer and the queue are full.
     let mut client = Client::new(demo.dns);
@@ -554,6 +556,24 @@ fn a_collector_that_stops_reading_costs_drops_not_answers_and_then_catches_up() 
     eprintln!(
         "first drops after {asked} queries in {:?}",
         started.elapsed()
+    );
+    // As much again, still unread: answered, dropped, and the memory stays bounded
+    // (the pool is fixed; the hardening tests' bound is 80 MB at the peak).
+    let dropped = metric(&demo, "steerdns_dnstap_dropped_total");
+    for i in 0..asked {
+        let (q, _tcp) = mixed(i);
+        let a = client.ask(&q, false);
+        assert_eq!(a[..2], q[..2], "answered");
+    }
+    assert!(metric(&demo, "steerdns_dnstap_dropped_total") >= dropped + asked as f64);
+    let rss_after = rss();
+    eprintln!(
+        "RSS {rss_before:.1} MB before, {rss_after:.1} MB after {} queries unread",
+        2 * asked
+    );
+    assert!(
+        rss_after < 80.0 && rss_after - rss_before < 16.0,
+        "RSS {rss_before:.1} MB -> {rss_after:.1} MB"
     );
     assert_eq!(stalled.read.load(Ordering::Relaxed), 0);
     // It reads again: the queue drains, and new queries' frames follow.
