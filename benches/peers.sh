@@ -10,7 +10,11 @@
 #   LAT_DURATION=5  seconds of the fixed-rate latency pass (-Q $LAT_QPS); --quick: 3
 #   LAT_QPS=10000
 #   QUERIES=20000   messages in the binary query files
-#   SERVERS="steerdns gdnsd pdns"   which servers, in interleaving order
+#   SERVERS="steerdns gdnsd pdns"   which servers, in interleaving order; also
+#                   steerdns-tap100 and steerdns-tap1: steerdns with --dnstap to a real
+#                   collector (fstrm_capture, writing to /dev/null, pinned with dnsperf)
+#                   at --dnstap-sample 100 and 1, run on the ecs mix only (the dnstap
+#                   column: SERVERS="steerdns steerdns-tap100 steerdns-tap1" MIXES=ecs)
 #   MIXES="plain ecs mix tcp dnssec"   tcp: the ecs queries over TCP (dnsperf -m tcp:
 #                   each of the 4 clients keeps one connection with up to 200 queries
 #                   pipelined, as a resolver does; lost counts what a closed connection
@@ -57,12 +61,15 @@ GEO=${GEO:-$REPO/geo/country.mmdb}
 PORT_STEERDNS=${PORT_STEERDNS:-25353}
 PORT_GDNSD=${PORT_GDNSD:-25354}
 PORT_PDNS=${PORT_PDNS:-25355}
+PORT_TAP100=${PORT_TAP100:-25356}
+PORT_TAP1=${PORT_TAP1:-25357}
 HEALTH_PORT=${HEALTH_PORT:-28080}
 DNSPERF_ARGS=(-c 4 -T 1 -q 200)
 
 # --- prerequisites -------------------------------------------------------------------
 install_missing dnsperf dig python3
 case " $SERVERS " in *" gdnsd "*) install_missing gdnsd ;; esac
+case " $SERVERS " in *" steerdns-tap"*) command -v fstrm_capture >/dev/null || apt_install fstrm-bin ;; esac
 case " $SERVERS " in
 *" pdns "*)
     missing=()
@@ -153,12 +160,33 @@ if [[ " $MIXES " == *" dnssec "* && " $SERVERS " == *" pdns "* ]]; then
         die "pdnsutil secure-zone failed: $(cat "$TMP/pdnsutil.log")"
 fi
 
-declare -A PORT=([steerdns]=$PORT_STEERDNS [gdnsd]=$PORT_GDNSD [pdns]=$PORT_PDNS)
+declare -A PORT=([steerdns]=$PORT_STEERDNS [gdnsd]=$PORT_GDNSD [pdns]=$PORT_PDNS
+    [steerdns-tap100]=$PORT_TAP100 [steerdns-tap1]=$PORT_TAP1)
 declare -A SPID
 
 start() {
     case $1 in
     steerdns) taskset -c 1 "$STEERDNS_BIN" "${STEERDNS_ARGS[@]}" >"$TMP/steerdns.log" 2>&1 & ;;
+    steerdns-tap*)
+        # The collector first, on dnsperf's CPU; the frames are read and thrown away.
+        taskset -c 0 fstrm_capture -t protobuf:dnstap.Dnstap -u "$TMP/$1.sock" -w /dev/null \
+            >"$TMP/$1-fstrm.log" 2>&1 &
+        track $!
+        local waited=0
+        while [[ ! -S $TMP/$1.sock ]] && ((waited++ < 100)); do sleep 0.05; done
+        mkdir -p "$S/state-$1"
+        # steerdns's arguments with this one's port and state directory.
+        local args=() a
+        for a in "${STEERDNS_ARGS[@]}"; do
+            case $a in
+            "127.0.0.1:$PORT_STEERDNS") args+=("127.0.0.1:${PORT[$1]}") ;;
+            "$S/state") args+=("$S/state-$1") ;;
+            *) args+=("$a") ;;
+            esac
+        done
+        taskset -c 1 "$STEERDNS_BIN" "${args[@]}" \
+            --dnstap "unix:$TMP/$1.sock" --dnstap-sample "${1#steerdns-tap}" >"$TMP/$1.log" 2>&1 &
+        ;;
     gdnsd) taskset -c 1 gdnsd -c "$G" -f start >"$TMP/gdnsd.log" 2>&1 & ;;
     pdns) taskset -c 1 pdns_server --config-dir="$P" >"$TMP/pdns.log" 2>&1 & ;;
     esac
@@ -322,6 +350,7 @@ for m in $MIXES; do
     for r in $(seq 1 "$RUNS"); do
         for s in $SERVERS; do
             [[ $m == dnssec && $s == gdnsd ]] && continue
+            [[ $s == steerdns-tap* && $m != ecs ]] && continue
             run_one "$s" "$m" "$r"
         done
     done
@@ -333,6 +362,7 @@ version() {
     # The binary's own commit (`--version`), not the checkout's: STEERDNS_BIN may be
     # another build (a before/after comparison).
     steerdns) echo "steerdns $("$STEERDNS_BIN" --version 2>/dev/null | sed -n 's/.*(\(.*\))/\1/p' | cut -c1-7)${UDP_SOCKETS:+, --udp-sockets $UDP_SOCKETS}" ;;
+    steerdns-tap*) echo "$(version steerdns), --dnstap-sample ${1#steerdns-tap} to fstrm_capture" ;;
     gdnsd) echo "gdnsd $(gdnsd -h 2>&1 | grep -o 'gdnsd version [0-9.]*' | head -1 | cut -d' ' -f3)" ;;
     pdns) echo "PowerDNS $(pdns_server --version 2>&1 | grep -o 'Server [0-9.]*' | head -1 | cut -d' ' -f2), LUA shared" ;;
     esac

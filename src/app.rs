@@ -39,6 +39,8 @@ pub struct Running {
     addrs: Vec<SocketAddr>,
     live: Arc<Live>,
     cookies: Arc<crate::dns::cookie::Jar>,
+    /// The dnstap writer (`--dnstap`), finished after the sockets have stopped.
+    dnstap: Option<crate::dns::dnstap::Dnstap>,
 }
 
 /// Binds every address (UDP and TCP, the default number of UDP sockets) and starts
@@ -63,6 +65,8 @@ pub struct DnsOptions {
     /// (e.g. `panic.example.com.`) panics, to show that threads are supervised.
     #[doc(hidden)]
     pub udp_panic_on: Option<String>,
+    /// `--dnstap` (with `--dnstap-sample` and the node name); `None`: no dnstap.
+    pub dnstap: Option<crate::dns::dnstap::Config>,
 }
 
 impl Default for DnsOptions {
@@ -74,6 +78,7 @@ impl Default for DnsOptions {
             answer_cache_bytes: crate::dns::cache::DEFAULT_BUDGET,
             cookie_rotation: crate::control::cookies::DEFAULT_ROTATION,
             udp_panic_on: None,
+            dnstap: None,
         }
     }
 }
@@ -104,7 +109,14 @@ pub async fn start_with_options(
     let snapshot = Arc::new(snapshot);
     metrics.adopt(&snapshot);
     let live = Arc::new(ArcSwap::new(snapshot));
-    let handler = Handler::new(live.clone(), metrics);
+    let dnstap = match &opts.dnstap {
+        Some(config) => Some(crate::dns::dnstap::Dnstap::start(
+            config.clone(),
+            metrics.dnstap_counters(),
+        )?),
+        None => None,
+    };
+    let handler = Handler::new(live.clone(), metrics).with_tap(dnstap.as_ref().map(|d| d.tap()));
     let cookies = handler.cookies().clone();
     let rrl = Rrl::new(opts.rrl.clone()).map(Arc::new);
     let panic_on: udp::PanicOn = opts.udp_panic_on.as_deref().and_then(|name| {
@@ -148,6 +160,7 @@ pub async fn start_with_options(
         addrs,
         live,
         cookies,
+        dnstap,
     })
 }
 
@@ -195,6 +208,10 @@ impl Running {
         }
         for thread in self.udp_threads.drain(..) {
             thread.ended().await?;
+        }
+        // Every query answered has been handed over: write them, then STOP.
+        if let Some(dnstap) = self.dnstap.take() {
+            dnstap.finish().await;
         }
         Ok(())
     }

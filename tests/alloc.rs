@@ -3,7 +3,9 @@
 //! UDP data plane's per-query steps called in-process on the bytes a client sends:
 //! response rate limiting, judging a DNS cookie (`dns::wire::cookie_of`), the fast
 //! path (`dns::wire::answer`, every ECS shape, both families, with and without a cookie)
-//! and a hit of the answer cache (`dns::cache::AnswerCache::lookup`, with a cookie too).
+//! and a hit of the answer cache (`dns::cache::AnswerCache::lookup`, with a cookie too);
+//! and the fast path with a dnstap sink attached (`dns::dnstap::Tap::log`, to a collector
+//! in the test that reads everything).
 
 mod common;
 
@@ -186,6 +188,135 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
         }
     });
     assert_eq!(n, 0, "valid cookie: {n} allocations in 64 answers");
+}
+
+/// A Frame Streams collector on `sock` that accepts one writer, shakes hands and reads
+/// everything; the number of data frames read so far.
+fn collector(sock: &std::path::Path) -> Arc<std::sync::atomic::AtomicUsize> {
+    use std::io::{Read, Write};
+    let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    let frames = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = frames.clone();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let word = |s: &mut std::os::unix::net::UnixStream| {
+            let mut w = [0u8; 4];
+            s.read_exact(&mut w).map(|_| u32::from_be_bytes(w) as usize)
+        };
+        let ct = b"protobuf:dnstap.Dnstap";
+        let mut accept = vec![
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            12 + ct.len() as u8,
+            0,
+            0,
+            0,
+            1,
+            0,
+            0,
+            0,
+            1,
+        ];
+        accept.extend_from_slice(&(ct.len() as u32).to_be_bytes());
+        accept.extend_from_slice(ct);
+        let mut accepted = false;
+        while let Ok(first) = word(&mut s) {
+            // A control frame: an escape (0), then its length.
+            let control = first == 0;
+            let len = if control {
+                word(&mut s).unwrap_or(0)
+            } else {
+                first
+            };
+            let mut frame = vec![0u8; len];
+            if s.read_exact(&mut frame).is_err() {
+                return;
+            }
+            if control && !accepted {
+                // READY: answer ACCEPT; START follows, then data frames.
+                s.write_all(&accept).unwrap();
+                accepted = true;
+            } else if !control {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    frames
+}
+
+#[test]
+fn the_fast_path_with_dnstap_allocates_nothing_either() {
+    use steerdns::dns::dnstap::{self, Config, Dnstap, Endpoint, Event};
+    let dir = std::env::temp_dir().join(format!("steerdns-alloc-tap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("tap.sock");
+    let read = collector(&sock);
+    let config = Config {
+        endpoint: Endpoint::Unix(sock.clone()),
+        sample: 1,
+        identity: "alloc".into(),
+    };
+    let metrics = Metrics::new();
+    let counters = metrics.dnstap_counters();
+    let sink = Dnstap::start(config, counters.clone()).unwrap();
+    let mut tap = sink.tap();
+    let snap = planner::snapshot(&load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO));
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut out = Vec::new();
+    let server: SocketAddr = "127.0.0.1:53".parse().unwrap();
+    let sources: Vec<SocketAddr> = (0..64)
+        .map(|i| SocketAddr::new(resolver(i), 5353))
+        .collect();
+    let now = 1_800_000_000;
+    let mut logged = 0;
+    for (what, packet) in steered_queries() {
+        let src = sources[0];
+        let steer = wire::answer(&snap, &packet, src.ip(), &mut out, now, &mut rng, None).unwrap();
+        let received = dnstap::now();
+        tap.log(
+            &Event::new(false, src, server, received, &packet)
+                .answer(&out)
+                .decided(steer.decided()),
+        );
+        logged += 1;
+        let n = allocations(|| {
+            for (i, src) in sources.iter().enumerate() {
+                let received = dnstap::now();
+                let steer = wire::answer(
+                    &snap,
+                    &packet,
+                    src.ip(),
+                    &mut out,
+                    now + i as u64,
+                    &mut rng,
+                    None,
+                );
+                let steer = steer.expect("the fast path");
+                // As the UDP thread does.
+                if tap.keep(steer.remarkable()) {
+                    let event = Event::new(false, *src, server, received, &packet);
+                    tap.write(&event.answer(&out).decided(steer.decided()));
+                }
+            }
+        });
+        logged += sources.len();
+        assert_eq!(n, 0, "{what}: {n} allocations in 64 answers with dnstap");
+    }
+    // What was logged reached the collector (two frames an answer), none dropped.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while read.load(std::sync::atomic::Ordering::Relaxed) < 2 * logged {
+        assert!(std::time::Instant::now() < deadline, "frames not read");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(counters.dropped.get(), 0);
+    drop(sink);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "current_thread")]

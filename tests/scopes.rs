@@ -263,6 +263,7 @@ fn cidr_continent_and_drain_scopes_are_never_wider_than_correct() {
     // Location-scoped drains split regions further: a country, a continent, a CIDR
     // block of each family, and a region.
     let cut = |cdn: &str, scope: Vec<DrainScope>| DrainCut {
+        id: format!("test-{cdn}"),
         name: "pinned.example.com.".into(),
         cdn: cdn.into(),
         scope,

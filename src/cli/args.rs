@@ -317,6 +317,16 @@ pub struct DnsArgs {
     /// first node to see the shared secret this old rotates it.
     #[arg(long, value_name = "SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(3600..))]
     cookie_rotation_seconds: u64,
+    /// Copy each query and its response to a dnstap collector (Frame Streams, e.g.
+    /// `fstrm_capture`), with the steering decision of each steered answer:
+    /// `unix:PATH` or `tcp:HOST:PORT`. Reconnects when the collector comes back.
+    #[arg(long, value_name = "unix:PATH|tcp:HOST:PORT")]
+    dnstap: Option<crate::dns::dnstap::Endpoint>,
+    /// With --dnstap: one in N unremarkable answers is written (steered by the
+    /// configured weights, or zone data with NOERROR or NXDOMAIN); every other answer
+    /// (failover, drain, fail-open, errors, truncated, rate limited) always is.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    dnstap_sample: u32,
 }
 
 impl DnsArgs {
@@ -349,6 +359,12 @@ impl DnsArgs {
             answer_cache_bytes: self.answer_cache_bytes,
             cookie_rotation: Duration::from_secs(self.cookie_rotation_seconds),
             udp_panic_on: None,
+            // The node name is filled in by `serve` (`--node`, else the host name).
+            dnstap: self.dnstap.map(|endpoint| crate::dns::dnstap::Config {
+                endpoint,
+                sample: self.dnstap_sample,
+                identity: String::new(),
+            }),
         })
     }
 }

@@ -269,13 +269,16 @@ pub async fn run(cli: Cli) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let dns = match dns.options() {
+            let mut dns = match dns.options() {
                 Ok(d) => d,
                 Err(e) => {
                     eprintln!("steerdns: {e:#}");
                     return ExitCode::FAILURE;
                 }
             };
+            if let Some(tap) = &mut dns.dnstap {
+                tap.identity = vantage.clone();
+            }
             let opts = ServeOptions {
                 inputs: inputs.clone(),
                 reload_poll: Duration::from_millis(reload_poll_ms),

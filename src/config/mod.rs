@@ -55,6 +55,9 @@ pub struct Policy {
     /// The file's text, kept so that later cross-checks (against the zones) can still
     /// find the line of a field.
     pub source: String,
+    /// The policy version: the first 12 hex digits of the SHA-256 of the file's bytes
+    /// (dnstap's steering decisions name it).
+    pub version: String,
     pub hosts: Vec<HostPolicy>,
     /// Signing (`dnssec:`); `None`: the zones are served unsigned.
     pub dnssec: Option<dnssec::DnssecSettings>,
@@ -157,6 +160,9 @@ pub struct Region {
     pub weights: Vec<u32>,
     /// How measured performance may move `weights` (`performance:`); `None`: static.
     pub performance: Option<perf::Performance>,
+    /// What moved `weights` from the file's (`performance`, `commit`), for dnstap's
+    /// steering decisions; empty as loaded.
+    pub moved_by: Vec<&'static str>,
 }
 
 /// At most this many distinct location scopes of drains per name: each doubles the

@@ -108,6 +108,8 @@ pub(super) fn validate(
     Ok((
         Policy {
             file: file.to_path_buf(),
+            version: super::tokens::hex(&super::tokens::sha256(source.as_bytes()))[..12]
+                .to_string(),
             source,
             hosts,
             dnssec,
@@ -483,6 +485,7 @@ fn regions(cx: &mut Ctx, base: &[Seg], raw: Option<Vec<RawRegion>>, cdns: &[Cdn]
             matches,
             weights,
             performance,
+            moved_by: Vec::new(),
         });
     }
     if default_at.is_none() {

@@ -17,6 +17,8 @@ use std::sync::Arc;
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
 use crate::inputs::Loaded;
 use crate::place::geo::Place;
+use std::fmt::Write as _;
+
 use crate::plan::{ChoiceSpec, NameSpec, Plan, Reason, RegionIndex, Snapshot, Target};
 
 /// Percent of weight removed by failover, by (steered name, CDN name); absent = 0.
@@ -26,6 +28,8 @@ pub type Removed = BTreeMap<(String, String), u8>;
 /// (empty: everywhere) of one steered name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainCut {
+    /// The drain's id (`policy` or `api-N`), named by dnstap's steering decisions.
+    pub id: String,
     pub name: String,
     pub cdn: String,
     pub scope: Vec<DrainScope>,
@@ -98,7 +102,7 @@ pub fn plan(policy: &Policy, removed: &Removed, drains: &[DrainCut], places: &[P
     let names = policy
         .hosts
         .iter()
-        .map(|h| steered(h, removed, drains, &mut fail_open))
+        .map(|h| steered(h, &policy.version, removed, drains, &mut fail_open))
         .collect();
     Planned {
         plan: Plan::new(names, places),
@@ -115,8 +119,13 @@ pub fn removed_of(removed: &Removed, host: &HostPolicy, cdn: &str) -> u8 {
         .min(100)
 }
 
+/// A drain as the one line of a choice names it: the drain, its CDN's index, the
+/// regions it cuts in (`None`: all) and its location group.
+type Applied<'d> = (&'d DrainCut, usize, Option<Vec<usize>>, Option<usize>);
+
 fn steered(
     host: &HostPolicy,
+    version: &str,
     removed: &Removed,
     drains: &[DrainCut],
     fail_open: &mut Vec<(String, String)>,
@@ -133,8 +142,24 @@ fn steered(
     // Drains: the region-wide part per region, and the location part per scope group.
     let mut region_drain = vec![vec![0u8; n_cdn]; host.regions.len()];
     let mut groups: Vec<(Vec<Match>, Vec<u8>)> = Vec::new();
+    // For dnstap's one line: each drain applied, by the regions (None: all) and the
+    // location group it cuts in.
+    let mut applied: Vec<Applied> = Vec::new();
     for d in drains.iter().filter(|d| d.name == name && d.percent > 0) {
         let Some(c) = idx(&d.cdn) else { continue };
+        let in_regions: Vec<usize> = d
+            .scope
+            .iter()
+            .filter_map(|s| match *s {
+                DrainScope::Region(r) => Some(r),
+                DrainScope::Match(_) => None,
+            })
+            .collect();
+        if d.scope.is_empty() {
+            applied.push((d, c, None, None));
+        } else if !in_regions.is_empty() {
+            applied.push((d, c, Some(in_regions), None));
+        }
         if d.scope.is_empty() {
             region_drain
                 .iter_mut()
@@ -168,6 +193,7 @@ fn steered(
             }
         };
         groups[g].1[c] = groups[g].1[c].max(d.percent);
+        applied.push((d, c, Some(Vec::new()), Some(g)));
     }
 
     let any_cut = health.iter().any(|&r| r > 0)
@@ -215,11 +241,37 @@ fn steered(
             } else {
                 Reason::Normal
             };
+            let mut why = format!("{name} region={} reason={reason}", region.name);
+            // A performance shift or a commit bias moved the weights the reason starts
+            // from.
+            for m in &region.moved_by {
+                let _ = write!(why, " moved-by={m}");
+            }
+            // What cuts here: each drain (by its id) and each failover step.
+            if reason != Reason::Normal {
+                let hits = applied.iter().filter(|(_, c, regions, group)| {
+                    region.weights[*c] > 0
+                        && match (regions, group) {
+                            (None, _) => true,
+                            (_, Some(g)) => mask & (1 << g) != 0,
+                            (Some(rs), None) => rs.contains(&r),
+                        }
+                });
+                for (d, _, _, _) in hits {
+                    let _ = write!(why, " drain={}:{}:-{}%", d.id, d.cdn, d.percent);
+                }
+                for &c in serving.iter().filter(|&&c| health[c] > 0) {
+                    let cdn = &host.cdns[c].name;
+                    let _ = write!(why, " failover={cdn}:-{}%", health[c]);
+                }
+            }
+            let _ = write!(why, " policy={version}");
             // Validation refused regions whose weights are all zero, and a share is
             // never lost (only moved), so some weight is always positive.
             choices.push(
                 ChoiceSpec::new(reason, weights.into_iter().enumerate())
-                    .expect("validated region has a positive weight"),
+                    .expect("validated region has a positive weight")
+                    .with_why(why),
             );
         }
         if failed_open {
@@ -432,6 +484,7 @@ pub fn check_every_cut(policy: &Policy) -> Result<usize, String> {
                     vec![DrainScope::Match(gb)],
                 ] {
                     let cut = DrainCut {
+                        id: "check".into(),
                         name: name.clone(),
                         cdn: cdn.name.clone(),
                         scope,
@@ -496,6 +549,57 @@ regions:
         [(("www.example.com.".to_string(), "a".to_string()), pct)]
             .into_iter()
             .collect()
+    }
+
+    /// The one line of region `region`'s choice (clients outside location drains).
+    fn why(p: &Planned, region: usize) -> String {
+        let s = p.plan.names().next().unwrap();
+        s.why(s.choice(region)).to_string()
+    }
+
+    #[test]
+    fn each_choice_says_why_in_one_line_naming_drains_steps_and_the_policy_version() {
+        let policy = policy();
+        let v = &policy.version;
+        assert_eq!(v.len(), 12);
+        let p = plan(&policy, &Removed::new(), &[], &[]);
+        assert_eq!(
+            why(&p, 0),
+            format!("www.example.com. region=GB reason=normal policy={v}")
+        );
+        // Failover at 50 % on a; a drain of b in the default region only.
+        let drain = DrainCut {
+            id: "api-7".into(),
+            name: "www.example.com.".into(),
+            cdn: "b".into(),
+            scope: vec![DrainScope::Region(2)],
+            percent: 50,
+        };
+        let p = plan(&policy, &cut(50), &[drain], &[]);
+        assert_eq!(
+            why(&p, 0),
+            format!("www.example.com. region=GB reason=failover failover=a:-50% policy={v}")
+        );
+        assert_eq!(
+            why(&p, 2),
+            format!(
+                "www.example.com. region=default reason=drain drain=api-7:b:-50% failover=a:-50% policy={v}"
+            )
+        );
+        // JP has a alone: cut, it stays (fail-open).
+        let p = plan(&policy, &cut(100), &[], &[]);
+        assert_eq!(
+            why(&p, 1),
+            format!("www.example.com. region=JP reason=fail-open failover=a:-100% policy={v}")
+        );
+        // Weights moved by a modifier are named.
+        let mut moved = policy.clone();
+        moved.hosts[0].regions[0].moved_by.push("performance");
+        let p = plan(&moved, &Removed::new(), &[], &[]);
+        assert_eq!(
+            why(&p, 0),
+            format!("www.example.com. region=GB reason=normal moved-by=performance policy={v}")
+        );
     }
 
     #[test]

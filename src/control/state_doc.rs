@@ -21,6 +21,9 @@ use crate::inputs::Loaded;
 pub struct StateDoc {
     /// Short hash of the input files being served.
     pub config_version: String,
+    /// The policy version: the first 12 hex digits of the SHA-256 of `steering.yaml`,
+    /// as dnstap's steering decisions name it.
+    pub policy_version: String,
     /// Why automatic failover is frozen, if it is.
     pub failover_frozen: Option<String>,
     /// Tenants whose failover is frozen, with why (their names take no step).
@@ -227,6 +230,7 @@ impl Parts<'_> {
             performance: self.performance.clone(),
             commit: self.commit.clone(),
             config_version: loaded.version.clone(),
+            policy_version: loaded.policy.version.clone(),
             failover_frozen: f.frozen.clone(),
             failover_frozen_tenants: f.frozen_tenants.clone(),
             tenants: loaded.policy.tenants(),

@@ -11,6 +11,8 @@
 //!                            │yes
 //!    client location (ECS | source) ─▶ geo lookup ─▶ region ─▶ weighted pick ─▶ CNAME + ECS scope
 //!                                     (key: resolver, network within the scope, window)
+//! every answer (and every RRL drop) ─▶ dnstap/ (--dnstap): sampled, copied into a pooled
+//!    record (never waits) ─▶ writer thread ─▶ Frame Streams collector
 //! ```
 //!
 //! No locks and no I/O besides the sockets; everything expensive was done by the
@@ -20,6 +22,7 @@
 
 pub mod cache;
 pub mod cookie;
+pub mod dnstap;
 pub mod edns;
 pub mod listen;
 pub mod rrl;
@@ -46,7 +49,7 @@ use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Quer
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::plan::{Answer, Asker, Live, Pick, Snapshot};
+use crate::plan::{Answer, Asker, Live, Pick, Snapshot, Steered};
 use edns::Ede;
 
 /// The request handler registered with hickory's `Server`. It holds the live snapshot,
@@ -58,6 +61,8 @@ pub struct Handler {
     metrics: Metrics,
     /// The DNS cookie secrets (`cookie.rs`), which the control plane replaces.
     cookies: Arc<cookie::Jar>,
+    /// `--dnstap`: where each query and its answer are copied; `None` without.
+    tap: Option<dnstap::Tap>,
 }
 
 impl Handler {
@@ -72,7 +77,20 @@ impl Handler {
             live,
             metrics,
             cookies,
+            tap: None,
         }
+    }
+
+    /// With a dnstap sink (`serve --dnstap`).
+    pub fn with_tap(mut self, tap: Option<dnstap::Tap>) -> Handler {
+        self.tap = tap;
+        self
+    }
+
+    /// A dnstap tap of its own for a UDP thread or a TCP connection (each keeps its
+    /// sampling count); `None` without `--dnstap`.
+    pub fn tap(&self) -> Option<dnstap::Tap> {
+        self.tap.clone()
     }
 
     pub fn live(&self) -> &Arc<Live> {
@@ -105,6 +123,19 @@ impl Handler {
         src: SocketAddr,
         protocol: Protocol,
     ) -> Option<Vec<u8>> {
+        self.respond_decided(packet, src, protocol)
+            .await
+            .map(|(bytes, _)| bytes)
+    }
+
+    /// As [`Handler::respond`], with the steering decision of a steered answer (for
+    /// dnstap).
+    pub async fn respond_decided(
+        &self,
+        packet: &[u8],
+        src: SocketAddr,
+        protocol: Protocol,
+    ) -> Option<(Vec<u8>, Option<dnstap::Decided<Arc<str>>>)> {
         if packet.len() < 12 || packet[2] & 0x80 != 0 {
             return None;
         }
@@ -112,10 +143,13 @@ impl Handler {
             protocol,
             out: Arc::default(),
         };
+        let mut decided = None;
         match Request::from_bytes(packet.to_vec(), src, protocol) {
             Ok(request) => {
-                self.handle_request::<_, TokioTime>(&request, capture.clone())
-                    .await;
+                decided = self
+                    .handle_decided::<_, TokioTime>(&request, capture.clone())
+                    .await
+                    .1;
             }
             Err(_) => {
                 let header = Header::read(&mut BinDecoder::new(packet)).ok()?;
@@ -127,7 +161,39 @@ impl Handler {
             }
         }
         let mut out = capture.out.lock().unwrap_or_else(|p| p.into_inner());
-        out.take()
+        out.take().map(|bytes| (bytes, decided))
+    }
+
+    /// [`RequestHandler::handle_request`], with the decision of a steered answer.
+    async fn handle_decided<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        response: R,
+    ) -> (ResponseInfo, Option<dnstap::Decided<Arc<str>>>) {
+        let started = Instant::now();
+        let snap = self.live.load_full();
+        let secrets = self.cookies.load();
+        let (info, steered) = answer::<R, T>(&snap, &secrets, request, response).await;
+        let mut decided = None;
+        match steered {
+            // A steered answer that could not be sent counts as what hickory was told.
+            Some(s) if info.response_code == ResponseCode::NoError => {
+                self.count_steered(&s);
+                if self.tap.is_some() {
+                    let d = s.decided();
+                    decided = Some(dnstap::Decided {
+                        rule: s.steered.why(s.pick.choice).clone(),
+                        cdn: s.steered.target(s.pick.target).cdn.clone(),
+                        ecs: d.ecs,
+                        scope: d.scope,
+                        remarkable: d.remarkable,
+                    });
+                }
+            }
+            _ => self.metrics.answered(info.response_code.into()),
+        }
+        self.metrics.observe(started.elapsed());
+        (info, decided)
     }
 }
 
@@ -193,23 +259,37 @@ impl RequestHandler for Handler {
         request: &Request,
         response: R,
     ) -> ResponseInfo {
-        let started = Instant::now();
-        let snap = self.live.load_full();
-        let secrets = self.cookies.load();
-        let (info, steered) = answer::<R, T>(&snap, &secrets, request, response).await;
-        match steered {
-            // A steered answer that could not be sent counts as what hickory was told.
-            Some(s) if info.response_code == ResponseCode::NoError => self.count_steered(&s),
-            _ => self.metrics.answered(info.response_code.into()),
-        }
-        self.metrics.observe(started.elapsed());
-        info
+        self.handle_decided::<R, T>(request, response).await.0
     }
 }
 
-/// Which steered answer was given, for the metrics.
+/// Which steered answer was given, for the metrics and dnstap.
 pub struct Steer<'s> {
     pub pick: Pick<'s>,
+    pub steered: Steered<'s>,
+    /// The ECS source prefix of the query (`None`: no ECS) and the scope echoed.
+    pub ecs: Option<u8>,
+    pub scope: u8,
+}
+
+impl<'s> Steer<'s> {
+    /// Whether dnstap always writes this answer: not by the configured weights
+    /// (failover, drain, fail-open). The fast path's answers are otherwise plain
+    /// NOERROR.
+    pub fn remarkable(&self) -> bool {
+        self.pick.choice.reason != crate::plan::Reason::Normal
+    }
+
+    /// The decision, as dnstap writes it.
+    pub fn decided(&self) -> dnstap::Decided<&'s str> {
+        dnstap::Decided {
+            rule: self.steered.why(self.pick.choice),
+            cdn: &self.steered.target(self.pick.target).cdn,
+            ecs: self.ecs,
+            scope: self.scope,
+            remarkable: self.remarkable(),
+        }
+    }
 }
 
 /// The query pipeline.
@@ -411,7 +491,14 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         iter::empty(),
     );
     let info = send(request, message_send(response, message).await);
-    (info, Some(Steer { pick }))
+    let ecs = client.ecs.map(|e| e.source_prefix());
+    let steer = Steer {
+        pick,
+        steered,
+        ecs,
+        scope,
+    };
+    (info, Some(steer))
 }
 
 /// The RRSIG records of a pre-signed run (`Plan::set_rrsigs`), owned by `owner`.

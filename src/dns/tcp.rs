@@ -37,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::dnstap::{self, Event};
 use super::{wire, Handler};
 use crate::slots::{Refused, Slot, Slots};
 
@@ -145,6 +146,10 @@ async fn answer_all(
     limits: TcpLimits,
 ) -> &'static str {
     let _ = stream.set_nodelay(true);
+    let mut tap = handler.tap();
+    let server = stream
+        .local_addr()
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut output: Vec<u8> = Vec::with_capacity(READ_CHUNK);
@@ -166,6 +171,10 @@ async fn answer_all(
         let mut snap = handler.live().load_full();
         let secrets = handler.cookies().load_full();
         let now = crate::clock::now_secs();
+        let received = match tap {
+            Some(_) => dnstap::now(),
+            None => (0, 0),
+        };
         let mut at = 0;
         let mut end = None;
         while let Some(message) = frame(&input[at..]) {
@@ -175,13 +184,32 @@ async fn answer_all(
             let judged = wire::cookie_of(message, &secrets, peer.ip(), now);
             handler.metrics().cookie(judged.label());
             let cookie = judged.reply();
+            let event = Event::new(true, peer, server, received, message);
             if let Some(steer) =
                 wire::answer(&snap, message, peer.ip(), &mut reply, now, &mut rng, cookie)
             {
                 handler.count_steered(&steer);
-            } else if let Some(full) = handler.respond(message, peer, Protocol::Tcp).await {
+                // The decision's text is looked up only for answers written.
+                if let Some(tap) = &mut tap {
+                    if tap.keep(steer.remarkable()) {
+                        tap.write(&event.answer(&reply).decided(steer.decided()));
+                    }
+                }
+            } else if let Some((full, decided)) =
+                handler.respond_decided(message, peer, Protocol::Tcp).await
+            {
                 reply = full;
+                if let Some(tap) = &mut tap {
+                    let event = event.answer(&reply);
+                    match &decided {
+                        Some(d) => tap.log(&event.decided(d.as_ref())),
+                        None => tap.log(&event),
+                    }
+                }
             } else {
+                if let Some(tap) = &mut tap {
+                    tap.log(&event);
+                }
                 end = Some("no-answer");
                 break;
             }

@@ -30,6 +30,7 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use super::cache::{AnswerCache, Lookup};
+use super::dnstap::{self, Event};
 use super::rrl::{Rrl, Verdict};
 use super::{wire, Handler};
 use hickory_server::net::xfer::Protocol;
@@ -159,6 +160,10 @@ fn serve(
     let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
     let mut cache = AnswerCache::new(cache_bytes);
     let mut stripped = Vec::with_capacity(512);
+    let mut tap = handler.tap();
+    let server = socket
+        .local_addr()
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     while !shutdown.is_cancelled() {
         let n = match batch.recv(socket) {
             // Woken by `UdpThread::wake`.
@@ -180,7 +185,16 @@ fn serve(
                 continue;
             }
         };
+        // Woken for shutdown, `recvmmsg` may report empty datagrams from stale sources.
+        if shutdown.is_cancelled() {
+            break;
+        }
         let started = Instant::now();
+        // dnstap's query time: once per batch (the batch was read at once).
+        let received = match tap {
+            Some(_) => dnstap::now(),
+            None => (0, 0),
+        };
         let snap = handler.live().load();
         let secrets = handler.cookies().load();
         // Seconds are all the selection window and cookies need: once per batch.
@@ -206,6 +220,7 @@ fn serve(
             let judged = wire::cookie_of(packet, &secrets, src.ip(), now);
             handler.metrics().cookie(judged.label());
             let cookie = judged.reply();
+            let event = Event::new(false, src, server, received, packet);
             if let Some(rrl) = rrl {
                 // A valid server cookie: the client's own budget, never a slip.
                 let verdict = if judged.is_valid() {
@@ -217,6 +232,10 @@ fn serve(
                     Verdict::Answer => {}
                     Verdict::Drop => {
                         handler.metrics().rate_limited(false);
+                        // Nothing was sent: the query alone.
+                        if let Some(tap) = &mut tap {
+                            tap.log(&event.limited());
+                        }
                         continue;
                     }
                     // A client cookie without a valid server cookie: BADCOOKIE with a
@@ -235,6 +254,9 @@ fn serve(
                         };
                         if sent {
                             replies.push(i);
+                            if let Some(tap) = &mut tap {
+                                tap.log(&event.limited().answer(reply));
+                            }
                         }
                         continue;
                     }
@@ -245,6 +267,12 @@ fn serve(
                 handler.count_steered(&steer);
                 replies.push(i);
                 fast += 1;
+                // The decision's text is looked up only for answers written.
+                if let Some(tap) = &mut tap {
+                    if tap.keep(steer.remarkable()) {
+                        tap.write(&event.answer(reply).decided(steer.decided()));
+                    }
+                }
                 continue;
             }
             let full_started = Instant::now();
@@ -253,6 +281,9 @@ fn serve(
                     handler.metrics().answered(rcode.into());
                     replies.push(i);
                     fast += 1;
+                    if let Some(tap) = &mut tap {
+                        tap.log(&event.answer(reply));
+                    }
                     continue;
                 }
                 Lookup::Miss(miss) => runtime
@@ -264,11 +295,23 @@ fn serve(
             // the full path answers the query as received.
             if cached {
                 replies.push(i);
-            } else if let Some(bytes) =
-                runtime.block_on(handler.respond(packet, src, Protocol::Udp))
+                if let Some(tap) = &mut tap {
+                    tap.log(&event.answer(reply));
+                }
+            } else if let Some((bytes, decided)) =
+                runtime.block_on(handler.respond_decided(packet, src, Protocol::Udp))
             {
                 *reply = bytes;
                 replies.push(i);
+                if let Some(tap) = &mut tap {
+                    let event = event.answer(reply);
+                    match &decided {
+                        Some(d) => tap.log(&event.decided(d.as_ref())),
+                        None => tap.log(&event),
+                    }
+                }
+            } else if let Some(tap) = &mut tap {
+                tap.log(&event);
             }
             full_time += full_started.elapsed();
         }

@@ -136,7 +136,13 @@ pub fn answer<'s, R: Rng + ?Sized>(
         }
     };
     // Long names near the limit: the full path truncates as hickory does.
-    (out.len() <= limit).then_some(Steer { pick })
+    let steer = Steer {
+        pick,
+        steered,
+        ecs: ecs.map(|e| e.source),
+        scope,
+    };
+    (out.len() <= limit).then_some(steer)
 }
 
 /// The first of a run of pre-signed RRSIGs (`Plan::set_rrsigs`): its RDATA length and

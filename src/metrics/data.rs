@@ -59,6 +59,11 @@ impl Metrics {
         }
     }
 
+    /// The dnstap writer's counters (`steerdns_dnstap_*`).
+    pub fn dnstap_counters(&self) -> super::DnstapCounters {
+        self.inner.dnstap.clone()
+    }
+
     /// Counts a UDP thread restarted after a panic.
     pub fn udp_thread_restarted(&self) {
         self.inner.udp_thread_restarts.inc();

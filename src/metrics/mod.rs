@@ -29,6 +29,9 @@
 //! | `udp_thread_restarts_total` | | UDP threads that panicked and were restarted on their socket |
 //! | `rate_limited_total` | action | UDP queries over the rate limit: `dropped`, `slipped` (TC), `badcookie` (BADCOOKIE instead of the slip to a client that sent a cookie) |
 //! | `cookies_total` | result | queries with a DNS cookie: `client_only`, `valid`, `invalid`, `malformed` |
+//! | `dnstap_frames_total` | | dnstap frames written to the collector (`--dnstap`) |
+//! | `dnstap_dropped_total` | | dnstap frames dropped: the queue was full, or the collector went away with them |
+//! | `dnstap_connected` | | 1 while the dnstap writer is connected to its collector |
 //! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
 //! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name, a writer outside `--members`, over a size or count cap, a drain over the scope cap): they do not count |
 //! | `etcd_clock_skew_seconds` | | this node's clock against etcd's, as etcd's answers date them (positive: etcd is ahead); a set needs NTP |
@@ -88,6 +91,18 @@ pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 const COMMON_RCODES: [u16; 7] = [0, 1, 2, 3, 4, 5, 16];
 
 /// The metrics of one process. Cheap to clone: every clone updates the same registry.
+/// The dnstap writer's counters (`steerdns_dnstap_*`), which the data plane's tap and
+/// the writer thread keep.
+#[derive(Clone)]
+pub struct DnstapCounters {
+    /// Frames written to the collector.
+    pub frames: IntCounter,
+    /// Frames dropped: no free record, or lost with a failed write.
+    pub dropped: IntCounter,
+    /// 1 while connected to the collector.
+    pub connected: IntGauge,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
@@ -132,6 +147,7 @@ struct Inner {
     peer_errors: IntCounterVec,
     state_save_errors: IntCounter,
     udp_thread_restarts: IntCounter,
+    dnstap: DnstapCounters,
     state_save_failing: prometheus::IntGauge,
     etcd_fail_static: prometheus::IntGauge,
     etcd_refused: prometheus::IntGauge,
@@ -248,6 +264,27 @@ impl Metrics {
         )
         .expect("static counter");
         reg.add(udp_thread_restarts.clone());
+        let dnstap = DnstapCounters {
+            frames: IntCounter::new(
+                "dnstap_frames_total",
+                "dnstap frames (AUTH_QUERY, AUTH_RESPONSE) written to the collector (--dnstap).",
+            )
+            .expect("static counter"),
+            dropped: IntCounter::new(
+                "dnstap_dropped_total",
+                "dnstap frames dropped: the queue to the writer was full (a slow or absent \
+                 collector), or the collector went away while they were written.",
+            )
+            .expect("static counter"),
+            connected: IntGauge::new(
+                "dnstap_connected",
+                "1 while the dnstap writer is connected to its collector.",
+            )
+            .expect("static gauge"),
+        };
+        reg.add(dnstap.frames.clone());
+        reg.add(dnstap.dropped.clone());
+        reg.add(dnstap.connected.clone());
         reg.gauges(
             "build_info",
             "1; the version and the git commit of the steerdns binary.",
@@ -372,6 +409,7 @@ impl Metrics {
                 ),
                 state_save_errors,
                 udp_thread_restarts,
+                dnstap,
                 state_save_failing,
                 etcd_fail_static,
                 etcd_refused,

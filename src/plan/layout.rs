@@ -55,6 +55,10 @@ pub struct Plan {
     /// was built for ([`Plan::new`]) whose clients get that choice by their place
     /// alone, so that an answer reaches as far as its choice holds.
     pub(super) allowed: Box<[Places]>,
+    /// Why each choice answers as it does, in one line (`Choice::why` is an index):
+    /// the name, region, reason with the drain's id or the failover step, and the
+    /// policy version, as dnstap's steering decisions carry it. Entry 0 is empty.
+    pub(super) whys: Box<[Arc<str>]>,
 }
 
 const EMPTY: u64 = u64::MAX;
@@ -152,6 +156,8 @@ pub struct Choice {
     pub(super) n: u8,
     /// Why the weights are what they are.
     pub reason: Reason,
+    /// The same in one line, for dnstap: an index into `Plan::whys`.
+    pub(super) why: u16,
 }
 
 /// CDNs a choice holds inline (policies have 2 to 4).
@@ -175,6 +181,8 @@ pub(super) struct WideEntry {
 /// A choice as the planner describes it.
 pub struct ChoiceSpec {
     reason: Reason,
+    /// The one line dnstap carries (empty: none).
+    why: String,
     /// (index into the targets, running sum of the weights); zero weights left out.
     weighted: Vec<(usize, u64)>,
 }
@@ -246,16 +254,19 @@ impl Plan {
             salts: Table::with_capacity(specs.iter().map(|s| s.targets.len()).sum()),
             labels: Box::default(),
             allowed: Box::default(),
+            whys: Box::default(),
         };
+        let mut whys = Whys::default();
         let mut labels = Vec::with_capacity(specs.len());
         let mut wide = Vec::new();
         for spec in specs {
-            let (header, label) = plan.lay_out(spec, &mut wide);
+            let (header, label) = plan.lay_out(spec, &mut wide, &mut whys);
             plan.names.push(header);
             labels.push(label);
         }
         plan.labels = labels.into_boxed_slice();
         plan.wide = wide.into_boxed_slice();
+        plan.whys = whys.texts.into_boxed_slice();
         let size = (plan.names.len() * 2).next_power_of_two().max(8);
         let mut slots = vec![EMPTY; size].into_boxed_slice();
         for i in 0..plan.names.len() {
@@ -292,7 +303,12 @@ impl Plan {
     }
 
     /// Appends one name's bytes, country table and choices to the flat tables.
-    fn lay_out(&mut self, spec: NameSpec, wide: &mut Vec<Box<[WideEntry]>>) -> (Header, Labels) {
+    fn lay_out(
+        &mut self,
+        spec: NameSpec,
+        wide: &mut Vec<Box<[WideEntry]>>,
+        whys: &mut Whys,
+    ) -> (Header, Labels) {
         let at = self.wire.len();
         let mut buf = [0u8; 255];
         let key = wire_name(&spec.name, &mut buf).unwrap_or(&[0]);
@@ -334,7 +350,9 @@ impl Plan {
         self.countries.extend_from_slice(&spec.index.by_country[..]);
         self.nets.extend_from_slice(&spec.index.nets);
         for c in &spec.choices {
-            self.choices.push(Choice::lay_out(c, &starts, wide));
+            let mut choice = Choice::lay_out(c, &starts, wide);
+            choice.why = whys.index(&c.why);
+            self.choices.push(choice);
         }
         let labels = Labels {
             text: Arc::from(spec.name.to_string()),
@@ -397,6 +415,41 @@ impl Plan {
     }
 }
 
+/// The distinct texts of `Plan::whys` while a plan is laid out; many choices share
+/// one (every region of a name without incident says the same but its region).
+struct Whys {
+    texts: Vec<Arc<str>>,
+    index: std::collections::HashMap<Arc<str>, u16>,
+}
+
+impl Default for Whys {
+    fn default() -> Whys {
+        Whys {
+            texts: vec![Arc::from("")],
+            index: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl Whys {
+    /// The index of `text`, added if new; past 65,535 texts, 0 (no text).
+    fn index(&mut self, text: &str) -> u16 {
+        if text.is_empty() {
+            return 0;
+        }
+        if let Some(&i) = self.index.get(text) {
+            return i;
+        }
+        let Ok(i) = u16::try_from(self.texts.len()) else {
+            return 0;
+        };
+        let text: Arc<str> = Arc::from(text);
+        self.texts.push(text.clone());
+        self.index.insert(text, i);
+        i
+    }
+}
+
 /// FxHash-style: 8 bytes at a time, one multiply each.
 fn hash(bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
@@ -448,8 +501,15 @@ impl ChoiceSpec {
         }
         (total > 0).then_some(ChoiceSpec {
             reason,
+            why: String::new(),
             weighted: sums,
         })
+    }
+
+    /// With `why`, the one line that explains it (dnstap's steering decision).
+    pub fn with_why(mut self, why: String) -> ChoiceSpec {
+        self.why = why;
+        self
     }
 }
 
@@ -466,6 +526,7 @@ impl Choice {
             target: [0; INLINE],
             n: WIDE,
             reason: spec.reason,
+            why: 0,
         };
         let inline = spec.weighted.len() <= INLINE
             && spec.weighted.iter().all(|&(t, sum)| {

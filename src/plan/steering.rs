@@ -22,6 +22,9 @@ use crate::config::{ContentSteering, Match};
 use crate::place::geo::{GeoDb, Place};
 use crate::selection;
 
+/// The why of a plan without any (`Plan::default`).
+static EMPTY_WHY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+
 /// One steered name of a plan: what the data plane looks up and answers from.
 #[derive(Clone, Copy, Debug)]
 pub struct Steered<'p> {
@@ -499,6 +502,16 @@ impl<'p> Steered<'p> {
     /// when unsigned.
     pub fn rrsigs(self, i: usize) -> &'p [u8] {
         self.labels.rrsigs.get(i).map_or(&[], |s| &s[..])
+    }
+
+    /// Why `choice` (one of this name's) answers as it does, in one line (the name,
+    /// region, reason, drain id or failover step, policy version): what dnstap's
+    /// steering decision carries. Empty for a plan built without it.
+    pub fn why(self, choice: &Choice) -> &'p Arc<str> {
+        let whys = &self.plan.whys;
+        whys.get(usize::from(choice.why))
+            .or_else(|| whys.first())
+            .unwrap_or(&EMPTY_WHY)
     }
 
     /// Target `i` (as in [`Pick::target`]).

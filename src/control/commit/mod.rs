@@ -493,7 +493,11 @@ impl Commit {
                 let shares = policy_shares(&region.weights);
                 let raise: Vec<bool> = (0..shares.len()).map(|i| !outside(&name, r, i)).collect();
                 let biased = bias::apply(&shares, &biases, h.settings.floor_percent, &raise);
-                region.weights = weights_of(&biased);
+                let biased = weights_of(&biased);
+                if biased != region.weights {
+                    region.moved_by.push("commit");
+                }
+                region.weights = biased;
             }
         }
         Some(out)

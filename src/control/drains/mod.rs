@@ -163,6 +163,7 @@ impl Drains {
                 let (host, scope) = d.rule.resolve(policy).ok()?;
                 let percent = d.stepper.removed_percent(&host.failover);
                 (percent > 0).then(|| DrainCut {
+                    id: d.rule.id.clone(),
                     name: d.rule.name.clone(),
                     cdn: d.rule.cdn.clone(),
                     scope,

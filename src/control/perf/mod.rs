@@ -452,6 +452,7 @@ impl Perf {
                 match self.shifts.get(&(name.clone(), i)) {
                     Some(s) if !s.at_policy() && s.policy == r.weights => {
                         r.weights = modifier::weights_of(&s.shares);
+                        r.moved_by.push("performance");
                     }
                     _ => {}
                 }
