@@ -275,9 +275,21 @@ fn the_fast_path_with_dnstap_allocates_nothing_either() {
         .collect();
     let now = 1_800_000_000;
     let mut logged = 0;
+    // Cookies judged as the UDP thread does.
+    let secrets = secrets();
     for (what, packet) in steered_queries() {
         let src = sources[0];
-        let steer = wire::answer(&snap, &packet, src.ip(), &mut out, now, &mut rng, None).unwrap();
+        let cookie = wire::cookie_of(&packet, &secrets, src.ip(), now);
+        let steer = wire::answer(
+            &snap,
+            &packet,
+            src.ip(),
+            &mut out,
+            now,
+            &mut rng,
+            cookie.reply(),
+        )
+        .unwrap_or_else(|| panic!("{what}: not taken by the fast path"));
         let received = dnstap::now();
         tap.log(
             &Event::new(false, src, server, received, &packet)
@@ -288,14 +300,16 @@ fn the_fast_path_with_dnstap_allocates_nothing_either() {
         let n = allocations(|| {
             for (i, src) in sources.iter().enumerate() {
                 let received = dnstap::now();
+                let now = now + i as u64;
+                let cookie = wire::cookie_of(&packet, &secrets, src.ip(), now);
                 let steer = wire::answer(
                     &snap,
                     &packet,
                     src.ip(),
                     &mut out,
-                    now + i as u64,
+                    now,
                     &mut rng,
-                    None,
+                    cookie.reply(),
                 );
                 let steer = steer.expect("the fast path");
                 // As the UDP thread does.
