@@ -669,6 +669,23 @@ async fn a_set_shares_its_secret_and_accepts_the_previous_one_after_a_rotation()
     // counted valid.
     let from_a = cookie_from(nodes[0].dns, &CLIENT).await;
     assert_eq!(cookie_from(nodes[1].dns, &from_a).await, from_a);
+    // As an operator checks it: `dig +cookie` at node A, then that cookie at node B.
+    if require_dig("a_set_shares_its_secret_and_accepts_the_previous_one_after_a_rotation") {
+        let (a, b) = (nodes[0].dns.port(), nodes[1].dns.port());
+        let (first, second) = tokio::task::spawn_blocking(move || {
+            let first = dig(a, "+cookie");
+            let (cookie, _) = dig_cookie(&first).expect("a cookie from node A");
+            (first, dig(b, &format!("+cookie={cookie}")))
+        })
+        .await
+        .unwrap();
+        assert!(first.contains("status: NOERROR"), "{first}");
+        assert!(second.contains("status: NOERROR"), "{second}");
+        let (mine, _) = dig_cookie(&first).unwrap();
+        let (echoed, _) = dig_cookie(&second).expect("a cookie from node B");
+        // Node B echoed node A's cookie: it is valid there.
+        assert_eq!(echoed, mine, "{second}");
+    }
     let valid = nodes[1]
         .metric("steerdns_cookies_total{result=\"valid\"}")
         .await;
