@@ -898,7 +898,11 @@ failover:
     let leftovers: Vec<String> = std::fs::read_dir(&state_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "steerdns-state.json" && !n.starts_with("audit.jsonl"))
+        // The state, the audit log and the DNS cookie secret (each replaced whole by a
+        // rename; a `.tmp` left over is a leftover).
+        .filter(|n| {
+            n != "steerdns-state.json" && n != "cookie-secret" && !n.starts_with("audit.jsonl")
+        })
         // The restarted server's own save in progress, if any.
         .filter(|n| !n.contains(&format!(".{}.", served.child.id())))
         .collect();

@@ -605,6 +605,7 @@ async fn nothing_from_the_network_writes_outside_the_state_directory() {
     let expected: Vec<PathBuf> = [
         "geo.mmdb",
         "state/audit.jsonl",
+        "state/cookie-secret",
         "state/steerdns-state.json",
         "steering.yaml",
         "zones/example.com.zone",

@@ -129,12 +129,13 @@ fn state_file(dir: &Path) -> PathBuf {
     dir.join("state/steerdns-state.json")
 }
 
-/// The state directory holds the state file (and the audit log), no temporary file.
+/// The state directory holds the state file (and the audit log and the DNS cookie
+/// secret), no temporary file.
 fn assert_only_the_state_file(dir: &Path) {
     let names: Vec<String> = std::fs::read_dir(dir.join("state"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "audit.jsonl")
+        .filter(|n| n != "audit.jsonl" && n != "cookie-secret")
         .collect();
     assert_eq!(names, ["steerdns-state.json"]);
 }
