@@ -303,7 +303,7 @@ pub fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
         if list.iter().any(|o| o.name == t.name) {
             error(at("name"), format!("`{}` is listed twice", t.name));
         }
-        let hash = parse_hash(&t.sha256);
+        let hash = unhex::<32>(&t.sha256);
         match hash {
             None => error(
                 at("sha256"),
@@ -377,12 +377,14 @@ pub fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
     Ok(Tokens { list })
 }
 
-fn parse_hash(s: &str) -> Option<[u8; 32]> {
+/// `N` bytes from `2 × N` hex digits (surrounding white space ignored); `None` for
+/// anything else. The inverse of [`hex`].
+pub fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     let s = s.trim();
-    if s.len() != 64 || !s.is_ascii() {
+    if s.len() != 2 * N || !s.is_ascii() {
         return None;
     }
-    let mut out = [0u8; 32];
+    let mut out = [0u8; N];
     for (i, b) in out.iter_mut().enumerate() {
         *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
     }

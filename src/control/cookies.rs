@@ -56,7 +56,7 @@ impl SharedSecrets {
     /// A new random secret made `now`.
     pub fn new(now: u64) -> SharedSecrets {
         SharedSecrets {
-            current: hex(&rand::random::<[u8; 16]>()),
+            current: crate::config::tokens::hex(&rand::random::<[u8; 16]>()),
             previous: None,
             made: now,
         }
@@ -78,7 +78,7 @@ impl SharedSecrets {
     /// A new current secret made `now`, the current one kept as the previous.
     pub fn rotated(&self, now: u64) -> SharedSecrets {
         SharedSecrets {
-            current: hex(&rand::random::<[u8; 16]>()),
+            current: crate::config::tokens::hex(&rand::random::<[u8; 16]>()),
             previous: Some(self.current.clone()),
             made: now,
         }
@@ -91,20 +91,14 @@ impl SharedSecrets {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
+/// A secret from its hex form. The error never quotes the text: it is a secret.
 fn unhex(s: &str) -> Result<[u8; 16], String> {
-    let err = || format!("a cookie secret is 32 hex digits, not {s:?}");
-    if s.len() != 32 || !s.is_ascii() {
-        return Err(err());
-    }
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| err())?;
-    }
-    Ok(out)
+    crate::config::tokens::unhex::<16>(s).ok_or_else(|| {
+        format!(
+            "a cookie secret is 32 hex digits, not {} bytes of text",
+            s.len()
+        )
+    })
 }
 
 /// The secrets kept in `dir`, or new ones saved there (owner-only) when there are none.
@@ -294,8 +288,12 @@ mod tests {
         let secrets = r.secrets().unwrap();
         assert_eq!(secrets.previous, Some(s.secrets().unwrap().current));
         // Hex round trip, and refusals.
-        assert_eq!(unhex(&hex(&[0xab; 16])).unwrap(), [0xab; 16]);
+        let secret = crate::config::tokens::hex(&[0xab; 16]);
+        assert_eq!(unhex(&secret).unwrap(), [0xab; 16]);
         assert!(unhex("abc").is_err());
+        // A secret one digit short is refused without being quoted (logs are not secret).
+        let e = unhex(&secret[1..]).unwrap_err();
+        assert!(!e.contains(&secret[1..9]), "{e}");
         assert!(SharedSecrets::parse(b"{\"current\":\"00\",\"made\":1}").is_err());
         assert!(SharedSecrets::parse(
             b"{\"current\":\"000102030405060708090a0b0c0d0e0f\",\"made\":1,\"x\":1}"
