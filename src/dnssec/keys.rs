@@ -59,7 +59,8 @@ pub enum KeyError {
     /// `zone:` is not a domain name.
     #[error("zone `{zone}`: {error}")]
     Zone { zone: String, error: String },
-    /// `private_key:` is not base64 (the error names no byte of the key).
+    /// `private_key:` is not base64 (the decoder names the offset of the first
+    /// character outside the alphabet, and that character).
     #[error("private_key: not base64: {0}")]
     NotBase64(base64::DecodeError),
     /// `private_key:` is not a PKCS#8 document of the file's algorithm.
