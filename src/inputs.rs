@@ -119,7 +119,7 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
         .ok();
     let geo = cache
         .open(&inputs.geo, inputs.asn.as_deref())
-        .map_err(|e| issues.push(ConfigIssue::error(&e.path, None, "", e.reason)))
+        .map_err(|e| issues.push(ConfigIssue::error(&e.path, None, "", e.reason.to_string())))
         .ok();
     let (Some((policy, warnings)), Some((zones, zone_warnings)), Some(geo)) = (policy, zones, geo)
     else {

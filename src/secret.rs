@@ -2,34 +2,63 @@
 //! check for all of them. A secret file must be readable by its owner only: a file
 //! its group or every user may read (or write) is refused, with the mode and the fix.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why a secret file is refused. The secret itself is never part of the message.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// The file (or its metadata) cannot be read.
+    #[error("{}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Its group or others have some access to it.
+    #[error("{}: a secret must be readable by its owner only, this one has mode {mode:o}: chmod 600 it (or install -m 600)", path.display())]
+    NotOwnerOnly { path: PathBuf, mode: u32 },
+    /// A text secret that is not UTF-8.
+    #[error("{}: not UTF-8", path.display())]
+    NotUtf8 { path: PathBuf },
+}
+
+/// For the callers still on `String` errors (the etcd client's TLS key).
+impl From<SecretError> for String {
+    fn from(e: SecretError) -> String {
+        e.to_string()
+    }
+}
 
 /// The bytes of the secret file `path`, or why it is refused: unreadable, or a mode
 /// that gives its group or others any access (`install -m 600`, or systemd's
 /// `LoadCredential=`, make an owner-only file).
-pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, String> {
-    let shown = path.display();
+pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
+    let unreadable = |source| SecretError::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    };
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(path)
-            .map_err(|e| format!("{shown}: {e}"))?
+            .map_err(unreadable)?
             .permissions()
             .mode();
         if mode & 0o077 != 0 {
-            return Err(format!(
-                "{shown}: a secret must be readable by its owner only, this one has mode {:o}: chmod 600 it (or install -m 600)",
-                mode & 0o777
-            ));
+            return Err(SecretError::NotOwnerOnly {
+                path: path.to_path_buf(),
+                mode: mode & 0o777,
+            });
         }
     }
-    std::fs::read(path).map_err(|e| format!("{shown}: {e}"))
+    std::fs::read(path).map_err(unreadable)
 }
 
 /// [`read_secret_file`] as text, without its final line break(s).
-pub fn read_secret_text(path: &Path) -> Result<String, String> {
+pub fn read_secret_text(path: &Path) -> Result<String, SecretError> {
     let bytes = read_secret_file(path)?;
-    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|_| SecretError::NotUtf8 {
+        path: path.to_path_buf(),
+    })?;
     Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
@@ -47,7 +76,7 @@ mod tests {
         let chmod = |mode| std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode));
         for mode in [0o644, 0o640, 0o604, 0o620, 0o660] {
             chmod(mode).unwrap();
-            let e = read_secret_text(&f).unwrap_err();
+            let e = read_secret_text(&f).unwrap_err().to_string();
             assert!(
                 e.contains("owner only") && e.contains(&format!("{mode:o}")),
                 "{e}"

@@ -42,7 +42,10 @@ async fn each_failure_has_its_reason() {
     ];
     for (mode, reason) in cases {
         cdn.set(mode);
-        let got = probe_once(&s, "ua").await.expect_err("must fail");
+        let got = probe_once(&s, "ua")
+            .await
+            .expect_err("must fail")
+            .to_string();
         assert!(got.starts_with(reason), "{mode:?}: {got}");
     }
     // The first byte after 300 ms at least, against a limit of 100 ms: slow, however
@@ -52,7 +55,10 @@ async fn each_failure_has_its_reason() {
         max_ttfb: Duration::from_millis(100),
         ..s.clone()
     };
-    let got = probe_once(&tight, "ua").await.expect_err("must be slow");
+    let got = probe_once(&tight, "ua")
+        .await
+        .expect_err("must be slow")
+        .to_string();
     assert!(got.starts_with("slow: first byte after"), "{got}");
     assert!(got.ends_with("(limit 100 ms)"), "{got}");
     // Nothing for 5 s, against a timeout of 300 ms.
@@ -62,7 +68,10 @@ async fn each_failure_has_its_reason() {
         max_ttfb: Duration::from_millis(300),
         ..s.clone()
     };
-    let got = probe_once(&short, "ua").await.expect_err("must time out");
+    let got = probe_once(&short, "ua")
+        .await
+        .expect_err("must time out")
+        .to_string();
     assert!(got.starts_with("timeout"), "{got}");
     cdn.set(Mode::Healthy);
     assert_eq!(probe_once(&s, "ua").await, Ok(()));
@@ -74,7 +83,8 @@ async fn a_bad_certificate_is_a_tls_failure() {
     let s = spec(&format!("https://{}/_health/v1.txt", cdn.addr()));
     let got = probe_once(&s, "ua")
         .await
-        .expect_err("self-signed certificate must fail");
+        .expect_err("self-signed certificate must fail")
+        .to_string();
     assert!(got.starts_with("tls"), "{got}");
 }
 
@@ -134,11 +144,11 @@ async fn a_probe_times_its_first_byte() {
         ..s.clone()
     };
     let (result, ttfb) = probe_timed(&short, "ua").await;
-    assert!(result.is_err_and(|r| r.starts_with("timeout")));
+    assert!(result.is_err_and(|r| r.to_string().starts_with("timeout")));
     assert_eq!(ttfb, Some(Duration::from_millis(300)));
 
     cdn.set(Mode::Refused);
     let (result, ttfb) = probe_timed(&s, "ua").await;
-    assert!(result.is_err_and(|r| r.starts_with("connect")));
+    assert!(result.is_err_and(|r| r.to_string().starts_with("connect")));
     assert_eq!(ttfb, None);
 }

@@ -198,7 +198,9 @@ pub struct InputArgs {
     pub api_tokens: Option<PathBuf>,
 }
 
-pub(super) fn parse_session(s: &str) -> Result<u64, String> {
+pub(super) fn parse_session(
+    s: &str,
+) -> Result<u64, crate::control::content::manifest::ManifestError> {
     crate::control::content::manifest::parse_session(s)
 }
 

@@ -108,26 +108,20 @@ impl Token {
     }
 
     /// Whether it may use `verb`; else what it lacks.
-    pub fn may(&self, verb: Verb) -> Result<(), String> {
+    pub fn may(&self, verb: Verb) -> Result<(), TokenError> {
         if self.verbs.contains(&verb) {
             return Ok(());
         }
-        let has: Vec<&str> = self.verbs.iter().map(|v| v.as_str()).collect();
-        Err(format!(
-            "token `{}` lacks the verb `{}` (it has: {})",
-            self.name,
-            verb.as_str(),
-            if has.is_empty() {
-                "none".into()
-            } else {
-                has.join(", ")
-            }
-        ))
+        Err(TokenError::LacksVerb {
+            token: self.name.clone(),
+            verb,
+            has: self.verbs.clone(),
+        })
     }
 
     /// Whether it may touch `host` with a drain of scope `scope` (empty: everywhere);
     /// else what it lacks.
-    pub fn may_touch(&self, host: &HostPolicy, scope: &[String]) -> Result<(), String> {
+    pub fn may_touch(&self, host: &HostPolicy, scope: &[String]) -> Result<(), TokenError> {
         let name = host.name.to_string();
         if self.names.is_some() || self.tenants.is_some() {
             let by_name = self.names.as_ref().is_some_and(|n| n.contains(&name));
@@ -136,45 +130,42 @@ impl Token {
                 _ => false,
             };
             if !by_name && !by_tenant {
-                return Err(format!(
-                    "token `{}` lacks the name {name}{}",
-                    self.name,
-                    host.tenant
-                        .as_ref()
-                        .map_or(String::new(), |t| format!(" (tenant {t})"))
-                ));
+                return Err(TokenError::LacksName {
+                    token: self.name.clone(),
+                    name,
+                    tenant: host.tenant.clone(),
+                });
             }
         }
         self.may_cover(scope)
     }
 
     /// Whether its `regions` allow a scope of `scope` (empty: everywhere).
-    fn may_cover(&self, scope: &[String]) -> Result<(), String> {
+    fn may_cover(&self, scope: &[String]) -> Result<(), TokenError> {
         let Some(regions) = &self.regions else {
             return Ok(());
         };
         if scope.is_empty() {
-            return Err(format!(
-                "token `{}` lacks the scope everywhere: it may act only in {}",
-                self.name,
-                regions.join(", ")
-            ));
+            return Err(TokenError::LacksEverywhere {
+                token: self.name.clone(),
+                regions: regions.clone(),
+            });
         }
         match scope
             .iter()
             .find(|s| !regions.iter().any(|r| r.eq_ignore_ascii_case(s)))
         {
-            Some(s) => Err(format!(
-                "token `{}` lacks the region `{s}` (it may act in {})",
-                self.name,
-                regions.join(", ")
-            )),
+            Some(s) => Err(TokenError::LacksRegion {
+                token: self.name.clone(),
+                region: s.clone(),
+                regions: regions.clone(),
+            }),
             None => Ok(()),
         }
     }
 
     /// Whether it may freeze or resume the names of `tenant` (everywhere).
-    pub fn may_touch_tenant(&self, tenant: &str) -> Result<(), String> {
+    pub fn may_touch_tenant(&self, tenant: &str) -> Result<(), TokenError> {
         let limited = self.names.is_some() || self.tenants.is_some();
         if limited
             && !self
@@ -182,32 +173,81 @@ impl Token {
                 .as_ref()
                 .is_some_and(|ts| ts.iter().any(|t| t == tenant))
         {
-            return Err(format!("token `{}` lacks the tenant {tenant}", self.name));
+            return Err(TokenError::LacksTenant {
+                token: self.name.clone(),
+                tenant: tenant.to_string(),
+            });
         }
         self.may_cover(&[])
     }
 
     /// Whether it may act on every name everywhere (a global freeze or resume).
-    pub fn may_touch_everything(&self) -> Result<(), String> {
+    pub fn may_touch_everything(&self) -> Result<(), TokenError> {
         if self.names.is_some() || self.tenants.is_some() {
-            return Err(format!(
-                "token `{}` lacks every name: it is limited to some names or tenants",
-                self.name
-            ));
+            return Err(TokenError::LacksEveryName {
+                token: self.name.clone(),
+            });
         }
         self.may_cover(&[])
     }
 
     /// Whether a request carrying `ticket` may go ahead.
-    pub fn ticket_ok(&self, ticket: Option<&str>) -> Result<(), String> {
+    pub fn ticket_ok(&self, ticket: Option<&str>) -> Result<(), TokenError> {
         if self.require_ticket && ticket.is_none_or(|t| t.trim().is_empty()) {
-            return Err(format!(
-                "token `{}` requires a ticket: add \"ticket\": \"INC-…\" to the request",
-                self.name
-            ));
+            return Err(TokenError::NeedsTicket {
+                token: self.name.clone(),
+            });
         }
         Ok(())
     }
+}
+
+/// What a token lacks for a request: the API answers 403 (400 for a missing ticket).
+/// Names the token by its name, never by its secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// A verb it was not given.
+    #[error("token `{token}` lacks the verb `{}` (it has: {})", verb.as_str(), verb_list(has))]
+    LacksVerb {
+        token: String,
+        verb: Verb,
+        has: Vec<Verb>,
+    },
+    /// A steered name outside its `names` and `tenants`.
+    #[error("token `{token}` lacks the name {name}{}", tenant.as_ref().map_or(String::new(), |t| format!(" (tenant {t})")))]
+    LacksName {
+        token: String,
+        name: String,
+        tenant: Option<String>,
+    },
+    /// A scope of everywhere, for a token limited to some `regions`.
+    #[error("token `{token}` lacks the scope everywhere: it may act only in {}", regions.join(", "))]
+    LacksEverywhere { token: String, regions: Vec<String> },
+    /// A `where:` entry outside its `regions`.
+    #[error("token `{token}` lacks the region `{region}` (it may act in {})", regions.join(", "))]
+    LacksRegion {
+        token: String,
+        region: String,
+        regions: Vec<String>,
+    },
+    /// A tenant outside its `tenants`.
+    #[error("token `{token}` lacks the tenant {tenant}")]
+    LacksTenant { token: String, tenant: String },
+    /// Every name (a global freeze or resume), for a token limited by name or tenant.
+    #[error("token `{token}` lacks every name: it is limited to some names or tenants")]
+    LacksEveryName { token: String },
+    /// `require_ticket`, and the request has none.
+    #[error("token `{token}` requires a ticket: add \"ticket\": \"INC-…\" to the request")]
+    NeedsTicket { token: String },
+}
+
+/// `drain, undrain`, or `none`.
+fn verb_list(verbs: &[Verb]) -> String {
+    if verbs.is_empty() {
+        return "none".into();
+    }
+    let has: Vec<&str> = verbs.iter().map(|v| v.as_str()).collect();
+    has.join(", ")
 }
 
 /// The tokens of a file, plus the one with every right given on the command line.
@@ -268,7 +308,7 @@ struct RawToken {
 pub fn load(path: &Path) -> Result<Tokens, Issues> {
     let one = |field: &str, msg: String| Issues(vec![ConfigIssue::error(path, None, field, msg)]);
     // The same owner-only check as every other secret file (the hashes are secrets).
-    let source = crate::secret::read_secret_text(path).map_err(|e| one("", e))?;
+    let source = crate::secret::read_secret_text(path).map_err(|e| one("", e.to_string()))?;
     parse(path, &source)
 }
 
@@ -418,7 +458,17 @@ mod tests {
         assert!(t.find("").is_none());
         assert!(a.may(Verb::Drain).is_ok());
         let e = a.may(Verb::Freeze).unwrap_err();
-        assert!(e.contains("lacks the verb `freeze`"), "{e}");
+        assert!(matches!(
+            e,
+            TokenError::LacksVerb {
+                verb: Verb::Freeze,
+                ..
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "token `a` lacks the verb `freeze` (it has: drain)"
+        );
     }
 
     #[test]

@@ -71,20 +71,37 @@ pub fn spawn(
 
 type Checked = Vec<(String, u64, crate::control::commit::ledger::Record)>;
 
+/// Why a fetch of the feed failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The request or the body's transfer failed.
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    /// The feed answered with an error status.
+    #[error("status {0}")]
+    Status(reqwest::StatusCode),
+    /// The answer is over [`MAX_BYTES`].
+    #[error("answer over 4 MiB")]
+    TooBig,
+    /// The answer is not JSON.
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+}
+
 /// The feed's records, the wrong ones skipped (and logged).
-async fn fetch(client: &reqwest::Client, url: reqwest::Url) -> Result<Checked, String> {
-    let mut resp = client.get(url).send().await.map_err(|e| e.to_string())?;
+async fn fetch(client: &reqwest::Client, url: reqwest::Url) -> Result<Checked, FeedError> {
+    let mut resp = client.get(url).send().await?;
     if !resp.status().is_success() {
-        return Err(format!("status {}", resp.status()));
+        return Err(FeedError::Status(resp.status()));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = resp.chunk().await? {
         if body.len() + chunk.len() > MAX_BYTES {
-            return Err("answer over 4 MiB".into());
+            return Err(FeedError::TooBig);
         }
         body.extend_from_slice(&chunk);
     }
-    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    let value: serde_json::Value = serde_json::from_slice(&body)?;
     let items = match value {
         serde_json::Value::Array(a) => a,
         one => vec![one],
@@ -93,7 +110,7 @@ async fn fetch(client: &reqwest::Client, url: reqwest::Url) -> Result<Checked, S
     for (i, item) in items.into_iter().enumerate() {
         match serde_json::from_value::<UsageIn>(item)
             .map_err(|e| e.to_string())
-            .and_then(|r| r.check())
+            .and_then(|r| r.check().map_err(|e| e.to_string()))
         {
             Ok(c) => out.push(c),
             Err(e) => tracing::warn!(record = i, error = %e, "usage feed: record skipped"),

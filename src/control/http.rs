@@ -178,8 +178,8 @@ pub(super) fn text(status: StatusCode, body: &'static str) -> Reply {
 }
 
 /// `{"error": message}` as JSON: every refusal of the API and of content steering.
-pub(super) fn error(status: StatusCode, message: &str) -> Reply {
-    json_reply(status, &json!({ "error": message }))
+pub(super) fn error(status: StatusCode, message: &(impl std::fmt::Display + ?Sized)) -> Reply {
+    json_reply(status, &json!({ "error": message.to_string() }))
 }
 
 /// `value` as pretty-printed JSON.

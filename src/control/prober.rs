@@ -171,7 +171,7 @@ pub fn spawn(
                     Observation {
                         round: 0,
                         ok,
-                        reason: result.err().unwrap_or_else(|| "ok".into()),
+                        reason: result.err().map_or_else(|| "ok".into(), |e| e.to_string()),
                         age_ms: 0,
                     },
                     started,
@@ -193,9 +193,53 @@ pub fn spawn(
     }
 }
 
-/// One probe; `Err` carries the reason (`timeout`, `connect: …`, `tls: …`,
-/// `status 503`, `body mismatch`, `slow: …`).
-pub async fn probe_once(spec: &ProbeSpec, user_agent: &str) -> Result<(), String> {
+/// Why a probe failed: its text is the observation's reason, which starts with the
+/// kind (`timeout`, `connect: …`, `tls: …`, `status 503`, `body mismatch`, `slow: …`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// No response head within the timeout.
+    #[error("timeout: no response in {timeout_ms} ms")]
+    NoResponse { timeout_ms: u128 },
+    /// The head came, the body did not complete within the timeout.
+    #[error("timeout: body not complete in {timeout_ms} ms")]
+    BodyTimeout { timeout_ms: u128 },
+    /// A TLS failure (certificate, handshake), with the error chain.
+    #[error("tls: {0}")]
+    Tls(String),
+    /// The client's own timeout, with the error chain.
+    #[error("timeout: {0}")]
+    TimedOut(String),
+    /// The connection could not be made, with the error chain.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// Any other HTTP failure, with the error chain.
+    #[error("http: {0}")]
+    Http(String),
+    /// The probe's host name does not resolve.
+    #[error("connect: cannot resolve {host}: {error}")]
+    Resolve { host: String, error: String },
+    /// The probe's host name resolves to no address.
+    #[error("connect: {host} has no address")]
+    NoAddress { host: String },
+    /// The `host:` cannot be put in the URL.
+    #[error("connect: bad host {host}: {error}")]
+    BadHost { host: String, error: String },
+    /// The HTTP client cannot be built.
+    #[error("client: {0}")]
+    Client(String),
+    /// An unexpected status.
+    #[error("status {got} (expected {expected})")]
+    Status { got: u16, expected: u16 },
+    /// The first byte came after `max_ttfb`.
+    #[error("slow: first byte after {ttfb_ms} ms (limit {limit_ms} ms)")]
+    Slow { ttfb_ms: u128, limit_ms: u128 },
+    /// The body lacks `expect_body`.
+    #[error("body mismatch: `{expected}` not found")]
+    BodyMismatch { expected: String },
+}
+
+/// One probe; `Err` carries the reason ([`ProbeError`]).
+pub async fn probe_once(spec: &ProbeSpec, user_agent: &str) -> Result<(), ProbeError> {
     probe_timed(spec, user_agent).await.0
 }
 
@@ -205,7 +249,7 @@ pub async fn probe_once(spec: &ProbeSpec, user_agent: &str) -> Result<(), String
 pub async fn probe_timed(
     spec: &ProbeSpec,
     user_agent: &str,
-) -> (Result<(), String>, Option<Duration>) {
+) -> (Result<(), ProbeError>, Option<Duration>) {
     let (client, url) = match client_for(spec).await {
         Ok(c) => c,
         Err(why) => return (Err(why), None),
@@ -218,7 +262,9 @@ pub async fn probe_timed(
         .send();
     let response = match tokio::time::timeout(spec.timeout, request).await {
         Err(_) => {
-            let why = format!("timeout: no response in {} ms", spec.timeout.as_millis());
+            let why = ProbeError::NoResponse {
+                timeout_ms: spec.timeout.as_millis(),
+            };
             return (Err(why), Some(spec.timeout));
         }
         Ok(Err(e)) if e.is_timeout() => return (Err(describe(&e)), Some(spec.timeout)),
@@ -235,17 +281,19 @@ async fn check(
     mut response: reqwest::Response,
     started: Instant,
     ttfb: Duration,
-) -> Result<(), String> {
+) -> Result<(), ProbeError> {
     let status = response.status().as_u16();
     if status != spec.expect_status {
-        return Err(format!("status {status} (expected {})", spec.expect_status));
+        return Err(ProbeError::Status {
+            got: status,
+            expected: spec.expect_status,
+        });
     }
     if ttfb > spec.max_ttfb {
-        return Err(format!(
-            "slow: first byte after {} ms (limit {} ms)",
-            ttfb.as_millis(),
-            spec.max_ttfb.as_millis()
-        ));
+        return Err(ProbeError::Slow {
+            ttfb_ms: ttfb.as_millis(),
+            limit_ms: spec.max_ttfb.as_millis(),
+        });
     }
     if let Some(expected) = &spec.expect_body {
         let left = spec.timeout.saturating_sub(started.elapsed());
@@ -261,14 +309,13 @@ async fn check(
             Ok(body)
         })
         .await
-        .map_err(|_| {
-            format!(
-                "timeout: body not complete in {} ms",
-                spec.timeout.as_millis()
-            )
+        .map_err(|_| ProbeError::BodyTimeout {
+            timeout_ms: spec.timeout.as_millis(),
         })??;
         if !String::from_utf8_lossy(&body).contains(expected.as_str()) {
-            return Err(format!("body mismatch: `{expected}` not found"));
+            return Err(ProbeError::BodyMismatch {
+                expected: expected.clone(),
+            });
         }
     }
     Ok(())
@@ -276,7 +323,7 @@ async fn check(
 
 /// A client that connects where the probe says, with the Host/SNI it says. Built per
 /// round: a probe must open a fresh connection to test the path, not reuse one.
-async fn client_for(spec: &ProbeSpec) -> Result<(reqwest::Client, reqwest::Url), String> {
+async fn client_for(spec: &ProbeSpec) -> Result<(reqwest::Client, reqwest::Url), ProbeError> {
     let mut url = spec.url.clone();
     let port = url.port_or_known_default().unwrap_or(443);
     let mut builder = reqwest::Client::builder()
@@ -293,27 +340,36 @@ async fn client_for(spec: &ProbeSpec) -> Result<(reqwest::Client, reqwest::Url),
         (None, Err(_)) if spec.host.is_some() => {
             let found = tokio::net::lookup_host((url_host.as_str(), port))
                 .await
-                .map_err(|e| format!("connect: cannot resolve {url_host}: {e}"))?
+                .map_err(|e| ProbeError::Resolve {
+                    host: url_host.clone(),
+                    error: e.to_string(),
+                })?
                 .next();
-            Some(found.ok_or_else(|| format!("connect: {url_host} has no address"))?)
+            Some(found.ok_or_else(|| ProbeError::NoAddress {
+                host: url_host.clone(),
+            })?)
         }
         (None, Err(_)) => None,
     };
     if name != url_host {
-        url.set_host(Some(&name))
-            .map_err(|e| format!("connect: bad host {name}: {e}"))?;
+        url.set_host(Some(&name)).map_err(|e| ProbeError::BadHost {
+            host: name.clone(),
+            error: e.to_string(),
+        })?;
     }
     if let Some(addr) = target {
         if name.parse::<std::net::IpAddr>().is_err() {
             builder = builder.resolve(&name, addr);
         }
     }
-    let client = builder.build().map_err(|e| format!("client: {e}"))?;
+    let client = builder
+        .build()
+        .map_err(|e| ProbeError::Client(e.to_string()))?;
     Ok((client, url))
 }
 
 /// The reason of a reqwest error, naming TLS problems as such.
-fn describe(e: &reqwest::Error) -> String {
+fn describe(e: &reqwest::Error) -> ProbeError {
     let mut chain = String::new();
     let mut source: Option<&dyn std::error::Error> = Some(e);
     while let Some(s) = source {
@@ -324,13 +380,13 @@ fn describe(e: &reqwest::Error) -> String {
     let chain = chain.trim_end_matches(": ").to_string();
     let lower = chain.to_ascii_lowercase();
     if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake") {
-        format!("tls: {chain}")
+        ProbeError::Tls(chain)
     } else if e.is_timeout() {
-        format!("timeout: {chain}")
+        ProbeError::TimedOut(chain)
     } else if e.is_connect() {
-        format!("connect: {chain}")
+        ProbeError::Connect(chain)
     } else {
-        format!("http: {chain}")
+        ProbeError::Http(chain)
     }
 }
 

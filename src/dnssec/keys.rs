@@ -29,7 +29,56 @@ use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigIssue, Issues};
-use crate::secret::read_secret_file;
+use crate::secret::{read_secret_file, SecretError};
+
+/// Why a key cannot be made, read or used. The private key is never part of the
+/// message.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// An algorithm `keygen` does not make.
+    #[error("algorithm {0} is not offered: 13 (ECDSA P-256, the default) or 15 (Ed25519)")]
+    Algorithm(u8),
+    /// The crypto library could not make a key.
+    #[error("cannot generate a key: {0}")]
+    Generate(String),
+    /// The key file is unreadable or not owner-only.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// The key file is not UTF-8.
+    #[error("{}: not UTF-8", path.display())]
+    NotUtf8 { path: PathBuf },
+    /// The key file is not the YAML of a key.
+    #[error("{}: {source}", path.display())]
+    Malformed {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    /// A key file's text cannot be written.
+    #[error("{0}")]
+    Encode(serde_yaml::Error),
+    /// `zone:` is not a domain name.
+    #[error("zone `{zone}`: {error}")]
+    Zone { zone: String, error: String },
+    /// `private_key:` is not base64 (the decoder names the offset of the first
+    /// character outside the alphabet, and that character).
+    #[error("private_key: not base64: {0}")]
+    NotBase64(base64::DecodeError),
+    /// `private_key:` is not a PKCS#8 document of the file's algorithm.
+    #[error("private_key: not a PKCS#8 key of algorithm {algorithm}: {error}")]
+    NotPkcs8 { algorithm: u8, error: String },
+    /// The public key cannot be derived from the private one.
+    #[error("private_key: {0}")]
+    PublicKey(String),
+    /// The DNSKEY's tag or digest cannot be computed.
+    #[error("{0}")]
+    Dnskey(String),
+    /// A problem of the key file `path` (its contents: zone, algorithm, key).
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        source: Box<KeyError>,
+    },
+}
 
 /// One zone key, loaded.
 pub struct Key {
@@ -111,18 +160,16 @@ struct KeyFile {
 }
 
 /// The algorithms `keygen` makes: ECDSA P-256 with SHA-256 (13) and Ed25519 (15).
-pub fn algorithm(number: u8) -> Result<Algorithm, String> {
+pub fn algorithm(number: u8) -> Result<Algorithm, KeyError> {
     match number {
         13 => Ok(Algorithm::ECDSAP256SHA256),
         15 => Ok(Algorithm::ED25519),
-        n => Err(format!(
-            "algorithm {n} is not offered: 13 (ECDSA P-256, the default) or 15 (Ed25519)"
-        )),
+        n => Err(KeyError::Algorithm(n)),
     }
 }
 
 /// A new key for `zone`, published and active from `now`: the file's name and text.
-pub fn generate(zone: &Name, number: u8, now: u64) -> Result<(String, String), String> {
+pub fn generate(zone: &Name, number: u8, now: u64) -> Result<(String, String), KeyError> {
     let times = Times {
         created: now,
         publish: now,
@@ -134,13 +181,13 @@ pub fn generate(zone: &Name, number: u8, now: u64) -> Result<(String, String), S
 }
 
 /// A new key for `zone` with `times`: the file's name and text.
-pub fn generate_with(zone: &Name, number: u8, times: Times) -> Result<(String, String), String> {
+pub fn generate_with(zone: &Name, number: u8, times: Times) -> Result<(String, String), KeyError> {
     let alg = algorithm(number)?;
     let pkcs8 = match alg {
         Algorithm::ED25519 => Ed25519SigningKey::generate_pkcs8(),
         _ => EcdsaSigningKey::generate_pkcs8(alg),
     }
-    .map_err(|e| format!("cannot generate a key: {e}"))?;
+    .map_err(|e| KeyError::Generate(e.to_string()))?;
     let file = KeyFile {
         zone: zone.to_lowercase().to_string(),
         algorithm: number,
@@ -152,56 +199,67 @@ pub fn generate_with(zone: &Name, number: u8, times: Times) -> Result<(String, S
 }
 
 /// A key file's text.
-fn text_of(file: &KeyFile) -> Result<String, String> {
-    let yaml = serde_yaml::to_string(file).map_err(|e| e.to_string())?;
+fn text_of(file: &KeyFile) -> Result<String, KeyError> {
+    let yaml = serde_yaml::to_string(file).map_err(KeyError::Encode)?;
     Ok(format!(
         "# steerdns DNSSEC key (CSK); keep it owner-only (chmod 600)\n{yaml}"
     ))
 }
 
 /// The text of key file `path` with its times replaced by `times` (the key kept).
-pub fn rewrite_times(path: &Path, times: Times) -> Result<String, String> {
+pub fn rewrite_times(path: &Path, times: Times) -> Result<String, KeyError> {
     let mut file = read(path)?;
     file.times = times;
     text_of(&file)
 }
 
-fn read(path: &Path) -> Result<KeyFile, String> {
+fn read(path: &Path) -> Result<KeyFile, KeyError> {
     let bytes = read_secret_file(path)?;
-    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8", path.display()))?;
-    serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = String::from_utf8(bytes).map_err(|_| KeyError::NotUtf8 {
+        path: path.to_path_buf(),
+    })?;
+    serde_yaml::from_str(&text).map_err(|source| KeyError::Malformed {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Reads one key file (owner-only).
-pub fn load(path: &Path) -> Result<Key, String> {
+pub fn load(path: &Path) -> Result<Key, KeyError> {
     let file = read(path)?;
-    from_file(path, &file).map_err(|e| format!("{}: {e}", path.display()))
+    from_file(path, &file).map_err(|e| KeyError::InFile {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })
 }
 
-fn from_file(path: &Path, file: &KeyFile) -> Result<Key, String> {
+fn from_file(path: &Path, file: &KeyFile) -> Result<Key, KeyError> {
     let zone = Name::from_str(&file.zone)
-        .map_err(|e| format!("zone `{}`: {e}", file.zone))?
+        .map_err(|e| KeyError::Zone {
+            zone: file.zone.clone(),
+            error: e.to_string(),
+        })?
         .to_lowercase();
     let mut zone = zone;
     zone.set_fqdn(true);
     let alg = algorithm(file.algorithm)?;
     let der = base64::engine::general_purpose::STANDARD
         .decode(file.private_key.trim())
-        .map_err(|e| format!("private_key: not base64: {e}"))?;
+        .map_err(KeyError::NotBase64)?;
     let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der));
     let signing: Arc<dyn SigningKey> = signing_key_from_der(&der, alg)
-        .map_err(|e| {
-            format!(
-                "private_key: not a PKCS#8 key of algorithm {}: {e}",
-                file.algorithm
-            )
+        .map_err(|e| KeyError::NotPkcs8 {
+            algorithm: file.algorithm,
+            error: e.to_string(),
         })?
         .into();
     let public = signing
         .to_public_key()
-        .map_err(|e| format!("private_key: {e}"))?;
+        .map_err(|e| KeyError::PublicKey(e.to_string()))?;
     let dnskey = DNSKEY::from_key(&public);
-    let tag = dnskey.calculate_key_tag().map_err(|e| e.to_string())?;
+    let tag = dnskey
+        .calculate_key_tag()
+        .map_err(|e| KeyError::Dnskey(e.to_string()))?;
     Ok(Key {
         zone,
         file: path.to_path_buf(),
@@ -234,7 +292,7 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Key>, Issues> {
     for f in files {
         match load(&f) {
             Ok(k) => keys.push(k),
-            Err(e) => issues.push(ConfigIssue::error(&f, None, "", e)),
+            Err(e) => issues.push(ConfigIssue::error(&f, None, "", e.to_string())),
         }
     }
     if issues.has_errors() {
@@ -259,22 +317,22 @@ impl Key {
     }
 
     /// The SHA-256 digest of the DNSKEY, as a DS or CDS carries it.
-    fn digest(&self) -> Result<Vec<u8>, String> {
+    fn digest(&self) -> Result<Vec<u8>, KeyError> {
         let digest = self
             .dnskey
             .to_digest(&self.zone, DigestType::SHA256)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| KeyError::Dnskey(e.to_string()))?;
         Ok(digest.as_ref().to_vec())
     }
 
     /// The DS record for the parent (SHA-256), in presentation form.
-    pub fn ds(&self) -> Result<String, String> {
+    pub fn ds(&self) -> Result<String, KeyError> {
         let ds = DS::new(self.tag, self.algorithm, DigestType::SHA256, self.digest()?);
         Ok(format!("{} IN DS {ds}", self.zone))
     }
 
     /// The CDS record asking the parent for this key's DS (RFC 7344).
-    pub fn cds(&self) -> Result<CDS, String> {
+    pub fn cds(&self) -> Result<CDS, KeyError> {
         Ok(CDS::new(
             self.tag,
             Some(self.algorithm),
@@ -308,6 +366,8 @@ mod tests {
             assert_eq!(u8::from(key.algorithm), alg);
             assert!(key.ds().unwrap().starts_with("example.com. IN DS "));
         }
-        assert!(generate(&zone, 8, 0).unwrap_err().contains("not offered"));
+        let e = generate(&zone, 8, 0).unwrap_err();
+        assert!(matches!(e, KeyError::Algorithm(8)));
+        assert!(e.to_string().contains("not offered"), "{e}");
     }
 }

@@ -31,8 +31,64 @@ use crate::config::dnssec::DnssecSettings;
 use crate::config::Policy;
 use crate::error::{ConfigIssue, Issues};
 use crate::zones::Zones;
-use keys::Key;
+use keys::{Key, KeyError};
 use sign::Window;
+
+/// Why signing, or a `steerdns dnssec` command, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DnssecError {
+    /// A key cannot be made, read or used.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The key directory holds a bad key (each problem against its file).
+    #[error("{0}")]
+    Keys(Issues),
+    /// The policy or the zones do not load.
+    #[error("{0}")]
+    Inputs(Issues),
+    /// The policy has no `dnssec:` block.
+    #[error("{}: no `dnssec:` block", config.display())]
+    NoDnssecBlock { config: PathBuf },
+    /// The zone given on the command line is not a domain name.
+    #[error("`{zone}` is not a zone name: {error}")]
+    ZoneName { zone: String, error: String },
+    /// No key of the zone in the key directory.
+    #[error("no key for {zone} in {}", dir.display())]
+    NoKey { zone: Name, dir: PathBuf },
+    /// No key of the zone to roll over.
+    #[error("no key of {zone} to roll over: make one with `steerdns dnssec keygen`")]
+    NoKeyToRoll { zone: Name },
+    /// A zone has keys, none active now.
+    #[error("{zone}: no key is active now")]
+    NoActiveKey { zone: Name },
+    /// A zone with no SOA record.
+    #[error("{zone}: no SOA record")]
+    NoSoa { zone: Name },
+    /// An RRset cannot be signed (`what`: its name and type, or `signing …`).
+    #[error("{what}: {error}")]
+    Sign { what: String, error: String },
+    /// A signature cannot be encoded.
+    #[error("{0}")]
+    Encode(String),
+    /// A new key file would replace one.
+    #[error("{}: exists already", path.display())]
+    Exists { path: PathBuf },
+    /// A directory or file of the key directory cannot be written.
+    #[error("{}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl DnssecError {
+    fn write(path: &Path) -> impl FnOnce(std::io::Error) -> DnssecError + '_ {
+        move |source| DnssecError::Write {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
 
 /// The keys and settings of a policy with a `dnssec:` block.
 pub struct Signing {
@@ -91,7 +147,7 @@ impl Signing {
 
     /// Signs every zone that has a key, and every steered CNAME in those zones, for
     /// the window of `now`.
-    pub fn sign(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<Signed, String> {
+    pub fn sign(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<Signed, DnssecError> {
         let w = Window::at(now, &self.settings);
         let steered: Vec<Name> = policy.hosts.iter().map(|h| h.name.clone()).collect();
         let mut cnames = HashMap::new();
@@ -112,7 +168,9 @@ impl Signing {
                     .collect(),
             };
             if keys.active.is_empty() {
-                return Err(format!("{}: no key is active now", z.origin()));
+                return Err(DnssecError::NoActiveKey {
+                    zone: z.origin().clone(),
+                });
             }
             let records =
                 sign::sign_zone(z.origin(), z.records(), &steered, &keys, &self.settings, w)?;
@@ -156,10 +214,10 @@ impl Signing {
 
 /// `steerdns dnssec keygen`: a new key for `zone` in `dir` (made if missing), written
 /// owner-only; its path.
-pub fn keygen(dir: &Path, zone: &str, algorithm: u8, now: u64) -> Result<PathBuf, String> {
+pub fn keygen(dir: &Path, zone: &str, algorithm: u8, now: u64) -> Result<PathBuf, DnssecError> {
     let zone = zone_name(zone)?;
     let (name, text) = keys::generate(&zone, algorithm, now)?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(DnssecError::write(dir))?;
     let path = dir.join(name);
     write_owner_only(&path, text.as_bytes(), true)?;
     Ok(path)
@@ -167,7 +225,7 @@ pub fn keygen(dir: &Path, zone: &str, algorithm: u8, now: u64) -> Result<PathBuf
 
 /// Writes `bytes` to `path`, owner-only (0600), synced; a new file only with
 /// `create_new`, else created or replaced.
-fn write_owner_only(path: &Path, bytes: &[u8], create_new: bool) -> Result<(), String> {
+fn write_owner_only(path: &Path, bytes: &[u8], create_new: bool) -> Result<(), DnssecError> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true);
     if create_new {
@@ -177,23 +235,23 @@ fn write_owner_only(path: &Path, bytes: &[u8], create_new: bool) -> Result<(), S
     }
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut f = options
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut f = options.open(path).map_err(DnssecError::write(path))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(DnssecError::write(path))
 }
 
 /// The policy's `dnssec:` settings and the zones, read from `config` and `zones` (for
 /// `dnssec rollover` and `dnssec status`).
-fn inputs(config: &Path, zones: &Path) -> Result<(Policy, Zones, DnssecSettings), String> {
-    let (policy, _) = crate::config::load(config).map_err(|e| e.to_string())?;
+fn inputs(config: &Path, zones: &Path) -> Result<(Policy, Zones, DnssecSettings), DnssecError> {
+    let (policy, _) = crate::config::load(config).map_err(DnssecError::Inputs)?;
     let settings = policy
         .dnssec
         .clone()
-        .ok_or_else(|| format!("{}: no `dnssec:` block", config.display()))?;
-    let (zones, _) = Zones::load(zones).map_err(|e| e.to_string())?;
+        .ok_or_else(|| DnssecError::NoDnssecBlock {
+            config: config.to_path_buf(),
+        })?;
+    let (zones, _) = Zones::load(zones).map_err(DnssecError::Inputs)?;
     Ok((policy, zones, settings))
 }
 
@@ -220,7 +278,7 @@ pub fn rollover_command(
     zone: &str,
     now: u64,
     start_now: bool,
-) -> Result<String, String> {
+) -> Result<String, DnssecError> {
     let zone = zone_name(zone)?;
     let (policy, zones, settings) = inputs(config, zones)?;
     let ttl = max_ttl(&zone, &policy, &zones);
@@ -228,9 +286,9 @@ pub fn rollover_command(
 }
 
 /// `steerdns dnssec status`: see [`rollover::status`].
-pub fn status_command(config: &Path, zones: &Path, now: u64) -> Result<String, String> {
+pub fn status_command(config: &Path, zones: &Path, now: u64) -> Result<String, DnssecError> {
     let (policy, zones, settings) = inputs(config, zones)?;
-    let keys = keys::load_dir(&settings.keys).map_err(|e| e.to_string())?;
+    let keys = keys::load_dir(&settings.keys).map_err(DnssecError::Keys)?;
     let ttl = zones
         .origins()
         .map(|o| max_ttl(o, &policy, &zones))
@@ -241,23 +299,29 @@ pub fn status_command(config: &Path, zones: &Path, now: u64) -> Result<String, S
 
 /// `steerdns dnssec ds`: the DS records of `zone`'s keys in `dir` published at `now`
 /// or later (a key waiting to be published goes to the parent first).
-pub fn ds(dir: &Path, zone: &str, now: u64) -> Result<Vec<String>, String> {
+pub fn ds(dir: &Path, zone: &str, now: u64) -> Result<Vec<String>, DnssecError> {
     let zone = zone_name(zone)?;
-    let keys = keys::load_dir(dir).map_err(|e| e.to_string())?;
+    let keys = keys::load_dir(dir).map_err(DnssecError::Keys)?;
     let lines: Vec<String> = keys
         .iter()
         .filter(|k| k.zone == zone && k.times.remove.is_none_or(|r| now < r))
         .map(Key::ds)
         .collect::<Result<_, _>>()?;
     if lines.is_empty() {
-        return Err(format!("no key for {zone} in {}", dir.display()));
+        return Err(DnssecError::NoKey {
+            zone,
+            dir: dir.to_path_buf(),
+        });
     }
     Ok(lines)
 }
 
-fn zone_name(zone: &str) -> Result<Name, String> {
+fn zone_name(zone: &str) -> Result<Name, DnssecError> {
     let mut name = Name::from_str(zone)
-        .map_err(|e| format!("`{zone}` is not a zone name: {e}"))?
+        .map_err(|e| DnssecError::ZoneName {
+            zone: zone.to_string(),
+            error: e.to_string(),
+        })?
         .to_lowercase();
     name.set_fqdn(true);
     Ok(name)
@@ -303,7 +367,7 @@ impl Dnssec {
     /// Signs again if the window has moved on or a key changed phase; `Ok(true)`: new
     /// signatures. On an error the current ones stay, and the next attempt is
     /// [`RETRY`] seconds later.
-    pub fn refresh(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<bool, String> {
+    pub fn refresh(&self, policy: &Policy, zones: &Zones, now: u64) -> Result<bool, DnssecError> {
         if now < self.due() {
             return Ok(false);
         }
@@ -428,9 +492,13 @@ mod tests {
         // The key retires before the next window: nothing can sign then.
         signing.keys[0].times.retire = Some(before.next - 10);
         let d = Dnssec::new(signing, first);
-        assert_eq!(d.refresh(&policy, &zones, before.next - 20), Ok(false));
+        assert!(matches!(
+            d.refresh(&policy, &zones, before.next - 20),
+            Ok(false)
+        ));
         let e = d.refresh(&policy, &zones, before.next).unwrap_err();
-        assert!(e.contains("no key is active"), "{e}");
+        assert!(matches!(e, DnssecError::NoActiveKey { .. }));
+        assert!(e.to_string().contains("no key is active"), "{e}");
         assert_eq!(d.signed().window, before, "the last signatures stay");
         assert_eq!(d.due(), before.next + RETRY);
         assert_eq!(d.status(before.next).keys[0].phase, "retired");

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use hickory_proto::rr::Name;
 
 use super::keys::{self, Key, Times};
+use super::DnssecError;
 use crate::clock::rfc3339;
 use crate::config::dnssec::DnssecSettings;
 
@@ -101,12 +102,11 @@ pub fn roll(
     zone: &Name,
     now: u64,
     start_now: bool,
-) -> Result<String, String> {
-    let keys = keys::load_dir(keys_dir).map_err(|e| e.to_string())?;
+) -> Result<String, DnssecError> {
+    let keys = keys::load_dir(keys_dir).map_err(DnssecError::Keys)?;
     let t = Timings::new(settings, max_ttl);
-    let old = current(&keys, zone).ok_or_else(|| {
-        format!("no key of {zone} to roll over: make one with `steerdns dnssec keygen`")
-    })?;
+    let old =
+        current(&keys, zone).ok_or_else(|| DnssecError::NoKeyToRoll { zone: zone.clone() })?;
     // Nothing to do while a successor waits: run from cron or a timer, the command
     // schedules each rollover once.
     if old.times.activate > now {
@@ -126,7 +126,7 @@ pub fn roll(
     let (name, text) = keys::generate_with(zone, u8::from(old.algorithm), new_times)?;
     let path = keys_dir.join(&name);
     if path.exists() {
-        return Err(format!("{}: exists already", path.display()));
+        return Err(DnssecError::Exists { path });
     }
     // Each file appears whole (a server reading the directory meanwhile sees the old
     // file or the new one), the successor first: alone, it only waits.
@@ -152,10 +152,10 @@ pub fn roll(
 }
 
 /// Writes `text` to `path` owner-only through a temporary file renamed over it.
-fn replace(path: &Path, text: &str) -> Result<(), String> {
+fn replace(path: &Path, text: &str) -> Result<(), DnssecError> {
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     super::write_owner_only(&tmp, text.as_bytes(), false)?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::rename(&tmp, path).map_err(DnssecError::write(path))
 }
 
 /// `steerdns dnssec status`: each key of each zone with its phase and times at `now`,

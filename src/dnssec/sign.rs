@@ -19,6 +19,7 @@ use hickory_proto::rr::{
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
 
 use super::keys::Key;
+use super::DnssecError;
 use crate::config::dnssec::DnssecSettings;
 
 /// How far a signature's inception is set back, for clocks running behind.
@@ -51,7 +52,7 @@ impl Window {
 }
 
 /// The RRSIG of `rrset` by `key` for window `w`.
-pub fn rrsig(rrset: &RecordSet, key: &Key, w: Window) -> Result<RRSIG, String> {
+pub fn rrsig(rrset: &RecordSet, key: &Key, w: Window) -> Result<RRSIG, DnssecError> {
     let input = SigInput {
         type_covered: rrset.record_type(),
         algorithm: key.algorithm,
@@ -68,11 +69,14 @@ pub fn rrsig(rrset: &RecordSet, key: &Key, w: Window) -> Result<RRSIG, String> {
         &input,
         rrset.records_without_rrsigs(),
     )
-    .map_err(|e| format!("{} {}: {e}", rrset.name(), rrset.record_type()))?;
-    let sig = key
-        .signing()
-        .sign(&tbs)
-        .map_err(|e| format!("signing {} {}: {e}", rrset.name(), rrset.record_type()))?;
+    .map_err(|e| DnssecError::Sign {
+        what: format!("{} {}", rrset.name(), rrset.record_type()),
+        error: e.to_string(),
+    })?;
+    let sig = key.signing().sign(&tbs).map_err(|e| DnssecError::Sign {
+        what: format!("signing {} {}", rrset.name(), rrset.record_type()),
+        error: e.to_string(),
+    })?;
     Ok(RRSIG::from_sig(input, sig))
 }
 
@@ -85,7 +89,7 @@ pub fn cname_rrsigs(
     ttl: u32,
     keys: &[&Key],
     w: Window,
-) -> Result<Box<[u8]>, String> {
+) -> Result<Box<[u8]>, DnssecError> {
     let mut set = RecordSet::with_ttl(owner.clone(), RecordType::CNAME, ttl);
     set.add_rdata(RData::CNAME(CNAME(target.clone())));
     let mut out = Vec::new();
@@ -93,7 +97,7 @@ pub fn cname_rrsigs(
         let sig = rrsig(&set, key, w)?;
         let mut rdata = Vec::new();
         sig.emit(&mut BinEncoder::new(&mut rdata))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| DnssecError::Encode(e.to_string()))?;
         out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
         out.extend_from_slice(&rdata);
     }
@@ -124,7 +128,7 @@ pub fn sign_zone(
     keys: &ZoneKeys<'_>,
     settings: &DnssecSettings,
     w: Window,
-) -> Result<BTreeMap<RrKey, RecordSet>, String> {
+) -> Result<BTreeMap<RrKey, RecordSet>, DnssecError> {
     let mut out = records.clone();
     let apex = LowerName::new(origin);
     let ttl = settings.dnskey_ttl;
@@ -149,7 +153,9 @@ pub fn sign_zone(
             RData::SOA(soa) => Some(ttl.min(soa.minimum)),
             _ => None,
         })
-        .ok_or_else(|| format!("{origin}: no SOA record"))?;
+        .ok_or_else(|| DnssecError::NoSoa {
+            zone: origin.clone(),
+        })?;
 
     // Zone cuts below the apex; what lies under one belongs to the child.
     let cuts: BTreeSet<LowerName> = out

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::flat::{Aliases, Key, Starts};
-use super::mmdb::{self, GeoError};
+use super::mmdb::{self, GeoError, GeoFault};
 
 /// A validated, in-memory ASN database: its flat tables (the file itself is not kept).
 pub struct AsnDb {
@@ -78,7 +78,7 @@ impl AsnDb {
         mmdb::read(path, |bytes| Self::from_bytes(bytes, path))
     }
 
-    fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<AsnDb, String> {
+    fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<AsnDb, GeoFault> {
         let reader = mmdb::open(bytes)?;
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         let walked = mmdb::each_network(&reader, |net, prefix, rec: Option<Record>| {
@@ -190,7 +190,11 @@ mod tests {
         let geo = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/geo/GeoIP2-Country-Test.mmdb");
         let e = AsnDb::open(&geo).unwrap_err();
-        assert!(e.reason.contains("autonomous_system_number"), "{e}");
+        assert!(matches!(e.reason, GeoFault::Lacks { .. }));
+        assert!(
+            e.reason.to_string().contains("autonomous_system_number"),
+            "{e}"
+        );
     }
 
     /// The flat tables against the tree walk: random addresses, the edges of every

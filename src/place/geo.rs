@@ -31,7 +31,7 @@ use serde::Deserialize;
 use super::asn::{AsnDb, Origin};
 use super::countries::{Continent, Country};
 use super::flat::{Aliases, Key, Starts};
-use super::mmdb::{self, GeoError};
+use super::mmdb::{self, GeoError, GeoFault};
 use super::wider::{self, Around, Places, Start};
 
 /// Where an address is, as far as steering cares.
@@ -142,7 +142,7 @@ impl GeoDb {
     }
 
     /// Validates a database held in memory.
-    pub fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<GeoDb, String> {
+    pub fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<GeoDb, GeoFault> {
         let reader = mmdb::open(bytes)?;
         let (mut v4, mut v6) = (Columns::default(), Columns::default());
         let mut index = Index::default();

@@ -16,38 +16,70 @@ use std::path::{Path, PathBuf};
 use maxminddb::{Reader, WithinOptions};
 use serde::Deserialize;
 
+use super::tree::TreeError;
+
 /// A geo or ASN database refused, with the file it came from.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: {reason}")]
+#[error("{}: {reason}", path.display())]
 pub struct GeoError {
     pub path: PathBuf,
-    pub reason: String,
+    pub reason: GeoFault,
+}
+
+/// What is wrong with a geo or ASN database file.
+#[derive(Debug, thiserror::Error)]
+pub enum GeoFault {
+    /// The file cannot be read.
+    #[error("cannot read: {0}")]
+    Unreadable(#[from] std::io::Error),
+    /// Its metadata is not MaxMind DB metadata.
+    #[error("not a MaxMind DB: {0}")]
+    NotMaxMind(maxminddb::MaxMindDbError),
+    /// Its search tree is refused before the walk.
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+    /// The walk cannot start.
+    #[error("cannot walk the search tree: {0}")]
+    Walk(maxminddb::MaxMindDbError),
+    /// A node of the search tree is broken.
+    #[error("corrupt search tree: {0}")]
+    CorruptTree(maxminddb::MaxMindDbError),
+    /// A record does not decode.
+    #[error("corrupt data section: {0}")]
+    CorruptData(maxminddb::MaxMindDbError),
+    /// No network carries the field the database is read for (the wrong kind of
+    /// database).
+    #[error("no network carries {what} (database type {database_type:?}): {needed} is needed")]
+    Lacks {
+        what: &'static str,
+        database_type: String,
+        needed: &'static str,
+    },
 }
 
 /// Reads the file at `path` whole and builds a database from its bytes; a failure of
 /// either names the file.
 pub(super) fn read<T>(
     path: &Path,
-    build: impl FnOnce(Vec<u8>) -> Result<T, String>,
+    build: impl FnOnce(Vec<u8>) -> Result<T, GeoFault>,
 ) -> Result<T, GeoError> {
-    let err = |reason: String| GeoError {
+    let err = |reason: GeoFault| GeoError {
         path: path.to_path_buf(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let bytes = std::fs::read(path).map_err(|e| err(e.into()))?;
     build(bytes).map_err(err)
 }
 
 /// Opens a database held in memory once its tree passes [`super::tree::check`].
-pub(super) fn open(bytes: Vec<u8>) -> Result<Reader<Vec<u8>>, String> {
+pub(super) fn open(bytes: Vec<u8>) -> Result<Reader<Vec<u8>>, GeoFault> {
     let (node_count, record_size, ip_version) = {
-        let probe =
-            Reader::from_source(&bytes[..]).map_err(|e| format!("not a MaxMind DB: {e}"))?;
+        let probe = Reader::from_source(&bytes[..]).map_err(GeoFault::NotMaxMind)?;
         let m = probe.metadata();
         (m.node_count as usize, m.record_size, m.ip_version)
     };
     super::tree::check(&bytes, node_count, record_size, ip_version)?;
-    Reader::from_source(bytes).map_err(|e| format!("not a MaxMind DB: {e}"))
+    Reader::from_source(bytes).map_err(GeoFault::NotMaxMind)
 }
 
 /// What a whole walk found ([`each_network`]).
@@ -66,14 +98,15 @@ pub(super) struct Walked {
 impl Walked {
     /// An error unless some network carries `what` (the field the database is read
     /// for); `needed` names the databases that have it.
-    pub fn require(&self, what: &str, needed: &str) -> Result<(), String> {
+    pub fn require(&self, what: &'static str, needed: &'static str) -> Result<(), GeoFault> {
         if self.carrying > 0 {
             return Ok(());
         }
-        Err(format!(
-            "no network carries {what} (database type {:?}): {needed} is needed",
-            self.database_type
-        ))
+        Err(GeoFault::Lacks {
+            what,
+            database_type: self.database_type.clone(),
+            needed,
+        })
     }
 }
 
@@ -83,7 +116,7 @@ impl Walked {
 pub(super) fn each_network<'de, T: Deserialize<'de>>(
     reader: &'de Reader<Vec<u8>>,
     mut f: impl FnMut(IpAddr, u8, Option<T>) -> bool,
-) -> Result<Walked, String> {
+) -> Result<Walked, GeoFault> {
     let meta = reader.metadata();
     let mut walked = Walked {
         networks: 0,
@@ -93,15 +126,11 @@ pub(super) fn each_network<'de, T: Deserialize<'de>>(
     };
     let iter = reader
         .networks(WithinOptions::default().include_networks_without_data())
-        .map_err(|e| format!("cannot walk the search tree: {e}"))?;
+        .map_err(GeoFault::Walk)?;
     for item in iter {
-        let item = item.map_err(|e| format!("corrupt search tree: {e}"))?;
-        let net = item
-            .network()
-            .map_err(|e| format!("corrupt search tree: {e}"))?;
-        let rec: Option<T> = item
-            .decode()
-            .map_err(|e| format!("corrupt data section: {e}"))?;
+        let item = item.map_err(GeoFault::CorruptTree)?;
+        let net = item.network().map_err(GeoFault::CorruptTree)?;
+        let rec: Option<T> = item.decode().map_err(GeoFault::CorruptData)?;
         walked.networks += usize::from(item.has_data());
         walked.carrying += usize::from(f(net.network(), net.prefix(), rec));
     }
@@ -135,7 +164,8 @@ mod tests {
         let missing = Path::new("/nonexistent/steerdns.mmdb");
         let e = read(missing, |_| Ok(())).unwrap_err();
         assert_eq!(e.path, missing);
-        assert!(e.reason.starts_with("cannot read: "), "{e}");
+        assert!(matches!(e.reason, GeoFault::Unreadable(_)));
+        assert!(e.reason.to_string().starts_with("cannot read: "), "{e}");
         let e = read(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("Cargo.toml")
@@ -143,7 +173,11 @@ mod tests {
             |b| open(b).map(drop),
         )
         .unwrap_err();
-        assert!(e.reason.starts_with("not a MaxMind DB: "), "{e}");
+        assert!(matches!(e.reason, GeoFault::NotMaxMind(_)));
+        assert!(
+            e.reason.to_string().starts_with("not a MaxMind DB: "),
+            "{e}"
+        );
         assert!(
             e.to_string().contains("Cargo.toml: not a MaxMind DB"),
             "{e}"

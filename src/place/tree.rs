@@ -22,6 +22,21 @@ pub fn visit_bound(node_count: usize) -> usize {
         .min(2 * MAX_NETWORKS)
 }
 
+/// Why a search tree is refused before it is walked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    /// More steps than its nodes allow: shared children or a loop.
+    #[error(
+        "corrupt search tree: its {node_count} nodes lead to more than {bound} \
+         steps of a walk, so its nodes share children or loop (a crafted or \
+         damaged file); refused before walking it"
+    )]
+    Loops { node_count: usize, bound: usize },
+    /// A record points past the end of the file.
+    #[error("corrupt search tree: node {node} is not in the file")]
+    NodeOutside { node: usize },
+}
+
 /// Counts the node visits of a walk of the search tree at the start of `bytes` (the
 /// whole file, as `maxminddb` validated it: the tree lies within it); an error when
 /// they pass [`visit_bound`].
@@ -30,7 +45,7 @@ pub fn check(
     node_count: usize,
     record_size: u16,
     ip_version: u16,
-) -> Result<usize, String> {
+) -> Result<usize, TreeError> {
     let node_bytes = usize::from(record_size) / 4;
     let depth = if ip_version == 6 { 128 } else { 32 };
     let bound = visit_bound(node_count);
@@ -53,17 +68,11 @@ pub fn check(
     while let Some((node, bit)) = stack.pop() {
         visits += 1;
         if visits > bound {
-            return Err(format!(
-                "corrupt search tree: its {node_count} nodes lead to more than {bound} \
-                 steps of a walk, so its nodes share children or loop (a crafted or \
-                 damaged file); refused before walking it"
-            ));
+            return Err(TreeError::Loops { node_count, bound });
         }
         for right in [false, true] {
             let Some(next) = record(node, right) else {
-                return Err(format!(
-                    "corrupt search tree: node {node} is not in the file"
-                ));
+                return Err(TreeError::NodeOutside { node });
             };
             if next < node_count && bit + 1 < depth {
                 stack.push((next, bit + 1));
@@ -99,11 +108,15 @@ mod tests {
         // Each node's two children are the next node: 2^24 networks from 24 nodes.
         let shared: Vec<(u32, u32)> = (1..=24).map(|i| (i, i)).collect();
         let e = check(&tree(&shared), 24, 24, 4).unwrap_err();
-        assert!(e.contains("share children or loop"), "{e}");
+        assert!(matches!(e, TreeError::Loops { node_count: 24, .. }));
+        assert!(e.to_string().contains("share children or loop"), "{e}");
         // A node pointing to itself: 2^128 paths.
         let e = check(&tree(&[(0, 0)]), 1, 24, 6).unwrap_err();
-        assert!(e.contains("share children or loop"), "{e}");
+        assert!(e.to_string().contains("share children or loop"), "{e}");
         // A record past the file.
-        assert!(check(&tree(&[(1, 1)]), 2, 24, 4).is_err());
+        assert_eq!(
+            check(&tree(&[(1, 1)]), 2, 24, 4),
+            Err(TreeError::NodeOutside { node: 1 })
+        );
     }
 }

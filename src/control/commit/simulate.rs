@@ -37,8 +37,56 @@ pub struct Options {
     pub name: Option<String>,
 }
 
+/// Why `steerdns simulate` cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    /// The policy does not load.
+    #[error("{0}")]
+    Policy(crate::error::Issues),
+    /// The demand file cannot be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    DemandUnreadable {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The demand file is malformed (`error` names the line).
+    #[error("{}: {error}", path.display())]
+    Demand {
+        path: std::path::PathBuf,
+        error: String,
+    },
+    /// `--start` is not an RFC 3339 time.
+    #[error("--start `{0}` is not an RFC 3339 time")]
+    Start(String),
+    /// `--name` is not a steered name of the policy.
+    #[error("`{name}` is not a steered name of the policy ({})", names.join(", "))]
+    UnknownName { name: String, names: Vec<String> },
+    /// The policy has no steered name.
+    #[error("the policy has no steered name")]
+    NoName,
+    /// A demand row's region is not one of the name's.
+    #[error("region `{region}` is not a region of {name} ({})", known.join(", "))]
+    UnknownRegion {
+        region: String,
+        name: String,
+        known: Vec<String>,
+    },
+    /// A usage record is refused (a CDN the name lacks).
+    #[error(transparent)]
+    Usage(#[from] super::UsageError),
+    /// The demand file has no row.
+    #[error("no demand")]
+    NoDemand,
+    /// The SVG cannot be written.
+    #[error("{}: cannot write: {source}", path.display())]
+    SvgUnwritable {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// The index of the name to simulate.
-fn pick(policy: &Policy, name: Option<&str>) -> Result<usize, String> {
+fn pick(policy: &Policy, name: Option<&str>) -> Result<usize, SimulateError> {
     let hosts = &policy.hosts;
     let found = match name {
         Some(want) => {
@@ -62,11 +110,11 @@ fn pick(policy: &Policy, name: Option<&str>) -> Result<usize, String> {
     found.ok_or_else(|| {
         let names: Vec<String> = hosts.iter().map(|h| h.name.to_string()).collect();
         match name {
-            Some(n) => format!(
-                "`{n}` is not a steered name of the policy ({})",
-                names.join(", ")
-            ),
-            None => "the policy has no steered name".into(),
+            Some(n) => SimulateError::UnknownName {
+                name: n.to_string(),
+                names,
+            },
+            None => SimulateError::NoName,
         }
     })
 }
@@ -107,7 +155,7 @@ pub struct Report {
 }
 
 /// Replays `rows` against one of `policy`'s names (`opts.name`).
-pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, String> {
+pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, SimulateError> {
     let index = pick(policy, opts.name.as_deref())?;
     let host = &policy.hosts[index];
     let name = host.name.to_string();
@@ -119,17 +167,16 @@ pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, Stri
         .collect();
     for r in rows {
         if !regions.contains_key(r.region.as_str()) {
-            let known: Vec<&str> = regions.keys().copied().collect();
-            return Err(format!(
-                "region `{}` is not a region of {name} ({})",
-                r.region,
-                known.join(", ")
-            ));
+            return Err(SimulateError::UnknownRegion {
+                region: r.region.clone(),
+                name,
+                known: regions.keys().map(|k| k.to_string()).collect(),
+            });
         }
     }
     let slots = by_slot(rows);
     let (Some(&first), Some(&last)) = (slots.keys().next(), slots.keys().next_back()) else {
-        return Err("no demand".into());
+        return Err(SimulateError::NoDemand);
     };
     let steer_from = opts.steer_from_ms.unwrap_or(first).max(first);
     let period = host.commit.shift_period.as_millis() as u64;
@@ -141,7 +188,7 @@ pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, Stri
         .map(|(c, a, b)| {
             cdn_index(c)
                 .map(|i| (i, *a, *b))
-                .ok_or_else(|| format!("unknown CDN `{c}`"))
+                .ok_or_else(|| super::UsageError::UnknownCdn(c.to_string()))
         })
         .collect::<Result<_, _>>()?;
 
@@ -158,9 +205,7 @@ pub fn run(policy: &Policy, rows: &[Row], opts: &Options) -> Result<Report, Stri
         while let Some(due) = commit.next_due_ms().filter(|&d| d <= t) {
             while pending.front().is_some_and(|p| p.0 <= due) {
                 let (_, c, start, r) = pending.pop_front().expect("front");
-                commit
-                    .record(policy, &host.cdns[c].name, start, r)
-                    .map_err(|e| e.to_string())?;
+                commit.record(policy, &host.cdns[c].name, start, r)?;
             }
             let out = |_: &str, _: usize, c: usize| {
                 outside
@@ -386,12 +431,18 @@ pub struct Args {
 }
 
 /// Runs `steerdns simulate`: the report's text, or what went wrong.
-pub fn command(args: &Args) -> Result<String, String> {
-    let (policy, _) = crate::config::load(&args.policy).map_err(|issues| issues.to_string())?;
-    let text = std::fs::read_to_string(&args.demand)
-        .map_err(|e| format!("{}: cannot read: {e}", args.demand.display()))?;
-    let rows =
-        super::demand::parse(&text).map_err(|e| format!("{}: {e}", args.demand.display()))?;
+pub fn command(args: &Args) -> Result<String, SimulateError> {
+    let (policy, _) = crate::config::load(&args.policy).map_err(SimulateError::Policy)?;
+    let text = std::fs::read_to_string(&args.demand).map_err(|source| {
+        SimulateError::DemandUnreadable {
+            path: args.demand.clone(),
+            source,
+        }
+    })?;
+    let rows = super::demand::parse(&text).map_err(|error| SimulateError::Demand {
+        path: args.demand.clone(),
+        error,
+    })?;
     let steer_from_ms = match &args.start {
         None => None,
         Some(s) => Some(
@@ -399,7 +450,7 @@ pub fn command(args: &Args) -> Result<String, String> {
                 .ok()
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map(|d| d.as_millis() as u64)
-                .ok_or_else(|| format!("--start `{s}` is not an RFC 3339 time"))?,
+                .ok_or_else(|| SimulateError::Start(s.clone()))?,
         ),
     };
     let opts = Options {
@@ -410,8 +461,10 @@ pub fn command(args: &Args) -> Result<String, String> {
     };
     let report = run(&policy, &rows, &opts)?;
     if let Some(out) = &args.svg {
-        std::fs::write(out, report.svg())
-            .map_err(|e| format!("{}: cannot write: {e}", out.display()))?;
+        std::fs::write(out, report.svg()).map_err(|source| SimulateError::SvgUnwritable {
+            path: out.clone(),
+            source,
+        })?;
     }
     Ok(report.text())
 }

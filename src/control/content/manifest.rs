@@ -87,10 +87,39 @@ pub struct Params {
     pub demoted: Vec<String>,
 }
 
+/// Why a request's query string is refused: the text is the 400's message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    /// A known parameter given twice.
+    #[error("`{key}` is given twice")]
+    Twice { key: String },
+    /// `session` is not 16 hexadecimal digits.
+    #[error("`session`: not 16 hexadecimal digits")]
+    Session,
+    /// A value that is not percent-encoded ASCII.
+    #[error("`{key}`: bad percent-encoding")]
+    Encoding { key: String },
+    /// A list of throughputs longer than [`MAX_LIST`].
+    #[error("`{key}`: more than {} values", MAX_LIST)]
+    TooManyValues { key: String },
+    /// A list of pathways longer than [`MAX_LIST`].
+    #[error("`{key}`: more than {} pathways", MAX_LIST)]
+    TooManyPathways { key: String },
+    /// Not a pathway id.
+    #[error("`{key}`: not a pathway id (1 to 64 of A-Z a-z 0-9 . - _)")]
+    Pathway { key: String },
+    /// Not a throughput (a non-negative decimal number below 10^15).
+    #[error("`{key}`: not a throughput (a non-negative number below 10^15)")]
+    Throughput { key: String },
+    /// Digits that do not make a number.
+    #[error("`{key}`: not a throughput")]
+    ThroughputNumber { key: String },
+}
+
 /// Parses a request's query string. Unknown parameters are ignored (players and
 /// proxies add their own); a known one that is malformed or repeated is an error,
 /// whose text is the 400's message.
-pub fn parse_query(format: Format, query: &str) -> Result<Params, String> {
+pub fn parse_query(format: Format, query: &str) -> Result<Params, ManifestError> {
     let mut params = Params::default();
     let (mut pathways, mut throughputs): (Option<Vec<String>>, Option<Vec<u64>>) = (None, None);
     let mut seen_demoted = false;
@@ -98,7 +127,9 @@ pub fn parse_query(format: Format, query: &str) -> Result<Params, String> {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let once = |seen: bool| {
             if seen {
-                Err(format!("`{key}` is given twice"))
+                Err(ManifestError::Twice {
+                    key: key.to_string(),
+                })
             } else {
                 Ok(())
             }
@@ -127,7 +158,9 @@ pub fn parse_query(format: Format, query: &str) -> Result<Params, String> {
                     let list = unquote(&text);
                     let items: Vec<&str> = list.split(',').filter(|s| !s.is_empty()).collect();
                     if items.len() > MAX_LIST {
-                        return Err(format!("`{key}`: more than {MAX_LIST} values"));
+                        return Err(ManifestError::TooManyValues {
+                            key: key.to_string(),
+                        });
                     }
                     items
                         .iter()
@@ -150,44 +183,46 @@ pub fn parse_query(format: Format, query: &str) -> Result<Params, String> {
 }
 
 /// A session key: 16 hexadecimal digits.
-pub fn parse_session(value: &str) -> Result<u64, String> {
+pub fn parse_session(value: &str) -> Result<u64, ManifestError> {
     if value.len() != 16 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err("`session`: not 16 hexadecimal digits".into());
+        return Err(ManifestError::Session);
     }
-    u64::from_str_radix(value, 16).map_err(|_| "`session`: not 16 hexadecimal digits".into())
+    u64::from_str_radix(value, 16).map_err(|_| ManifestError::Session)
 }
 
-fn parse_id(key: &str, text: &str) -> Result<String, String> {
+fn parse_id(key: &str, text: &str) -> Result<String, ManifestError> {
     if valid_pathway(text) {
         Ok(text.to_string())
     } else {
-        Err(format!(
-            "`{key}`: not a pathway id (1 to 64 of A-Z a-z 0-9 . - _)"
-        ))
+        Err(ManifestError::Pathway {
+            key: key.to_string(),
+        })
     }
 }
 
-fn parse_ids(key: &str, text: &str) -> Result<Vec<String>, String> {
+fn parse_ids(key: &str, text: &str) -> Result<Vec<String>, ManifestError> {
     let items: Vec<&str> = text.split(',').filter(|s| !s.is_empty()).collect();
     if items.len() > MAX_LIST {
-        return Err(format!("`{key}`: more than {MAX_LIST} pathways"));
+        return Err(ManifestError::TooManyPathways {
+            key: key.to_string(),
+        });
     }
     items.iter().map(|i| parse_id(key, i)).collect()
 }
 
 /// A throughput: a non-negative decimal number (players send fractions too), times
 /// `scale` to make bit/s.
-fn parse_rate(key: &str, text: &str, scale: u64) -> Result<u64, String> {
+fn parse_rate(key: &str, text: &str, scale: u64) -> Result<u64, ManifestError> {
     let (int, frac) = text.split_once('.').unwrap_or((text, ""));
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     if int.is_empty() || int.len() > 15 || !digits(int) || !digits(frac) {
-        return Err(format!(
-            "`{key}`: not a throughput (a non-negative number below 10^15)"
-        ));
+        return Err(ManifestError::Throughput {
+            key: key.to_string(),
+        });
     }
-    let n: u64 = int
-        .parse()
-        .map_err(|_| format!("`{key}`: not a throughput"))?;
+    let n: u64 = int.parse().map_err(|_| ManifestError::ThroughputNumber {
+        key: key.to_string(),
+    })?;
     Ok(n.saturating_mul(scale))
 }
 
@@ -199,11 +234,13 @@ fn unquote(s: &str) -> &str {
 
 /// Percent-decodes a query value (`+` is a space, as browsers' URLSearchParams write
 /// it). Only ASCII results are accepted: every value we read is ASCII.
-fn decode<'v>(key: &str, value: &'v str) -> Result<std::borrow::Cow<'v, str>, String> {
+fn decode<'v>(key: &str, value: &'v str) -> Result<std::borrow::Cow<'v, str>, ManifestError> {
     if !value.contains(['%', '+']) {
         return Ok(value.into());
     }
-    let bad = || format!("`{key}`: bad percent-encoding");
+    let bad = || ManifestError::Encoding {
+        key: key.to_string(),
+    };
     let bytes = value.as_bytes();
     let mut out = String::with_capacity(value.len());
     let mut i = 0;

@@ -64,7 +64,7 @@ pub enum DrainError {
     NoTenantName { tenant: String, cdn: String },
     /// The API token may not do this: what it lacks (403).
     #[error("{0}")]
-    Forbidden(String),
+    Forbidden(crate::config::tokens::TokenError),
     #[error("{name} has no CDN `{cdn}` (CDNs: {known})")]
     UnknownCdn {
         name: String,

@@ -53,10 +53,21 @@ pub enum Endpoint {
     Tcp(String),
 }
 
-impl std::str::FromStr for Endpoint {
-    type Err = String;
+/// Why a `--dnstap` value is not an endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    /// `tcp:` without a host and a port.
+    #[error("{0}: tcp:HOST:PORT expected")]
+    Tcp(String),
+    /// Neither `unix:` nor `tcp:`.
+    #[error("{0}: unix:PATH or tcp:HOST:PORT expected")]
+    Scheme(String),
+}
 
-    fn from_str(s: &str) -> Result<Endpoint, String> {
+impl std::str::FromStr for Endpoint {
+    type Err = EndpointError;
+
+    fn from_str(s: &str) -> Result<Endpoint, EndpointError> {
         if let Some(path) = s.strip_prefix("unix:").filter(|p| !p.is_empty()) {
             Ok(Endpoint::Unix(PathBuf::from(path)))
         } else if let Some(addr) = s.strip_prefix("tcp:") {
@@ -64,10 +75,10 @@ impl std::str::FromStr for Endpoint {
                 Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
                     Ok(Endpoint::Tcp(addr.to_string()))
                 }
-                _ => Err(format!("{s}: tcp:HOST:PORT expected")),
+                _ => Err(EndpointError::Tcp(s.to_string())),
             }
         } else {
-            Err(format!("{s}: unix:PATH or tcp:HOST:PORT expected"))
+            Err(EndpointError::Scheme(s.to_string()))
         }
     }
 }
