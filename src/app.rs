@@ -13,14 +13,15 @@ use tokio_util::sync::CancellationToken;
 use crate::config::probes::Probes;
 use crate::control::api::{self, ApiLimits, ApiState};
 use crate::control::book::Book;
-use crate::control::cluster::node::ClusterLink;
 use crate::control::cluster::{self, ClusterOptions, Etcd};
 use crate::control::content::{self, SteeringOptions};
+use crate::control::controller::Joining;
 use crate::control::controller::{self, Controller, StateFile};
 use crate::control::peers::Peers;
 use crate::control::prober::Local;
 use crate::control::reload;
 use crate::control::status::{self, History, StatusSource};
+use crate::control::store::{Memory, Store};
 use crate::control::writers::Exited;
 use crate::dns::rrl::{Rrl, RrlConfig};
 use crate::dns::tcp::{self, TcpLimits};
@@ -311,6 +312,33 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let loaded = Arc::new(loaded);
     // The prober counts its rounds through `Local` (the controller spawns it).
     let (local, peers) = (Local::with_metrics(metrics.clone()), Peers::default());
+    let mut cookie_set = None;
+    let joining = match &opts.cluster {
+        Some(c) => {
+            if c.members.is_empty() {
+                return Err(io::Error::other(
+                    "--etcd needs --members: the names of the set's nodes and agents, the only vantage points that count",
+                ));
+            }
+            let etcd = etcd_client(c)?;
+            cookie_set = Some((etcd.clone(), cluster::cookie_key(&c.prefix)));
+            Joining {
+                store: Store::Etcd(etcd),
+                prefix: c.prefix.clone(),
+                members: c.members.clone(),
+                stop: stop.clone(),
+            }
+        }
+        // A single node is a set of one: its store is in memory, saved with the state.
+        None => Joining {
+            store: Store::Memory(Memory::new()),
+            prefix: cluster::DEFAULT_PREFIX.into(),
+            members: vec![opts.vantage.clone()],
+            stop: stop.clone(),
+        },
+    };
+    let store = joining.store.clone();
+    let prefix = joining.prefix.clone();
     let mut controller = Controller::new(
         loaded.clone(),
         opts.vantage.clone(),
@@ -318,45 +346,28 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         peers.clone(),
         metrics.clone(),
         opts.state.clone(),
+        joining,
     );
     if let Some(address) = opts.vantage_address {
         controller.measure_from(address);
     }
-    let mut cookie_set = None;
-    if let Some(c) = &opts.cluster {
-        if c.members.is_empty() {
-            return Err(io::Error::other(
-                "--etcd needs --members: the names of the set's nodes and agents, the only vantage points that count",
-            ));
-        }
-        let etcd = etcd_client(c)?;
-        cookie_set = Some((etcd.clone(), cluster::cookie_key(&c.prefix)));
-        let shared = cluster::spawn_session(etcd.clone(), c, stop.clone());
-        let rounds = Arc::new(tokio::sync::Notify::new());
+    if let Store::Etcd(_) = &store {
         cluster::Publisher {
-            etcd: etcd.clone(),
-            prefix: c.prefix.clone(),
+            store: store.clone(),
+            prefix: prefix.clone(),
             vantage: opts.vantage.clone(),
             local: local.clone(),
             probed: loaded.probes.specs.len(),
             ttl: observation_ttl(&loaded.probes),
         }
-        .spawn(rounds.clone(), stop.clone());
+        .spawn(controller.rounds(), stop.clone());
         cluster::performance::CellsPublisher {
-            etcd: etcd.clone(),
-            prefix: c.prefix.clone(),
+            store: store.clone(),
+            prefix,
             node: opts.vantage.clone(),
-            store: controller.perf_store(),
+            samples: controller.perf_store(),
         }
         .spawn(stop.clone());
-        controller.join(ClusterLink::new(
-            etcd,
-            c.prefix.clone(),
-            opts.vantage.clone(),
-            c.members.clone(),
-            shared,
-            rounds,
-        ));
     }
     let dns = start_with_options(
         controller.snapshot(),
@@ -528,7 +539,7 @@ pub async fn agent_with(
             let etcd = etcd_client(c)?;
             let notify = Arc::new(tokio::sync::Notify::new());
             cluster::Publisher {
-                etcd,
+                store: Store::Etcd(etcd),
                 prefix: c.prefix.clone(),
                 vantage: vantage.clone(),
                 local: local.clone(),

@@ -4,9 +4,10 @@
 //! the planner reads as "how far is each CDN off its weight" ([`FailoverState::removed`]).
 //!
 //! ```text
-//!  verdict ─▶ Tracker (down_after / up_after) ─▶ health change ─▶ Stepper per name
-//!                                                  (ignored while frozen)   │
-//!  time ─────────────────────────────────────────────────────▶ tick ───────┘
+//!  verdict ─▶ Tracker (down_after / up_after) ─▶ health change ─▶ the set's timeline
+//!                                        (ClusterLink::propose; none while frozen)
+//!  the set's view ─▶ Stepper per (name, CDN) (ClusterLink::on_shared) ─┐
+//!  time ─────────────────────────────────────────────────▶ tick ───────┘
 //! ```
 //!
 //! No I/O, no logging, no clock: every call takes `now`, and returns what changed so
@@ -59,52 +60,9 @@ pub struct Turn {
 pub type Step = (String, String, u8);
 
 impl FailoverState {
-    /// Records a round's verdict for `cdn`. A health change demotes or promotes the
-    /// CDN in every name that uses it (the first step at once), unless frozen.
-    pub fn observe(
-        &mut self,
-        policy: &Policy,
-        cdn: &str,
-        verdict: VerdictKind,
-        down_after: u32,
-        up_after: u32,
-        now: Instant,
-    ) -> Option<Transition> {
-        let tracker = self.health.entry(cdn.to_string()).or_default();
-        let from = tracker.state;
-        let to = tracker.observe(verdict, down_after, up_after)?;
-        let mut steps = Vec::new();
-        if self.frozen.is_none() {
-            let hosts: Vec<&HostPolicy> = policy
-                .hosts
-                .iter()
-                .filter(|h| h.cdns.iter().any(|c| c.name == cdn) && !self.held(h))
-                .collect();
-            for host in hosts {
-                let s = self
-                    .steps
-                    .entry((host.name.to_string(), cdn.to_string()))
-                    .or_default();
-                match to {
-                    State::Down => s.demote(now, &host.failover),
-                    State::Up => s.promote(now, &host.failover),
-                }
-                steps.push((host.name.to_string(), s.removed_percent(&host.failover)));
-            }
-            // A step back to the normal weight at once (steps [100]) ends the timeline
-            // here, not in `tick`.
-            self.steps.retain(|_, s| s.is_active());
-        }
-        Some(Transition {
-            cdn: cdn.to_string(),
-            from,
-            to,
-            steps,
-        })
-    }
-
-    /// Records a round's verdict for `cdn` in its health alone, starting no step: in a
-    /// set (`--etcd`) the steps come from the shared timelines. Returns the change.
+    /// Records a round's verdict for `cdn` in its health alone, starting no step: the
+    /// steps come from the set's timelines (`ClusterLink::propose` writes them, on one
+    /// node as in a set). Returns the change.
     pub fn track(
         &mut self,
         cdn: &str,
@@ -165,56 +123,10 @@ impl FailoverState {
             .is_some_and(|t| self.frozen_tenants.contains_key(t))
     }
 
-    /// Stops automatic failover for the names of `tenant` only.
-    pub fn freeze_tenant(&mut self, tenant: &str, reason: String) {
-        self.frozen_tenants.insert(tenant.to_string(), reason);
-    }
-
-    /// Stops automatic failover: steps hold where they are.
-    pub fn freeze(&mut self, reason: String) {
-        self.frozen = Some(reason);
-    }
-
-    /// Resumes automatic failover: the steps follow the health again (a CDN that went
-    /// down while frozen starts its demotion now); returns the steps taken.
-    pub fn resume(&mut self, policy: &Policy, now: Instant) -> Vec<Step> {
-        self.frozen = None;
-        self.realign(policy, None, now)
-    }
-
-    /// Resumes automatic failover for the names of `tenant`, as [`Self::resume`].
-    pub fn resume_tenant(&mut self, policy: &Policy, tenant: &str, now: Instant) -> Vec<Step> {
-        self.frozen_tenants.remove(tenant);
-        self.realign(policy, Some(tenant), now)
-    }
-
-    /// Turns the steps of every name (of `tenant`) toward what the health says, then
-    /// takes the steps due.
-    fn realign(&mut self, policy: &Policy, tenant: Option<&str>, now: Instant) -> Vec<Step> {
-        for turn in self.turns(policy, tenant) {
-            let Some(host) = policy
-                .hosts
-                .iter()
-                .find(|h| h.name.to_string() == turn.name)
-            else {
-                continue;
-            };
-            let s = self.steps.entry((turn.name, turn.cdn)).or_default();
-            if s.direction != turn.direction {
-                match turn.direction {
-                    Direction::Demote => s.demote(now, &host.failover),
-                    Direction::Promote => s.promote(now, &host.failover),
-                }
-            }
-        }
-        self.tick(policy, now)
-    }
-
     /// Where a resume (of `tenant`'s names, else of every name not held by its
     /// tenant's freeze) turns each timeline: toward what the health says. Every
-    /// (name, CDN) off its normal weight or down, with the level it starts from. A
-    /// single node turns its steppers so ([`Self::resume`]); a node of a set writes
-    /// these timelines to etcd.
+    /// (name, CDN) off its normal weight or down, with the level it starts from: the
+    /// timelines a resume writes to the set's store.
     pub fn turns(&self, policy: &Policy, tenant: Option<&str>) -> Vec<Turn> {
         let mut turns = Vec::new();
         let hosts = policy.hosts.iter().filter(|h| match tenant {
@@ -314,58 +226,61 @@ failover:
             .copied()
     }
 
-    #[test]
-    fn down_after_bad_rounds_then_steps_in_time_then_back_in_steps() {
-        let p = policy();
+    /// `a` down (tracked) and its timeline started at `t0`, as the set's view gives it.
+    fn demoted(p: &Policy, t0: Instant) -> FailoverState {
         let mut f = FailoverState::default();
+        let t = f.track("a", VerdictKind::Down, 1, 1).expect("down after 1");
+        assert_eq!((t.from, t.to, t.steps), (State::Up, State::Down, vec![]));
+        let mut s = Stepper::default();
+        s.demote(t0, &p.hosts[0].failover);
+        f.steps.insert(("www.example.com.".into(), "a".into()), s);
+        f
+    }
+
+    #[test]
+    fn a_health_change_starts_no_step_and_steps_come_due_in_time() {
+        let p = policy();
         let t0 = Instant::now();
-        let bad = |f: &mut FailoverState, t| f.observe(&p, "a", VerdictKind::Down, 2, 3, t);
-        assert_eq!(bad(&mut f, t0), None, "one bad round changes nothing");
-        let t = bad(&mut f, t0).expect("down after 2");
-        assert_eq!((t.from, t.to), (State::Up, State::Down));
-        assert_eq!(t.steps, vec![("www.example.com.".to_string(), 50)]);
+        let mut f = FailoverState::default();
+        assert_eq!(f.track("a", VerdictKind::Down, 2, 3), None, "one bad round");
+        assert!(f.steps.is_empty(), "tracking takes no step");
+        let mut f = demoted(&p, t0);
+        assert_eq!(removed(&f, &p), Some(50));
         assert_eq!(f.next_due(&p), Some(t0 + Duration::from_secs(90)));
         assert!(f.tick(&p, t0 + Duration::from_secs(89)).is_empty());
         let taken = f.tick(&p, t0 + Duration::from_secs(90));
         assert_eq!(taken, vec![("www.example.com.".into(), "a".into(), 100)]);
-        assert_eq!(removed(&f, &p), Some(100));
         assert_eq!(f.down(), vec!["a"]);
-
-        let t1 = t0 + Duration::from_secs(200);
-        let good = |f: &mut FailoverState, t| f.observe(&p, "a", VerdictKind::Up, 2, 3, t);
-        assert_eq!(good(&mut f, t1), None);
-        assert_eq!(good(&mut f, t1), None);
-        let t = good(&mut f, t1).expect("up after 3");
-        assert_eq!(t.steps, vec![("www.example.com.".to_string(), 50)]);
-        f.tick(&p, t1 + Duration::from_secs(90));
-        assert_eq!(removed(&f, &p), None, "back to normal, forgotten");
-        assert_eq!(f.next_due(&p), None);
     }
 
     #[test]
-    fn a_freeze_holds_the_steps_and_resume_catches_up_with_health() {
+    fn a_freeze_holds_the_steps_and_a_resume_turns_them_toward_health() {
         let p = policy();
-        let mut f = FailoverState::default();
         let t0 = Instant::now();
-        f.freeze("maintenance".into());
-        f.observe(&p, "a", VerdictKind::Down, 1, 1, t0);
-        let t = f.observe(&p, "a", VerdictKind::Down, 1, 1, t0);
-        assert_eq!(t, None, "already down");
-        assert_eq!(f.down(), vec!["a"], "health is tracked while frozen");
-        assert_eq!(removed(&f, &p), None, "no step while frozen");
+        let mut f = demoted(&p, t0);
+        f.frozen = Some("maintenance".into());
         assert_eq!(f.next_due(&p), None);
-        let taken = f.resume(&p, t0 + Duration::from_secs(5));
-        assert_eq!(taken, vec![], "the first step is taken by demote itself");
-        assert_eq!(removed(&f, &p), Some(50));
-        assert_eq!(f.next_due(&p), Some(t0 + Duration::from_secs(95)));
+        assert!(f.tick(&p, t0 + Duration::from_secs(500)).is_empty());
+        assert_eq!(removed(&f, &p), Some(50), "held where it stood");
+        let turns = f.turns(&p, None);
+        assert_eq!(
+            turns,
+            vec![Turn {
+                name: "www.example.com.".into(),
+                cdn: "a".into(),
+                direction: Direction::Demote,
+                from_level: 1,
+            }]
+        );
+        f.health.get_mut("a").unwrap().state = State::Up;
+        assert_eq!(f.turns(&p, None)[0].direction, Direction::Promote);
     }
 
     #[test]
     fn a_reload_forgets_what_is_no_longer_probed_or_steered() {
         let p = policy();
-        let mut f = FailoverState::default();
         let t0 = Instant::now();
-        f.observe(&p, "a", VerdictKind::Down, 1, 1, t0);
+        let mut f = demoted(&p, t0);
         f.retain_known(&p, &Probes::default());
         assert!(f.health.is_empty());
         assert_eq!(

@@ -28,5 +28,6 @@ pub mod state;
 pub mod state_doc;
 pub mod status;
 pub mod stepper;
+pub mod store;
 pub mod times;
 pub mod writers;

@@ -56,6 +56,11 @@ pub struct Saved {
     /// `performance:` block.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub performance: Vec<crate::control::perf::SavedShift>,
+    /// A single node's store of decisions (a set of one; `control::store`). Absent
+    /// in a state saved by a release before the store: the fields above are then
+    /// turned into its keys (`controller/upgrade.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::control::store::SavedStore>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,6 +103,7 @@ pub fn capture(
         frozen_tenants: BTreeMap::new(),
         commit: None,
         performance: Vec::new(),
+        store: None,
     }
 }
 

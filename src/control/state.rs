@@ -137,10 +137,17 @@ mod tests {
         let loaded = loaded();
         let t0 = Instant::now();
         let mut state = ControlState::default();
+        state.failover.track("a", VerdictKind::Down, 1, 1);
+        let mut s = crate::control::stepper::Stepper::default();
+        s.demote(t0, &loaded.policy.hosts[0].failover);
         state
             .failover
-            .observe(&loaded.policy, "a", VerdictKind::Down, 1, 1, t0);
-        state.failover.freeze_tenant("shop", "maintenance".into());
+            .steps
+            .insert(("www.example.com.".into(), "a".into()), s);
+        state
+            .failover
+            .frozen_tenants
+            .insert("shop".into(), "maintenance".into());
         let saved = state.saved(t0);
         let back = ControlState::from_saved(&saved, &loaded, t0, saved.saved_unix_ms);
         assert_eq!(back.removed(&loaded), state.removed(&loaded));

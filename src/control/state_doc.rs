@@ -341,6 +341,6 @@ pub fn cluster_doc(c: &ClusterLink) -> ClusterDoc {
             m.sort();
             m
         },
-        clock_skew_ms: c.etcd.skew_ms(),
+        clock_skew_ms: c.store.skew_ms(),
     }
 }

@@ -53,9 +53,7 @@
 //! | `session.rs` | `spawn_session` (read, watch, liveness, fail static) and the `Publisher` of observations |
 //! | `node.rs` | `ClusterLink`: the controller's side (writes, `on_shared`, proposals) |
 //! | `usage.rs`, `performance.rs` | the usage records, commit biases and performance cells of the set |
-//! | `etcd.rs` | the etcd v3 JSON gateway client |
 
-pub mod etcd;
 pub mod node;
 pub mod performance;
 mod records;
@@ -67,10 +65,15 @@ use std::time::Duration;
 
 use tracing::warn;
 
-pub use etcd::{Etcd, EtcdError, EtcdOptions};
+pub use crate::control::store::etcd::{self, Etcd, EtcdError, EtcdOptions};
+pub use crate::control::store::{Key, Store};
 pub use records::{Freeze, SharedDrain, SharedObservation, Timeline};
 pub use session::{spawn_session, Publisher};
 pub use view::{Link, Shared, SharedView};
+
+/// The key prefix of a set's store unless `--etcd-prefix` says otherwise (also a set of
+/// one's, in memory).
+pub const DEFAULT_PREFIX: &str = "/steerdns/";
 
 /// How often the session checks that etcd still answers (with a quorum).
 pub const LIVENESS: Duration = Duration::from_millis(400);
@@ -148,54 +151,69 @@ pub fn sane_name(s: &str) -> bool {
 
 /// Key of an observation.
 pub fn obs_key(prefix: &str, vantage: &str, cdn: &str) -> String {
-    format!("{prefix}obs/{vantage}/{cdn}")
+    Key::Obs {
+        vantage: vantage.into(),
+        cdn: cdn.into(),
+    }
+    .under(prefix)
 }
 
 /// Key of a timeline.
 pub fn timeline_key(prefix: &str, name: &str, cdn: &str) -> String {
-    format!("{prefix}timeline/{name}/{cdn}")
+    Key::Timeline {
+        name: name.into(),
+        cdn: cdn.into(),
+    }
+    .under(prefix)
 }
 
 /// Key of a drain override.
 pub fn drain_key(prefix: &str, id: &str) -> String {
-    format!("{prefix}drain/{id}")
+    Key::Drain { id: id.into() }.under(prefix)
 }
 
 /// Key of the freeze of a tenant's names.
 pub fn tenant_freeze_key(prefix: &str, tenant: &str) -> String {
-    format!("{prefix}freeze/{tenant}")
+    Key::TenantFreeze {
+        tenant: tenant.into(),
+    }
+    .under(prefix)
 }
 
 /// Key of an audit entry.
 pub fn audit_key(prefix: &str, node: &str, serial: u64) -> String {
-    format!("{prefix}audit/{node}/{serial}")
+    Key::Audit {
+        node: node.into(),
+        serial: serial.to_string(),
+    }
+    .under(prefix)
 }
 
 /// Key of the freeze.
 pub fn freeze_key(prefix: &str) -> String {
-    format!("{prefix}freeze")
+    Key::Freeze.under(prefix)
 }
 
 /// Key of the set's DNS cookie secrets.
 pub fn cookie_key(prefix: &str) -> String {
-    format!("{prefix}cookie")
+    Key::Cookie.under(prefix)
 }
 
 /// Writes an evaluation (`value` at `key`) for the set, in the background: created
 /// when the set has none (`rev` `None`), else replaced if the key is still at `rev`, so
 /// that the first node to evaluate a period wins; a failure is logged (`what`).
 pub(crate) fn write_evaluation(
-    etcd: &Etcd,
+    store: &Store,
     key: String,
     value: Vec<u8>,
     rev: Option<i64>,
     what: &'static str,
 ) {
-    let etcd = etcd.clone();
+    let store = store.clone();
     tokio::spawn(async move {
         let written = match rev {
-            None => etcd.create(&key, &value).await,
-            Some(rev) => etcd.replace(&key, rev, &value).await,
+            None => store.create(&key, &value).await,
+            Some(rev) => store.replace(&key, rev, &value).await,
         };
         if let Err(e) = written {
             warn!(key = %key, error = %e, "cannot write the {what} for the set");

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -26,7 +26,7 @@ use crate::clock::now_ms;
 use crate::config::tokens::Token;
 use crate::control::audit::Audit;
 use crate::control::cluster::{
-    self, drain_key, freeze_key, timeline_key, Etcd, Freeze, Shared, SharedDrain, SharedView,
+    self, drain_key, freeze_key, timeline_key, Freeze, Shared, SharedDrain, SharedView, Store,
     Timeline,
 };
 use crate::control::command::{audit_rule, undrain_fields, Lever};
@@ -40,7 +40,7 @@ use crate::metrics::Metrics;
 
 /// A node's link to the set: where to write, what it applied last.
 pub struct ClusterLink {
-    pub etcd: Etcd,
+    pub store: Store,
     pub prefix: String,
     /// This node's name (also its vantage name).
     pub node: String,
@@ -65,6 +65,46 @@ pub struct ClusterLink {
     audit_serial: u64,
     /// The revision of each day of usage merged into the ledger (`usage.rs`).
     pub(super) usage_seen: BTreeMap<(String, String), i64>,
+    /// Where a write's answer goes, to be given once this node applied it.
+    pub(super) done: mpsc::UnboundedSender<Done>,
+    /// The controller's end (taken once, by `Controller::run`).
+    done_rx: Option<mpsc::UnboundedReceiver<Done>>,
+}
+
+/// The answer to an API call that wrote to the store, given once this node's view
+/// holds the write (and what it changed is saved): an API client that is answered
+/// reads its own change in `/v1/state`, `explain` and the DNS, on one node and in a set.
+pub struct Done {
+    /// The store's revision once the write was made (`None`: it failed, answer now).
+    pub revision: Option<i64>,
+    pub answer: Answer,
+}
+
+/// Sends an API call's answer.
+pub type Answer = Box<dyn FnOnce() + Send>;
+
+impl Done {
+    /// Hands `value` for `reply` to the controller: at once when the write failed,
+    /// else with the store's revision now.
+    pub(super) async fn send<T: Send + 'static>(
+        done: &mpsc::UnboundedSender<Done>,
+        store: &Store,
+        key: &str,
+        reply: oneshot::Sender<T>,
+        value: T,
+        written: bool,
+    ) {
+        let revision = match written {
+            true => store.revision(key).await.ok(),
+            false => None,
+        };
+        let answer: Answer = Box::new(move || {
+            let _ = reply.send(value);
+        });
+        if let Err(back) = done.send(Done { revision, answer }) {
+            (back.0.answer)();
+        }
+    }
 }
 
 /// What applying a view did, for the controller to show or publish.
@@ -81,15 +121,16 @@ pub enum Followed {
 
 impl ClusterLink {
     pub fn new(
-        etcd: Etcd,
+        store: Store,
         prefix: String,
         node: String,
         members: Vec<String>,
         shared: watch::Receiver<Shared>,
         rounds: Arc<Notify>,
     ) -> ClusterLink {
+        let (done, done_rx) = mpsc::unbounded_channel();
         ClusterLink {
-            etcd,
+            store,
             prefix,
             node,
             members,
@@ -102,7 +143,14 @@ impl ClusterLink {
             audit_rev: 0,
             audit_serial: 0,
             usage_seen: BTreeMap::new(),
+            done,
+            done_rx: Some(done_rx),
         }
+    }
+
+    /// The answers of writes, for the controller (once).
+    pub fn take_done(&mut self) -> Option<mpsc::UnboundedReceiver<Done>> {
+        self.done_rx.take()
     }
 
     /// The view applied last, with the link state now (`None` before the first).
@@ -113,6 +161,12 @@ impl ClusterLink {
     /// Keys of the latest view that do not count.
     pub fn refused(&self) -> u64 {
         self.refused
+    }
+
+    /// This node, when it is the set's only member (a set of one): what it wrote is
+    /// shown without its name.
+    fn lone(&self) -> Option<&str> {
+        (self.members.len() <= 1).then_some(self.node.as_str())
     }
 
     /// Whether etcd answers (with a quorum).
@@ -136,7 +190,7 @@ impl ClusterLink {
     /// Writes an audit entry of this node to etcd, from where every node appends it.
     pub fn audit(&mut self, kind: &str, fields: serde_json::Value) {
         let (key, entry) = self.audit_entry(kind, fields);
-        tokio::spawn(put_audit(self.etcd.clone(), key, entry));
+        tokio::spawn(put_audit(self.store.clone(), key, entry));
     }
 
     /// The key and entry of an audit event of this node, to write to etcd.
@@ -208,7 +262,7 @@ impl ClusterLink {
                 Followed::Nothing
             };
         }
-        apply(&shared.view, state, loaded);
+        apply(&shared.view, state, loaded, self.lone());
         self.note_refused(&shared.view, state, loaded, metrics);
         Followed::Applied(if was_connected {
             BTreeMap::new()
@@ -239,19 +293,27 @@ impl ClusterLink {
     }
 
     /// This node's health of `cdn` changed: start (or turn around) the shared timeline
-    /// of every name that uses it, unless another node did first.
-    pub fn propose(&mut self, state: &ControlState, loaded: &Loaded, cdn: &str, to: State) {
+    /// of every name that uses it, unless another node did first. How many timelines
+    /// it writes (their steps show once the view holds them).
+    pub fn propose(
+        &mut self,
+        state: &ControlState,
+        loaded: &Loaded,
+        cdn: &str,
+        to: State,
+    ) -> usize {
         let failover = &state.failover;
         if failover.frozen.is_some() {
             warn!(cdn = %cdn, to = %to, "failover frozen: not acting on the health change");
-            return;
+            return 0;
         }
         if !self.connected() {
             warn!(cdn = %cdn, to = %to, "etcd unreachable: failing static, this node starts no failover on its own evidence (written when etcd is back)");
             self.pending.insert(cdn.to_string(), to);
-            return;
+            return 0;
         }
-        let Some(shared) = &self.latest else { return };
+        let Some(shared) = &self.latest else { return 0 };
+        let mut written = 0;
         for host in loaded
             .policy
             .hosts
@@ -272,6 +334,7 @@ impl ClusterLink {
                 _ => None,
             };
             let Some(compare) = write else { continue };
+            written += 1;
             let timeline = Timeline {
                 direction,
                 from_level: level,
@@ -279,12 +342,12 @@ impl ClusterLink {
                 node: self.node.clone(),
                 reason: format!("{cdn} marked {to} by {}", self.node),
             };
-            let (etcd, k) = (self.etcd.clone(), timeline_key(&self.prefix, &name, cdn));
+            let (store, k) = (self.store.clone(), timeline_key(&self.prefix, &name, cdn));
             let value = serde_json::to_vec(&timeline).unwrap_or_default();
             tokio::spawn(async move {
                 let r = match compare {
-                    None => etcd.create(&k, &value).await,
-                    Some(rev) => etcd.replace(&k, rev, &value).await,
+                    None => store.create(&k, &value).await,
+                    Some(rev) => store.replace(&k, rev, &value).await,
                 };
                 match r {
                     Ok(true) => {
@@ -297,6 +360,7 @@ impl ClusterLink {
                 }
             });
         }
+        written
     }
 
     /// Back in touch: writes what this node's health decided meanwhile, if it still
@@ -310,7 +374,7 @@ impl ClusterLink {
         for (cdn, to) in pending {
             if state.failover.health.get(&cdn).map(|t| t.state) == Some(to) {
                 info!(cdn = %cdn, to = %to, "etcd back: writing the health change made while it was unreachable");
-                self.propose(state, loaded, &cdn, to);
+                let _ = self.propose(state, loaded, &cdn, to);
             }
         }
     }
@@ -338,7 +402,11 @@ impl ClusterLink {
         let mut writes = Vec::new();
         for mut rule in rules {
             self.next_id += 1;
-            rule.id = format!("api-{}-{}-{}", self.node, wall, self.next_id);
+            // A set of many names the node, so that two nodes never make the same id.
+            rule.id = match self.lone() {
+                Some(_) => format!("api-{}-{}", wall, self.next_id),
+                None => format!("api-{}-{}-{}", self.node, wall, self.next_id),
+            };
             rule.written_by = Some(self.node.clone());
             rule.written_at_unix_ms = Some(wall);
             let ttl = rule
@@ -355,33 +423,35 @@ impl ClusterLink {
             .iter()
             .map(|(_, _, d)| self.audit_entry("drain", audit_rule(&d.rule)))
             .collect();
-        let etcd = self.etcd.clone();
+        let (store, done, prefix) = (self.store.clone(), self.done.clone(), self.prefix.clone());
         tokio::spawn(async move {
             let r = async {
                 for (key, ttl, record) in &writes {
                     let value = serde_json::to_vec(record).unwrap_or_default();
                     let lease = match ttl {
-                        Some(t) => Some(etcd.grant(*t).await?),
+                        Some(t) => Some(store.grant(*t).await?),
                         None => None,
                     };
-                    etcd.put(key, &value, lease).await?;
+                    store.put(key, &value, lease).await?;
                 }
                 Ok::<(), cluster::EtcdError>(())
             }
             .await;
-            let _ = reply.send(match r {
+            let written = r.is_ok();
+            let value = match r {
                 Ok(()) => {
                     for (_, _, d) in &writes {
                         let rule = &d.rule;
-                        info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, reason = %rule.reason, author = ?rule.author, "drain override written to etcd for the set");
+                        info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, reason = %rule.reason, author = ?rule.author, "drain override written to the store for the set");
                     }
                     for (key, entry) in audits {
-                        put_audit(etcd.clone(), key, entry).await;
+                        put_audit(store.clone(), key, entry).await;
                     }
                     Ok(writes.into_iter().map(|(_, _, d)| d.rule).collect())
                 }
                 Err(e) => Err(DrainError::Unavailable(e.to_string())),
-            });
+            };
+            Done::send(&done, &store, &prefix, reply, value, written).await;
         });
     }
 
@@ -397,19 +467,22 @@ impl ClusterLink {
             return;
         }
         let (audit_key, entry) = self.audit_entry("undrain", undrain_fields(&rule, token));
-        let (etcd, key) = (self.etcd.clone(), drain_key(&self.prefix, &rule.id));
+        let (store, key) = (self.store.clone(), drain_key(&self.prefix, &rule.id));
+        let (done, prefix) = (self.done.clone(), self.prefix.clone());
         tokio::spawn(async move {
-            let r = etcd.delete(&key).await;
+            let r = store.delete(&key).await;
             if r.is_ok() {
-                put_audit(etcd.clone(), audit_key, entry).await;
+                put_audit(store.clone(), audit_key, entry).await;
             }
-            let _ = reply.send(match r {
+            let written = r.is_ok();
+            let value = match r {
                 Ok(()) => {
-                    info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, "drain override removed from etcd for the set");
+                    info!(id = %rule.id, name = %rule.name, cdn = %rule.cdn, "drain override removed from the store for the set");
                     Ok(rule)
                 }
                 Err(e) => Err(DrainError::Unavailable(e.to_string())),
-            });
+            };
+            Done::send(&done, &store, &prefix, reply, value, written).await;
         });
     }
 
@@ -426,14 +499,16 @@ impl ClusterLink {
             at_unix_ms: now_ms(),
         };
         let key = self.freeze_key(lever.tenant.as_deref());
-        let etcd = self.etcd.clone();
+        let (store, done, prefix) = (self.store.clone(), self.done.clone(), self.prefix.clone());
         tokio::spawn(async move {
             let value = serde_json::to_vec(&record).unwrap_or_default();
-            let r = etcd.put(&key, &value, None).await;
+            let r = store.put(&key, &value, None).await;
             if r.is_ok() {
-                put_audit(etcd.clone(), audit_key, entry).await;
+                put_audit(store.clone(), audit_key, entry).await;
             }
-            let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
+            let written = r.is_ok();
+            let value = r.map_err(|e| DrainError::Unavailable(e.to_string()));
+            Done::send(&done, &store, &prefix, reply, value, written).await;
         });
     }
 
@@ -466,20 +541,23 @@ impl ClusterLink {
             })
             .collect();
         let freeze = self.freeze_key(lever.tenant.as_deref());
-        let etcd = self.etcd.clone();
+        let (store, done, prefix) = (self.store.clone(), self.done.clone(), self.prefix.clone());
         tokio::spawn(async move {
             let r = async {
                 for (k, t) in &writes {
-                    etcd.put(k, &serde_json::to_vec(t).unwrap_or_default(), None)
+                    store
+                        .put(k, &serde_json::to_vec(t).unwrap_or_default(), None)
                         .await?;
                 }
-                etcd.delete(&freeze).await
+                store.delete(&freeze).await
             }
             .await;
             if r.is_ok() {
-                put_audit(etcd.clone(), audit_key, entry).await;
+                put_audit(store.clone(), audit_key, entry).await;
             }
-            let _ = reply.send(r.map_err(|e| DrainError::Unavailable(e.to_string())));
+            let written = r.is_ok();
+            let value = r.map_err(|e| DrainError::Unavailable(e.to_string()));
+            Done::send(&done, &store, &prefix, reply, value, written).await;
         });
     }
 
@@ -500,8 +578,9 @@ fn same_overrides(a: &SharedView, b: &SharedView) -> bool {
         && a.freeze_tenants == b.freeze_tenants
 }
 
-/// Applies the set's timelines, drains and freeze of `view` to `state`.
-fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded) {
+/// Applies the set's timelines, drains and freeze of `view` to `state`. A freeze is
+/// shown with the node that wrote it, but for a set of one (`lone`: this node).
+fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded, lone: Option<&str>) {
     let now = Instant::now();
     let wall = now_ms();
     let policy = &loaded.policy;
@@ -541,10 +620,11 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded) {
     }
     let failover = &mut state.failover;
     failover.steps = steps;
-    let frozen = view
-        .freeze
-        .as_ref()
-        .map(|f| format!("{} (by {})", f.reason, f.node));
+    let shown = |f: &Freeze| match lone {
+        Some(node) if node == f.node => f.reason.clone(),
+        _ => format!("{} (by {})", f.reason, f.node),
+    };
+    let frozen = view.freeze.as_ref().map(shown);
     if frozen != failover.frozen {
         match &frozen {
             Some(why) => warn!(reason = %why, "automatic failover frozen for the whole set"),
@@ -555,7 +635,7 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded) {
     failover.frozen_tenants = view
         .freeze_tenants
         .iter()
-        .map(|(t, f)| (t.clone(), format!("{} (by {})", f.reason, f.node)))
+        .map(|(t, f)| (t.clone(), shown(f)))
         .collect();
     // In the order they were written: past the scope cap, every node refuses the
     // same (later) ones, also a node that reads them all at once.
@@ -598,11 +678,11 @@ pub fn refused_keys(view: &SharedView, loaded: &Loaded) -> u64 {
 }
 
 /// Writes an audit entry to etcd for the set (under a lease: every node has it by then).
-async fn put_audit(etcd: Etcd, key: String, entry: serde_json::Value) {
+async fn put_audit(store: Store, key: String, entry: serde_json::Value) {
     let value = serde_json::to_vec(&entry).unwrap_or_default();
     let r = async {
-        let lease = etcd.grant(cluster::AUDIT_TTL).await?;
-        etcd.put(&key, &value, Some(lease)).await
+        let lease = store.grant(cluster::AUDIT_TTL).await?;
+        store.put(&key, &value, Some(lease)).await
     }
     .await;
     if let Err(e) = r {

@@ -31,12 +31,12 @@ use crate::clock::now_ms;
 use crate::control::perf::cell::{Bucket, SLOTS};
 use crate::control::perf::hist::{Hist, BUCKETS};
 use crate::control::perf::modifier::PerfReason;
-use crate::control::perf::{Evaluation, NodeCells, Perf, Store};
+use crate::control::perf::{Evaluation, NodeCells, Perf, Samples};
 use crate::control::times;
 
 use super::etcd::MAX_VALUE;
 use super::node::ClusterLink;
-use super::{sane_name, Etcd, EtcdError};
+use super::{sane_name, EtcdError, Key, Store};
 
 /// Most `perf/` keys kept (nodes × names × regions), and most shifts.
 pub const MAX_PERF_KEYS: usize = 1024;
@@ -104,20 +104,28 @@ pub struct SharedShift {
 
 /// Key of one node's cells of one region.
 pub fn cells_key(prefix: &str, node: &str, name: &str, region: usize) -> String {
-    format!("{prefix}perf/{node}/{name}/{region}")
+    Key::Perf {
+        node: node.to_string(),
+        name: name.to_string(),
+        region,
+    }
+    .under(prefix)
 }
 
 /// Key of a region's shift.
 pub fn shift_key(prefix: &str, name: &str, region: usize) -> String {
-    format!("{prefix}shift/{name}/{region}")
+    Key::Shift {
+        name: name.to_string(),
+        region,
+    }
+    .under(prefix)
 }
 
 /// The region index of a key, if it is one.
-pub fn region_index(s: &str) -> Result<usize, String> {
-    s.parse::<usize>()
-        .ok()
-        .filter(|&r| r < MAX_REGION && r.to_string() == s)
-        .ok_or_else(|| format!("region `{s}` is not an index below {MAX_REGION}"))
+pub fn region_index(r: usize) -> Result<usize, String> {
+    (r < MAX_REGION)
+        .then_some(r)
+        .ok_or_else(|| format!("region `{r}` is not an index below {MAX_REGION}"))
 }
 
 impl SharedBucket {
@@ -377,17 +385,17 @@ impl ClusterLink {
             let key = shift_key(&self.prefix, &e.name, e.region);
             let value = serde_json::to_vec(&SharedShift::of(&e, &self.node)).unwrap_or_default();
             let rev = seen.map(|(_, r)| *r);
-            super::write_evaluation(&self.etcd, key, value, rev, "performance shift");
+            super::write_evaluation(&self.store, key, value, rev, "performance shift");
         }
     }
 }
 
 /// This node's cells, written to etcd each bucket width in which they took samples.
 pub struct CellsPublisher {
-    pub etcd: Etcd,
+    pub store: Store,
     pub prefix: String,
     pub node: String,
-    pub store: Arc<Store>,
+    pub samples: Arc<Samples>,
 }
 
 impl CellsPublisher {
@@ -399,9 +407,9 @@ impl CellsPublisher {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(self.store.share_every()) => {}
+                    _ = tokio::time::sleep(self.samples.share_every()) => {}
                 }
-                let changed = self.store.changed(&written, now_ms());
+                let changed = self.samples.changed(&written, now_ms());
                 if changed.is_empty() {
                     continue;
                 }
@@ -429,13 +437,13 @@ impl CellsPublisher {
     async fn publish(&self, changed: &[(NodeCells, u64)]) -> Result<(), EtcdError> {
         let longest = changed.iter().map(|(c, _)| c.window_ms).max().unwrap_or(0);
         let lease = self
-            .etcd
+            .store
             .grant(Duration::from_millis(longest + 2000))
             .await?;
         for (c, _) in changed {
             let key = cells_key(&self.prefix, &self.node, &c.name, c.region);
             match SharedCells::encode(c) {
-                Some(value) => self.etcd.put(&key, &value, Some(lease)).await?,
+                Some(value) => self.store.put(&key, &value, Some(lease)).await?,
                 None => {
                     warn!(key = %key, "performance samples too many to share in one etcd value")
                 }
@@ -511,7 +519,7 @@ mod tests {
         let mut wide = good.clone();
         wide.window_ms = 10;
         assert!(wide.check("ns1", "n", 0).is_err());
-        assert!(region_index("01").is_err() && region_index("4096").is_err());
-        assert_eq!(region_index("3"), Ok(3));
+        assert!(region_index(4096).is_err());
+        assert_eq!(region_index(3), Ok(3));
     }
 }

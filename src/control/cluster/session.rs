@@ -12,8 +12,8 @@ use tracing::{info, warn};
 
 use super::view::Mirror;
 use super::{
-    freeze_key, obs_key, ClusterOptions, Etcd, EtcdError, Link, Shared, SharedObservation,
-    SharedView, FAIL_STATIC_AFTER, LIVENESS, LIVENESS_TIMEOUT, MAX_KEYS, MAX_REASON,
+    freeze_key, obs_key, EtcdError, Link, Shared, SharedObservation, SharedView, Store,
+    FAIL_STATIC_AFTER, LIVENESS, LIVENESS_TIMEOUT, MAX_KEYS, MAX_REASON,
 };
 use crate::clock::now_ms;
 use crate::control::prober::Local;
@@ -21,25 +21,28 @@ use crate::control::prober::Local;
 /// Starts the session with etcd: the controller reads [`Shared`] from the returned
 /// receiver (the first value says "not yet connected").
 pub fn spawn_session(
-    etcd: Etcd,
-    opts: &ClusterOptions,
+    store: Store,
+    prefix: &str,
+    members: &[String],
+    node: &str,
     stop: CancellationToken,
 ) -> watch::Receiver<Shared> {
     let (tx, rx) = watch::channel(Shared {
         view: Arc::new(SharedView::default()),
+        revision: 0,
         link: Link {
             connected: false,
             since_unix_ms: now_ms(),
             error: Some("not connected yet".into()),
-            endpoint: etcd.endpoint_url(etcd.current()),
+            endpoint: store.endpoint_url(store.current()),
         },
     });
-    let mirror = Mirror::new(&opts.prefix, &opts.members, &opts.node);
-    let prefix = opts.prefix.clone();
+    let mirror = Mirror::new(prefix, members, node);
+    let prefix = prefix.to_string();
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = session(etcd, prefix, mirror, tx) => {}
+            _ = session(store, prefix, mirror, tx) => {}
         }
     });
     rx
@@ -67,23 +70,27 @@ fn set_link(tx: &watch::Sender<Shared>, endpoint: String, error: Option<String>)
     });
 }
 
-async fn session(etcd: Etcd, prefix: String, mut mirror: Mirror, tx: watch::Sender<Shared>) {
+async fn session(store: Store, prefix: String, mut mirror: Mirror, tx: watch::Sender<Shared>) {
     loop {
         // Read everything from the first member that answers; when none has within
         // FAIL_STATIC_AFTER, say so (fail static) and keep trying.
-        let read = etcd.range_prefix(&prefix, MAX_KEYS);
+        let read = store.range_prefix(&prefix, MAX_KEYS);
         tokio::pin!(read);
         let read = tokio::select! {
             r = &mut read => r,
             _ = tokio::time::sleep(FAIL_STATIC_AFTER) => {
-                set_link(&tx, etcd.endpoint_url(etcd.current()), Some(format!("no etcd member answered within {} ms", FAIL_STATIC_AFTER.as_millis())));
+                set_link(&tx, store.endpoint_url(store.current()), Some(format!("no etcd member answered within {} ms", FAIL_STATIC_AFTER.as_millis())));
                 read.await
             }
         };
         let range = match read {
             Ok(r) => r,
             Err(e) => {
-                set_link(&tx, etcd.endpoint_url(etcd.current()), Some(e.to_string()));
+                set_link(
+                    &tx,
+                    store.endpoint_url(store.current()),
+                    Some(e.to_string()),
+                );
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -98,33 +105,39 @@ async fn session(etcd: Etcd, prefix: String, mut mirror: Mirror, tx: watch::Send
         mirror.replace(range.kvs, range.capped, Instant::now());
         release_memory();
         let view = Arc::new(mirror.view.clone());
-        tx.send_modify(|s| s.view = view);
-        set_link(&tx, etcd.endpoint_url(member), None);
+        tx.send_modify(|s| {
+            s.view = view;
+            s.revision = range.revision;
+        });
+        set_link(&tx, store.endpoint_url(member), None);
 
         let watched_since = Instant::now();
         let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
-        let watching = etcd.watch(member, &prefix, range.revision + 1, &events_tx);
+        let watching = store.watch(member, &prefix, range.revision + 1, &events_tx);
         tokio::pin!(watching);
-        let mut alive = Box::pin(liveness(etcd.clone(), member, prefix.clone()));
+        let mut alive = Box::pin(liveness(store.clone(), member, prefix.clone()));
         let error = loop {
             tokio::select! {
                 e = &mut watching => break e,
                 batch = events.recv() => {
-                    let Some((batch, _rev)) = batch else { continue };
+                    let Some((batch, rev)) = batch else { continue };
                     mirror.apply(batch, Instant::now());
                     let view = Arc::new(mirror.view.clone());
-                    tx.send_modify(|s| s.view = view);
+                    tx.send_modify(|s| {
+                        s.view = view;
+                        s.revision = rev;
+                    });
                 }
                 r = &mut alive => match r {
-                    Ok(()) => alive = Box::pin(liveness(etcd.clone(), member, prefix.clone())),
+                    Ok(()) => alive = Box::pin(liveness(store.clone(), member, prefix.clone())),
                     Err(e) => break e,
                 },
             }
         };
         // The member watched stopped answering (or lost its quorum): the read above,
         // from the next one, says whether this node is still in touch.
-        warn!(error = %error, endpoint = %etcd.endpoint_url(member), "etcd: the member watched failed its check, moving to another");
-        etcd.skip(member);
+        warn!(error = %error, endpoint = %store.endpoint_url(member), "etcd: the member watched failed its check, moving to another");
+        store.skip(member);
         if watched_since.elapsed() < Duration::from_secs(1) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -144,14 +157,10 @@ fn release_memory() {
 
 /// After [`LIVENESS`], a linearizable read on the member watched: it fails on a member
 /// without a quorum, and on one that does not answer within [`LIVENESS_TIMEOUT`].
-async fn liveness(etcd: Etcd, member: usize, prefix: String) -> Result<(), EtcdError> {
+async fn liveness(store: Store, member: usize, prefix: String) -> Result<(), EtcdError> {
     tokio::time::sleep(LIVENESS).await;
-    let body = serde_json::json!({
-        "key": base64_key(&freeze_key(&prefix)),
-        "count_only": true,
-    });
-    match tokio::time::timeout(LIVENESS_TIMEOUT, etcd.call_on(member, "v3/kv/range", &body)).await {
-        Ok(r) => r.map(|_| ()),
+    match tokio::time::timeout(LIVENESS_TIMEOUT, store.check(member, &freeze_key(&prefix))).await {
+        Ok(r) => r,
         Err(_) => Err(EtcdError::Unreachable(format!(
             "no answer within {} ms",
             LIVENESS_TIMEOUT.as_millis()
@@ -159,16 +168,11 @@ async fn liveness(etcd: Etcd, member: usize, prefix: String) -> Result<(), EtcdE
     }
 }
 
-fn base64_key(k: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(k.as_bytes())
-}
-
 // === the publisher: this vantage point's observations, under a lease ===
 
 /// This vantage point's observations, written to etcd under a lease.
 pub struct Publisher {
-    pub etcd: Etcd,
+    pub store: Store,
     pub prefix: String,
     pub vantage: String,
     /// Where the prober records its rounds.
@@ -198,7 +202,7 @@ impl Publisher {
                     _ = rounds.notified() => {}
                     _ = keepalive.tick() => {
                         if let Some(id) = lease {
-                            if !matches!(p.etcd.keepalive(id).await, Ok(true)) {
+                            if !matches!(p.store.keepalive(id).await, Ok(true)) {
                                 lease = None;
                                 written.clear();
                             }
@@ -206,7 +210,7 @@ impl Publisher {
                     }
                 }
                 let result = publish(
-                    &p.etcd,
+                    &p.store,
                     &p.prefix,
                     &p.vantage,
                     &p.local,
@@ -238,7 +242,7 @@ impl Publisher {
 
 #[allow(clippy::too_many_arguments)]
 async fn publish(
-    etcd: &Etcd,
+    store: &Store,
     prefix: &str,
     vantage: &str,
     local: &Local,
@@ -254,7 +258,7 @@ async fn publish(
     let id = match *lease {
         Some(id) => id,
         None => {
-            let id = etcd.grant(ttl).await?;
+            let id = store.grant(ttl).await?;
             *lease = Some(id);
             id
         }
@@ -271,7 +275,8 @@ async fn publish(
             settled: all_probed && local.others_probed_since_failure(cdn),
         };
         let value = serde_json::to_vec(&record).unwrap_or_default();
-        etcd.put(&obs_key(prefix, vantage, cdn), &value, Some(id))
+        store
+            .put(&obs_key(prefix, vantage, cdn), &value, Some(id))
             .await?;
         written.insert(cdn.clone(), o.round);
     }

@@ -37,8 +37,8 @@ use crate::control::drains::DrainError;
 use crate::control::times;
 
 use super::etcd::MAX_VALUE;
-use super::node::ClusterLink;
-use super::{sane_name, Etcd};
+use super::node::{ClusterLink, Done};
+use super::{sane_name, Key, Store};
 
 /// How long a day of usage stays in etcd: the ledger keeps this month and the last.
 pub const USAGE_TTL: Duration = Duration::from_secs(64 * 86_400);
@@ -74,12 +74,19 @@ pub struct SharedBiases {
 
 /// Key of one CDN's usage of one day.
 pub fn usage_key(prefix: &str, cdn: &str, day: &str) -> String {
-    format!("{prefix}usage/{cdn}/{day}")
+    Key::Usage {
+        cdn: cdn.to_string(),
+        day: day.to_string(),
+    }
+    .under(prefix)
 }
 
 /// Key of a name's biases.
 pub fn commit_key(prefix: &str, name: &str) -> String {
-    format!("{prefix}commit/{name}")
+    Key::Commit {
+        name: name.to_string(),
+    }
+    .under(prefix)
 }
 
 /// The UTC day of `ms`, `YYYY-MM-DD`.
@@ -182,7 +189,7 @@ impl ClusterLink {
                 .or_default()
                 .push((start, r));
         }
-        let (etcd, prefix) = (self.etcd.clone(), self.prefix.clone());
+        let (store, prefix, done) = (self.store.clone(), self.prefix.clone(), self.done.clone());
         tokio::spawn(async move {
             let mut taken = UsageTaken {
                 skipped,
@@ -190,7 +197,7 @@ impl ClusterLink {
             };
             for ((cdn, day), records) in days {
                 let key = usage_key(&prefix, &cdn, &day);
-                match write_day(&etcd, &key, &records).await {
+                match write_day(&store, &key, &records).await {
                     Ok(t) => {
                         taken.added += t.added;
                         taken.replaced += t.replaced;
@@ -198,7 +205,7 @@ impl ClusterLink {
                     }
                     Err(e) => {
                         warn!(key = %key, error = %e, "usage not written for the set");
-                        let _ = reply.send(Err(e));
+                        Done::send(&done, &store, &prefix, reply, Err(e), false).await;
                         return;
                     }
                 }
@@ -210,7 +217,7 @@ impl ClusterLink {
                     "usage written for the set"
                 );
             }
-            let _ = reply.send(Ok(taken));
+            Done::send(&done, &store, &prefix, reply, Ok(taken), true).await;
         });
     }
 
@@ -285,7 +292,7 @@ impl ClusterLink {
             let key = commit_key(&self.prefix, &p.name);
             let value = serde_json::to_vec(&record).unwrap_or_default();
             let rev = seen.map(|(_, r)| *r);
-            super::write_evaluation(&self.etcd, key, value, rev, "commit biases");
+            super::write_evaluation(&self.store, key, value, rev, "commit biases");
         }
     }
 }
@@ -293,13 +300,13 @@ impl ClusterLink {
 /// Reads the day at `key`, merges `records` and writes it back if no other node wrote
 /// it meanwhile (else again, up to [`TRIES`] times). What became of the records.
 async fn write_day(
-    etcd: &Etcd,
+    store: &Store,
     key: &str,
     records: &[(u64, Record)],
 ) -> Result<UsageTaken, UsageRefused> {
     let unavailable = |e: super::EtcdError| UsageRefused::Unavailable(e.to_string());
     for _ in 0..TRIES {
-        let current = etcd.get(key).await.map_err(unavailable)?;
+        let current = store.get(key).await.map_err(unavailable)?;
         // A value that does not parse (written by hand) is replaced.
         let mut day = current
             .as_ref()
@@ -327,13 +334,14 @@ async fn write_day(
             )));
         }
         let written = match current {
-            Some(kv) => etcd
+            Some(kv) => store
                 .replace_keeping_lease(key, kv.mod_revision, &value)
                 .await
                 .map_err(unavailable)?,
             None => {
-                let lease = etcd.grant(USAGE_TTL).await.map_err(unavailable)?;
-                etcd.create_leased(key, &value, lease)
+                let lease = store.grant(USAGE_TTL).await.map_err(unavailable)?;
+                store
+                    .create_leased(key, &value, lease)
                     .await
                     .map_err(unavailable)?
             }

@@ -14,6 +14,7 @@ use super::{
     MAX_VANTAGES,
 };
 use crate::control::health::{Observation, VantageView};
+use crate::control::store::{BadKey, Key};
 
 /// Everything read from etcd, parsed and checked for form (not yet against the policy).
 #[derive(Clone, Debug, Default)]
@@ -80,7 +81,7 @@ impl SharedView {
 }
 
 /// Whether this node is in touch with etcd.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Link {
     pub connected: bool,
     /// Since when (Unix ms).
@@ -92,9 +93,12 @@ pub struct Link {
 }
 
 /// What the session hands the controller: the latest view and the link.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Shared {
     pub view: Arc<SharedView>,
+    /// The store's revision the view is at: every write answered at or before it is
+    /// in it.
+    pub revision: i64,
     pub link: Link,
 }
 
@@ -242,22 +246,20 @@ impl SharedView {
         at: Instant,
         members: &std::collections::BTreeSet<String>,
     ) -> Result<(), String> {
-        let parts: Vec<&str> = rest.split('/').collect();
-        match parts.as_slice() {
-            ["obs", vantage, cdn] => {
+        let key: Key = rest.parse().map_err(|e: BadKey| e.to_string())?;
+        match &key {
+            Key::Obs { vantage, cdn } => {
                 if !sane_name(vantage) || !sane_name(cdn) {
                     return Err("vantage or CDN name not 1 to 128 of letters, digits, ._-:@".into());
                 }
-                if !members.contains(*vantage) {
+                if !members.contains(vantage.as_str()) {
                     return Err(format!("`{vantage}` is not a member of the set (--members): its observations do not count"));
                 }
                 let o: SharedObservation = parse_json(value)?;
                 check_reason(&o.reason)?;
-                if self
-                    .observations
-                    .get(*vantage)
-                    .is_some_and(|c| c.len() >= MAX_OBS_PER_VANTAGE && !c.contains_key(*cdn))
-                {
+                if self.observations.get(vantage.as_str()).is_some_and(|c| {
+                    c.len() >= MAX_OBS_PER_VANTAGE && !c.contains_key(cdn.as_str())
+                }) {
                     return Err(format!(
                         "more than {MAX_OBS_PER_VANTAGE} CDNs observed by `{vantage}`"
                     ));
@@ -267,7 +269,7 @@ impl SharedView {
                     .or_default()
                     .insert(cdn.to_string(), (o, at));
             }
-            ["timeline", name, cdn] => {
+            Key::Timeline { name, cdn } => {
                 if !sane_name(name) || !sane_name(cdn) {
                     return Err("name or CDN not 1 to 128 of letters, digits, ._-:@".into());
                 }
@@ -279,7 +281,7 @@ impl SharedView {
                 self.timelines
                     .insert((name.to_string(), cdn.to_string()), (t, rev));
             }
-            ["drain", id] => {
+            Key::Drain { id } => {
                 if self.drains.len() >= MAX_DRAINS {
                     return Err(format!("more than {MAX_DRAINS} drains"));
                 }
@@ -290,7 +292,7 @@ impl SharedView {
                 check_reason(&d.rule.reason)?;
                 self.drains.insert(id.to_string(), d);
             }
-            ["audit", node, _] => {
+            Key::Audit { node, .. } => {
                 if !sane_name(node) || value.len() > MAX_AUDIT_VALUE {
                     return Err("node not a sane name, or an entry over 16 KiB".into());
                 }
@@ -298,7 +300,7 @@ impl SharedView {
                 if !v.is_object() {
                     return Err("an audit entry is a JSON object".into());
                 }
-                if !members.contains(*node) {
+                if !members.contains(node.as_str()) {
                     return Err(format!("`{node}` is not a member of the set (--members): its audit entries are not kept"));
                 }
                 self.audit.insert(rev, v);
@@ -306,7 +308,7 @@ impl SharedView {
                     self.audit.pop_first();
                 }
             }
-            ["freeze", tenant] => {
+            Key::TenantFreeze { tenant } => {
                 if !sane_name(tenant) {
                     return Err("tenant not 1 to 128 of letters, digits, ._-:@".into());
                 }
@@ -314,12 +316,12 @@ impl SharedView {
                 check_reason(&f.reason)?;
                 self.freeze_tenants.insert(tenant.to_string(), f);
             }
-            ["freeze"] => {
+            Key::Freeze => {
                 let f: Freeze = parse_json(value)?;
                 check_reason(&f.reason)?;
                 self.freeze = Some(f);
             }
-            ["usage", cdn, day] => {
+            Key::Usage { cdn, day } => {
                 if !sane_name(cdn) {
                     return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
                 }
@@ -331,12 +333,12 @@ impl SharedView {
                 u.check(day)?;
                 self.usage.insert(key, (Arc::new(u), rev));
             }
-            ["commit", name] => {
+            Key::Commit { name } => {
                 if !sane_name(name) {
                     return Err("name not 1 to 128 of letters, digits, ._-:@".into());
                 }
                 if self.commits.len() >= usage::MAX_COMMIT_NAMES
-                    && !self.commits.contains_key(*name)
+                    && !self.commits.contains_key(name.as_str())
                 {
                     return Err(format!(
                         "more than {} names with biases",
@@ -347,11 +349,11 @@ impl SharedView {
                 b.check()?;
                 self.commits.insert(name.to_string(), (b, rev));
             }
-            ["perf", node, name, region] => {
+            Key::Perf { node, name, region } => {
                 if !sane_name(node) || !sane_name(name) {
                     return Err("node or name not 1 to 128 of letters, digits, ._-:@".into());
                 }
-                if !members.contains(*node) {
+                if !members.contains(node.as_str()) {
                     return Err(format!(
                         "`{node}` is not a member of the set (--members): its samples do not count"
                     ));
@@ -359,7 +361,7 @@ impl SharedView {
                 let key = (
                     node.to_string(),
                     name.to_string(),
-                    performance::region_index(region)?,
+                    performance::region_index(*region)?,
                 );
                 if self.perf_cells.len() >= performance::MAX_PERF_KEYS
                     && !self.perf_cells.contains_key(&key)
@@ -373,11 +375,11 @@ impl SharedView {
                 let cells = c.check(node, name, key.2)?;
                 self.perf_cells.insert(key, Arc::new(cells));
             }
-            ["shift", name, region] => {
+            Key::Shift { name, region } => {
                 if !sane_name(name) {
                     return Err("name not 1 to 128 of letters, digits, ._-:@".into());
                 }
-                let key = (name.to_string(), performance::region_index(region)?);
+                let key = (name.to_string(), performance::region_index(*region)?);
                 if self.shifts.len() >= performance::MAX_SHIFTS && !self.shifts.contains_key(&key) {
                     return Err(format!(
                         "more than {} performance shifts",
@@ -389,55 +391,49 @@ impl SharedView {
                 self.shifts.insert(key, (s, rev));
             }
             // Read and checked by `control::cookies`, which polls it.
-            ["cookie"] => {}
-            _ => return Err("not a key of steerdns".into()),
+            Key::Cookie => {}
         }
         Ok(())
     }
 
     /// Forgets what the key `rest` (under the prefix, last written at `rev`) added.
     fn remove(&mut self, rest: &str, rev: i64) {
-        let parts: Vec<&str> = rest.split('/').collect();
-        match parts.as_slice() {
-            ["obs", vantage, cdn] => {
-                if let Some(cdns) = self.observations.get_mut(*vantage) {
-                    cdns.remove(*cdn);
+        let Ok(key) = rest.parse::<Key>() else { return };
+        match key {
+            Key::Obs { vantage, cdn } => {
+                if let Some(cdns) = self.observations.get_mut(&vantage) {
+                    cdns.remove(&cdn);
                     if cdns.is_empty() {
-                        self.observations.remove(*vantage);
+                        self.observations.remove(&vantage);
                     }
                 }
             }
-            ["timeline", name, cdn] => {
-                self.timelines.remove(&(name.to_string(), cdn.to_string()));
+            Key::Timeline { name, cdn } => {
+                self.timelines.remove(&(name, cdn));
             }
-            ["drain", id] => {
-                self.drains.remove(*id);
+            Key::Drain { id } => {
+                self.drains.remove(&id);
             }
-            ["audit", _, _] => {
+            Key::Audit { .. } => {
                 self.audit.remove(&rev);
             }
-            ["freeze", tenant] => {
-                self.freeze_tenants.remove(*tenant);
+            Key::TenantFreeze { tenant } => {
+                self.freeze_tenants.remove(&tenant);
             }
-            ["freeze"] => self.freeze = None,
-            ["usage", cdn, day] => {
-                self.usage.remove(&(cdn.to_string(), day.to_string()));
+            Key::Freeze => self.freeze = None,
+            Key::Usage { cdn, day } => {
+                self.usage.remove(&(cdn, day));
             }
-            ["commit", name] => {
-                self.commits.remove(*name);
+            Key::Commit { name } => {
+                self.commits.remove(&name);
             }
-            ["perf", node, name, region] => {
-                if let Ok(r) = performance::region_index(region) {
-                    self.perf_cells
-                        .remove(&(node.to_string(), name.to_string(), r));
-                }
+            Key::Perf { node, name, region } => {
+                self.perf_cells.remove(&(node, name, region));
             }
-            ["shift", name, region] => {
-                if let Ok(r) = performance::region_index(region) {
-                    self.shifts.remove(&(name.to_string(), r));
-                }
+            Key::Shift { name, region } => {
+                self.shifts.remove(&(name, region));
             }
-            _ => {}
+            Key::Cookie => {}
         }
     }
 }

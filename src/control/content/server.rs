@@ -45,7 +45,7 @@ use http_body_util::{BodyExt, Limited};
 
 use super::manifest::{self, Format};
 use crate::control::http::{empty, error, serve_http, ApiLimits, Conn, Reply};
-use crate::control::perf::{self, beacon, Store};
+use crate::control::perf::{self, beacon, Samples};
 use crate::metrics::Metrics;
 use crate::plan::Live;
 
@@ -58,7 +58,7 @@ pub struct SteeringOptions {
     pub limits: ApiLimits,
     /// Where beacons (`POST /rum/{name}`) and the throughput of steering polls go
     /// (the controller's, `Controller::perf_store`).
-    pub perf: Arc<Store>,
+    pub perf: Arc<Samples>,
 }
 
 impl SteeringOptions {
@@ -85,7 +85,7 @@ struct Shared {
     live: Arc<Live>,
     metrics: Metrics,
     trusted: Vec<IpNet>,
-    perf: Arc<Store>,
+    perf: Arc<Samples>,
     /// Time to send a beacon's body.
     body_timeout: std::time::Duration,
 }

@@ -29,6 +29,7 @@ mod publish;
 mod reloads;
 mod rounds;
 mod set;
+mod upgrade;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -43,18 +44,21 @@ use crate::clock::now_ms;
 use crate::config::probes::Probes;
 use crate::control::api::ScopedTokens;
 use crate::control::audit::{self, Audit};
-use crate::control::cluster::node::ClusterLink;
+use crate::control::cluster::node::{Answer, ClusterLink};
+use crate::control::cluster::{spawn_session, Shared};
 use crate::control::command::Command;
 use crate::control::commit::Commit;
 use crate::control::gauges::Gauges;
 use crate::control::peers::Peers;
 use crate::control::perf::{self, Perf};
 use crate::control::persist;
+use crate::control::persist::Saved;
 use crate::control::prober::{self, Local, Round};
 use crate::control::reload::Reloaded;
 use crate::control::saver::Saver;
 use crate::control::state::ControlState;
 use crate::control::state_doc::{Noted, StateDoc};
+use crate::control::store::Store;
 use crate::inputs::Loaded;
 use crate::metrics::Metrics;
 use crate::plan::Live;
@@ -81,8 +85,18 @@ impl StateFile {
 }
 
 /// How long an API call that changed the state waits for the save before it is
-/// answered anyway (see [`Controller::reply`]).
+/// answered anyway (see [`Controller::reply`]), and as long for its write to reach
+/// this node's view.
 const REPLY_WAIT: Duration = Duration::from_secs(2);
+
+/// The set a controller joins: its store (memory for a single node, etcd for a set),
+/// the key prefix, the members whose observations count, and when to stop reading.
+pub struct Joining {
+    pub store: Store,
+    pub prefix: String,
+    pub members: Vec<String>,
+    pub stop: CancellationToken,
+}
 
 pub struct Controller {
     loaded: Arc<Loaded>,
@@ -107,8 +121,12 @@ pub struct Controller {
     handed: Option<u64>,
     /// The document `/v1/state` serves.
     doc: Arc<Mutex<Option<StateDoc>>>,
-    /// In a set (`--etcd`): etcd, and what was last read from it.
-    cluster: Option<ClusterLink>,
+    /// The set this node belongs to (of one, its store in memory; or of many, in
+    /// etcd): every lever is written there and every decision read from its view.
+    set: ClusterLink,
+    /// API answers waiting until this node's view holds their write (revision, latest
+    /// time to answer anyway, the answer).
+    waiting: Vec<(i64, Instant, Answer)>,
     /// The audit log (with a state file): mutations, reloads, health, steps.
     audit: Option<Audit>,
     /// The API's scoped tokens, swapped on every reload.
@@ -129,7 +147,18 @@ impl Controller {
         peers: Peers,
         metrics: Metrics,
         state_file: Option<StateFile>,
+        joining: Joining,
     ) -> Controller {
+        let rounds = Arc::new(tokio::sync::Notify::new());
+        let (_, idle) = tokio::sync::watch::channel(Shared::default());
+        let set = ClusterLink::new(
+            joining.store.clone(),
+            joining.prefix.clone(),
+            vantage.clone(),
+            joining.members.clone(),
+            idle,
+            rounds,
+        );
         let mut c = Controller {
             loaded,
             vantage,
@@ -144,7 +173,8 @@ impl Controller {
             saver: None,
             handed: None,
             doc: Arc::new(Mutex::new(None)),
-            cluster: None,
+            set,
+            waiting: Vec::new(),
             audit: None,
             tokens: ScopedTokens::default(),
             perf: Perf::default(),
@@ -171,15 +201,43 @@ impl Controller {
                 }
             }
         }
-        c.restore();
+        let saved = c.restore();
         c.state
             .drains
             .sync(&c.loaded.policy, Instant::now(), now_ms());
+        c.join(joining, saved);
         c
     }
 
-    fn restore(&mut self) {
-        let Some(sf) = &self.state_file else { return };
+    /// Joins the set: a set of one first gets back its store as saved (or, from a
+    /// state saved before the store, the decisions in force then), then the session
+    /// reads and watches the store.
+    fn join(&mut self, joining: Joining, saved: Option<Saved>) {
+        let audit_rev = self.audit.as_ref().map_or(0, |a| a.start_rev);
+        if let Store::Memory(m) = &joining.store {
+            m.advance_to(audit_rev);
+            if let Some(saved) = &saved {
+                let keys = saved.store.clone().unwrap_or_else(|| {
+                    let (prefix, node) = (&joining.prefix, &self.vantage);
+                    upgrade::store_of(&self.state, prefix, node, Instant::now(), now_ms())
+                });
+                m.restore(&keys);
+            }
+        } else {
+            self.metrics.etcd_fail_static(true);
+        }
+        self.set.shared = spawn_session(
+            joining.store,
+            &joining.prefix,
+            &joining.members,
+            &self.vantage,
+            joining.stop,
+        );
+        self.set.audit_rev = audit_rev;
+    }
+
+    fn restore(&mut self) -> Option<Saved> {
+        let sf = self.state_file.as_ref()?;
         match persist::restore(&sf.dir, sf.max_age) {
             Ok(None) => {
                 // Too old for health and steps, not for the month's usage.
@@ -190,6 +248,7 @@ impl Controller {
                     );
                     self.commit.ledger = ledger;
                 }
+                None
             }
             Err((fault, kept)) => {
                 self.metrics.state_load_error(fault.reason());
@@ -199,6 +258,7 @@ impl Controller {
                     set_aside = %kept.as_ref().map_or("no".into(), |p| p.display().to_string()),
                     "saved state not restored: starting from the configured weights"
                 );
+                None
             }
             Ok(Some(saved)) => {
                 let now = Instant::now();
@@ -217,15 +277,14 @@ impl Controller {
                     "restored health and failover state"
                 );
                 self.tick_steps(now);
+                Some(saved)
             }
         }
     }
 
-    /// Makes this controller a node of a set: steps, drains and freeze follow etcd.
-    pub fn join(&mut self, mut link: ClusterLink) {
-        link.audit_rev = self.audit.as_ref().map_or(0, |a| a.start_rev);
-        self.metrics.etcd_fail_static(true);
-        self.cluster = Some(link);
+    /// Woken after each probe round (the set's publisher of observations waits on it).
+    pub fn rounds(&self) -> Arc<tokio::sync::Notify> {
+        self.set.rounds.clone()
     }
 
     /// The document `/v1/state` serves.
@@ -245,7 +304,7 @@ impl Controller {
     }
 
     /// The store of performance samples (beacons, steering polls).
-    pub fn perf_store(&self) -> Arc<perf::Store> {
+    pub fn perf_store(&self) -> Arc<perf::Samples> {
         self.perf.store()
     }
 
@@ -253,9 +312,9 @@ impl Controller {
     /// etcd, from where every node appends it.
     fn audit(&mut self, kind: &str, fields: serde_json::Value) {
         let Some(a) = &self.audit else { return };
-        match self.cluster.as_mut() {
-            Some(c) if c.connected() => c.audit(kind, fields),
-            _ => a.record(kind, fields),
+        match self.set.connected() {
+            true => self.set.audit(kind, fields),
+            false => a.record(kind, fields),
         }
     }
 
@@ -285,7 +344,8 @@ impl Controller {
         // Without the API (`--api off`) every command sender is gone: stop polling the
         // closed channel, which would otherwise be ready at once, forever.
         let mut api_open = true;
-        let mut shared = self.cluster.as_ref().map(|c| c.shared.clone());
+        let mut shared = Some(self.set.shared.clone());
+        let mut done = self.set.take_done();
         loop {
             let now = Instant::now();
             let next = self
@@ -299,6 +359,7 @@ impl Controller {
                         .next_due(&self.loaded.policy, now, now_ms()),
                 )
                 .chain(self.resign_due())
+                .chain(self.waiting.iter().map(|(_, at, _)| *at))
                 .chain(
                     self.perf
                         .next_due_ms()
@@ -343,6 +404,15 @@ impl Controller {
                         shared = None;
                     }
                 }
+                written = async {
+                    match done.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => match written {
+                    Some(d) => self.on_written(d),
+                    None => done = None,
+                },
                 command = commands.recv(), if api_open => match command {
                     Some(c) => self.on_command(c),
                     None => api_open = false,
@@ -356,6 +426,7 @@ impl Controller {
                     changed |= self.evaluate_perf();
                     changed |= self.evaluate_commit();
                     self.state.drains.prune(now_ms());
+                    self.answer_waiting(None);
                     if changed {
                         self.publish();
                     } else {

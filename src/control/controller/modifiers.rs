@@ -49,18 +49,12 @@ impl Controller {
         }
     }
 
-    /// Evaluates the performance shifts due now: put in force here, or in a set
-    /// proposed and put in force from etcd. True when weights changed.
+    /// Evaluates the performance shifts due now: proposed to the set, and put in
+    /// force from its view (`follow_perf`). Nothing changes here at once.
     pub(super) fn evaluate_perf(&mut self) -> bool {
-        let changed = match self.cluster.as_mut() {
-            Some(c) => {
-                c.propose_perf(&mut self.perf, now_ms());
-                false
-            }
-            None => self.perf.tick(now_ms()),
-        };
+        self.set.propose_perf(&mut self.perf, now_ms());
         self.perf.export(&self.metrics);
-        changed
+        false
     }
 
     /// Evaluates the commit biases due now, against the policy after performance
@@ -74,15 +68,10 @@ impl Controller {
         let base = modified.as_ref().unwrap_or(&self.loaded.policy);
         let perf = &self.perf;
         let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
-        // In a set the biases are the set's: proposed here, put in force from etcd.
-        let changed = match self.cluster.as_mut() {
-            Some(c) => {
-                c.propose_commit(&mut self.commit, base, &outside, now);
-                false
-            }
-            None => self.commit.evaluate(base, &outside, now),
-        };
+        // The biases are the set's: proposed here, put in force from its view.
+        self.set
+            .propose_commit(&mut self.commit, base, &outside, now);
         self.commit.export(&self.metrics, now);
-        changed
+        false
     }
 }

@@ -5,16 +5,17 @@
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{Controller, REPLY_WAIT};
 use crate::clock::now_ms;
+use crate::control::cluster::node::Answer;
 use crate::control::gauges;
 use crate::control::persist::Saved;
 use crate::control::planner::Removed;
 use crate::control::saver;
 use crate::control::state_doc::{self, SaveStatus, StateDoc};
+use crate::control::store::Store;
 use crate::plan::Snapshot;
 
 impl Controller {
@@ -74,6 +75,9 @@ impl Controller {
             let mut saved = self.state.saved(Instant::now());
             saved.commit = Some(self.commit.saved());
             saved.performance = self.perf.saved();
+            if let Store::Memory(m) = &self.set.store {
+                saved.store = Some(m.saved());
+            }
             saved
         });
         self.show(saved);
@@ -118,19 +122,19 @@ impl Controller {
         *self.doc.lock().unwrap_or_else(|e| e.into_inner()) = Some(doc);
     }
 
-    /// Answers an API call once what it changed is saved and shown, without holding up
+    /// Gives an API call's answer once what it changed is saved and shown, without holding up
     /// the controller meanwhile, and at the latest after [`REPLY_WAIT`]: on a hung disk
     /// the change serves and is answered, and `/v1/state` shows it once it is saved.
-    pub(super) fn reply<T: Send + 'static>(&mut self, reply: oneshot::Sender<T>, value: T) {
+    pub(super) fn answer(&mut self, answer: Answer) {
         let (Some(saver), Some(generation)) = (&self.saver, self.handed) else {
-            let _ = reply.send(value);
+            answer();
             return;
         };
         let mut written = saver.written();
         tokio::spawn(async move {
             let saved = written.wait_for(|&w| w >= generation);
             let _ = tokio::time::timeout(REPLY_WAIT, saved).await;
-            let _ = reply.send(value);
+            answer();
         });
     }
 
@@ -141,7 +145,7 @@ impl Controller {
             state: &self.state,
             vantage: &self.vantage,
             noted: &self.noted,
-            cluster: self.cluster.as_ref(),
+            cluster: (!self.set.store.is_memory()).then_some(&self.set),
             peers: &self.peer_views(),
             performance: self.perf.view(),
             commit: self.commit.view(now_ms()),

@@ -24,7 +24,7 @@ impl Controller {
     ) -> CancellationToken {
         let token = stop.child_token();
         self.peers.clear();
-        if self.cluster.is_none() {
+        if self.set.store.is_memory() {
             self.peers.spawn(
                 self.loaded.probes.vantages.clone(),
                 peer_interval(&self.loaded.probes),
@@ -79,11 +79,9 @@ impl Controller {
             self.noted.own_unhappy = unhappy;
         }
         let mut views = vec![own];
-        if let Some(c) = &self.cluster {
-            c.rounds.notify_one();
-            if let Some(skew) = c.etcd.skew_ms() {
-                self.metrics.etcd_clock_skew(skew);
-            }
+        self.set.rounds.notify_one();
+        if let Some(skew) = self.set.store.skew_ms() {
+            self.metrics.etcd_clock_skew(skew);
         }
         let peers = self.peer_views();
         self.gauges.unhappy_peers(&self.metrics, &peers);
@@ -92,9 +90,9 @@ impl Controller {
         let fresh_ms = (spec.interval * 3).as_millis() as u64 + 1000;
         // With fewer vantage points configured than the quorum, all of them must agree.
         // In a set, the quorum counts vantage points of the whole set, as configured.
-        let quorum = match &self.cluster {
-            Some(_) => spec.quorum,
-            None => spec
+        let quorum = match self.set.store.is_memory() {
+            false => spec.quorum,
+            true => spec
                 .quorum
                 .min(1 + self.loaded.probes.vantages.len() as u32),
         };
@@ -109,21 +107,10 @@ impl Controller {
             VerdictKind::Up => counts.up += 1,
             VerdictKind::Unknown => counts.unknown += 1,
         }
-        let changed = match &self.cluster {
-            Some(_) => {
-                self.state
-                    .failover
-                    .track(&round.cdn, verdict.kind, spec.down_after, spec.up_after)
-            }
-            None => self.state.failover.observe(
-                &self.loaded.policy,
-                &round.cdn,
-                verdict.kind,
-                spec.down_after,
-                spec.up_after,
-                Instant::now(),
-            ),
-        };
+        let changed =
+            self.state
+                .failover
+                .track(&round.cdn, verdict.kind, spec.down_after, spec.up_after);
         self.noted.verdicts.insert(
             round.cdn.clone(),
             format!("{:?}: {}", verdict.kind, verdict.summary()),
@@ -145,16 +132,13 @@ impl Controller {
                 self.persist();
                 return;
             }
-            if let Some(c) = self.cluster.as_mut() {
-                c.propose(&self.state, &self.loaded, &t.cdn, t.to);
-                self.export();
+            // The verdict and the steps it starts show together: once the view holds
+            // the timelines written (`on_shared` publishes and saves them).
+            let written = self.set.propose(&self.state, &self.loaded, &t.cdn, t.to);
+            self.export();
+            if written == 0 {
                 self.persist();
-                return;
             }
-            for (name, pct) in &t.steps {
-                info!(name = %name, cdn = %t.cdn, removed_percent = pct, "failover step");
-            }
-            self.publish();
         } else {
             self.persist();
         }

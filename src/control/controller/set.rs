@@ -3,9 +3,9 @@
 
 use tokio::time::Instant;
 
-use super::Controller;
+use super::{Controller, REPLY_WAIT};
 use crate::clock::now_ms;
-use crate::control::cluster::node::Followed;
+use crate::control::cluster::node::{Done, Followed};
 use crate::control::cluster::Shared;
 use crate::control::health::VantageView;
 
@@ -14,10 +14,10 @@ impl Controller {
     /// peer reports of a CDN this policy does not probe counts for nothing, not even
     /// towards "sees every CDN fail".
     pub(super) fn peer_views(&self) -> Vec<VantageView> {
-        let mut peers = match &self.cluster {
-            Some(c) => c.vantage_views(&self.loaded),
-            None => self.peers.views(),
-        };
+        // A set of one reads `probes/vantages.yaml`'s peers; a set of many shares
+        // observations through its store (and reads no peers: see `start_probing`).
+        let mut peers = self.set.vantage_views(&self.loaded);
+        peers.extend(self.peers.views());
         for p in &mut peers {
             p.latest
                 .retain(|cdn, _| self.loaded.probes.get(cdn).is_some());
@@ -27,9 +27,13 @@ impl Controller {
 
     /// A new view or link state from the session: applied, then shown or published.
     pub(super) fn on_shared(&mut self, shared: Shared) {
-        let Some(c) = self.cluster.as_mut() else {
-            return;
-        };
+        let revision = shared.link.connected.then_some(shared.revision);
+        self.follow(shared);
+        self.answer_waiting(revision);
+    }
+
+    fn follow(&mut self, shared: Shared) {
+        let c = &mut self.set;
         let audit = self.audit.as_ref();
         let followed = c.on_shared(shared, &mut self.state, &self.loaded, &self.metrics, audit);
         let shifted = c.follow_perf(&mut self.perf, now_ms());
@@ -43,9 +47,7 @@ impl Controller {
             Followed::Applied(pending) => {
                 self.note_steps(Instant::now());
                 self.publish();
-                if let Some(c) = self.cluster.as_mut() {
-                    c.catch_up(pending, &self.state, &self.loaded);
-                }
+                self.set.catch_up(pending, &self.state, &self.loaded);
             }
         }
     }
@@ -53,9 +55,7 @@ impl Controller {
     /// In a set: the usage records and commit biases the set holds, taken into the
     /// ledger and put in force. `(a bias in force changed, anything new)`.
     pub(super) fn follow_commit(&mut self) -> (bool, bool) {
-        let Some(c) = self.cluster.as_mut() else {
-            return (false, false);
-        };
+        let c = &mut self.set;
         let took = c.follow_usage(&mut self.commit, &self.loaded.policy);
         let newer = c.newer_biases(&self.commit, now_ms());
         let mut changed = false;
@@ -76,5 +76,35 @@ impl Controller {
             self.commit.export(&self.metrics, now_ms());
         }
         (changed, new)
+    }
+}
+
+impl Controller {
+    /// A write to the store finished: its answer waits until this node's view holds
+    /// it (at most [`REPLY_WAIT`]); a failed write is answered at once.
+    pub(super) fn on_written(&mut self, done: Done) {
+        match done.revision {
+            Some(rev) if self.set.latest().is_none_or(|s| s.revision < rev) => {
+                let latest = Instant::now() + REPLY_WAIT;
+                self.waiting.push((rev, latest, done.answer));
+            }
+            _ => self.answer(done.answer),
+        }
+    }
+
+    /// Answers the calls whose write the view at `revision` holds (`None`: only those
+    /// that waited long enough; a node failing static may never see its write).
+    pub(super) fn answer_waiting(&mut self, revision: Option<i64>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|(rev, latest, _)| revision.is_some_and(|r| r >= *rev) || *latest <= now);
+        self.waiting = wait;
+        for (_, _, answer) in due {
+            self.answer(answer);
+        }
     }
 }

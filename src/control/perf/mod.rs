@@ -4,10 +4,10 @@
 //! ```text
 //! POST /rum/{name} (beacons)  ─┐
 //! steering polls' throughput   │
-//! probe rounds (--vantage-     ├─▶ Store: a Cell per (name, region, CDN), a sliding
+//! probe rounds (--vantage-     ├─▶ Samples: a Cell per (name, region, CDN), a sliding
 //!   address: the prober's TTFB)┘          window of log-bucketed histograms (cell.rs)
 //! controller, at each multiple of a region's shift period (wall clock):
-//!   Store aggregates (+ the set's) ─▶ modifier::target (band, penalty, floor)
+//!   Samples aggregates (+ the set's) ─▶ modifier::target (band, penalty, floor)
 //!   ─▶ modifier::slew ─▶ an Evaluation, put in force here (one node) or written for
 //!   the set and put in force from etcd (`control/cluster/performance.rs`)
 //!   ─▶ Perf::apply: the policy with the region's weights replaced
@@ -41,7 +41,7 @@ use crate::plan::Snapshot;
 use cell::{Aggregate, Sample};
 use modifier::PerfReason;
 
-pub use store::{network, NodeCells, Recorded, Store};
+pub use store::{network, NodeCells, Recorded, Samples};
 
 /// The shift of one region with a `performance:` block.
 #[derive(Clone, Debug)]
@@ -116,7 +116,7 @@ pub struct SavedShift {
 /// `performance:` block, and the store its samples come from.
 #[derive(Debug, Default)]
 pub struct Perf {
-    store: Arc<Store>,
+    store: Arc<Samples>,
     shifts: BTreeMap<(String, usize), Shift>,
     /// The other nodes' cells, in a set.
     remote: Vec<Arc<NodeCells>>,
@@ -129,7 +129,7 @@ pub struct Perf {
 #[derive(Clone, Debug)]
 struct Vantage {
     address: IpAddr,
-    /// (name, region index, region name), from [`Store::vantage_regions`].
+    /// (name, region index, region name), from [`Samples::vantage_regions`].
     regions: Vec<(String, usize, String)>,
 }
 
@@ -177,7 +177,7 @@ fn next_multiple(now_ms: u64, period_ms: u64) -> u64 {
 
 impl Perf {
     /// The store beacons and steering polls add to.
-    pub fn store(&self) -> Arc<Store> {
+    pub fn store(&self) -> Arc<Samples> {
         self.store.clone()
     }
 
@@ -332,24 +332,6 @@ impl Perf {
             });
         }
         due
-    }
-
-    /// Ends the periods due at `now_ms` on a node alone: each region measured,
-    /// targeted, slewed and put in force. True when the weights changed.
-    pub fn tick(&mut self, now_ms: u64) -> bool {
-        let due = self.take_due(now_ms);
-        let mut changed = false;
-        for e in &due {
-            match self.adopt(e, None) {
-                Ok(c) => changed |= c,
-                // An evaluation made here from this policy always fits: a refusal is a
-                // defect, said rather than dropped.
-                Err(why) => {
-                    tracing::warn!(name = %e.name, region = %e.region_name, reason = %why, "performance evaluation refused")
-                }
-            }
-        }
-        changed
     }
 
     /// Whether a set's evaluation of region `region` of `name` at `at_ms` is to be put

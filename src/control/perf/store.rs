@@ -1,6 +1,6 @@
 //! Control plane: the store of performance samples: a `Cell` per (name, region, CDN)
-//! that beacons, steering polls and probe rounds record into (`Store::record`,
-//! `Store::record_probe`), and what it aggregates for an evaluation (`Store::aggregates`).
+//! that beacons, steering polls and probe rounds record into (`Samples::record`,
+//! `Samples::record_probe`), and what it aggregates for an evaluation (`Samples::aggregates`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -79,12 +79,12 @@ pub struct NodeCells {
 /// The samples of every (name, region, CDN), shared by the steering server (which
 /// adds to it) and the controller (which reads aggregates from it).
 #[derive(Debug, Default)]
-pub struct Store {
+pub struct Samples {
     cells: Mutex<HashMap<String, NameCells>>,
     limiter: Mutex<beacon::Limiter>,
 }
 
-impl Store {
+impl Samples {
     /// Lays the cells out for `policy`, keeping the samples of every (name, region
     /// name, CDN) whose window is unchanged.
     pub fn configure(&self, policy: &Policy) {
@@ -169,7 +169,7 @@ impl Store {
     }
 
     /// Adds a round of this node's prober for `cdn` as a sample of each of `regions`
-    /// (where its vantage point's address lands, [`Store::vantage_regions`]) that has
+    /// (where its vantage point's address lands, [`Samples::vantage_regions`]) that has
     /// the CDN, from the vantage point's network `net`; how many cells took it.
     pub fn record_probe(
         &self,

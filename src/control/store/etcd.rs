@@ -452,6 +452,20 @@ impl Etcd {
         })
     }
 
+    /// The store's revision, from a count-only read of `key` on any member.
+    pub async fn revision(&self, key: &str) -> Result<i64, EtcdError> {
+        let body = json!({ "key": b64(key.as_bytes()), "count_only": true });
+        let (v, _) = self.call_any("v3/kv/range", &body).await?;
+        num(&v["header"]["revision"]).ok_or_else(|| EtcdError::Garbled("no revision".into()))
+    }
+
+    /// A linearizable count-only read of `key` on member `i`: a member without a
+    /// quorum cannot answer it.
+    pub async fn check(&self, i: usize, key: &str) -> Result<(), EtcdError> {
+        let body = json!({ "key": b64(key.as_bytes()), "count_only": true });
+        self.call_on(i, "v3/kv/range", &body).await.map(|_| ())
+    }
+
     /// This node's observed clock offset against etcd, ms (positive: etcd is ahead).
     pub fn skew_ms(&self) -> Option<i64> {
         self.skew

@@ -1,0 +1,179 @@
+//! Control plane, the store: the key schema, written (`Display`) and read (`FromStr`)
+//! here and nowhere else. A key is written under the set's prefix ([`Key::under`]);
+//! what follows the prefix parses back to the same [`Key`]. What each key holds and who
+//! writes it: the table in `control/cluster/mod.rs`. Whether a parsed key counts (sane
+//! names, members, caps) is the view's business (`cluster/view.rs`).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One key of the store, without the prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Key {
+    /// A vantage point's latest observation of a CDN.
+    Obs { vantage: String, cdn: String },
+    /// The failover timeline of a (name, CDN).
+    Timeline { name: String, cdn: String },
+    /// A drain override.
+    Drain { id: String },
+    /// The freeze of every name.
+    Freeze,
+    /// The freeze of a tenant's names.
+    TenantFreeze { tenant: String },
+    /// One CDN's usage records of one UTC day.
+    Usage { cdn: String, day: String },
+    /// The commit biases of a name.
+    Commit { name: String },
+    /// One node's performance buckets of a region (by index) of a name.
+    Perf {
+        node: String,
+        name: String,
+        region: usize,
+    },
+    /// The performance evaluation of a region of a name.
+    Shift { name: String, region: usize },
+    /// The DNS cookie secrets.
+    Cookie,
+    /// An audit entry of a node.
+    Audit { node: String, serial: String },
+}
+
+impl Key {
+    /// The key under `prefix` (which ends in `/`).
+    pub fn under(&self, prefix: &str) -> String {
+        format!("{prefix}{self}")
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Obs { vantage, cdn } => write!(f, "obs/{vantage}/{cdn}"),
+            Key::Timeline { name, cdn } => write!(f, "timeline/{name}/{cdn}"),
+            Key::Drain { id } => write!(f, "drain/{id}"),
+            Key::Freeze => f.write_str("freeze"),
+            Key::TenantFreeze { tenant } => write!(f, "freeze/{tenant}"),
+            Key::Usage { cdn, day } => write!(f, "usage/{cdn}/{day}"),
+            Key::Commit { name } => write!(f, "commit/{name}"),
+            Key::Perf { node, name, region } => write!(f, "perf/{node}/{name}/{region}"),
+            Key::Shift { name, region } => write!(f, "shift/{name}/{region}"),
+            Key::Cookie => f.write_str("cookie"),
+            Key::Audit { node, serial } => write!(f, "audit/{node}/{serial}"),
+        }
+    }
+}
+
+/// Why a key is not one of steerdns's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadKey {
+    #[error("not a key of steerdns")]
+    Unknown,
+    #[error("region `{0}` is not an index")]
+    Region(String),
+}
+
+impl FromStr for Key {
+    type Err = BadKey;
+
+    fn from_str(rest: &str) -> Result<Key, BadKey> {
+        let parts: Vec<&str> = rest.split('/').collect();
+        let s = |x: &&str| x.to_string();
+        Ok(match parts.as_slice() {
+            ["obs", v, c] => Key::Obs {
+                vantage: s(v),
+                cdn: s(c),
+            },
+            ["timeline", n, c] => Key::Timeline {
+                name: s(n),
+                cdn: s(c),
+            },
+            ["drain", id] => Key::Drain { id: s(id) },
+            ["freeze"] => Key::Freeze,
+            ["freeze", t] => Key::TenantFreeze { tenant: s(t) },
+            ["usage", c, d] => Key::Usage {
+                cdn: s(c),
+                day: s(d),
+            },
+            ["commit", n] => Key::Commit { name: s(n) },
+            ["perf", node, n, r] => Key::Perf {
+                node: s(node),
+                name: s(n),
+                region: region(r)?,
+            },
+            ["shift", n, r] => Key::Shift {
+                name: s(n),
+                region: region(r)?,
+            },
+            ["cookie"] => Key::Cookie,
+            ["audit", node, serial] => Key::Audit {
+                node: s(node),
+                serial: s(serial),
+            },
+            _ => return Err(BadKey::Unknown),
+        })
+    }
+}
+
+/// A region index as written: digits, no leading zero.
+fn region(s: &str) -> Result<usize, BadKey> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|r| r.to_string() == s)
+        .ok_or_else(|| BadKey::Region(s.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_reads_back_as_written() {
+        let keys = [
+            Key::Obs {
+                vantage: "ns1".into(),
+                cdn: "a".into(),
+            },
+            Key::Timeline {
+                name: "www.example.com.".into(),
+                cdn: "a".into(),
+            },
+            Key::Drain { id: "api-1".into() },
+            Key::Freeze,
+            Key::TenantFreeze {
+                tenant: "shop".into(),
+            },
+            Key::Usage {
+                cdn: "a".into(),
+                day: "2026-12-05".into(),
+            },
+            Key::Commit {
+                name: "dl.example.com.".into(),
+            },
+            Key::Perf {
+                node: "ns1".into(),
+                name: "p.example.com.".into(),
+                region: 3,
+            },
+            Key::Shift {
+                name: "p.example.com.".into(),
+                region: 0,
+            },
+            Key::Cookie,
+            Key::Audit {
+                node: "ns1".into(),
+                serial: "17".into(),
+            },
+        ];
+        for k in keys {
+            let text = k.to_string();
+            assert_eq!(text.parse::<Key>(), Ok(k.clone()), "{text}");
+            assert_eq!(k.under("/s/"), format!("/s/{text}"));
+        }
+        assert_eq!("nope/x".parse::<Key>(), Err(BadKey::Unknown));
+        assert_eq!("freeze/a/b".parse::<Key>(), Err(BadKey::Unknown));
+        assert_eq!(
+            "shift/n/01".parse::<Key>(),
+            Err(BadKey::Region("01".into()))
+        );
+    }
+}
