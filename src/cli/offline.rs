@@ -227,16 +227,13 @@ pub(super) fn explain(
     if let Some(s) = &saved {
         perf.restore(&s.performance, now_ms);
     }
-    let shifted = perf.apply(&loaded.policy);
-    let base = shifted.as_ref().unwrap_or(&loaded.policy);
     let mut commit = crate::control::commit::Commit::default();
     commit.configure(&loaded.policy, now_ms);
     match saved.as_ref().and_then(|s| s.commit.as_ref()) {
         Some(c) => commit.restore(c),
         None => commit.ledger = crate::control::persist::saved_usage(state_dir).unwrap_or_default(),
     }
-    let committed = commit.apply(base, &|n: &str, r: usize, c: usize| perf.outside(n, r, c));
-    let (snapshot, _) = state.snapshot_for(&loaded, committed.as_ref().unwrap_or(base));
+    let (snapshot, _) = crate::control::chain::Chain::new(&perf).snapshot(&commit, &state, &loaded);
     let facts = crate::control::explain::Facts {
         loaded: &loaded,
         snapshot: &snapshot,

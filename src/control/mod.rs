@@ -4,6 +4,7 @@
 pub mod api;
 pub mod audit;
 pub mod book;
+pub mod chain;
 pub mod cluster;
 pub mod command;
 pub mod commit;

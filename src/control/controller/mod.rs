@@ -209,23 +209,20 @@ impl Controller {
         c
     }
 
-    /// Joins the set: a set of one first gets back its store as saved (or, from a
-    /// state saved before the store, the decisions in force then), then the session
-    /// reads and watches the store.
+    /// Joins the set: a store that lives with this node (a set of one's) first gets
+    /// back what was saved (or, from a state saved before the store, the decisions in
+    /// force then), then the session reads and watches the store. Until its first read
+    /// the node fails static.
     fn join(&mut self, joining: Joining, saved: Option<Saved>) {
         let audit_rev = self.audit.as_ref().map_or(0, |a| a.start_rev);
-        if let Store::Memory(m) = &joining.store {
-            m.advance_to(audit_rev);
-            if let Some(saved) = &saved {
-                let keys = saved.store.clone().unwrap_or_else(|| {
-                    let (prefix, node) = (&joining.prefix, &self.vantage);
-                    upgrade::store_of(&self.state, prefix, node, Instant::now(), now_ms())
-                });
-                m.restore(&keys);
-            }
-        } else {
-            self.metrics.etcd_fail_static(true);
-        }
+        let (state, prefix, node) = (&self.state, &joining.prefix, &self.vantage);
+        joining.store.restore(audit_rev, || {
+            let saved = saved.as_ref()?;
+            Some(saved.store.clone().unwrap_or_else(|| {
+                upgrade::store_of(state, prefix, node, Instant::now(), now_ms())
+            }))
+        });
+        self.metrics.etcd_fail_static(true);
         self.set.shared = spawn_session(
             joining.store,
             &joining.prefix,

@@ -8,6 +8,7 @@ use tracing::{error, info};
 
 use super::Controller;
 use crate::clock::now_ms;
+use crate::control::chain::Chain;
 
 impl Controller {
     /// When the DNSSEC signatures are to be replaced, if the zones are signed.
@@ -64,13 +65,12 @@ impl Controller {
         if self.commit.next_due_ms().is_none_or(|d| d > now) {
             return false;
         }
-        let modified = self.perf.apply(&self.loaded.policy);
-        let base = modified.as_ref().unwrap_or(&self.loaded.policy);
-        let perf = &self.perf;
-        let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
+        let chain = Chain::new(&self.perf);
+        let base = chain.shifted(&self.loaded.policy);
+        let outside = |n: &str, r: usize, c: usize| chain.outside(n, r, c);
         // The biases are the set's: proposed here, put in force from its view.
         self.set
-            .propose_commit(&mut self.commit, base, &outside, now);
+            .propose_commit(&mut self.commit, &base, &outside, now);
         self.commit.export(&self.metrics, now);
         false
     }

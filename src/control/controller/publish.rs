@@ -1,5 +1,5 @@
-//! Control plane: what the controller serves and shows. `plan` chains the modifiers
-//! (performance, then commit) and the failover state into a snapshot; `publish` swaps
+//! Control plane: what the controller serves and shows. `plan` runs the one chain of
+//! modifiers (`control/chain.rs`) into a snapshot; `publish` swaps
 //! it into `Live`, sets the gauges and saves the state; `show` hands `/v1/state` to the
 //! saver, which shows it once it is written; `reply` answers an API call then.
 
@@ -9,13 +9,13 @@ use tokio::time::Instant;
 
 use super::{Controller, REPLY_WAIT};
 use crate::clock::now_ms;
+use crate::control::chain::Chain;
 use crate::control::cluster::node::Answer;
 use crate::control::gauges;
 use crate::control::persist::Saved;
 use crate::control::planner::Removed;
 use crate::control::saver;
 use crate::control::state_doc::{self, SaveStatus, StateDoc};
-use crate::control::store::Store;
 use crate::plan::Snapshot;
 
 impl Controller {
@@ -28,15 +28,8 @@ impl Controller {
     }
 
     pub(super) fn plan(&mut self) -> Snapshot {
-        // Modifiers change the policy weights; failover and drains apply after them.
-        // perf.apply → commit.apply → failover and drains.
-        let modified = self.perf.apply(&self.loaded.policy);
-        let base = modified.as_ref().unwrap_or(&self.loaded.policy);
-        let perf = &self.perf;
-        let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
-        let committed = self.commit.apply(base, &outside);
-        let policy = committed.as_ref().unwrap_or(base);
-        let (snapshot, fail_open) = self.state.snapshot_for(&self.loaded, policy);
+        let chain = Chain::new(&self.perf);
+        let (snapshot, fail_open) = chain.snapshot(&self.commit, &self.state, &self.loaded);
         self.note_fail_open(fail_open);
         snapshot
     }
@@ -75,9 +68,7 @@ impl Controller {
             let mut saved = self.state.saved(Instant::now());
             saved.commit = Some(self.commit.saved());
             saved.performance = self.perf.saved();
-            if let Store::Memory(m) = &self.set.store {
-                saved.store = Some(m.saved());
-            }
+            saved.store = self.set.store.saved();
             saved
         });
         self.show(saved);

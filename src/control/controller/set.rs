@@ -1,10 +1,12 @@
-//! Control plane: the controller as a node of a set (`--etcd`): the peers' views, and
-//! what the set's session brings (steps, drains, freeze, shifts, biases, usage).
+//! Control plane: the controller as a node of its set (of one, or of many): the peers'
+//! views, what the set's session brings (steps, drains, freeze, shifts, biases, usage),
+//! and the answers of API writes, given once the view holds them.
 
 use tokio::time::Instant;
 
 use super::{Controller, REPLY_WAIT};
 use crate::clock::now_ms;
+use crate::control::chain::Chain;
 use crate::control::cluster::node::{Done, Followed};
 use crate::control::cluster::Shared;
 use crate::control::health::VantageView;
@@ -52,23 +54,22 @@ impl Controller {
         }
     }
 
-    /// In a set: the usage records and commit biases the set holds, taken into the
-    /// ledger and put in force. `(a bias in force changed, anything new)`.
+    /// The usage records and commit biases the set holds, taken into the ledger and
+    /// put in force. `(a bias in force changed, anything new)`.
     pub(super) fn follow_commit(&mut self) -> (bool, bool) {
         let c = &mut self.set;
         let took = c.follow_usage(&mut self.commit, &self.loaded.policy);
         let newer = c.newer_biases(&self.commit, now_ms());
         let mut changed = false;
         if !newer.is_empty() {
-            let modified = self.perf.apply(&self.loaded.policy);
-            let base = modified.as_ref().unwrap_or(&self.loaded.policy);
-            let perf = &self.perf;
-            let outside = |n: &str, r: usize, c: usize| perf.outside(n, r, c);
+            let chain = Chain::new(&self.perf);
+            let base = chain.shifted(&self.loaded.policy);
+            let outside = |n: &str, r: usize, c: usize| chain.outside(n, r, c);
             for (name, b) in &newer {
                 let biases: Vec<_> = b.biases.iter().map(|(k, v)| (k.clone(), *v)).collect();
                 changed |=
                     self.commit
-                        .adopt(base, &outside, name, b.at_unix_ms, Some(&b.node), &biases);
+                        .adopt(&base, &outside, name, b.at_unix_ms, Some(&b.node), &biases);
             }
         }
         let new = took || !newer.is_empty();

@@ -35,6 +35,27 @@ impl Store {
         matches!(self, Store::Memory(_))
     }
 
+    /// What to save with this node's state: a store in memory, all of it; etcd keeps
+    /// its own.
+    pub fn saved(&self) -> Option<SavedStore> {
+        match self {
+            Store::Etcd(_) => None,
+            Store::Memory(m) => Some(m.saved()),
+        }
+    }
+
+    /// A store in memory gets back what `saved` gives (when anything was saved), its
+    /// revision past `audit_rev` (the last one the audit log appended); etcd keeps
+    /// its own.
+    pub fn restore(&self, audit_rev: i64, saved: impl FnOnce() -> Option<SavedStore>) {
+        if let Store::Memory(m) = self {
+            m.advance_to(audit_rev);
+            if let Some(keys) = saved() {
+                m.restore(&keys);
+            }
+        }
+    }
+
     /// Every key under `prefix` (at most `max_keys`), read at one revision.
     pub async fn range_prefix(&self, prefix: &str, max_keys: usize) -> Result<Range, EtcdError> {
         match self {
@@ -61,22 +82,29 @@ impl Store {
 
     /// Writes `key` only if it does not exist; whether it was written.
     pub async fn create(&self, key: &str, value: &[u8]) -> Result<bool, EtcdError> {
-        match self {
-            Store::Etcd(e) => e.create(key, value).await,
-            Store::Memory(m) => m.create(key, value, None),
-        }
+        self.create_with(key, value, None).await
     }
 
-    /// Writes `key` attached to `lease` only if it does not exist.
+    /// [`Store::create`], the key attached to `lease`.
     pub async fn create_leased(
         &self,
         key: &str,
         value: &[u8],
         lease: i64,
     ) -> Result<bool, EtcdError> {
-        match self {
-            Store::Etcd(e) => e.create_leased(key, value, lease).await,
-            Store::Memory(m) => m.create(key, value, Some(lease)),
+        self.create_with(key, value, Some(lease)).await
+    }
+
+    async fn create_with(
+        &self,
+        key: &str,
+        value: &[u8],
+        lease: Option<i64>,
+    ) -> Result<bool, EtcdError> {
+        match (self, lease) {
+            (Store::Etcd(e), Some(l)) => e.create_leased(key, value, l).await,
+            (Store::Etcd(e), None) => e.create(key, value).await,
+            (Store::Memory(m), l) => m.create(key, value, l),
         }
     }
 
@@ -87,22 +115,30 @@ impl Store {
         mod_revision: i64,
         value: &[u8],
     ) -> Result<bool, EtcdError> {
-        match self {
-            Store::Etcd(e) => e.replace(key, mod_revision, value).await,
-            Store::Memory(m) => m.replace(key, mod_revision, value, false),
-        }
+        self.replace_with(key, mod_revision, value, false).await
     }
 
-    /// Like [`Store::replace`], keeping the key's lease.
+    /// [`Store::replace`], keeping the key's lease.
     pub async fn replace_keeping_lease(
         &self,
         key: &str,
         mod_revision: i64,
         value: &[u8],
     ) -> Result<bool, EtcdError> {
-        match self {
-            Store::Etcd(e) => e.replace_keeping_lease(key, mod_revision, value).await,
-            Store::Memory(m) => m.replace(key, mod_revision, value, true),
+        self.replace_with(key, mod_revision, value, true).await
+    }
+
+    async fn replace_with(
+        &self,
+        key: &str,
+        rev: i64,
+        value: &[u8],
+        keep_lease: bool,
+    ) -> Result<bool, EtcdError> {
+        match (self, keep_lease) {
+            (Store::Etcd(e), true) => e.replace_keeping_lease(key, rev, value).await,
+            (Store::Etcd(e), false) => e.replace(key, rev, value).await,
+            (Store::Memory(m), keep) => m.replace(key, rev, value, keep),
         }
     }
 
