@@ -18,6 +18,7 @@ use hickory_proto::rr::RecordType;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::Loaded;
+use steerdns::control::keys::NameCdn;
 use steerdns::control::planner::{self, Removed};
 use steerdns::plan::{Asker, Snapshot};
 use steerdns::selection;
@@ -95,7 +96,7 @@ async fn two_servers_on_the_same_files_answer_alike() {
 #[test]
 fn a_step_moves_only_the_failing_cdns_clients_and_failback_returns_them() {
     let loaded = demo();
-    let fastly_half: Removed = [(("www.example.com.".to_string(), "fastly".to_string()), 50)]
+    let fastly_half: Removed = [(NameCdn::new("www.example.com.", "fastly"), 50)]
         .into_iter()
         .collect();
     let normal = planner::snapshot(&loaded);
@@ -143,7 +144,7 @@ fn a_day_of_a_skewed_population_follows_the_weights() {
             pairs.push((resolver(rank), client, traffic));
         }
     }
-    let fastly_half: Removed = [(("www.example.com.".to_string(), "fastly".to_string()), 50)]
+    let fastly_half: Removed = [(NameCdn::new("www.example.com.", "fastly"), 50)]
         .into_iter()
         .collect();
     for removed in [Removed::new(), fastly_half] {

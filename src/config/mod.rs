@@ -61,6 +61,9 @@ pub struct Policy {
     pub hosts: Vec<HostPolicy>,
     /// Signing (`dnssec:`); `None`: the zones are served unsigned.
     pub dnssec: Option<dnssec::DnssecSettings>,
+    /// Each host's index in `hosts`, by its name's text (`www.example.com.`): built
+    /// when the policy is validated, read by [`Policy::host`].
+    by_name: std::collections::HashMap<String, usize>,
 }
 
 /// The policy of one steered name.
@@ -227,6 +230,27 @@ pub enum DrainScope {
 }
 
 impl Policy {
+    /// The policy of the steered name `name` (absolute, as its text reads:
+    /// `www.example.com.`): the one way to find a host by name.
+    pub fn host(&self, name: &str) -> Option<&HostPolicy> {
+        let h = self.hosts.get(*self.by_name.get(name)?)?;
+        // `hosts` is public: a host moved since the index was built is still found.
+        if name_is(&h.name, name) {
+            Some(h)
+        } else {
+            self.hosts.iter().find(|h| name_is(&h.name, name))
+        }
+    }
+
+    /// The index of [`Policy::host`] for `hosts`.
+    fn index(hosts: &[HostPolicy]) -> std::collections::HashMap<String, usize> {
+        let mut by_name = std::collections::HashMap::with_capacity(hosts.len());
+        for (i, h) in hosts.iter().enumerate() {
+            by_name.entry(h.name.to_string()).or_insert(i);
+        }
+        by_name
+    }
+
     /// The steered names (absolute) of each tenant.
     pub fn tenants(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
@@ -240,11 +264,33 @@ impl Policy {
 
     /// The tenant of `name` (absolute), if it has one.
     pub fn tenant_of(&self, name: &str) -> Option<&str> {
-        self.hosts
-            .iter()
-            .find(|h| h.name.to_string() == name)
-            .and_then(|h| h.tenant.as_deref())
+        self.host(name).and_then(|h| h.tenant.as_deref())
     }
+}
+
+impl HostPolicy {
+    /// Whether the name has a CDN called `cdn`.
+    pub fn has_cdn(&self, cdn: &str) -> bool {
+        self.cdns.iter().any(|c| c.name == cdn)
+    }
+}
+
+/// Whether `name`'s text (`www.example.com.`) is `text`, without making the text.
+fn name_is(name: &Name, text: &str) -> bool {
+    struct Rest<'a>(&'a str);
+    impl fmt::Write for Rest<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            match self.0.strip_prefix(s) {
+                Some(rest) => {
+                    self.0 = rest;
+                    Ok(())
+                }
+                None => Err(fmt::Error),
+            }
+        }
+    }
+    let mut rest = Rest(text);
+    fmt::Write::write_fmt(&mut rest, format_args!("{name}")).is_ok() && rest.0.is_empty()
 }
 
 // ===== the file, as written =====

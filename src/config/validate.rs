@@ -111,6 +111,7 @@ pub(super) fn validate(
             version: super::tokens::hex(&super::tokens::sha256(source.as_bytes()))[..12]
                 .to_string(),
             source,
+            by_name: Policy::index(&hosts),
             hosts,
             dnssec,
         },

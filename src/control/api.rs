@@ -461,7 +461,13 @@ async fn mutate(
                 ticket: r.ticket,
             };
             let tenant = rule.tenant.clone().filter(|_| rule.name.is_empty());
-            match ask(commands, |tx| Command::Drain(token, rule, tx)).await {
+            match ask(commands, |tx| Command::Drain {
+                token,
+                rule,
+                reply: tx,
+            })
+            .await
+            {
                 Ok(Ok(rules)) => match tenant {
                     Some(t) => json_reply(
                         StatusCode::CREATED,
@@ -483,7 +489,13 @@ async fn mutate(
         (Method::POST, "/v1/usage") => usage(commands, &body).await,
         (Method::DELETE, p) if p.starts_with("/v1/drains/") => {
             let id = p.trim_start_matches("/v1/drains/").to_string();
-            match ask(commands, |tx| Command::Undrain(token, id, tx)).await {
+            match ask(commands, |tx| Command::Undrain {
+                token,
+                id,
+                reply: tx,
+            })
+            .await
+            {
                 Ok(Ok(rule)) => json_reply(StatusCode::OK, &rule),
                 Ok(Err(e @ DrainError::Forbidden(_))) => {
                     error(StatusCode::FORBIDDEN, &e.to_string())
@@ -531,9 +543,9 @@ async fn mutate(
             let tenant = lever.tenant.clone();
             let sent = ask(commands, |tx| {
                 if freeze {
-                    Command::Freeze(lever, tx)
+                    Command::Freeze { lever, reply: tx }
                 } else {
-                    Command::Resume(lever, tx)
+                    Command::Resume { lever, reply: tx }
                 }
             })
             .await;
@@ -602,7 +614,13 @@ async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Reply {
         }
     }
     use crate::control::command::UsageRefused;
-    match ask(commands, |tx| Command::Usage(checked, true, tx)).await {
+    match ask(commands, |tx| Command::Usage {
+        records: checked,
+        strict: true,
+        reply: tx,
+    })
+    .await
+    {
         Ok(Ok(taken)) => json_reply(StatusCode::OK, &taken),
         Ok(Err(e @ UsageRefused::Bad(_))) => error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e @ UsageRefused::Unavailable(_))) => {
@@ -662,8 +680,12 @@ async fn explain(state: &ApiState, query: &str) -> Reply {
     let Some(commands) = &state.commands else {
         return error(StatusCode::NOT_FOUND, "not available in this mode");
     };
-    match ask(commands, |tx| {
-        Command::Explain(name, ip, resolver, session, tx)
+    match ask(commands, |tx| Command::Explain {
+        name,
+        ip,
+        resolver,
+        session,
+        reply: tx,
     })
     .await
     {
@@ -698,7 +720,13 @@ async fn audit_page(state: &ApiState, query: &str) -> Reply {
     let Some(commands) = &state.commands else {
         return error(StatusCode::NOT_FOUND, "not available in this mode");
     };
-    match ask(commands, |tx| Command::Audit(after, limit, tx)).await {
+    match ask(commands, |tx| Command::Audit {
+        after,
+        limit,
+        reply: tx,
+    })
+    .await
+    {
         Ok(Ok(page)) => json_reply(StatusCode::OK, &page),
         Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
         Err(reply) => *reply,

@@ -18,39 +18,50 @@ use crate::control::explain::{ExplainError, Explanation};
 /// A request from the admin API, answered on its oneshot.
 pub enum Command {
     /// A drain of a name, or of every name of a tenant, by the token: the rules made.
-    Drain(
-        Arc<Token>,
-        DrainRule,
-        oneshot::Sender<Result<Vec<DrainRule>, DrainError>>,
-    ),
-    Undrain(
-        Arc<Token>,
-        String,
-        oneshot::Sender<Result<DrainRule, DrainError>>,
-    ),
+    Drain {
+        token: Arc<Token>,
+        rule: DrainRule,
+        reply: oneshot::Sender<Result<Vec<DrainRule>, DrainError>>,
+    },
+    /// The removal of a drain override, by its id.
+    Undrain {
+        token: Arc<Token>,
+        id: String,
+        reply: oneshot::Sender<Result<DrainRule, DrainError>>,
+    },
     /// Answered with why it could not be done (an unknown tenant; in a set: etcd
     /// unreachable).
-    Freeze(Lever, oneshot::Sender<Result<(), DrainError>>),
-    Resume(Lever, oneshot::Sender<Result<(), DrainError>>),
+    Freeze {
+        lever: Lever,
+        reply: oneshot::Sender<Result<(), DrainError>>,
+    },
+    Resume {
+        lever: Lever,
+        reply: oneshot::Sender<Result<(), DrainError>>,
+    },
     /// Usage records (`POST /v1/usage`, or the `--usage-url` feed), checked; answered
     /// with what became of them. Strict (the API): none is taken when a CDN is
     /// unknown, and the answer says which; otherwise (the feed) those are skipped.
-    Usage(
-        Vec<UsageRecord>,
-        bool,
-        oneshot::Sender<Result<UsageTaken, UsageRefused>>,
-    ),
-    /// A page of the audit log: entries after this seq, at most this many.
-    Audit(u64, usize, oneshot::Sender<Result<audit::Page, String>>),
+    Usage {
+        records: Vec<UsageRecord>,
+        strict: bool,
+        reply: oneshot::Sender<Result<UsageTaken, UsageRefused>>,
+    },
+    /// A page of the audit log: entries after the seq `after`, at most `limit`.
+    Audit {
+        after: u64,
+        limit: usize,
+        reply: oneshot::Sender<Result<audit::Page, String>>,
+    },
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
     /// the client itself, without ECS), and a content steering session key.
-    Explain(
-        String,
-        IpAddr,
-        Option<(IpAddr, u8)>,
-        Option<u64>,
-        oneshot::Sender<Result<Explanation, ExplainError>>,
-    ),
+    Explain {
+        name: String,
+        ip: IpAddr,
+        resolver: Option<(IpAddr, u8)>,
+        session: Option<u64>,
+        reply: oneshot::Sender<Result<Explanation, ExplainError>>,
+    },
 }
 
 /// A checked usage record: CDN, start (Unix ms), the record.

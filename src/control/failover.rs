@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::config::probes::Probes;
 use crate::config::{HostPolicy, Policy};
 use crate::control::health::{State, Tracker, VerdictKind};
+use crate::control::keys::NameCdn;
 use crate::control::planner::Removed;
 use crate::control::stepper::{Direction, Stepper};
 
@@ -29,7 +30,7 @@ pub struct FailoverState {
     /// Per probed CDN.
     pub health: BTreeMap<String, Tracker>,
     /// Per (steered name, CDN) on its timeline; forgotten when back at normal weight.
-    pub steps: BTreeMap<(String, String), Stepper>,
+    pub steps: BTreeMap<NameCdn, Stepper>,
     /// Why automatic failover is frozen: health is still tracked, no step is taken.
     pub frozen: Option<String>,
     /// Tenants whose names' failover is frozen, with why: the other names go on.
@@ -90,10 +91,10 @@ impl FailoverState {
         let hosts: Vec<&HostPolicy> = policy.hosts.iter().filter(|h| !self.held(h)).collect();
         for host in hosts {
             for cdn in &host.cdns {
-                let key = (host.name.to_string(), cdn.name.clone());
+                let key = NameCdn::new(host.name.to_string(), cdn.name.clone());
                 if let Some(s) = self.steps.get_mut(&key) {
                     if s.tick(now, &host.failover) {
-                        taken.push((key.0, key.1, s.removed_percent(&host.failover)));
+                        taken.push((key.name, key.cdn, s.removed_percent(&host.failover)));
                     }
                 }
             }
@@ -111,7 +112,11 @@ impl FailoverState {
             .hosts
             .iter()
             .filter(|h| !self.held(h))
-            .flat_map(|h| h.cdns.iter().map(|c| (h.name.to_string(), c.name.clone())))
+            .flat_map(|h| {
+                h.cdns
+                    .iter()
+                    .map(|c| NameCdn::new(h.name.to_string(), c.name.clone()))
+            })
             .filter_map(|key| self.steps.get(&key)?.next_at)
             .min()
     }
@@ -142,7 +147,7 @@ impl FailoverState {
                     .is_some_and(|t| t.state == State::Down);
                 let from_level = self
                     .steps
-                    .get(&(name.clone(), cdn.name.clone()))
+                    .get(&NameCdn::new(name.clone(), cdn.name.clone()))
                     .map_or(0, |s| s.level);
                 if from_level == 0 && !down {
                     continue;
@@ -167,7 +172,7 @@ impl FailoverState {
     pub fn retain_known(&mut self, policy: &Policy, probes: &Probes) {
         self.health.retain(|cdn, _| probes.get(cdn).is_some());
         let names: Vec<String> = policy.hosts.iter().map(|h| h.name.to_string()).collect();
-        self.steps.retain(|(name, _), _| names.contains(name));
+        self.steps.retain(|key, _| names.contains(&key.name));
     }
 
     /// Percent of each CDN's share moved away, for the planner.
@@ -175,7 +180,7 @@ impl FailoverState {
         let mut removed = Removed::new();
         for host in &policy.hosts {
             for cdn in &host.cdns {
-                let key = (host.name.to_string(), cdn.name.clone());
+                let key = NameCdn::new(host.name.to_string(), cdn.name.clone());
                 if let Some(s) = self.steps.get(&key) {
                     removed.insert(key, s.removed_percent(&host.failover));
                 }
@@ -222,7 +227,7 @@ failover:
 
     fn removed(f: &FailoverState, p: &Policy) -> Option<u8> {
         f.removed(p)
-            .get(&("www.example.com.".to_string(), "a".to_string()))
+            .get(&NameCdn::new("www.example.com.", "a"))
             .copied()
     }
 
@@ -233,7 +238,7 @@ failover:
         assert_eq!((t.from, t.to, t.steps), (State::Up, State::Down, vec![]));
         let mut s = Stepper::default();
         s.demote(t0, &p.hosts[0].failover);
-        f.steps.insert(("www.example.com.".into(), "a".into()), s);
+        f.steps.insert(NameCdn::new("www.example.com.", "a"), s);
         f
     }
 

@@ -54,7 +54,11 @@ pub fn spawn(
             }
             let (tx, rx) = oneshot::channel();
             if commands
-                .send(Command::Usage(records, false, tx))
+                .send(Command::Usage {
+                    records,
+                    strict: false,
+                    reply: tx,
+                })
                 .await
                 .is_err()
             {

@@ -9,6 +9,7 @@ use tracing::{info, warn};
 use crate::clock::now_ms;
 use crate::control::drains::DrainState;
 use crate::control::health::{self, State, VantageView};
+use crate::control::keys::{NameCdn, NameRegion};
 use crate::control::state::ControlState;
 use crate::inputs::Loaded;
 use crate::metrics::Metrics;
@@ -18,7 +19,7 @@ use crate::metrics::Metrics;
 #[derive(Debug, Default)]
 pub struct Gauges {
     /// (name, CDN) pairs whose `drains_active` gauge is set.
-    drains_active: BTreeSet<(String, String)>,
+    drains_active: BTreeSet<NameCdn>,
     /// Peers currently unhappy, with why.
     unhappy_peers: BTreeMap<String, String>,
 }
@@ -45,24 +46,24 @@ impl Gauges {
                     &name,
                     &cdn.name,
                     removed
-                        .get(&(name.clone(), cdn.name.clone()))
+                        .get(&NameCdn::new(name.clone(), cdn.name.clone()))
                         .copied()
                         .unwrap_or(0),
                 );
             }
         }
-        let active: BTreeSet<(String, String)> = state
+        let active: BTreeSet<NameCdn> = state
             .drains
             .report(&loaded.policy, now_ms())
             .into_iter()
             .filter(|d| d.status == DrainState::InForce)
-            .map(|d| (d.name, d.cdn))
+            .map(|d| NameCdn::new(d.name, d.cdn))
             .collect();
-        for (name, cdn) in self.drains_active.difference(&active) {
-            m.drain_active(name, cdn, false);
+        for k in self.drains_active.difference(&active) {
+            m.drain_active(&k.name, &k.cdn, false);
         }
-        for (name, cdn) in &active {
-            m.drain_active(name, cdn, true);
+        for k in &active {
+            m.drain_active(&k.name, &k.cdn, true);
         }
         self.drains_active = active;
     }
@@ -94,12 +95,12 @@ impl Gauges {
 }
 
 /// Logs and counts the (name, region) pairs that start or stop failing open.
-pub fn fail_open(m: &Metrics, was: &[(String, String)], now: &[(String, String)]) {
-    for (name, region) in now.iter().filter(|r| !was.contains(r)) {
+pub fn fail_open(m: &Metrics, was: &[NameRegion], now: &[NameRegion]) {
+    for NameRegion { name, region } in now.iter().filter(|r| !was.contains(r)) {
         warn!(name = %name, region = %region, "fail-open: a removed share has no other CDN of the region to go to; the CDN it belongs to keeps serving it");
         m.fail_open(name, region, true);
     }
-    for (name, region) in was.iter().filter(|r| !now.contains(r)) {
+    for NameRegion { name, region } in was.iter().filter(|r| !now.contains(r)) {
         info!(name = %name, region = %region, "fail-open over: every removed share of the region has somewhere to go");
         m.fail_open(name, region, false);
     }

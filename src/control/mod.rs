@@ -18,6 +18,7 @@ pub mod feed;
 pub mod gauges;
 pub mod health;
 pub mod http;
+pub mod keys;
 pub mod peers;
 pub mod perf;
 pub mod persist;

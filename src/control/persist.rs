@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::control::drains::{DrainRule, SavedDrain};
 use crate::control::health::Tracker;
+use crate::control::keys::NameCdn;
 use crate::control::stepper::{Direction, Stepper};
 
 const FILE: &str = "steerdns-state.json";
@@ -80,7 +81,7 @@ pub fn path(dir: &Path) -> PathBuf {
 /// Captures the state now.
 pub fn capture(
     health: &BTreeMap<String, Tracker>,
-    steps: &BTreeMap<(String, String), Stepper>,
+    steps: &BTreeMap<NameCdn, Stepper>,
     now: Instant,
 ) -> Saved {
     Saved {
@@ -89,9 +90,9 @@ pub fn capture(
         steps: steps
             .iter()
             .filter(|(_, s)| s.is_active())
-            .map(|((name, cdn), s)| SavedStep {
-                name: name.clone(),
-                cdn: cdn.clone(),
+            .map(|(key, s)| SavedStep {
+                name: key.name.clone(),
+                cdn: key.cdn.clone(),
                 level: s.level,
                 direction: s.direction,
                 next_in_ms: s.next_in_ms(now),
@@ -332,13 +333,13 @@ impl Saved {
 
     /// The steppers, with their next step as far in the future as it was left, minus
     /// the time the process was away.
-    pub fn steppers(&self, now: Instant) -> BTreeMap<(String, String), Stepper> {
+    pub fn steppers(&self, now: Instant) -> BTreeMap<NameCdn, Stepper> {
         let away = self.age_ms();
         self.steps
             .iter()
             .map(|s| {
                 let stepper = Stepper::restored(s.level, s.direction, s.next_in_ms, now, away);
-                ((s.name.clone(), s.cdn.clone()), stepper)
+                (NameCdn::new(s.name.clone(), s.cdn.clone()), stepper)
             })
             .collect()
     }
@@ -365,7 +366,7 @@ mod tests {
         );
         let mut steps = BTreeMap::new();
         steps.insert(
-            ("www.example.com.".to_string(), "a".to_string()),
+            NameCdn::new("www.example.com.", "a"),
             Stepper {
                 level: 1,
                 direction: Direction::Demote,
@@ -375,7 +376,7 @@ mod tests {
         save(&dir, &capture(&health, &steps, now)).unwrap();
         let back = load(&dir, Duration::from_secs(60)).unwrap().unwrap();
         assert_eq!(back.health, health);
-        let s = back.steppers(now)[&("www.example.com.".to_string(), "a".to_string())];
+        let s = back.steppers(now)[&NameCdn::new("www.example.com.", "a")];
         assert_eq!((s.level, s.direction), (1, Direction::Demote));
         assert!(s.next_at.unwrap() <= now + Duration::from_secs(60));
 

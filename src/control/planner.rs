@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
+use crate::control::keys::{NameCdn, NameRegion};
 use crate::inputs::Loaded;
 use crate::place::geo::Place;
 use std::fmt::Write as _;
@@ -22,7 +23,7 @@ use std::fmt::Write as _;
 use crate::plan::{ChoiceSpec, NameSpec, Plan, Reason, RegionIndex, Snapshot, Target};
 
 /// Percent of weight removed by failover, by (steered name, CDN name); absent = 0.
-pub type Removed = BTreeMap<(String, String), u8>;
+pub type Removed = BTreeMap<NameCdn, u8>;
 
 /// A drain in force: `percent` of a CDN's weight removed for the clients in `scope`
 /// (empty: everywhere) of one steered name.
@@ -43,7 +44,7 @@ pub struct Planned {
     pub plan: Plan,
     /// (steered name, region) pairs answering with configured weights, for some or
     /// all of their clients, because every CDN there is out.
-    pub fail_open: Vec<(String, String)>,
+    pub fail_open: Vec<NameRegion>,
 }
 
 // === snapshots ===
@@ -59,7 +60,7 @@ pub fn snapshot_with(
     loaded: &Loaded,
     removed: &Removed,
     drains: &[DrainCut],
-) -> (Snapshot, Vec<(String, String)>) {
+) -> (Snapshot, Vec<NameRegion>) {
     snapshot_for(loaded, &loaded.policy, removed, drains)
 }
 
@@ -72,7 +73,7 @@ pub fn snapshot_for(
     policy: &Policy,
     removed: &Removed,
     drains: &[DrainCut],
-) -> (Snapshot, Vec<(String, String)>) {
+) -> (Snapshot, Vec<NameRegion>) {
     let mut planned = plan(policy, removed, drains, loaded.geo.places());
     let signed = loaded.dnssec.as_ref().map(|d| d.signed());
     let zones = match &signed {
@@ -113,7 +114,7 @@ pub fn plan(policy: &Policy, removed: &Removed, drains: &[DrainCut], places: &[P
 /// Percent removed by failover for one CDN of one host.
 pub fn removed_of(removed: &Removed, host: &HostPolicy, cdn: &str) -> u8 {
     removed
-        .get(&(host.name.to_string(), cdn.to_string()))
+        .get(&NameCdn::new(host.name.to_string(), cdn))
         .copied()
         .unwrap_or(0)
         .min(100)
@@ -128,7 +129,7 @@ fn steered(
     version: &str,
     removed: &Removed,
     drains: &[DrainCut],
-    fail_open: &mut Vec<(String, String)>,
+    fail_open: &mut Vec<NameRegion>,
 ) -> NameSpec {
     let n_cdn = host.cdns.len();
     let name = host.name.to_string();
@@ -275,7 +276,7 @@ fn steered(
             );
         }
         if failed_open {
-            fail_open.push((name.clone(), region.name.clone()));
+            fail_open.push(NameRegion::new(name.clone(), region.name.clone()));
         }
     }
     let scopes = groups
@@ -446,7 +447,7 @@ pub fn check(
             let listed = planned
                 .fail_open
                 .iter()
-                .any(|(n, rn)| *n == name && *rn == region.name);
+                .any(|k| k.name == name && k.region == region.name);
             if failed_open != listed {
                 return Err(format!(
                     "{name} region `{}`: fails open: {failed_open}, listed: {listed}",
@@ -476,7 +477,7 @@ pub fn check_every_cut(policy: &Policy) -> Result<usize, String> {
         let gb = Match::parse("GB").expect("a country");
         for cdn in &host.cdns {
             for &pct in &host.failover.steps {
-                let key = (name.clone(), cdn.name.clone());
+                let key = NameCdn::new(name.clone(), cdn.name.clone());
                 run(&[(key, pct)].into_iter().collect(), &[])?;
                 for scope in [
                     vec![],
@@ -497,7 +498,7 @@ pub fn check_every_cut(policy: &Policy) -> Result<usize, String> {
         let all = host
             .cdns
             .iter()
-            .map(|c| ((name.clone(), c.name.clone()), 100))
+            .map(|c| (NameCdn::new(name.clone(), c.name.clone()), 100))
             .collect();
         run(&all, &[])?;
     }
@@ -546,7 +547,7 @@ regions:
     }
 
     fn cut(pct: u8) -> Removed {
-        [(("www.example.com.".to_string(), "a".to_string()), pct)]
+        [(NameCdn::new("www.example.com.", "a"), pct)]
             .into_iter()
             .collect()
     }
@@ -760,10 +761,7 @@ regions:
             weights(&p, 1),
             (vec![("a".into(), 10000)], Reason::FailOpen, 10)
         );
-        assert_eq!(
-            p.fail_open,
-            vec![("www.example.com.".to_string(), "JP".to_string())]
-        );
+        assert_eq!(p.fail_open, vec![NameRegion::new("www.example.com.", "JP")]);
         // Half removed in a region of one CDN: the half has nowhere to go, so a keeps
         // serving everything, and the plan says so.
         let p = plan(&policy(), &cut(50), &[], &[]);

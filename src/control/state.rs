@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::control::drains::Drains;
 use crate::control::failover::FailoverState;
+use crate::control::keys::NameRegion;
 use crate::control::persist::{self, Saved};
 use crate::control::planner::{self, DrainCut, Removed};
 use crate::inputs::Loaded;
@@ -68,7 +69,7 @@ impl ControlState {
     }
 
     /// The plan for this state, and the regions that had to fail open.
-    pub fn snapshot(&self, loaded: &Loaded) -> (Snapshot, Vec<(String, String)>) {
+    pub fn snapshot(&self, loaded: &Loaded) -> (Snapshot, Vec<NameRegion>) {
         self.snapshot_for(loaded, &loaded.policy)
     }
 
@@ -78,7 +79,7 @@ impl ControlState {
         &self,
         loaded: &Loaded,
         policy: &crate::config::Policy,
-    ) -> (Snapshot, Vec<(String, String)>) {
+    ) -> (Snapshot, Vec<NameRegion>) {
         planner::snapshot_for(loaded, policy, &self.removed(loaded), &self.cuts(loaded))
     }
 
@@ -119,6 +120,7 @@ impl ControlState {
 mod tests {
     use super::*;
     use crate::control::health::VerdictKind;
+    use crate::control::keys::NameCdn;
     use std::path::Path;
 
     /// The demo inputs, with the failover tests' policy, its name of tenant `shop`.
@@ -143,7 +145,7 @@ mod tests {
         state
             .failover
             .steps
-            .insert(("www.example.com.".into(), "a".into()), s);
+            .insert(NameCdn::new("www.example.com.", "a"), s);
         state
             .failover
             .frozen_tenants
@@ -153,7 +155,7 @@ mod tests {
         assert_eq!(back.removed(&loaded), state.removed(&loaded));
         assert_eq!(
             back.removed(&loaded)
-                .get(&("www.example.com.".into(), "a".into())),
+                .get(&NameCdn::new("www.example.com.", "a")),
             Some(&50)
         );
         assert_eq!(

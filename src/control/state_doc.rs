@@ -12,6 +12,7 @@ use crate::control::cluster::node::ClusterLink;
 use crate::control::cluster::Freeze;
 use crate::control::drains::DrainStatus;
 use crate::control::health::{self, VantageView};
+use crate::control::keys::{NameCdn, NameRegion};
 use crate::control::state::ControlState;
 use crate::control::stepper::Direction;
 use crate::inputs::Loaded;
@@ -188,7 +189,7 @@ pub struct PeerDoc {
 #[derive(Debug, Default)]
 pub struct Noted {
     /// (name, region) pairs failing open.
-    pub fail_open: Vec<(String, String)>,
+    pub fail_open: Vec<NameRegion>,
     /// Why this vantage point is unhappy, if it is.
     pub own_unhappy: Option<String>,
     /// The last round's verdict per CDN, with its evidence.
@@ -198,7 +199,7 @@ pub struct Noted {
     pub verdict_counts: BTreeMap<String, VerdictCounts>,
     /// The percentage of each (name, CDN)'s current failover step and when the step was
     /// taken: the server's own account of the timeline.
-    pub stepped: BTreeMap<(String, String), (u8, Instant)>,
+    pub stepped: BTreeMap<NameCdn, (u8, Instant)>,
     /// The outcome of the last reload.
     pub last_reload: Option<ReloadOutcome>,
 }
@@ -258,28 +259,23 @@ impl Parts<'_> {
                 .state
                 .removed(loaded)
                 .into_iter()
-                .map(|((name, cdn), pct)| StepDoc {
-                    direction: f
-                        .steps
-                        .get(&(name.clone(), cdn.clone()))
-                        .map(|s| s.direction),
-                    since_unix_ms: noted.stepped.get(&(name.clone(), cdn.clone())).map(
-                        |&(_, at)| {
-                            let ago = Instant::now().saturating_duration_since(at);
-                            now_ms().saturating_sub(ago.as_millis() as u64)
-                        },
-                    ),
-                    name,
-                    cdn,
+                .map(|(key, pct)| StepDoc {
+                    direction: f.steps.get(&key).map(|s| s.direction),
+                    since_unix_ms: noted.stepped.get(&key).map(|&(_, at)| {
+                        let ago = Instant::now().saturating_duration_since(at);
+                        now_ms().saturating_sub(ago.as_millis() as u64)
+                    }),
+                    name: key.name,
+                    cdn: key.cdn,
                     removed_percent: pct,
                 })
                 .collect(),
             fail_open: noted
                 .fail_open
                 .iter()
-                .map(|(name, region)| FailOpenDoc {
-                    name: name.clone(),
-                    region: region.clone(),
+                .map(|k| FailOpenDoc {
+                    name: k.name.clone(),
+                    region: k.region.clone(),
                 })
                 .collect(),
             cluster: self.cluster.map(cluster_doc),
@@ -313,9 +309,9 @@ pub fn cluster_doc(c: &ClusterLink) -> ClusterDoc {
         timelines: view
             .timelines
             .iter()
-            .map(|((name, cdn), (t, _))| TimelineDoc {
-                name: name.clone(),
-                cdn: cdn.clone(),
+            .map(|(key, (t, _))| TimelineDoc {
+                name: key.name.clone(),
+                cdn: key.cdn.clone(),
                 direction: t.direction,
                 from_level: t.from_level,
                 start_unix_ms: t.start_unix_ms,

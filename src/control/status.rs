@@ -670,7 +670,7 @@ mod tests {
         let p = h.points(&n, &region, "fastly").unwrap();
         assert_eq!(p.iter().copied().collect::<Vec<_>>(), vec![(t0, 900)]);
 
-        let removed = [((n.clone(), "fastly".to_string()), 50)].into();
+        let removed = [(crate::control::keys::NameCdn::new(n.clone(), "fastly"), 50)].into();
         let stepped = planner::snapshot_with(&loaded, &removed, &[]).0;
         h.record(&stepped.plan, t0 + 2000);
         let p = h.points(&n, &region, "fastly").unwrap();
@@ -718,7 +718,7 @@ mod tests {
             .unwrap()
             .text()
             .to_string();
-        let removed = [((n.clone(), "fastly".to_string()), 50)].into();
+        let removed = [(crate::control::keys::NameCdn::new(n.clone(), "fastly"), 50)].into();
         let stepped = planner::snapshot_with(&loaded, &removed, &[]).0;
         let mut history = History::default();
         let now = 1_000_000_000_000;

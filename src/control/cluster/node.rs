@@ -33,6 +33,7 @@ use crate::control::command::{audit_rule, undrain_fields, Lever};
 use crate::control::drains::{DrainError, DrainRule};
 use crate::control::failover::Turn;
 use crate::control::health::{State, VantageView};
+use crate::control::keys::{CdnDay, NameCdn};
 use crate::control::state::ControlState;
 use crate::control::stepper::Direction;
 use crate::inputs::Loaded;
@@ -64,7 +65,7 @@ pub struct ClusterLink {
     /// Serial of the audit keys written here.
     audit_serial: u64,
     /// The revision of each day of usage merged into the ledger (`usage.rs`).
-    pub(super) usage_seen: BTreeMap<(String, String), i64>,
+    pub(super) usage_seen: BTreeMap<CdnDay, i64>,
     /// Where a write's answer goes, to be given once this node applied it.
     pub(super) done: mpsc::UnboundedSender<Done>,
     /// The controller's end (taken once, by `Controller::run`).
@@ -321,7 +322,7 @@ impl ClusterLink {
             .filter(|h| h.cdns.iter().any(|x| x.name == cdn) && !failover.held(h))
         {
             let name = host.name.to_string();
-            let key = (name.clone(), cdn.to_string());
+            let key = NameCdn::new(name.clone(), cdn);
             let level = failover.steps.get(&key).map_or(0, |s| s.level);
             let existing = shared.view.timelines.get(&key).cloned();
             let direction = match to {
@@ -590,12 +591,9 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded, lone: Opt
         None => wall,
     };
     let mut steps = BTreeMap::new();
-    for ((name, cdn), (tl, _)) in &view.timelines {
-        let Some(host) = policy
-            .hosts
-            .iter()
-            .find(|h| h.name.to_string() == *name && h.cdns.iter().any(|x| x.name == *cdn))
-        else {
+    for (key, (tl, _)) in &view.timelines {
+        let NameCdn { name, cdn } = key;
+        let Some(host) = policy.host(name).filter(|h| h.has_cdn(cdn)) else {
             continue;
         };
         let top = host.failover.steps.len();
@@ -615,7 +613,7 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded, lone: Opt
         };
         let s = tl.stepper(top, interval, t, now);
         if s.is_active() {
-            steps.insert((name.clone(), cdn.clone()), s);
+            steps.insert(key.clone(), s);
         }
     }
     let failover = &mut state.failover;
@@ -662,12 +660,7 @@ pub fn refused_keys(view: &SharedView, loaded: &Loaded) -> u64 {
     let timelines = view
         .timelines
         .keys()
-        .filter(|(name, cdn)| {
-            !policy
-                .hosts
-                .iter()
-                .any(|h| h.name.to_string() == *name && h.cdns.iter().any(|x| x.name == *cdn))
-        })
+        .filter(|k| !policy.host(&k.name).is_some_and(|h| h.has_cdn(&k.cdn)))
         .count();
     let drains = view
         .drains

@@ -34,6 +34,7 @@ use crate::control::commit::bias::Bias;
 use crate::control::commit::ledger::{Record, Taken};
 use crate::control::commit::{Commit, OutsideBand};
 use crate::control::drains::DrainError;
+use crate::control::keys::CdnDay;
 use crate::control::times;
 
 use super::etcd::MAX_VALUE;
@@ -183,9 +184,9 @@ impl ClusterLink {
             let _ = reply.send(Err(UsageRefused::Unavailable(why)));
             return;
         }
-        let mut days: BTreeMap<(String, String), Vec<(u64, Record)>> = BTreeMap::new();
+        let mut days: BTreeMap<CdnDay, Vec<(u64, Record)>> = BTreeMap::new();
         for (cdn, start, r) in records {
-            days.entry((cdn, day_of(start)))
+            days.entry(CdnDay::new(cdn, day_of(start)))
                 .or_default()
                 .push((start, r));
         }
@@ -195,7 +196,7 @@ impl ClusterLink {
                 skipped,
                 ..UsageTaken::default()
             };
-            for ((cdn, day), records) in days {
+            for (CdnDay { cdn, day }, records) in days {
                 let key = usage_key(&prefix, &cdn, &day);
                 match write_day(&store, &key, &records).await {
                     Ok(t) => {
@@ -228,12 +229,12 @@ impl ClusterLink {
             return false;
         };
         let mut took = false;
-        for ((cdn, day), (u, rev)) in &view.usage {
-            let seen = self.usage_seen.get(&(cdn.clone(), day.clone()));
-            if seen == Some(rev) {
+        for (key, (u, rev)) in &view.usage {
+            if self.usage_seen.get(key) == Some(rev) {
                 continue;
             }
-            self.usage_seen.insert((cdn.clone(), day.clone()), *rev);
+            self.usage_seen.insert(key.clone(), *rev);
+            let cdn = &key.cdn;
             for &(start, seconds, bytes) in &u.records {
                 let r = Record { seconds, bytes };
                 took |= commit

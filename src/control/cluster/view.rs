@@ -14,6 +14,7 @@ use super::{
     MAX_VANTAGES,
 };
 use crate::control::health::{Observation, VantageView};
+use crate::control::keys::{CdnDay, NameCdn};
 use crate::control::store::{BadKey, Key};
 
 /// Everything read from etcd, parsed and checked for form (not yet against the policy).
@@ -22,7 +23,7 @@ pub struct SharedView {
     /// Per vantage point, per CDN: the observation and when this node received it.
     pub observations: BTreeMap<String, BTreeMap<String, (SharedObservation, Instant)>>,
     /// Per (name, CDN): the timeline and its revision (for compare-and-swap).
-    pub timelines: BTreeMap<(String, String), (Timeline, i64)>,
+    pub timelines: BTreeMap<NameCdn, (Timeline, i64)>,
     /// Per override id.
     pub drains: BTreeMap<String, SharedDrain>,
     pub freeze: Option<Freeze>,
@@ -31,7 +32,7 @@ pub struct SharedView {
     /// Audit entries by revision: every node appends them in this order.
     pub audit: BTreeMap<i64, serde_json::Value>,
     /// Per (CDN, day): its usage records and their revision.
-    pub usage: BTreeMap<(String, String), (Arc<usage::SharedUsage>, i64)>,
+    pub usage: BTreeMap<CdnDay, (Arc<usage::SharedUsage>, i64)>,
     /// Per name: the biases of the set's latest evaluation, and their revision.
     pub commits: BTreeMap<String, (usage::SharedBiases, i64)>,
     /// Per (node, name, region index): that node's performance buckets.
@@ -279,7 +280,7 @@ impl SharedView {
                 let t: Timeline = parse_json(value)?;
                 check_reason(&t.reason)?;
                 self.timelines
-                    .insert((name.to_string(), cdn.to_string()), (t, rev));
+                    .insert(NameCdn::new(name.as_str(), cdn.as_str()), (t, rev));
             }
             Key::Drain { id } => {
                 if self.drains.len() >= MAX_DRAINS {
@@ -325,7 +326,7 @@ impl SharedView {
                 if !sane_name(cdn) {
                     return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
                 }
-                let key = (cdn.to_string(), day.to_string());
+                let key = CdnDay::new(cdn.as_str(), day.as_str());
                 if self.usage.len() >= usage::MAX_USAGE_DAYS && !self.usage.contains_key(&key) {
                     return Err(format!("more than {} days of usage", usage::MAX_USAGE_DAYS));
                 }
@@ -409,7 +410,7 @@ impl SharedView {
                 }
             }
             Key::Timeline { name, cdn } => {
-                self.timelines.remove(&(name, cdn));
+                self.timelines.remove(&NameCdn { name, cdn });
             }
             Key::Drain { id } => {
                 self.drains.remove(&id);
@@ -422,7 +423,7 @@ impl SharedView {
             }
             Key::Freeze => self.freeze = None,
             Key::Usage { cdn, day } => {
-                self.usage.remove(&(cdn, day));
+                self.usage.remove(&CdnDay { cdn, day });
             }
             Key::Commit { name } => {
                 self.commits.remove(&name);

@@ -450,7 +450,7 @@ impl Commit {
         by: Option<&str>,
         biases: &[(String, Bias)],
     ) -> bool {
-        let Some(host) = base.hosts.iter().find(|h| h.name.to_string() == name) else {
+        let Some(host) = base.host(name) else {
             return false;
         };
         let Some(h) = self.hosts.get_mut(name) else {

@@ -17,7 +17,7 @@ impl Controller {
         let loaded = self.loaded.clone();
         let policy = &loaded.policy;
         match command {
-            Command::Drain(token, rule, reply) => {
+            Command::Drain { token, rule, reply } => {
                 let mut drains = self.state.drains.clone();
                 let admitted = self
                     .writable()
@@ -29,7 +29,7 @@ impl Controller {
                     }
                 }
             }
-            Command::Undrain(token, id, reply) => {
+            Command::Undrain { token, id, reply } => {
                 let Some(rule) = self.set.written_drain(&id) else {
                     let _ = reply.send(Err(DrainError::NoSuchOverride(id)));
                     return;
@@ -41,7 +41,7 @@ impl Controller {
                     }
                 }
             }
-            Command::Freeze(lever, reply) => {
+            Command::Freeze { lever, reply } => {
                 match self.writable().and_then(|()| self.known_tenant(&lever)) {
                     Ok(()) => self.set.write_freeze(lever, reply),
                     Err(e) => {
@@ -49,7 +49,7 @@ impl Controller {
                     }
                 }
             }
-            Command::Resume(lever, reply) => {
+            Command::Resume { lever, reply } => {
                 if let Err(e) = self.writable().and_then(|()| self.known_tenant(&lever)) {
                     let _ = reply.send(Err(e));
                     return;
@@ -57,18 +57,30 @@ impl Controller {
                 let turns = self.state.failover.turns(policy, lever.tenant.as_deref());
                 self.set.write_resume(lever, &turns, reply);
             }
-            Command::Usage(records, strict, reply) => {
-                match admit_usage(policy, records, strict, now_ms()) {
-                    Ok((records, skipped)) => self.set.write_usage(records, skipped, reply),
-                    Err(e) => {
-                        let _ = reply.send(Err(UsageRefused::Bad(e)));
-                    }
+            Command::Usage {
+                records,
+                strict,
+                reply,
+            } => match admit_usage(policy, records, strict, now_ms()) {
+                Ok((records, skipped)) => self.set.write_usage(records, skipped, reply),
+                Err(e) => {
+                    let _ = reply.send(Err(UsageRefused::Bad(e)));
                 }
-            }
-            Command::Explain(name, ip, resolver, session, reply) => {
+            },
+            Command::Explain {
+                name,
+                ip,
+                resolver,
+                session,
+                reply,
+            } => {
                 let _ = reply.send(self.explain(&name, ip, resolver, session));
             }
-            Command::Audit(after, limit, reply) => match &self.audit {
+            Command::Audit {
+                after,
+                limit,
+                reply,
+            } => match &self.audit {
                 Some(a) => a.page(after, limit, reply),
                 None => {
                     let _ = reply.send(Err(

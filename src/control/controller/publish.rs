@@ -57,7 +57,7 @@ impl Controller {
         self.gauges.export(&self.metrics, &self.loaded, &self.state);
     }
 
-    pub(super) fn note_fail_open(&mut self, now: Vec<(String, String)>) {
+    pub(super) fn note_fail_open(&mut self, now: Vec<crate::control::keys::NameRegion>) {
         gauges::fail_open(&self.metrics, &self.noted.fail_open, &now);
         self.noted.fail_open = now;
     }

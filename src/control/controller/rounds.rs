@@ -163,10 +163,10 @@ impl Controller {
             }
             keep
         });
-        for (name, cdn) in back {
+        for key in back {
             self.audit(
                 "step",
-                serde_json::json!({ "name": name, "cdn": cdn, "removed_percent": 0 }),
+                serde_json::json!({ "name": key.name, "cdn": key.cdn, "removed_percent": 0 }),
             );
         }
         for (key, &pct) in removed.iter().filter(|(_, &p)| p > 0) {
@@ -179,7 +179,7 @@ impl Controller {
                 self.noted.stepped.insert(key.clone(), (pct, now));
                 self.audit(
                     "step",
-                    serde_json::json!({ "name": key.0, "cdn": key.1, "removed_percent": pct }),
+                    serde_json::json!({ "name": key.name, "cdn": key.cdn, "removed_percent": pct }),
                 );
             }
         }

@@ -32,7 +32,9 @@ pub(super) fn store_of(
             lease_left_ms,
         })
     };
-    for ((name, cdn), s) in state.failover.steps.iter().filter(|(_, s)| s.is_active()) {
+    for (crate::control::keys::NameCdn { name, cdn }, s) in
+        state.failover.steps.iter().filter(|(_, s)| s.is_active())
+    {
         let next_in = s
             .next_at
             .map_or(0, |at| at.saturating_duration_since(now).as_millis() as u64);

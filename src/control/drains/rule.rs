@@ -124,9 +124,7 @@ impl DrainRule {
         policy: &'p Policy,
     ) -> Result<(&'p HostPolicy, Vec<DrainScope>), DrainError> {
         let host = policy
-            .hosts
-            .iter()
-            .find(|h| h.name.to_string() == self.name)
+            .host(&self.name)
             .ok_or_else(|| DrainError::NotSteered(self.name.clone()))?;
         if !host.cdns.iter().any(|c| c.name == self.cdn) {
             let known: Vec<&str> = host.cdns.iter().map(|c| c.name.as_str()).collect();
