@@ -25,7 +25,7 @@ use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::{self, Inputs};
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 use steerdns::place::asn::AsnDb;

@@ -30,7 +30,7 @@ use hickory_proto::rr::{LowerName, Name, RecordType};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::{self, Inputs, Loaded};
-use steerdns::control::planner::{self, Removed};
+use steerdns::control::decide::planner::{self, Removed};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 use steerdns::plan::Snapshot;

@@ -6,7 +6,7 @@ The layers, top to bottom (ARCHITECTURE.md explains each):
     cli → app → control → inputs → dnssec → dns → metrics → plan → selection → config → zones
         → place → error, huge, secret, clock, net, slots
 
-A module's layer is its first path segment under src/ (`src/control/api.rs` is
+A module's layer is its first path segment under src/ (`src/control/surfaces/api.rs` is
 `control`). Every `crate::X` path counts, in `use` lines and inline, unit tests
 (`#[cfg(test)]`) included: `crate::app::load(...)` inside `control/` is an upward call
 and fails the check, and so does a test of `metrics` that builds its fixture through
@@ -16,6 +16,10 @@ Inside each folder, the modules (files and subfolders) import one another withou
 circle: `a → b → a` (directly or through others of the folder) fails the check, so
 that every folder reads from its top modules down. Paths count as above, `crate::…`
 and `super::…` alike.
+
+The room of pure decisions (`src/control/decide/`) does no I/O: no task or thread
+spawned, no socket, file or HTTP call, no reading of the wall clock, outside its unit
+tests (`IMPURE`).
 
     python3 scripts/check-layers.py        # exit 1 and one line per violation
 """
@@ -177,6 +181,37 @@ def imports(text: str):
                 yield no, target
 
 
+# The room of pure decisions: no task, no thread, no socket, no file, no HTTP, no wall
+# clock (outside its unit tests). What it decides is a function of what it is given.
+PURE = "control/decide"
+IMPURE = [
+    "tokio::spawn",
+    "thread::spawn",
+    "std::fs",
+    "tokio::fs",
+    "tokio::net",
+    "std::net::TcpStream",
+    "std::net::UdpSocket",
+    "reqwest",
+    "clock::now",
+    "SystemTime",
+]
+
+
+def impure(src: Path) -> list:
+    """What the pure room must not do, found in its code (unit tests aside)."""
+    out = []
+    for path in sorted((src / PURE).rglob("*.rs")):
+        text = path.read_text()
+        cut = text.find("#[cfg(test)]")
+        code = code_of(text[: cut if cut >= 0 else len(text)])
+        for no, line in enumerate(code.splitlines(), 1):
+            for word in IMPURE:
+                if word in line:
+                    out.append(f"{path.relative_to(src.parent)}:{no}: `{word}` in the pure room ({PURE}/)")
+    return out
+
+
 def main() -> int:
     src = Path(__file__).resolve().parent.parent / "src"
     bad = []
@@ -197,6 +232,7 @@ def main() -> int:
                     f"{path.relative_to(src.parent)}:{no}: `{own}` imports `{target}`, a layer above it"
                 )
     bad += circles(src)
+    bad += impure(src)
     for line in bad:
         print(line)
     print(f"layers: {len(bad)} violation(s)")

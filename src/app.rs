@@ -11,18 +11,18 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::Probes;
-use crate::control::api::{self, ApiLimits, ApiState};
-use crate::control::book::Book;
 use crate::control::cluster::{self, ClusterOptions, Etcd};
 use crate::control::content::{self, SteeringOptions};
 use crate::control::controller::Joining;
 use crate::control::controller::{self, Controller, StateFile};
-use crate::control::peers::Peers;
-use crate::control::prober::Local;
-use crate::control::reload;
-use crate::control::status::{self, History, StatusSource};
+use crate::control::disk::writers::Exited;
 use crate::control::store::{Memory, Store};
-use crate::control::writers::Exited;
+use crate::control::surfaces::api::{self, ApiLimits, ApiState};
+use crate::control::surfaces::book::Book;
+use crate::control::surfaces::status::{self, History, StatusSource};
+use crate::control::tasks::peers::Peers;
+use crate::control::tasks::prober::Local;
+use crate::control::tasks::reload;
 use crate::dns::rrl::{Rrl, RrlConfig};
 use crate::dns::tcp::{self, TcpLimits};
 use crate::dns::{listen, udp, Handler};
@@ -439,7 +439,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         None => None,
     };
     if let Some(url) = &opts.usage_url {
-        crate::control::feed::spawn(
+        crate::control::tasks::feed::spawn(
             url.clone(),
             opts.usage_poll,
             command_tx.clone(),

@@ -4,7 +4,7 @@
 //! `load` reads the policy (`config`), the zones (`zones`), the geo database
 //! (`place::geo`) and the probes, reports the problems of all of them at once, and
 //! returns a [`Loaded`] with a short version hash of the files. The planner
-//! (`control::planner`) turns a `Loaded` into the snapshot the data plane serves.
+//! (`control::decide::planner`) turns a `Loaded` into the snapshot the data plane serves.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

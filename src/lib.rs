@@ -14,7 +14,8 @@
 //!  ───────────────────────────               ───────────────────────────────────
 //!  dns/        handler, EDNS/ECS, geo,        config/     steering.yaml → Policy
 //!              sockets                        zones/      zones/ → Catalog
-//!       │                                     control/    planner: Policy → Plan
+//!       │                                     control/    the set's store → decisions →
+//!       │                                                 modifiers → planner: Plan
 //!       └──── reads ──▶ plan/:  Snapshot { Plan, GeoDb, Catalog } ◀── publishes ──┘
 //! ```
 //!
@@ -23,9 +24,12 @@
 //! - [`selection`]: the weighted pick (rendezvous hashing) and its consistent key.
 //! - [`place`]: where a client is: the geo and ASN databases, countries and
 //!   continents, [`place::Match`] (a `match:`/`where:` entry), the widest ECS scope.
-//! - [`control`]: the control plane: the event loop ([`control::controller`]), the
-//!   state it serves ([`control::state::ControlState`]), the planner
-//!   ([`control::planner`]), a set of nodes ([`control::cluster`]), the admin API.
+//! - [`control`]: the control plane, in rooms: the event loop ([`control::controller`]),
+//!   the pure decisions ([`control::decide`]: the state it serves,
+//!   [`control::decide::state::ControlState`], and the planner), the modifiers of the
+//!   weights ([`control::modifiers`]), the set (of one or of many, [`control::cluster`])
+//!   and its store ([`control::store`]: memory or etcd), the admin API
+//!   ([`control::surfaces`]).
 //! - [`control::content`]: the same plans served to HLS and DASH players as content
 //!   steering manifests (`--steering-http`).
 //! - [`config`], [`zones`]: inputs, validated with file, line and field.

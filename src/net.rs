@@ -1,7 +1,7 @@
 //! Both planes (a leaf anyone may use): an address cut to its first bits, the one
 //! prefix mask of the crate. The per-source keys of the rate limiter and of the
 //! connection slots (`slots::prefix_key`), the selection key (`selection.rs`), the plan's CIDR scope test
-//! (`plan/regions.rs`), the networks of performance samples (`control/perf/`) and `explain`'s
+//! (`plan/regions.rs`), the networks of performance samples (`control/modifiers/perf/`) and `explain`'s
 //! ECS network all cut with it.
 //!
 //! A prefix past the family's width keeps the whole address; a prefix of 0 leaves the

@@ -7,7 +7,7 @@
 //! `w` its effective weight, and the highest score wins. CDN `c` wins for a fraction
 //! `w_c / Σ w` of keys, and:
 //! - when one CDN's weight goes down and the others' go up by one common factor (a
-//!   failover or drain step, see `control::planner::effective`), only keys that were on
+//!   failover or drain step, see `control::decide::planner::effective`), only keys that were on
 //!   that CDN move, and the same keys come back when its weight is restored;
 //! - adding or removing a CDN moves only the keys it takes or gives up.
 //!

@@ -19,7 +19,7 @@ use hickory_proto::rr::RecordType;
 use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::dns::cache::{AnswerCache, Lookup};
 use steerdns::dns::cookie::{self, Secrets};
 use steerdns::dns::rrl::{Rrl, RrlConfig, Verdict};

@@ -13,7 +13,7 @@ mod common;
 use common::*;
 use hickory_proto::rr::RecordType;
 use steerdns::app;
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::inputs::Inputs;
 
 const POLICY: &str = "tests/fixtures/steering-asn.yaml";

@@ -184,6 +184,16 @@ async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second(
         .await;
     assert_eq!(status, 201, "{rule}");
     assert_eq!(rule["written_by"], "ns1");
+    // Answered once the writer's own view holds it and it is saved: the writer shows it
+    // at once, and answers with it from the first query.
+    let id = rule["id"].as_str().unwrap();
+    let s = set.nodes[0].state().await;
+    assert!(
+        s["drains"].to_string().contains(id),
+        "read your write: {s:#}"
+    );
+    let (counts, _) = set.nodes[0].answers(20).await;
+    assert_eq!(counts.get("b"), Some(&20), "{counts:?}");
     for i in [1, 2] {
         let took = answers_until(&set, i, t0, "only b after the drain", |c| c == ["b"]).await;
         assert!(
@@ -202,10 +212,14 @@ async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second(
     assert_eq!(d["reason"], "INC-7 a drained");
     assert!(d["written_at_unix_ms"].as_u64().is_some());
     assert_eq!(s["cluster"]["drains"][0]["written_by"], "ns1");
-    // Removed on node 3: every node answers with both again.
-    let id = rule["id"].as_str().unwrap();
+    // Removed on node 3: every node answers with both again; node 3 at once.
     let status = set.nodes[2].undrain(id).await;
     assert_eq!(status, 200);
+    let s = set.nodes[2].state().await;
+    assert!(
+        !s["drains"].to_string().contains(id),
+        "read your undrain: {s:#}"
+    );
     let t1 = Instant::now();
     for i in 0..3 {
         answers_until(&set, i, t1, "both CDNs after the drain ended", |c| {
@@ -1366,7 +1380,7 @@ async fn every_node_appends_the_same_audit_chain() {
             && k.iter().filter(|x| *x == "step").count() >= 3
             && texts.iter().all(|t| *t == texts[0]);
         if done {
-            let v = steerdns::control::audit::verify(&[logs[0].clone()]).unwrap();
+            let v = steerdns::control::disk::audit::verify(&[logs[0].clone()]).unwrap();
             assert_eq!(v.first_seq, 1);
             let nodes: Vec<String> = texts[0]
                 .lines()
@@ -1425,14 +1439,14 @@ fn commit_of(s: &Value) -> Value {
 /// the month before: the ledger takes the rate from them), and the bytes of them
 /// in `now`'s month.
 fn usage_records(now: u64, mbps: f64) -> (Value, f64) {
-    let month = steerdns::control::commit::month::Month::of(now);
+    let month = steerdns::control::modifiers::commit::month::Month::of(now);
     let last = now / 300_000 * 300_000;
     let starts: Vec<u64> = (1..=72u64).map(|i| last - i * 300_000).collect();
     let bytes = mbps * 1e6 / 8.0 * 300.0;
     let in_month = starts.iter().filter(|&&t| t >= month.start_ms).count() as f64 * bytes;
     let records = starts
         .iter()
-        .map(|&t| json!({"cdn": "a", "start": steerdns::control::times::rfc3339(t), "seconds": 300, "mbps": mbps}))
+        .map(|&t| json!({"cdn": "a", "start": steerdns::control::decide::times::rfc3339(t), "seconds": 300, "mbps": mbps}))
         .collect();
     (Value::Array(records), in_month)
 }

@@ -9,9 +9,9 @@ use common::steerdns;
 use serde_json::{json, Value};
 use steerdns::config::contract::Contract;
 use steerdns::config::Policy;
-use steerdns::control::commit::demand::{generate, Row, Shape};
-use steerdns::control::commit::month::Month;
-use steerdns::control::commit::simulate::{run, Options, Report};
+use steerdns::control::modifiers::commit::demand::{generate, Row, Shape};
+use steerdns::control::modifiers::commit::month::Month;
+use steerdns::control::modifiers::commit::simulate::{run, Options, Report};
 
 const HOUR: u64 = 3_600_000;
 const DAY: u64 = 24 * HOUR;
@@ -523,7 +523,7 @@ commit: {{ max_shift_points: 2, shift_period_seconds: 3600 }}
         ),
     )
     .unwrap();
-    let csv = steerdns::control::commit::demand::to_csv(&rows);
+    let csv = steerdns::control::modifiers::commit::demand::to_csv(&rows);
     std::fs::write(dir.join("demand.csv"), &csv).unwrap();
     let out = steerdns(&["simulate", "--demand"])
         .arg(dir.join("demand.csv"))

@@ -304,7 +304,7 @@ fn the_policy_fuzz_seeds_keep_the_planners_invariants() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         if let Ok((policy, _)) = config::parse(Path::new("steering.yaml"), text) {
-            let plans = steerdns::control::planner::check_every_cut(&policy)
+            let plans = steerdns::control::decide::planner::check_every_cut(&policy)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(plans > 1, "{}", path.display());
             seeds += 1;

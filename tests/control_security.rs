@@ -2,7 +2,7 @@
 //! mutation needs the token; request headers and bodies are bounded in size and time
 //! (slow-loris and idle clients are cut off, connections are capped); nothing a client
 //! sends can make the server write outside its state directory. (Peer observations
-//! are validated before they count: tests/faults.rs and `control::peers`. The API's
+//! are validated before they count: tests/faults.rs and `control::tasks::peers`. The API's
 //! loopback default and the warning for another address: unit tests in `cli.rs`.)
 
 mod common;
@@ -17,9 +17,9 @@ use common::*;
 use hickory_proto::rr::RecordType;
 use reqwest::Method;
 use serde_json::{json, Value};
-use steerdns::control::api::{self, ApiLimits, ApiState};
-use steerdns::control::command::Command;
-use steerdns::control::prober::Local;
+use steerdns::control::levers::command::Command;
+use steerdns::control::surfaces::api::{self, ApiLimits, ApiState};
+use steerdns::control::tasks::prober::Local;
 use steerdns::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

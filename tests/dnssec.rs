@@ -17,7 +17,7 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
 use steerdns::app::{self, Running};
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use tokio::net::UdpSocket;
 
 async fn serve(dir: &Path) -> Running {

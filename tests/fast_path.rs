@@ -15,7 +15,7 @@ use hickory_proto::rr::RecordType;
 use hickory_server::net::xfer::Protocol;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::dns::wire;
 use steerdns::metrics::Metrics;
 

@@ -12,7 +12,7 @@ use common::*;
 use hickory_proto::op::Message;
 use hickory_proto::rr::RecordType;
 use steerdns::app::{self, DnsOptions};
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::dns::rrl::RrlConfig;
 use steerdns::dns::tcp::TcpLimits;
 use steerdns::metrics::Metrics;

@@ -1,5 +1,5 @@
 //! The OpenAPI documents (`docs/openapi/admin.yaml`, `docs/openapi/steering.yaml`)
-//! against the servers: every route of the routers' tables (`control::api::ROUTES`,
+//! against the servers: every route of the routers' tables (`control::surfaces::api::ROUTES`,
 //! `control::content::server::ROUTES`) is documented with its method and every
 //! documented operation is in a table; then the release binary serves the demo policy
 //! with a token and each documented operation is sent once, valid, over HTTP: its
@@ -72,8 +72,8 @@ fn every_route_is_documented_and_every_documented_route_is_routed() {
     let mut wrong = differences(
         "docs/openapi/admin.yaml",
         &operations(&load("docs/openapi/admin.yaml")),
-        "control::api::ROUTES",
-        &table(steerdns::control::api::ROUTES),
+        "control::surfaces::api::ROUTES",
+        &table(steerdns::control::surfaces::api::ROUTES),
     );
     wrong.extend(differences(
         "docs/openapi/steering.yaml",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::mock_cdn::{MockCdn, Mode};
 use steerdns::config::probes::ProbeSpec;
-use steerdns::control::prober::{probe_once, probe_timed};
+use steerdns::control::tasks::prober::{probe_once, probe_timed};
 
 /// Generous limits, so that a healthy answer passes on a loaded machine; the tests of
 /// `slow` and `timeout` tighten one of them against a mock slower still.

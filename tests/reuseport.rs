@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use common::*;
 use hickory_proto::rr::RecordType;
 use steerdns::app;
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::metrics::Metrics;
 
 /// Queries from `clients` distinct UDP sockets (distinct source ports, so the kernel's

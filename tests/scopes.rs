@@ -22,7 +22,7 @@ use hickory_proto::rr::RecordType;
 use ipnet::IpNet;
 use maxminddb::{Reader, WithinOptions};
 use steerdns::config::DrainScope;
-use steerdns::control::planner::{self, DrainCut, Removed};
+use steerdns::control::decide::planner::{self, DrainCut, Removed};
 use steerdns::place::countries::{Continent, Country};
 use steerdns::place::Match;
 use steerdns::plan::{Asker, Snapshot, Steered};

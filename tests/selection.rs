@@ -18,8 +18,8 @@ use hickory_proto::rr::RecordType;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use steerdns::app::Loaded;
-use steerdns::control::keys::NameCdn;
-use steerdns::control::planner::{self, Removed};
+use steerdns::control::decide::keys::NameCdn;
+use steerdns::control::decide::planner::{self, Removed};
 use steerdns::plan::{Asker, Snapshot};
 use steerdns::selection;
 

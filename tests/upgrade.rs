@@ -530,7 +530,7 @@ async fn a_state_directory_of_the_previous_release_is_in_force_after_the_upgrade
     );
 
     // Commit: the ledger's month to date, and the biases, as saved.
-    let month = steerdns::control::commit::month::Month::of(saved_ms);
+    let month = steerdns::control::modifiers::commit::month::Month::of(saved_ms);
     let ledger = saved["commit"]["ledger"]["cdns"]["fastly"]
         .as_object()
         .unwrap();

@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok((policy, _)) = steerdns::config::parse(Path::new("steering.yaml"), text.to_string()) {
-        if let Err(e) = steerdns::control::planner::check_every_cut(&policy) {
+        if let Err(e) = steerdns::control::decide::planner::check_every_cut(&policy) {
             panic!("a plan breaks an invariant: {e}");
         }
     }

@@ -19,7 +19,7 @@ use hickory_proto::op::{Message, MessageType};
 use hickory_server::net::xfer::Protocol;
 use libfuzzer_sys::fuzz_target;
 use steerdns::app::{self, Inputs};
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::dns::cache::{AnswerCache, Lookup};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;

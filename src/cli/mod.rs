@@ -21,10 +21,10 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::app::{self, Inputs, ServeOptions};
-use crate::control::book::Book;
 use crate::control::content::SteeringOptions;
 use crate::control::controller::StateFile;
-use crate::control::state::SAVED_MAX_AGE;
+use crate::control::decide::state::SAVED_MAX_AGE;
+use crate::control::surfaces::book::Book;
 
 pub use args::{api_exposure, ApiAddr, AuditCommand, DnsArgs, DnssecCommand, EtcdArgs, InputArgs};
 use args::{api_token, host_name, parse_session};
@@ -362,7 +362,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             name,
         } => {
             end_quietly_on_a_closed_pipe();
-            let args = crate::control::commit::simulate::Args {
+            let args = crate::control::modifiers::commit::simulate::Args {
                 demand,
                 policy,
                 svg,
@@ -370,7 +370,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 delay_seconds,
                 name,
             };
-            match crate::control::commit::simulate::command(&args) {
+            match crate::control::modifiers::commit::simulate::command(&args) {
                 Ok(report) => {
                     print!("{report}");
                     ExitCode::SUCCESS

@@ -13,11 +13,11 @@ use super::args::{AuditCommand, DnssecCommand};
 use super::serve::load_or_report;
 use super::Cli;
 use crate::app::Inputs;
-use crate::control::state::ControlState;
+use crate::control::decide::state::ControlState;
 
 /// Prints what `audit verify` found; the exit code.
 pub(super) fn verify_report(files: &[PathBuf]) -> ExitCode {
-    match crate::control::audit::verify(files) {
+    match crate::control::disk::audit::verify(files) {
         Ok(v) => {
             println!(
                 "ok: {} entries, seq {} to {}, last hash {}",
@@ -69,7 +69,7 @@ pub(super) fn dnssec(command: DnssecCommand) -> ExitCode {
 
 /// `audit verify` and `audit tail`.
 pub(super) fn audit(command: AuditCommand) -> ExitCode {
-    use crate::control::audit;
+    use crate::control::disk::audit;
     match command {
         AuditCommand::Verify { mut files } => {
             // The live log alone: with its rotated files, oldest first.
@@ -203,8 +203,8 @@ pub(super) fn explain(
         return ExitCode::FAILURE;
     };
     // The failover state `serve` saved, if recent: explain what is served now.
-    let max_age = crate::control::state::SAVED_MAX_AGE;
-    let saved = match crate::control::persist::load(state_dir, max_age) {
+    let max_age = crate::control::decide::state::SAVED_MAX_AGE;
+    let saved = match crate::control::disk::persist::load(state_dir, max_age) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("warning: {e}: showing configured weights");
@@ -213,7 +213,7 @@ pub(super) fn explain(
     };
     let (now, now_ms) = (tokio::time::Instant::now(), crate::clock::now_ms());
     let state = match &saved {
-        Some(s) => ControlState::from_saved(s, &loaded, now, now_ms),
+        Some(s) => s.state(&loaded, now, now_ms),
         None => {
             let mut state = ControlState::default();
             state.drains.sync(&loaded.policy, now, now_ms);
@@ -222,19 +222,23 @@ pub(super) fn explain(
     };
     // The performance shifts and commit biases saved with it, applied as `serve`
     // applies them: perf, then commit, then failover and drains.
-    let mut perf = crate::control::perf::Perf::default();
+    let mut perf = crate::control::modifiers::perf::Perf::default();
     perf.configure(&loaded.policy, now_ms);
     if let Some(s) = &saved {
         perf.restore(&s.performance, now_ms);
     }
-    let mut commit = crate::control::commit::Commit::default();
+    let mut commit = crate::control::modifiers::commit::Commit::default();
     commit.configure(&loaded.policy, now_ms);
     match saved.as_ref().and_then(|s| s.commit.as_ref()) {
         Some(c) => commit.restore(c),
-        None => commit.ledger = crate::control::persist::saved_usage(state_dir).unwrap_or_default(),
+        None => {
+            commit.ledger =
+                crate::control::disk::persist::saved_usage(state_dir).unwrap_or_default()
+        }
     }
-    let (snapshot, _) = crate::control::chain::Chain::new(&perf).snapshot(&commit, &state, &loaded);
-    let facts = crate::control::explain::Facts {
+    let (snapshot, _) =
+        crate::control::modifiers::chain::Chain::new(&perf).snapshot(&commit, &state, &loaded);
+    let facts = crate::control::levers::explain::Facts {
         loaded: &loaded,
         snapshot: &snapshot,
         health: &state.failover.health,
@@ -253,14 +257,14 @@ pub(super) fn explain(
             ),
         },
     };
-    let question = crate::control::explain::Question {
+    let question = crate::control::levers::explain::Question {
         name,
         client,
         resolver,
         now: crate::clock::now_secs(),
         session,
     };
-    let explained = crate::control::explain::explain(&facts, &question).map(|mut e| {
+    let explained = crate::control::levers::explain::explain(&facts, &question).map(|mut e| {
         e.commit = commit.name_view(&e.name, now_ms);
         e.performance = perf.region_view(&e.name, e.region.index);
         e

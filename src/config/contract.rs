@@ -1,6 +1,6 @@
 //! Input: a CDN's contract (`contract:`), its hard capacity (`capacity_mbps:`) and a
 //! name's `commit:` block, the bounds within which the control plane's
-//! `control/commit/` moves shares to meet commits and stay under caps.
+//! `control/modifiers/commit/` moves shares to meet commits and stay under caps.
 //!
 //! ```yaml
 //! cdns:

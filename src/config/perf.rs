@@ -1,5 +1,5 @@
 //! Input: a region's `performance:` block, the bounds within which measured
-//! performance may move its weights (the control plane's `control/perf/` applies it).
+//! performance may move its weights (the control plane's `control/modifiers/perf/` applies it).
 //!
 //! ```yaml
 //! performance:

@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
 use crate::clock::now_ms;
-use crate::control::drains::DrainState;
-use crate::control::health::{self, State, VantageView};
-use crate::control::keys::{NameCdn, NameRegion};
-use crate::control::state::ControlState;
+use crate::control::decide::drains::DrainState;
+use crate::control::decide::health::{self, State, VantageView};
+use crate::control::decide::keys::{NameCdn, NameRegion};
+use crate::control::decide::state::ControlState;
 use crate::inputs::Loaded;
 use crate::metrics::Metrics;
 

@@ -87,7 +87,7 @@ pub(super) struct Conn {
 }
 
 /// Serves HTTP/1.1 on `listener` under `limits` until `stop`: the accept loop of the
-/// admin API (`control::api`) and of the content steering server (`control::content`).
+/// admin API (`control::surfaces::api`) and of the content steering server (`control::content`).
 /// Each request goes to `handle` with its connection.
 pub(super) fn serve_http<F, Fut>(
     listener: TcpListener,

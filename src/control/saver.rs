@@ -21,9 +21,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::control::persist::{self, DiskFaults, Saved};
+use crate::control::disk::persist::{self, DiskFaults, Saved};
+use crate::control::disk::writers::{self, Alive, Exited};
 use crate::control::state_doc::{SaveStatus, StateDoc};
-use crate::control::writers::{self, Alive, Exited};
 use crate::metrics::Metrics;
 
 /// How long after a failed save it is tried again.

@@ -10,11 +10,11 @@ use tokio::time::Instant;
 use crate::clock::now_ms;
 use crate::control::cluster::node::ClusterLink;
 use crate::control::cluster::Freeze;
-use crate::control::drains::DrainStatus;
-use crate::control::health::{self, VantageView};
-use crate::control::keys::{NameCdn, NameRegion};
-use crate::control::state::ControlState;
-use crate::control::stepper::Direction;
+use crate::control::decide::drains::DrainStatus;
+use crate::control::decide::health::{self, VantageView};
+use crate::control::decide::keys::{NameCdn, NameRegion};
+use crate::control::decide::state::ControlState;
+use crate::control::decide::stepper::Direction;
 use crate::inputs::Loaded;
 
 /// Everything an operator asks "what is it doing now?" about.
@@ -58,11 +58,11 @@ pub struct StateDoc {
     /// Regions whose weights follow measured performance (`performance:`): the
     /// measured values, the band, the shares and the reason per CDN.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub performance: Vec<crate::control::perf::RegionView>,
+    pub performance: Vec<crate::control::modifiers::perf::RegionView>,
     /// CDNs with a contract or a capacity (`contract:`, `capacity_mbps:`): month to
     /// date, projection, burst budget left, the bias in force and its reason.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub commit: Vec<crate::control::commit::CdnView>,
+    pub commit: Vec<crate::control::modifiers::commit::CdnView>,
 }
 
 /// A node of a set: is it in touch, and who wrote what.
@@ -216,9 +216,9 @@ pub struct Parts<'a> {
     /// The other vantage points now.
     pub peers: &'a [VantageView],
     /// The regions whose weights follow measured performance.
-    pub performance: Vec<crate::control::perf::RegionView>,
+    pub performance: Vec<crate::control::modifiers::perf::RegionView>,
     /// The CDNs with a contract or a capacity.
-    pub commit: Vec<crate::control::commit::CdnView>,
+    pub commit: Vec<crate::control::modifiers::commit::CdnView>,
 }
 
 impl Parts<'_> {

@@ -10,8 +10,10 @@
 //!   for both databases;
 //! - [`tree`]: the bound on a database walk, checked before it;
 //! - [`Match`]: one entry of a policy's `match:` or `where:` list, and whether a client
-//!   falls in it ([`Match::covers`]): the one definition the policy, the plan, explain
-//!   and the drains use.
+//!   falls in it: [`Match::covers`] for an address (what `explain` reads) and
+//!   [`Match::covers_place`] for a place alone (what the plan's region tables are built
+//!   from, `plan/regions.rs`); the query path does not call either, it reads the tables
+//!   the planner built from them.
 
 pub mod asn;
 pub mod countries;

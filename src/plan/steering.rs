@@ -7,7 +7,7 @@
 //! A query does one geo lookup, one region lookup in precomputed tables, and one
 //! weighted pick over at most a few CDNs (rendezvous hashing of a key,
 //! [`crate::selection`]). Nothing here decides policy: the planner
-//! (`control::planner`) did that.
+//! (`control::decide::planner`) did that.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

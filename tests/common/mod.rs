@@ -21,7 +21,7 @@ use std::time::Duration;
 use hickory_proto::op::Message;
 use hickory_proto::rr::RecordType;
 use steerdns::app::{self, Inputs, Running};
-use steerdns::control::planner;
+use steerdns::control::decide::planner;
 use steerdns::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};

@@ -11,7 +11,7 @@ use hickory_proto::rr::RecordType;
 use serde_json::Value;
 use steerdns::app::{self, Inputs, ServeOptions, Service};
 use steerdns::control::controller::StateFile;
-pub use steerdns::control::persist::DiskFaults;
+pub use steerdns::control::disk::persist::DiskFaults;
 use tokio::time::Instant;
 
 use super::mock_cdn::{MockCdn, Mode};
@@ -188,7 +188,7 @@ impl Stack {
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
         let opts = ServeOptions {
             api_hosts: Vec::new(),
-            book: steerdns::control::book::Book::parse("docs/book/book"),
+            book: steerdns::control::surfaces::book::Book::parse("docs/book/book"),
             inputs: inputs.clone(),
             reload_poll: o.reload_poll,
             listen: vec!["127.0.0.1:0".parse().unwrap()],

@@ -1,5 +1,8 @@
-//! Control plane: a set of nameservers (and probe agents) sharing one view through etcd
-//! (`serve --etcd`, `agent --etcd`). Without `--etcd` nothing here runs.
+//! Control plane: the set a node belongs to, sharing one view through the set's store:
+//! etcd for a set of nameservers and probe agents (`serve --etcd`, `agent --etcd`), or
+//! memory for a single node, a set of one (`control::store`). The same code runs for
+//! both; only a set of many publishes observations and performance cells, and reads
+//! them from others.
 //!
 //! ```text
 //!  prober ─▶ Local ─▶ publisher ──put (lease)──▶ etcd ◀──txn / put── controller (transitions,
@@ -7,7 +10,8 @@
 //!                       controller ◀── Shared ◀── session: range, then watch + liveness check
 //! ```
 //!
-//! Keys under the prefix (default `/steerdns/`), values JSON:
+//! Keys under the prefix (default `/steerdns/`), values JSON; the schema is written and
+//! read in one place, `store::Key` (`control/store/key.rs`); the builders below use it:
 //!
 //! | key | value | written by |
 //! |---|---|---|

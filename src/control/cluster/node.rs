@@ -24,18 +24,18 @@ use tracing::{info, warn};
 
 use crate::clock::now_ms;
 use crate::config::tokens::Token;
-use crate::control::audit::Audit;
 use crate::control::cluster::{
     self, drain_key, freeze_key, timeline_key, Freeze, Shared, SharedDrain, SharedView, Store,
     Timeline,
 };
-use crate::control::command::{audit_rule, undrain_fields, Lever};
-use crate::control::drains::{DrainError, DrainRule};
-use crate::control::failover::Turn;
-use crate::control::health::{State, VantageView};
-use crate::control::keys::{CdnDay, NameCdn};
-use crate::control::state::ControlState;
-use crate::control::stepper::Direction;
+use crate::control::decide::drains::{DrainError, DrainRule};
+use crate::control::decide::failover::Turn;
+use crate::control::decide::health::{State, VantageView};
+use crate::control::decide::keys::{CdnDay, NameCdn};
+use crate::control::decide::state::ControlState;
+use crate::control::decide::stepper::Direction;
+use crate::control::disk::audit::Audit;
+use crate::control::levers::command::{audit_rule, undrain_fields, Lever};
 use crate::inputs::Loaded;
 use crate::metrics::Metrics;
 
@@ -514,7 +514,7 @@ impl ClusterLink {
     }
 
     /// Writes a resume to etcd: every timeline starts again from where the freeze held
-    /// it, in the direction [`FailoverState::turns`](crate::control::failover::FailoverState::turns)
+    /// it, in the direction [`FailoverState::turns`](crate::control::decide::failover::FailoverState::turns)
     /// gives it; then the freeze is lifted.
     pub fn write_resume(
         &mut self,

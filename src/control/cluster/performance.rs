@@ -28,11 +28,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::clock::now_ms;
-use crate::control::perf::cell::{Bucket, SLOTS};
-use crate::control::perf::hist::{Hist, BUCKETS};
-use crate::control::perf::modifier::PerfReason;
-use crate::control::perf::{Evaluation, NodeCells, Perf, Samples};
-use crate::control::times;
+use crate::control::decide::times;
+use crate::control::modifiers::perf::cell::{Bucket, SLOTS};
+use crate::control::modifiers::perf::hist::{Hist, BUCKETS};
+use crate::control::modifiers::perf::modifier::PerfReason;
+use crate::control::modifiers::perf::{Evaluation, NodeCells, Perf, Samples};
 
 use super::etcd::MAX_VALUE;
 use super::node::ClusterLink;

@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::control::drains::DrainRule;
-use crate::control::stepper::{Direction, Stepper};
-use crate::control::times;
+use crate::control::decide::drains::DrainRule;
+use crate::control::decide::stepper::{Direction, Stepper};
+use crate::control::decide::times;
 
 /// One vantage point's latest result for one CDN, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

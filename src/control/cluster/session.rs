@@ -16,7 +16,7 @@ use super::{
     FAIL_STATIC_AFTER, LIVENESS, LIVENESS_TIMEOUT, MAX_KEYS, MAX_REASON,
 };
 use crate::clock::now_ms;
-use crate::control::prober::Local;
+use crate::control::tasks::prober::Local;
 
 /// Starts the session with etcd: the controller reads [`Shared`] from the returned
 /// receiver (the first value says "not yet connected").

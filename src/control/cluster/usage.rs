@@ -15,7 +15,7 @@
 //!   node puts in force what the key says, its own result included, when the watch
 //!   brings it: no node's history or start time can make it serve other biases.
 //! - An evaluation further ahead of a node's clock than a period (and than a minute,
-//!   [`crate::control::times::AHEAD_MS`]: clocks a second or two apart must not
+//!   [`crate::control::decide::times::AHEAD_MS`]: clocks a second or two apart must not
 //!   refuse each other's) is not taken (a clock far ahead, or a key written by hand), and the next evaluation writes over it: it
 //!   cannot hold the set.
 //! - Failing static, a node evaluates nothing and holds the biases in force; usage
@@ -29,13 +29,13 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::config::Policy;
-use crate::control::command::{UsageRecord, UsageRefused, UsageTaken};
-use crate::control::commit::bias::Bias;
-use crate::control::commit::ledger::{Record, Taken};
-use crate::control::commit::{Commit, OutsideBand};
-use crate::control::drains::DrainError;
-use crate::control::keys::CdnDay;
-use crate::control::times;
+use crate::control::decide::drains::DrainError;
+use crate::control::decide::keys::CdnDay;
+use crate::control::decide::times;
+use crate::control::levers::command::{UsageRecord, UsageRefused, UsageTaken};
+use crate::control::modifiers::commit::bias::Bias;
+use crate::control::modifiers::commit::ledger::{Record, Taken};
+use crate::control::modifiers::commit::{Commit, OutsideBand};
 
 use super::etcd::MAX_VALUE;
 use super::node::{ClusterLink, Done};

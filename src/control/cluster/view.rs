@@ -13,8 +13,8 @@ use super::{
     MAX_DRAINS, MAX_KEYS, MAX_OBS_PER_VANTAGE, MAX_REASON, MAX_REFUSED_KEPT, MAX_TIMELINES,
     MAX_VANTAGES,
 };
-use crate::control::health::{Observation, VantageView};
-use crate::control::keys::{CdnDay, NameCdn};
+use crate::control::decide::health::{Observation, VantageView};
+use crate::control::decide::keys::{CdnDay, NameCdn};
 use crate::control::store::{BadKey, Key};
 
 /// Everything read from etcd, parsed and checked for form (not yet against the policy).
@@ -36,7 +36,8 @@ pub struct SharedView {
     /// Per name: the biases of the set's latest evaluation, and their revision.
     pub commits: BTreeMap<String, (usage::SharedBiases, i64)>,
     /// Per (node, name, region index): that node's performance buckets.
-    pub perf_cells: BTreeMap<(String, String, usize), Arc<crate::control::perf::NodeCells>>,
+    pub perf_cells:
+        BTreeMap<(String, String, usize), Arc<crate::control::modifiers::perf::NodeCells>>,
     /// Per (name, region index): the set's latest performance evaluation, and its
     /// revision.
     pub shifts: BTreeMap<(String, usize), (performance::SharedShift, i64)>,
@@ -443,7 +444,7 @@ impl SharedView {
 mod tests {
     use super::*;
     use crate::control::cluster::records::tests::tl;
-    use crate::control::stepper::Direction;
+    use crate::control::decide::stepper::Direction;
 
     #[test]
     fn bad_keys_are_refused_and_counted() {
@@ -539,7 +540,7 @@ mod tests {
             mod_revision: rev,
             too_big: false,
         };
-        let late = crate::control::times::MAX_TIME_MS + 1;
+        let late = crate::control::decide::times::MAX_TIME_MS + 1;
         let mut t = serde_json::to_value(tl(Direction::Demote, 0)).unwrap();
         t["start_unix_ms"] = late.into();
         m.replace(

@@ -45,7 +45,7 @@ use http_body_util::{BodyExt, Limited};
 
 use super::manifest::{self, Format};
 use crate::control::http::{empty, error, serve_http, ApiLimits, Conn, Reply};
-use crate::control::perf::{self, beacon, Samples};
+use crate::control::modifiers::perf::{self, beacon, Samples};
 use crate::metrics::Metrics;
 use crate::plan::Live;
 

@@ -6,9 +6,11 @@ use std::net::IpAddr;
 
 use super::Controller;
 use crate::clock::now_ms;
-use crate::control::command::{admit, admit_usage, may_undrain, Command, Lever, UsageRefused};
-use crate::control::drains::DrainError;
-use crate::control::explain::{self, ExplainError, Explanation};
+use crate::control::decide::drains::DrainError;
+use crate::control::levers::command::{
+    admit, admit_usage, may_undrain, Command, Lever, UsageRefused,
+};
+use crate::control::levers::explain::{self, ExplainError, Explanation};
 
 impl Controller {
     /// An API command: checked once, then written to the set's store; it applies

@@ -42,23 +42,23 @@ use tracing::{error, info};
 
 use crate::clock::now_ms;
 use crate::config::probes::Probes;
-use crate::control::api::ScopedTokens;
-use crate::control::audit::{self, Audit};
 use crate::control::cluster::node::{Answer, ClusterLink};
 use crate::control::cluster::{spawn_session, Shared};
-use crate::control::command::Command;
-use crate::control::commit::Commit;
+use crate::control::decide::state::ControlState;
+use crate::control::disk::audit::{self, Audit};
+use crate::control::disk::persist;
+use crate::control::disk::persist::Saved;
 use crate::control::gauges::Gauges;
-use crate::control::peers::Peers;
-use crate::control::perf::{self, Perf};
-use crate::control::persist;
-use crate::control::persist::Saved;
-use crate::control::prober::{self, Local, Round};
-use crate::control::reload::Reloaded;
+use crate::control::levers::command::Command;
+use crate::control::modifiers::commit::Commit;
+use crate::control::modifiers::perf::{self, Perf};
 use crate::control::saver::Saver;
-use crate::control::state::ControlState;
 use crate::control::state_doc::{Noted, StateDoc};
 use crate::control::store::Store;
+use crate::control::surfaces::api::ScopedTokens;
+use crate::control::tasks::peers::Peers;
+use crate::control::tasks::prober::{self, Local, Round};
+use crate::control::tasks::reload::Reloaded;
 use crate::inputs::Loaded;
 use crate::metrics::Metrics;
 use crate::plan::Live;
@@ -263,7 +263,7 @@ impl Controller {
                     self.commit.restore(commit);
                 }
                 let shifts = self.perf.restore(&saved.performance, now_ms());
-                self.state = ControlState::from_saved(&saved, &self.loaded, now, now_ms());
+                self.state = saved.state(&self.loaded, now, now_ms());
                 info!(
                     age_s = saved.age_ms() / 1000,
                     frozen = self.state.failover.frozen.is_some(),
@@ -317,7 +317,7 @@ impl Controller {
 
     /// The threads writing into the state directory: they return once this
     /// controller is gone and what it handed them is written.
-    pub fn writers(&self) -> Vec<crate::control::writers::Exited> {
+    pub fn writers(&self) -> Vec<crate::control::disk::writers::Exited> {
         let saver = self.saver.as_ref().map(Saver::exited);
         saver
             .into_iter()

@@ -8,7 +8,7 @@ use tracing::{error, info};
 
 use super::Controller;
 use crate::clock::now_ms;
-use crate::control::chain::Chain;
+use crate::control::modifiers::chain::Chain;
 
 impl Controller {
     /// When the DNSSEC signatures are to be replaced, if the zones are signed.
@@ -39,7 +39,7 @@ impl Controller {
                         })
                         .collect();
                     let until = signed.window.expiration;
-                    info!(until = %crate::control::times::rfc3339(until * 1000), keys = %keys.join("; "), "DNSSEC: signed again");
+                    info!(until = %crate::control::decide::times::rfc3339(until * 1000), keys = %keys.join("; "), "DNSSEC: signed again");
                 }
                 changed
             }

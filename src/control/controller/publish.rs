@@ -1,5 +1,5 @@
 //! Control plane: what the controller serves and shows. `plan` runs the one chain of
-//! modifiers (`control/chain.rs`) into a snapshot; `publish` swaps
+//! modifiers (`control/modifiers/chain.rs`) into a snapshot; `publish` swaps
 //! it into `Live`, sets the gauges and saves the state; `show` hands `/v1/state` to the
 //! saver, which shows it once it is written; `reply` answers an API call then.
 
@@ -9,11 +9,11 @@ use tokio::time::Instant;
 
 use super::{Controller, REPLY_WAIT};
 use crate::clock::now_ms;
-use crate::control::chain::Chain;
 use crate::control::cluster::node::Answer;
+use crate::control::decide::planner::Removed;
+use crate::control::disk::persist::Saved;
 use crate::control::gauges;
-use crate::control::persist::Saved;
-use crate::control::planner::Removed;
+use crate::control::modifiers::chain::Chain;
 use crate::control::saver;
 use crate::control::state_doc::{self, SaveStatus, StateDoc};
 use crate::plan::Snapshot;
@@ -57,7 +57,7 @@ impl Controller {
         self.gauges.export(&self.metrics, &self.loaded, &self.state);
     }
 
-    pub(super) fn note_fail_open(&mut self, now: Vec<crate::control::keys::NameRegion>) {
+    pub(super) fn note_fail_open(&mut self, now: Vec<crate::control::decide::keys::NameRegion>) {
         gauges::fail_open(&self.metrics, &self.noted.fail_open, &now);
         self.noted.fail_open = now;
     }
@@ -65,7 +65,7 @@ impl Controller {
     /// Saves the state and then shows it in `/v1/state` (see [`saver`]).
     pub(super) fn persist(&mut self) {
         let saved = self.state_file.is_some().then(|| {
-            let mut saved = self.state.saved(Instant::now());
+            let mut saved = Saved::of(&self.state, Instant::now());
             saved.commit = Some(self.commit.saved());
             saved.performance = self.perf.saved();
             saved.store = self.set.store.saved();

@@ -9,8 +9,8 @@ use tracing::{error, info, warn};
 
 use super::Controller;
 use crate::clock::now_ms;
-use crate::control::reload::Reloaded;
 use crate::control::state_doc::ReloadOutcome;
+use crate::control::tasks::reload::Reloaded;
 use crate::inputs::Loaded;
 
 impl Controller {

@@ -10,9 +10,9 @@ use tracing::{info, warn};
 
 use super::{peer_interval, Controller};
 use crate::clock::now_ms;
-use crate::control::failover::Step;
-use crate::control::health::{self, State, VantageView, VerdictKind};
-use crate::control::prober::{self, Round};
+use crate::control::decide::failover::Step;
+use crate::control::decide::health::{self, State, VantageView, VerdictKind};
+use crate::control::tasks::prober::{self, Round};
 
 impl Controller {
     /// Starts the prober and the peer readers for the current probes; the returned

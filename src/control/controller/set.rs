@@ -6,10 +6,10 @@ use tokio::time::Instant;
 
 use super::{Controller, REPLY_WAIT};
 use crate::clock::now_ms;
-use crate::control::chain::Chain;
 use crate::control::cluster::node::{Done, Followed};
 use crate::control::cluster::Shared;
-use crate::control::health::VantageView;
+use crate::control::decide::health::VantageView;
+use crate::control::modifiers::chain::Chain;
 
 impl Controller {
     /// The other vantage points now: the set's from etcd, or the HTTP peers'. What a

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::control::cluster::{
     drain_key, freeze_key, tenant_freeze_key, timeline_key, Freeze, SharedDrain, Timeline,
 };
-use crate::control::state::ControlState;
+use crate::control::decide::state::ControlState;
 use crate::control::store::{SavedKey, SavedStore};
 
 /// The store of a set of one holding what `state` (restored from an old file) has in
@@ -32,7 +32,7 @@ pub(super) fn store_of(
             lease_left_ms,
         })
     };
-    for (crate::control::keys::NameCdn { name, cdn }, s) in
+    for (crate::control::decide::keys::NameCdn { name, cdn }, s) in
         state.failover.steps.iter().filter(|(_, s)| s.is_active())
     {
         let next_in = s

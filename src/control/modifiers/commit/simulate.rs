@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 
 use crate::config::contract::Contract;
 use crate::config::Policy;
-use crate::control::perf::modifier::policy_shares;
+use crate::control::modifiers::perf::modifier::policy_shares;
 
 use super::bias::Bias;
 use super::demand::{by_slot, Row, SLOT_MS};
@@ -312,8 +312,8 @@ impl Report {
             "{}: {} evaluations, month {} to {}\n",
             self.name,
             self.points.len(),
-            crate::control::times::rfc3339(self.month.start_ms),
-            crate::control::times::rfc3339(self.month.end_ms)
+            crate::control::decide::times::rfc3339(self.month.start_ms),
+            crate::control::decide::times::rfc3339(self.month.end_ms)
         );
         for c in &self.cdns {
             let _ = write!(s, "  {}: {:.1} GB this month", c.cdn, c.month_bytes / 1e9);

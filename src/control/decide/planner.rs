@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
-use crate::control::keys::{NameCdn, NameRegion};
+use crate::control::decide::keys::{NameCdn, NameRegion};
 use crate::inputs::Loaded;
 use crate::place::geo::Place;
 use std::fmt::Write as _;
@@ -65,7 +65,7 @@ pub fn snapshot_with(
 }
 
 /// The snapshot of `policy` (the loaded one, or it with weights changed by a
-/// modifier, `control/perf/`) for a failover state: the plan for `loaded`'s geo
+/// modifier, `control/modifiers/perf/`) for a failover state: the plan for `loaded`'s geo
 /// database, with the zones (signed, and the CNAMEs' RRSIGs attached, when the policy
 /// signs).
 pub fn snapshot_for(

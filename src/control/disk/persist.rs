@@ -23,10 +23,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::control::drains::{DrainRule, SavedDrain};
-use crate::control::health::Tracker;
-use crate::control::keys::NameCdn;
-use crate::control::stepper::{Direction, Stepper};
+use crate::control::decide::drains::Drains;
+use crate::control::decide::drains::{DrainRule, SavedDrain};
+use crate::control::decide::failover::FailoverState;
+use crate::control::decide::health::Tracker;
+use crate::control::decide::keys::NameCdn;
+use crate::control::decide::state::ControlState;
+use crate::control::decide::stepper::{Direction, Stepper};
+use crate::inputs::Loaded;
 
 const FILE: &str = "steerdns-state.json";
 
@@ -34,7 +38,7 @@ const FILE: &str = "steerdns-state.json";
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Saved {
     /// Wall-clock time of the save, milliseconds since the Unix epoch.
-    #[serde(deserialize_with = "crate::control::times::bounded")]
+    #[serde(deserialize_with = "crate::control::decide::times::bounded")]
     pub saved_unix_ms: u64,
     pub health: BTreeMap<String, Tracker>,
     pub steps: Vec<SavedStep>,
@@ -52,11 +56,11 @@ pub struct Saved {
     pub frozen_tenants: BTreeMap<String, String>,
     /// Commit steering: the usage ledger and the biases in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub commit: Option<crate::control::commit::SavedCommit>,
+    pub commit: Option<crate::control::modifiers::commit::SavedCommit>,
     /// Performance steering: the evaluation in force of every region with a
     /// `performance:` block.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub performance: Vec<crate::control::perf::SavedShift>,
+    pub performance: Vec<crate::control::modifiers::perf::SavedShift>,
     /// A single node's store of decisions (a set of one; `control::store`). Absent
     /// in a state saved by a release before the store: the fields above are then
     /// turned into its keys (`controller/upgrade.rs`).
@@ -319,7 +323,7 @@ pub fn restore(
 
 /// The usage ledger of a saved state whatever its age (what the CDNs carried stays
 /// true when the rest of the state is too old to use); `None` without one.
-pub fn saved_usage(dir: &Path) -> Option<crate::control::commit::ledger::Ledger> {
+pub fn saved_usage(dir: &Path) -> Option<crate::control::modifiers::commit::ledger::Ledger> {
     let text = std::fs::read(path(dir)).ok()?;
     let saved: Saved = serde_json::from_slice(&text).ok()?;
     saved.commit.map(|c| c.ledger)
@@ -329,6 +333,37 @@ impl Saved {
     /// Milliseconds since the save.
     pub fn age_ms(&self) -> u64 {
         crate::clock::now_ms().saturating_sub(self.saved_unix_ms)
+    }
+
+    /// The control state saved here, for `loaded`: what is no longer probed or steered is
+    /// forgotten, drains are synced with the policy at `now_ms`.
+    pub fn state(&self, loaded: &Loaded, now: Instant, now_ms: u64) -> ControlState {
+        let mut state = ControlState {
+            failover: FailoverState {
+                health: self.health.clone(),
+                steps: self.steppers(now),
+                frozen: self.frozen.clone(),
+                frozen_tenants: self.frozen_tenants.clone(),
+            },
+            drains: Drains::default(),
+        };
+        state.failover.retain_known(&loaded.policy, &loaded.probes);
+        state
+            .drains
+            .restore(self.overrides.clone(), &self.drains, now, self.age_ms());
+        state.drains.sync(&loaded.policy, now, now_ms);
+        state
+    }
+
+    /// What to save of `state` now.
+    pub fn of(state: &ControlState, now: Instant) -> Saved {
+        let f = &state.failover;
+        let mut saved = capture(&f.health, &f.steps, now);
+        saved.overrides = state.drains.overrides.clone();
+        saved.drains = state.drains.saved(now);
+        saved.frozen = f.frozen.clone();
+        saved.frozen_tenants = f.frozen_tenants.clone();
+        saved
     }
 
     /// The steppers, with their next step as far in the future as it was left, minus
@@ -348,7 +383,9 @@ impl Saved {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::health::State;
+    use crate::control::decide::health::{State, VerdictKind};
+    use crate::control::decide::keys::NameCdn;
+    use std::path::Path;
 
     #[test]
     fn round_trip_and_max_age() {
@@ -419,8 +456,8 @@ mod tests {
     fn the_usage_ledger_outlives_the_max_age() {
         let dir = scratch("usage-age");
         let mut saved = state(3_600_000);
-        let mut commit = crate::control::commit::SavedCommit::default();
-        let record = crate::control::commit::ledger::Record {
+        let mut commit = crate::control::modifiers::commit::SavedCommit::default();
+        let record = crate::control::modifiers::commit::ledger::Record {
             seconds: 300,
             bytes: 7.0,
         };
@@ -506,5 +543,47 @@ mod tests {
         assert!(!left.contains(&dead), "{left:?}");
         assert!(left.contains(&live), "{left:?}");
         assert_eq!(left.len(), 4, "{left:?}");
+    }
+
+    /// The demo inputs, with the failover tests' policy, its name of tenant `shop`.
+    fn loaded() -> Loaded {
+        let mut loaded = crate::inputs::demo();
+        let policy = crate::control::decide::failover::tests::POLICY;
+        loaded.policy = crate::config::parse(Path::new("t.yaml"), policy.into())
+            .unwrap()
+            .0;
+        loaded.policy.hosts[0].tenant = Some("shop".into());
+        loaded
+    }
+
+    #[test]
+    fn a_saved_state_comes_back_as_it_was_served() {
+        let loaded = loaded();
+        let t0 = Instant::now();
+        let mut state = ControlState::default();
+        state.failover.track("a", VerdictKind::Down, 1, 1);
+        let mut s = crate::control::decide::stepper::Stepper::default();
+        s.demote(t0, &loaded.policy.hosts[0].failover);
+        state
+            .failover
+            .steps
+            .insert(NameCdn::new("www.example.com.", "a"), s);
+        state
+            .failover
+            .frozen_tenants
+            .insert("shop".into(), "maintenance".into());
+        let saved = Saved::of(&state, t0);
+        let back = saved.state(&loaded, t0, saved.saved_unix_ms);
+        assert_eq!(back.removed(&loaded), state.removed(&loaded));
+        assert_eq!(
+            back.removed(&loaded)
+                .get(&NameCdn::new("www.example.com.", "a")),
+            Some(&50)
+        );
+        assert_eq!(
+            back.frozen_for(&loaded, "WWW.example.com"),
+            Some("maintenance (tenant freeze)".into()),
+            "the tenant's freeze is the name's"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Control plane: the HTTP API on `--api` (loopback by default).
 //!
-//! Read-only, open: `/` (the status page, HTML: [`crate::control::status`]), `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
+//! Read-only, open: `/` (the status page, HTML: [`crate::control::surfaces::status`]), `/healthz`, `/metrics` (Prometheus text format), `/v1/observations` (this vantage point's latest probe
 //! results, read by peers), `/v1/state` (the whole live state), `/v1/explain?name=&client=[&resolver=&source=&session=]`.
 //! Mutating, with `Authorization: Bearer <token>`: `POST /v1/drains`,
 //! `DELETE /v1/drains/{id}`, `POST /v1/failover/freeze`, `POST /v1/failover/resume`,
@@ -41,15 +41,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{now_ms, unix_ms};
 use crate::config::tokens::{Token, Tokens, Verb};
-use crate::control::command::{Command, Lever};
-use crate::control::drains::{DrainError, DrainRule};
-use crate::control::explain::ExplainError;
+use crate::control::decide::drains::{DrainError, DrainRule};
+use crate::control::decide::times::{MAX_TIME_MS, TOO_LATE};
 use crate::control::http::{error, json_reply, path_matches, serve_http, text, Conn, Reply};
-use crate::control::peers::Published;
-use crate::control::prober::Local;
+use crate::control::levers::command::{Command, Lever};
+use crate::control::levers::explain::ExplainError;
 use crate::control::state_doc::StateDoc;
-use crate::control::status::{self, StatusSource};
-use crate::control::times::{MAX_TIME_MS, TOO_LATE};
+use crate::control::surfaces::status::{self, StatusSource};
+use crate::control::tasks::peers::Published;
+use crate::control::tasks::prober::Local;
 use crate::metrics::{self, Metrics};
 
 /// The limits of the API's accept loop (`control::http`), where callers have always
@@ -574,7 +574,7 @@ const MAX_USAGE_RECORDS: usize = 1000;
 /// `POST /v1/usage`: one record or an array; each checked, then all handed to the
 /// controller (none taken when one is wrong).
 async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Reply {
-    use crate::control::commit::UsageIn;
+    use crate::control::modifiers::commit::UsageIn;
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {
@@ -613,7 +613,7 @@ async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Reply {
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("record {i}: {e}")),
         }
     }
-    use crate::control::command::UsageRefused;
+    use crate::control::levers::command::UsageRefused;
     match ask(commands, |tx| Command::Usage {
         records: checked,
         strict: true,

@@ -19,10 +19,10 @@ use tokio::time::Instant;
 
 use crate::config::probes::Probes;
 use crate::config::{HostPolicy, Policy};
-use crate::control::health::{State, Tracker, VerdictKind};
-use crate::control::keys::NameCdn;
-use crate::control::planner::Removed;
-use crate::control::stepper::{Direction, Stepper};
+use crate::control::decide::health::{State, Tracker, VerdictKind};
+use crate::control::decide::keys::NameCdn;
+use crate::control::decide::planner::Removed;
+use crate::control::decide::stepper::{Direction, Stepper};
 
 /// Health, steps and freeze: everything that moves weight away from a CDN on its own.
 #[derive(Clone, Debug, Default)]

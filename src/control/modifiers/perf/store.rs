@@ -17,7 +17,7 @@ use super::{beacon, cell};
 pub fn network(ip: IpAddr) -> u64 {
     match ip.to_canonical() {
         IpAddr::V4(a) => u64::from(u32::from(crate::net::cut_v4(a, 24))),
-        IpAddr::V6(a) => (u128::from(a) >> 80) as u64 | 1 << 63,
+        IpAddr::V6(a) => (u128::from(crate::net::cut_v6(a, 48)) >> 80) as u64 | 1 << 63,
     }
 }
 

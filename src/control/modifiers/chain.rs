@@ -13,9 +13,10 @@
 use std::borrow::Cow;
 
 use crate::config::Policy;
-use crate::control::commit::Commit;
-use crate::control::perf::Perf;
-use crate::control::state::ControlState;
+use crate::control::decide::keys::NameRegion;
+use crate::control::decide::state::ControlState;
+use crate::control::modifiers::commit::Commit;
+use crate::control::modifiers::perf::Perf;
 use crate::inputs::Loaded;
 use crate::plan::Snapshot;
 
@@ -51,7 +52,7 @@ impl<'a> Chain<'a> {
         commit: &Commit,
         state: &ControlState,
         loaded: &Loaded,
-    ) -> (Snapshot, Vec<(String, String)>) {
+    ) -> (Snapshot, Vec<NameRegion>) {
         let shifted = self.shifted(&loaded.policy);
         let outside = |n: &str, r: usize, c: usize| self.outside(n, r, c);
         let committed = commit.apply(&shifted, &outside);

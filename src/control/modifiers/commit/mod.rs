@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::contract::{CommitSettings, Contract};
 use crate::config::Policy;
-use crate::control::perf::modifier::{policy_shares, weights_of};
-use crate::control::times::far_ahead;
+use crate::control::decide::times::far_ahead;
+use crate::control::modifiers::perf::modifier::{policy_shares, weights_of};
 use bias::{Bias, Facts};
 use ledger::{Ledger, Record, Taken};
 use month::Month;
@@ -174,7 +174,7 @@ impl UsageIn {
             .duration_since(std::time::UNIX_EPOCH)
             .map_err(|_| UsageError::BeforeEpoch(self.start.clone()))?
             .as_millis() as u64;
-        if start > crate::control::times::MAX_TIME_MS {
+        if start > crate::control::decide::times::MAX_TIME_MS {
             return Err(UsageError::AfterMax(self.start.clone()));
         }
         if !(self.seconds.is_finite() && self.seconds >= 1.0 && self.seconds <= 86_400.0)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DrainScope, HostPolicy, Match, Policy};
-use crate::control::times;
+use crate::control::decide::times;
 
 /// Runtime overrides expire by default after this long, so a forgotten one reverts.
 pub const DEFAULT_OVERRIDE_TTL: Duration = Duration::from_secs(2 * 3600);

@@ -26,7 +26,7 @@ use tracing::{error, warn};
 
 use crate::clock::now_ms;
 use crate::config::tokens::{hex, sha256};
-use crate::control::writers::{self, Exited};
+use crate::control::disk::writers::{self, Exited};
 
 /// The file's size past which it is rotated.
 pub const MAX_BYTES: u64 = 16 * 1024 * 1024;

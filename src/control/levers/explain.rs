@@ -16,10 +16,10 @@ use hickory_proto::rr::{LowerName, Name};
 use serde::Serialize;
 
 use crate::control::content::manifest::{self, Params};
-use crate::control::drains::DrainStatus;
-use crate::control::health::Tracker;
-use crate::control::planner::{removed_of, Removed};
-use crate::control::times;
+use crate::control::decide::drains::DrainStatus;
+use crate::control::decide::health::Tracker;
+use crate::control::decide::planner::{removed_of, Removed};
+use crate::control::decide::times;
 use crate::inputs::Loaded;
 use crate::place::geo::Place;
 use crate::plan::{Asker, Reason, Snapshot};
@@ -111,10 +111,10 @@ pub struct Explanation {
     /// The region's performance shift (`performance:`), when the server has one
     /// (live only: `steerdns explain` offline has no measurements).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub performance: Option<crate::control::perf::RegionView>,
+    pub performance: Option<crate::control::modifiers::perf::RegionView>,
     /// The name's CDNs with a contract or a capacity (live only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub commit: Vec<crate::control::commit::CdnView>,
+    pub commit: Vec<crate::control::modifiers::commit::CdnView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -463,10 +463,10 @@ impl fmt::Display for Explanation {
             )?;
         }
         if let Some(p) = &self.performance {
-            crate::control::perf::page::explain(f, p)?;
+            crate::control::modifiers::perf::page::explain(f, p)?;
         }
         for c in &self.commit {
-            crate::control::commit::explain_line(f, c)?;
+            crate::control::modifiers::commit::explain_line(f, c)?;
         }
         writeln!(f, "config:  version {}", self.config_version)
     }

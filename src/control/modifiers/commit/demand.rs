@@ -89,7 +89,7 @@ pub fn to_csv(rows: &[Row]) -> String {
     for r in rows {
         s.push_str(&format!(
             "{},{},{:.3}\n",
-            crate::control::times::rfc3339(r.start_ms),
+            crate::control::decide::times::rfc3339(r.start_ms),
             r.region,
             r.mbps
         ));

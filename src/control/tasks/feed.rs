@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::control::command::Command;
-use crate::control::commit::UsageIn;
+use crate::control::levers::command::Command;
+use crate::control::modifiers::commit::UsageIn;
 
 /// The largest answer read.
 const MAX_BYTES: usize = 4 << 20;
@@ -73,7 +73,11 @@ pub fn spawn(
     });
 }
 
-type Checked = Vec<(String, u64, crate::control::commit::ledger::Record)>;
+type Checked = Vec<(
+    String,
+    u64,
+    crate::control::modifiers::commit::ledger::Record,
+)>;
 
 /// Why a fetch of the feed failed.
 #[derive(Debug, thiserror::Error)]

@@ -27,9 +27,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
+use crate::control::decide::times;
 use crate::control::http::esc;
 use crate::control::state_doc::StateDoc;
-use crate::control::times;
 use crate::plan::{Live, Plan, Snapshot, Steered};
 
 /// How often the page reloads itself.
@@ -49,7 +49,7 @@ pub struct StatusSource {
     pub live: Arc<Live>,
     pub history: Arc<Mutex<History>>,
     /// Where `/book/` (the page's links to the manual) leads: `serve --book`.
-    pub book: crate::control::book::Book,
+    pub book: crate::control::surfaces::book::Book,
 }
 
 /// A series: (name, region, CDN).
@@ -305,8 +305,8 @@ fn write_page(
     drains(h, doc, now)?;
     fail_open(h, doc)?;
     dnssec(h, doc, now)?;
-    crate::control::perf::page::section(h, &doc.performance)?;
-    crate::control::commit::page::section(h, &doc.commit)?;
+    crate::control::modifiers::perf::page::section(h, &doc.performance)?;
+    crate::control::modifiers::commit::page::section(h, &doc.commit)?;
     reload(h, doc)?;
     h.push_str("</body></html>\n");
     Ok(())
@@ -499,7 +499,7 @@ fn failover(h: &mut String, doc: &StateDoc, now: u64) -> std::fmt::Result {
 }
 
 /// Who made a drain: its author, ticket and tenant, as far as known.
-fn by(d: &crate::control::drains::DrainStatus) -> String {
+fn by(d: &crate::control::decide::drains::DrainStatus) -> String {
     let mut out = d.author.clone().unwrap_or_else(|| "policy".into());
     if let Some(t) = &d.ticket {
         out.push_str(&format!(", ticket {t}"));
@@ -649,8 +649,8 @@ fn time(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::drains::{DrainState, DrainStatus};
-    use crate::control::planner;
+    use crate::control::decide::drains::{DrainState, DrainStatus};
+    use crate::control::decide::planner;
     use crate::control::state_doc::{FailOpenDoc, HealthDoc, StepDoc};
 
     fn loaded() -> crate::inputs::Loaded {
@@ -670,7 +670,11 @@ mod tests {
         let p = h.points(&n, &region, "fastly").unwrap();
         assert_eq!(p.iter().copied().collect::<Vec<_>>(), vec![(t0, 900)]);
 
-        let removed = [(crate::control::keys::NameCdn::new(n.clone(), "fastly"), 50)].into();
+        let removed = [(
+            crate::control::decide::keys::NameCdn::new(n.clone(), "fastly"),
+            50,
+        )]
+        .into();
         let stepped = planner::snapshot_with(&loaded, &removed, &[]).0;
         h.record(&stepped.plan, t0 + 2000);
         let p = h.points(&n, &region, "fastly").unwrap();
@@ -718,7 +722,11 @@ mod tests {
             .unwrap()
             .text()
             .to_string();
-        let removed = [(crate::control::keys::NameCdn::new(n.clone(), "fastly"), 50)].into();
+        let removed = [(
+            crate::control::decide::keys::NameCdn::new(n.clone(), "fastly"),
+            50,
+        )]
+        .into();
         let stepped = planner::snapshot_with(&loaded, &removed, &[]).0;
         let mut history = History::default();
         let now = 1_000_000_000_000;
@@ -743,7 +751,7 @@ mod tests {
                 cdn: "fastly".into(),
                 removed_percent: 50,
                 since_unix_ms: Some(now - 5000),
-                direction: Some(crate::control::stepper::Direction::Demote),
+                direction: Some(crate::control::decide::stepper::Direction::Demote),
             }],
             drains: vec![DrainStatus {
                 id: "d1".into(),

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::probes::ProbeSpec;
-use crate::control::health::Observation;
+use crate::control::decide::health::Observation;
 use crate::metrics::Metrics;
 
 /// Probes running at once, whatever the number of CDNs.

@@ -344,12 +344,12 @@ impl Perf {
             && !self.ahead(name, region, at_ms, now_ms)
     }
 
-    /// Whether an evaluation at `at_ms` is [`crate::control::times::far_ahead`] of
+    /// Whether an evaluation at `at_ms` is [`crate::control::decide::times::far_ahead`] of
     /// `now_ms`: it is not taken, and the next evaluation writes over it.
     pub fn ahead(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
         self.shifts
             .get(&(name.to_string(), region))
-            .is_some_and(|s| crate::control::times::far_ahead(at_ms, s.period_ms(), now_ms))
+            .is_some_and(|s| crate::control::decide::times::far_ahead(at_ms, s.period_ms(), now_ms))
     }
 
     /// Puts evaluation `e` in force (made by node `by` of a set, or here). `Err` says

@@ -18,8 +18,8 @@ use tracing::{info, warn};
 
 pub use crate::config::empties_a_region;
 use crate::config::{DrainScope, Policy, MAX_DRAIN_SCOPES};
-use crate::control::planner::DrainCut;
-use crate::control::stepper::{Direction, Stepper};
+use crate::control::decide::planner::DrainCut;
+use crate::control::decide::stepper::{Direction, Stepper};
 
 use report::scope_text;
 pub use report::{DrainState, DrainStatus};

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::control::health::{Observation, VantageView};
+use crate::control::decide::health::{Observation, VantageView};
 use crate::metrics::Metrics;
 
 /// Largest observations document accepted from a peer.
@@ -177,7 +177,7 @@ impl Peers {
                         );
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(crate::control::prober::jittered(every)) => {}
+                        _ = tokio::time::sleep(crate::control::tasks::prober::jittered(every)) => {}
                     }
                 }
             });

@@ -11,9 +11,9 @@ use tokio::sync::oneshot;
 
 use crate::config::tokens::Token;
 use crate::config::Policy;
-use crate::control::audit;
-use crate::control::drains::{DrainError, DrainRule, Drains};
-use crate::control::explain::{ExplainError, Explanation};
+use crate::control::decide::drains::{DrainError, DrainRule, Drains};
+use crate::control::disk::audit;
+use crate::control::levers::explain::{ExplainError, Explanation};
 
 /// A request from the admin API, answered on its oneshot.
 pub enum Command {
@@ -65,7 +65,11 @@ pub enum Command {
 }
 
 /// A checked usage record: CDN, start (Unix ms), the record.
-pub type UsageRecord = (String, u64, crate::control::commit::ledger::Record);
+pub type UsageRecord = (
+    String,
+    u64,
+    crate::control::modifiers::commit::ledger::Record,
+);
 
 /// What became of the usage records of a `POST /v1/usage`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -171,7 +175,7 @@ pub fn admit_usage(
     };
     if strict {
         if let Some((_, start, _)) = records.iter().find(|r| r.1 > latest) {
-            let at = crate::control::times::rfc3339(*start);
+            let at = crate::control::decide::times::rfc3339(*start);
             return Err(format!("start {at} is more than a day ahead"));
         }
         if let Some((cdn, _, _)) = records.iter().find(|r| !known(&r.0)) {

@@ -1,0 +1,11 @@
+//! Control plane, the state directory: what is saved across restarts, and the audit log.
+//!
+//! | room | holds |
+//! |---|---|
+//! | `persist` | `Saved`: the state file, written atomically and durably, restored at start |
+//! | `audit` | the hash-chained audit log `audit.jsonl`, and `verify` |
+//! | `writers` | the threads that write here, and waiting until they finish |
+
+pub mod audit;
+pub mod persist;
+pub mod writers;

@@ -1,0 +1,12 @@
+//! Control plane, what people and scripts reach over HTTP on `--api`: the admin API, the status
+//! page and the manual. (Content steering for players is its own room, `content/`.)
+//!
+//! | room | holds |
+//! |---|---|
+//! | `api` | the admin API: its routes (`ROUTES`), tokens, limits |
+//! | `status` | the status page, `GET /` |
+//! | `book` | the manual at `/book/` |
+
+pub mod api;
+pub mod book;
+pub mod status;
