@@ -215,11 +215,14 @@ async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second(
     // Removed on node 3: every node answers with both again; node 3 at once.
     let status = set.nodes[2].undrain(id).await;
     assert_eq!(status, 200);
+    // The override is gone from node 3's view at once; its drain steps back.
     let s = set.nodes[2].state().await;
     assert!(
-        !s["drains"].to_string().contains(id),
+        !s["cluster"]["drains"].to_string().contains(id),
         "read your undrain: {s:#}"
     );
+    let ending = s["drains"].as_array().unwrap().iter().all(|d| d["status"] != "active");
+    assert!(ending, "read your undrain: {s:#}");
     let t1 = Instant::now();
     for i in 0..3 {
         answers_until(&set, i, t1, "both CDNs after the drain ended", |c| {
