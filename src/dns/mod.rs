@@ -25,6 +25,7 @@ pub mod cookie;
 pub mod dnstap;
 pub mod edns;
 pub mod listen;
+mod retry;
 pub mod rrl;
 pub mod tcp;
 pub mod udp;
