@@ -25,6 +25,7 @@ pub mod cookie;
 pub mod dnstap;
 pub mod edns;
 pub mod listen;
+mod retry;
 pub mod rrl;
 pub mod tcp;
 pub mod udp;
@@ -308,22 +309,19 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     let now = crate::clock::now_secs();
     let cookie = wire::cookie_of(request.as_slice(), secrets, request.src().ip(), now);
     let reply = cookie.reply();
+    // The OPT of an error answer given before the client is known: no ECS option.
+    let bare = |echo| {
+        request
+            .edns
+            .as_ref()
+            .map(|e| edns::response(e, None, 0, echo))
+    };
     // hickory echoes the question as the bytes it received, compression pointers
     // included; a pointer (into the header, say) would then point into *our* answer and
     // make it undecodable. No resolver compresses a lone question: FORMERR, without it.
     if compressed_question(request.queries.as_bytes(), request.queries.len()) {
-        let opt = request
-            .edns
-            .as_ref()
-            .map(|e| edns::with_ede(edns::response(e, None, 0, reply), Ede::QUESTION));
-        let info = reply_with(
-            request,
-            ResponseCode::FormErr,
-            false,
-            opt.as_ref(),
-            None,
-            response,
-        );
+        let why = (ResponseCode::FormErr, Some(Ede::QUESTION));
+        let info = error_answer(request, why, false, bare(reply), response);
         return (info.await, None);
     }
     // RFC 6891 §7: with no OPT in the query there is none in the response.
@@ -333,32 +331,16 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
     let client = match edns::client(request.edns.as_ref(), request.src().ip(), options) {
         Ok(c) => c,
         Err(rcode) => {
-            let opt = request.edns.as_ref().map(|e| {
-                let opt = edns::response(e, None, 0, reply);
-                match rcode {
-                    ResponseCode::FormErr => edns::with_ede(opt, Ede::ECS),
-                    _ => opt,
-                }
-            });
-            let info = reply_with(request, rcode, true, opt.as_ref(), None, response);
+            let why = (rcode, (rcode == ResponseCode::FormErr).then_some(Ede::ECS));
+            let info = error_answer(request, why, true, bare(reply), response);
             return (info.await, None);
         }
     };
     // RFC 7873 §5.2.2: a malformed COOKIE option is FORMERR (and there is no client
     // cookie to answer with).
     if cookie == cookie::Cookie::Malformed {
-        let opt = request
-            .edns
-            .as_ref()
-            .map(|e| edns::with_ede(edns::response(e, None, 0, None), Ede::COOKIE));
-        let info = reply_with(
-            request,
-            ResponseCode::FormErr,
-            true,
-            opt.as_ref(),
-            None,
-            response,
-        );
+        let why = (ResponseCode::FormErr, Some(Ede::COOKIE));
+        let info = error_answer(request, why, true, bare(None), response);
         return (info.await, None);
     }
     // Answers that do not depend on the client carry ECS scope 0.
@@ -378,31 +360,16 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         return (info.await, None);
     }
     // An error answer says why (RFC 8914) when the query has an OPT.
-    let explained = |ede: Ede| untailored.clone().map(|opt| edns::with_ede(opt, ede));
     if request.metadata.op_code != OpCode::Query
         || request.metadata.message_type != MessageType::Query
     {
-        let opt = explained(Ede::OPCODE);
-        let info = reply_with(
-            request,
-            ResponseCode::NotImp,
-            true,
-            opt.as_ref(),
-            None,
-            response,
-        );
+        let why = (ResponseCode::NotImp, Some(Ede::OPCODE));
+        let info = error_answer(request, why, true, untailored, response);
         return (info.await, None);
     }
     let [query] = request.queries.queries() else {
-        let opt = explained(Ede::QUESTION);
-        let info = reply_with(
-            request,
-            ResponseCode::FormErr,
-            true,
-            opt.as_ref(),
-            None,
-            response,
-        );
+        let why = (ResponseCode::FormErr, Some(Ede::QUESTION));
+        let info = error_answer(request, why, true, untailored, response);
         return (info.await, None);
     };
 
@@ -413,15 +380,8 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         (query.query_class() != DNSClass::IN).then_some(Ede::CLASS)
     };
     if let Some(ede) = unserved {
-        let opt = explained(ede);
-        let info = reply_with(
-            request,
-            ResponseCode::Refused,
-            true,
-            opt.as_ref(),
-            None,
-            response,
-        );
+        let why = (ResponseCode::Refused, Some(ede));
+        let info = error_answer(request, why, true, untailored, response);
         return (info.await, None);
     }
     let steered = snap.plan.get(query.name());
@@ -445,7 +405,7 @@ async fn answer<'s, R: ResponseHandler, T: Time>(
         }
         // Outside every zone: hickory's catalog answers REFUSED; say why.
         let opt = match snap.zones.find(query.name()) {
-            None => explained(Ede::NOT_OURS),
+            None => untailored.map(|opt| edns::with_ede(opt, Ede::NOT_OURS)),
             Some(_) => untailored,
         };
         let info = snap
@@ -514,6 +474,23 @@ fn rrsig_records(owner: &Name, ttl: u32, mut run: &[u8]) -> Vec<Record> {
         run = &run[2 + len..];
     }
     out
+}
+
+/// An error answer: [`reply_with`] with no TSIG, `why` its RCODE and, when given, the
+/// EDE (RFC 8914) its OPT says it with (`opt`: the response's OPT, when the query has one).
+async fn error_answer<R: ResponseHandler>(
+    request: &Request,
+    why: (ResponseCode, Option<Ede>),
+    echo_question: bool,
+    opt: Option<Edns>,
+    response: R,
+) -> ResponseInfo {
+    let (rcode, ede) = why;
+    let opt = match ede {
+        Some(ede) => opt.map(|opt| edns::with_ede(opt, ede)),
+        None => opt,
+    };
+    reply_with(request, rcode, echo_question, opt.as_ref(), None, response).await
 }
 
 /// A response without records: the header of [`reply_metadata`], the question as received
