@@ -135,35 +135,20 @@ fn amount(cx: &mut Ctx, path: &[Seg], k: &str, v: Option<f64>, billing: &str) ->
 /// Validates a CDN's `contract:` found at `path`; `None` after an error.
 pub(super) fn validate_contract(cx: &mut Ctx, path: &[Seg], raw: RawContract) -> Option<Contract> {
     let errors = cx.errors();
-    let refuse = |cx: &mut Ctx, k: &str, v: Option<f64>, billing: &str| {
-        if v.is_some() {
-            cx.error(
-                &field(path, k),
-                format!("`{k}` does not go with billing {billing}"),
-            );
-        }
-    };
-    let contract = match raw.billing.as_deref() {
-        Some("gb_month") => {
-            refuse(cx, "commit_mbps", raw.commit_mbps, "gb_month");
-            refuse(cx, "cap_mbps", raw.cap_mbps, "gb_month");
-            let commit = amount(cx, path, "commit_gb", raw.commit_gb, "gb_month");
-            let cap = amount(cx, path, "cap_gb", raw.cap_gb, "gb_month");
-            Contract::GbMonth {
-                commit_gb: commit?,
-                cap_gb: cap?,
-            }
-        }
-        Some("p95_mbps") => {
-            refuse(cx, "commit_gb", raw.commit_gb, "p95_mbps");
-            refuse(cx, "cap_gb", raw.cap_gb, "p95_mbps");
-            let commit = amount(cx, path, "commit_mbps", raw.commit_mbps, "p95_mbps");
-            let cap = amount(cx, path, "cap_mbps", raw.cap_mbps, "p95_mbps");
-            Contract::P95Mbps {
-                commit_mbps: commit?,
-                cap_mbps: cap?,
-            }
-        }
+    // Each billing's commit and cap (in that order), and the keys of the other billing,
+    // which it refuses.
+    let gb = [("commit_gb", raw.commit_gb), ("cap_gb", raw.cap_gb)];
+    let mbps = [("commit_mbps", raw.commit_mbps), ("cap_mbps", raw.cap_mbps)];
+    type Make = fn(f64, f64) -> Contract;
+    let (billing, own, other, make): (_, _, _, Make) = match raw.billing.as_deref() {
+        Some(b @ "gb_month") => (b, gb, mbps, |commit_gb, cap_gb| Contract::GbMonth {
+            commit_gb,
+            cap_gb,
+        }),
+        Some(b @ "p95_mbps") => (b, mbps, gb, |commit_mbps, cap_mbps| Contract::P95Mbps {
+            commit_mbps,
+            cap_mbps,
+        }),
         Some(other) => {
             cx.error(
                 &field(path, "billing"),
@@ -176,12 +161,17 @@ pub(super) fn validate_contract(cx: &mut Ctx, path: &[Seg], raw: RawContract) ->
             return None;
         }
     };
+    for (k, _) in other.into_iter().filter(|(_, v)| v.is_some()) {
+        cx.error(
+            &field(path, k),
+            format!("`{k}` does not go with billing {billing}"),
+        );
+    }
+    let [commit, cap] = own.map(|(k, v)| amount(cx, path, k, v, billing));
+    let contract = make(commit?, cap?);
     let (commit, cap) = contract.bounds();
     if cap < commit {
-        let k = match contract {
-            Contract::GbMonth { .. } => "cap_gb",
-            Contract::P95Mbps { .. } => "cap_mbps",
-        };
+        let (k, _) = own[1];
         cx.error(
             &field(path, k),
             format!("the cap {cap} is below the commit {commit}"),
@@ -319,6 +309,24 @@ mod tests {
             e.contains(
                 "steering.yaml:5: cdns.fastly.contract.cap_gb: the cap 4 is below the commit 5"
             ),
+            "{e}"
+        );
+        let e = check(
+            "    contract: { billing: p95_mbps, commit_mbps: 5, cap_mbps: 4 }\n",
+            "",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("contract.cap_mbps: the cap 4 is below the commit 5"),
+            "{e}"
+        );
+        let e = check(
+            "    contract: { billing: gb_month, commit_gb: 5, cap_gb: 6, commit_mbps: 1 }\n",
+            "",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("contract.commit_mbps: `commit_mbps` does not go with billing gb_month"),
             "{e}"
         );
         let e = check("    contract: { billing: monthly, commit_gb: 5 }\n", "").unwrap_err();

@@ -65,38 +65,18 @@ pub struct Ede {
 }
 
 impl Ede {
-    pub const NOT_OURS: Ede = Ede {
-        code: 20,
-        text: "not in a zone served here",
-    };
-    pub const TRANSFER: Ede = Ede {
-        code: 21,
-        text: "zone transfers are not offered",
-    };
-    pub const CLASS: Ede = Ede {
-        code: 21,
-        text: "only class IN is served",
-    };
-    pub const OPCODE: Ede = Ede {
-        code: 21,
-        text: "only opcode QUERY is served",
-    };
-    pub const ECS: Ede = Ede {
-        code: 0,
-        text: "malformed ECS option (RFC 7871 section 6)",
-    };
-    pub const QUESTION: Ede = Ede {
-        code: 0,
-        text: "one uncompressed question is served",
-    };
-    pub const COOKIE: Ede = Ede {
-        code: 0,
-        text: "malformed COOKIE option (RFC 7873 section 5.2.2)",
-    };
-    pub const RATE_LIMITED: Ede = Ede {
-        code: 0,
-        text: "rate limited: retry over TCP",
-    };
+    const fn new(code: u16, text: &'static str) -> Ede {
+        Ede { code, text }
+    }
+
+    pub const NOT_OURS: Ede = Ede::new(20, "not in a zone served here");
+    pub const TRANSFER: Ede = Ede::new(21, "zone transfers are not offered");
+    pub const CLASS: Ede = Ede::new(21, "only class IN is served");
+    pub const OPCODE: Ede = Ede::new(21, "only opcode QUERY is served");
+    pub const ECS: Ede = Ede::new(0, "malformed ECS option (RFC 7871 section 6)");
+    pub const QUESTION: Ede = Ede::new(0, "one uncompressed question is served");
+    pub const COOKIE: Ede = Ede::new(0, "malformed COOKIE option (RFC 7873 section 5.2.2)");
+    pub const RATE_LIMITED: Ede = Ede::new(0, "rate limited: retry over TCP");
 
     /// Bytes of the option (code, length, INFO-CODE, EXTRA-TEXT).
     pub fn wire_len(&self) -> u16 {

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cache::{AnswerCache, Lookup};
 use super::dnstap::{self, Event};
+use super::retry::{self, Failure};
 use super::rrl::{Rrl, Verdict};
 use super::{wire, Handler};
 use hickory_server::net::xfer::Protocol;
@@ -169,16 +170,8 @@ fn serve(
             // Woken by `UdpThread::wake`.
             Ok(0) => continue,
             Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue
-            }
+            // Interrupted, or the read timeout passed with nothing received.
+            Err(e) if retry::failure(&e) != Failure::Failed => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "UDP receive error");
                 std::thread::sleep(Duration::from_millis(10));
@@ -376,22 +369,19 @@ fn send_batch(
                 r.sent += k;
                 done += k;
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                // The buffer stayed full for SEND_TIMEOUT: the next ones would wait as long.
-                r.timed_out += n - done;
-                return r;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "UDP send error");
-                r.failed += 1;
-                done += 1;
-            }
+            Err(e) => match retry::failure(&e) {
+                Failure::Interrupted => {}
+                Failure::TimedOut => {
+                    // The buffer stayed full for SEND_TIMEOUT: the next ones would wait as long.
+                    r.timed_out += n - done;
+                    return r;
+                }
+                Failure::Failed => {
+                    tracing::debug!(error = %e, "UDP send error");
+                    r.failed += 1;
+                    done += 1;
+                }
+            },
         }
         if done < n && now() >= deadline {
             r.timed_out += n - done;

@@ -1,5 +1,6 @@
 //! Unit tests of the families: names, labels, bounds, and what `/metrics` serves.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngExt;

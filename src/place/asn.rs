@@ -202,8 +202,7 @@ mod tests {
     #[test]
     fn flat_tables_agree_with_the_tree() {
         use rand::rngs::SmallRng;
-        use rand::{RngExt, SeedableRng};
-        use std::net::{Ipv4Addr, Ipv6Addr};
+        use rand::SeedableRng;
 
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/geo/GeoLite2-ASN-Test.mmdb");
@@ -217,13 +216,7 @@ mod tests {
             }
         };
         let mut rng = SmallRng::seed_from_u64(5);
-        let mut ips: Vec<IpAddr> = (0..20_000)
-            .map(|_| IpAddr::V4(Ipv4Addr::from(rng.random::<u32>())))
-            .collect();
-        ips.extend((0..20_000).map(|_| {
-            let a = rng.random::<u128>() >> 3 | 0x2000 << 112;
-            IpAddr::V6(Ipv6Addr::from(a))
-        }));
+        let mut ips = super::super::mmdb::random_ips(&mut rng);
         for (i, &start) in db.v4.starts.as_slice().iter().enumerate() {
             let last = start.last(db.v4.prefixes[i]);
             ips.extend([start, last, last.wrapping_add(1)].map(|a| IpAddr::V4(a.into())));

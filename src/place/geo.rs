@@ -533,12 +533,11 @@ impl std::fmt::Debug for GeoDb {
 
 #[cfg(test)]
 mod tests {
-    use super::super::mmdb::walk;
+    use super::super::mmdb::{random_ips, walk};
     use super::*;
     use maxminddb::Reader;
     use rand::rngs::SmallRng;
-    use rand::{RngExt, SeedableRng};
-    use std::net::{Ipv4Addr, Ipv6Addr};
+    use rand::SeedableRng;
 
     #[test]
     fn a_place_keeps_its_index() {
@@ -631,14 +630,7 @@ mod tests {
                     ..place_of(&rec)
                 }
             };
-            let mut ips: Vec<IpAddr> = (0..20_000)
-                .map(|_| IpAddr::V4(Ipv4Addr::from(rng.random::<u32>())))
-                .collect();
-            ips.extend((0..20_000).map(|_| {
-                // Mostly global unicast, where the data is.
-                let a = rng.random::<u128>() >> 3 | 0x2000 << 112;
-                IpAddr::V6(Ipv6Addr::from(a))
-            }));
+            let mut ips = random_ips(&mut rng);
             for (i, start) in geo.v4.starts.as_slice().iter().enumerate() {
                 let p = geo.v4.places.prefix(i);
                 let last = start | u32::MAX.checked_shr(u32::from(p)).unwrap_or(0);

@@ -155,6 +155,23 @@ pub(super) fn walk<'de, T: Deserialize<'de> + Default>(
     )
 }
 
+/// The random addresses the flat tables are tested on against [`walk`]: 20,000 IPv4,
+/// then 20,000 IPv6, mostly global unicast (where the data is).
+#[cfg(test)]
+pub(super) fn random_ips(rng: &mut rand::rngs::SmallRng) -> Vec<IpAddr> {
+    use rand::RngExt;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    let mut ips: Vec<IpAddr> = (0..20_000)
+        .map(|_| IpAddr::V4(Ipv4Addr::from(rng.random::<u32>())))
+        .collect();
+    ips.extend((0..20_000).map(|_| {
+        let a = rng.random::<u128>() >> 3 | 0x2000 << 112;
+        IpAddr::V6(Ipv6Addr::from(a))
+    }));
+    ips
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,4 +9,6 @@
 
 pub mod api;
 pub mod book;
+pub mod history;
+pub mod mutations;
 pub mod status;

@@ -23,6 +23,7 @@ use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
 
 use super::frames::{self, ACCEPT, CONTENT_TYPE, FINISH, READY, START, STOP};
 use super::message::{self, Record, CDN_CAPACITY, RULE_CAPACITY};
+use crate::dns::retry::{self, Failure};
 
 /// Records in the pool: the frames (two a record) that may wait for the writer.
 pub const POOL: usize = 2048;
@@ -598,23 +599,20 @@ fn write_patiently(conn: &mut Conn, buf: &[u8], stop: &AtomicBool) -> io::Result
                 at += k;
                 progress = Instant::now();
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                let limit = if stop.load(Ordering::Relaxed) {
-                    Duration::from_secs(2)
-                } else {
-                    STALL_LIMIT
-                };
-                if progress.elapsed() > limit {
-                    return Err(e);
+            Err(e) => match retry::failure(&e) {
+                Failure::Interrupted => {}
+                Failure::TimedOut => {
+                    let limit = if stop.load(Ordering::Relaxed) {
+                        Duration::from_secs(2)
+                    } else {
+                        STALL_LIMIT
+                    };
+                    if progress.elapsed() > limit {
+                        return Err(e);
+                    }
                 }
-            }
-            Err(e) => return Err(e),
+                Failure::Failed => return Err(e),
+            },
         }
     }
     Ok(())
