@@ -221,7 +221,11 @@ async fn a_drain_posted_to_one_node_changes_every_nodes_answers_within_a_second(
         !s["cluster"]["drains"].to_string().contains(id),
         "read your undrain: {s:#}"
     );
-    let ending = s["drains"].as_array().unwrap().iter().all(|d| d["status"] != "active");
+    let ending = s["drains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|d| d["status"] != "active");
     assert!(ending, "read your undrain: {s:#}");
     let t1 = Instant::now();
     for i in 0..3 {
