@@ -1,4 +1,6 @@
-//! The command line: the main room of `cli/` (its door, `mod.rs`, says what else lives there).
+//! The command line: its definition (`Cli`, `Command` and their flags) and `run`, which
+//! hands each command to its file.
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use super::*;
 use std::net::{IpAddr, SocketAddr};

@@ -1,4 +1,6 @@
-//! Input: the main room of `config/` (its door, `mod.rs`, says what else lives there).
+//! Input: the policy (`Policy`, `HostPolicy`: names, CDNs, regions, failover, drains,
+//! content steering, modifiers) as `steering.yaml` is parsed into it, and `parse`.
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use super::*;
 use std::fmt;

@@ -1,4 +1,6 @@
-//! Data plane: the main room of `dns/` (its door, `mod.rs`, says what else lives there).
+//! Data plane: the full path (`Handler`, on hickory): every query the fast path hands
+//! over, answered with the rcode, EDE, ECS scope and cookie it calls for.
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use std::iter;
 use std::net::SocketAddr;

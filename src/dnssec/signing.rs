@@ -1,4 +1,6 @@
-//! Input: the main room of `dnssec/` (its door, `mod.rs`, says what else lives there).
+//! Input: DNSSEC signing of the served zones and the pre-signed steered answers
+//! (`Signing`, `Signed`): the signature window, the keys in use, `refresh`.
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use std::collections::HashMap;
 use std::io::Write;

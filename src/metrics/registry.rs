@@ -1,4 +1,6 @@
-//! Both planes: the main room of `metrics/` (its door, `mod.rs`, says what else lives there).
+//! Both planes: `Metrics`, the registry of every family `/metrics` serves, and the
+//! label sets they share.
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use super::*;
 use std::cell::RefCell;

@@ -1,4 +1,6 @@
-//! Input: the main room of `zones/` (its door, `mod.rs`, says what else lives there).
+//! Input: the zones served (`Zones`, `Zone`: the catalog of records), read from
+//! `zones/` and checked (`check_text`).
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

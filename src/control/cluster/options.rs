@@ -1,4 +1,7 @@
-//! Control plane: the main room of `cluster/` (its door, `mod.rs`, says what else lives there).
+//! Control plane, the set: its options (`ClusterOptions`: the node, the prefix, the
+//! members), its bounds (liveness, fail static, caps per kind), the key builders (on
+//! `store::Key`) and `write_evaluation` (first writer wins).
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use super::*;
 use std::time::Duration;

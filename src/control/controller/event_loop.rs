@@ -1,4 +1,6 @@
-//! Control plane: the main room of `controller/` (its door, `mod.rs`, says what else lives there).
+//! Control plane: the controller's fields, its start (`new`, `join`, `restore`) and its
+//! event loop (`run`): the main room of `controller/` (its door, `mod.rs`, says what
+//! else lives there).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -1,27 +1,28 @@
 //! Control plane: the controller, the event loop (`Controller::run`). Each finished
 //! probe round becomes a verdict (this vantage point's result plus the peers' fresh
-//! ones, by quorum), the verdicts go through hysteresis, health changes start failover
-//! steps, and every change of the steps publishes a new plan. An API command is checked
-//! once (`on_command`), then applied here or, in a set, handed to the set's writer
-//! (`cluster/node.rs`). Every state change is logged with its evidence, and the state
-//! (`state.rs`) is saved so that a restart resumes where it was.
+//! ones, by quorum), the verdicts go through hysteresis, and a health change writes the
+//! set's failover timelines. An API command is checked once (`on_command`) and written
+//! to the set's store (`cluster/node.rs`); every decision is applied from the store's
+//! view (`on_shared`), on a single node (a set of one, its store in memory) as in a set
+//! (etcd), and each change publishes a new plan. Every state change is logged with its
+//! evidence, and the state is saved so that a restart resumes where it was.
 //!
 //! ```text
-//!  prober rounds ─┐
-//!  peers' views ──┴─▶ verdict (quorum) ─▶ Tracker (hysteresis) ─▶ Stepper ─▶ planner ─▶ Live
+//!  prober rounds ─┐                                      ┌─ API levers (checked once)
+//!  peers' views ──┴─▶ verdict (quorum) ─▶ Tracker ─▶ store (memory or etcd) ─▶ view
+//!        ─▶ timelines, drains, freezes, shifts, biases ─▶ chain ─▶ planner ─▶ Live
 //! ```
-//!
-//! This file holds the controller's fields, its start (`new`, `restore`) and the loop;
-//! each kind of event is handled in its own file:
 //!
 //! | file | handles |
 //! |---|---|
+//! | `event_loop.rs` | the controller's fields, its start (`new`, `join`, `restore`) and the loop (`run`) |
 //! | `rounds.rs` | probe rounds: `start_probing`, `on_round`, `tick_steps`, `note_steps` |
 //! | `commands.rs` | API commands: `on_command`, `explain` |
 //! | `reloads.rs` | configuration reloads: `on_reload`, `reload_diff` |
 //! | `modifiers.rs` | what the clock brings due: `resign`, `evaluate_perf`, `evaluate_commit` |
-//! | `set.rs` | a node of a set: `peer_views`, `on_shared`, `follow_commit` |
-//! | `publish.rs` | serving and showing: `plan`, `publish`, `persist`, `show`, `reply` |
+//! | `set.rs` | the set's view: `peer_views`, `on_shared`, `follow_commit`, the answers of writes (`on_written`) |
+//! | `publish.rs` | serving and showing: `plan`, `publish`, `persist`, `show`, `answer` |
+//! | `upgrade.rs` | a state saved before the store, turned into the store's keys |
 
 mod commands;
 mod event_loop;

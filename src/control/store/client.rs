@@ -1,4 +1,6 @@
-//! Control plane, the store of the set's decisions: the main room of `store/` (its door, `mod.rs`, says what else lives there).
+//! Control plane, the store: `Store`, the set's store of decisions, memory or etcd, one
+//! set of calls with one semantics for both.
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use super::*;
 use std::time::Duration;

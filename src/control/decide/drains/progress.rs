@@ -1,4 +1,6 @@
-//! Control plane: the main room of `drains/` (its door, `mod.rs`, says what else lives there).
+//! Control plane, pure: `Drains`, every drain in force or stepping back (from the
+//! policy and the API) and its progress, synced against the policy.
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use super::*;
 use std::collections::BTreeMap;

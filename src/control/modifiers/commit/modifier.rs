@@ -1,4 +1,6 @@
-//! Control plane: the main room of `commit/` (its door, `mod.rs`, says what else lives there).
+//! Control plane, the commit modifier: `Commit`, the usage ledger and the biases in
+//! force per name, what is due to evaluate, and the policy weights they make (`apply`).
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -1,4 +1,6 @@
-//! Control plane: the main room of `perf/` (its door, `mod.rs`, says what else lives there).
+//! Control plane, the performance modifier: `Perf`, the shifts in force per region,
+//! what is due to evaluate, and the policy weights they make (`apply`).
+//! (The main room of its folder; the folder's door, `mod.rs`, says what else lives there.)
 
 use super::*;
 use std::collections::BTreeMap;
