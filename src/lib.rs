@@ -45,6 +45,8 @@
 //! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`, `agent`,
 //!   `simulate`, `dnssec`, `audit`): loads the inputs, handles the signals.
 
+#![warn(unreachable_pub)]
+
 pub mod app;
 pub mod cli;
 pub mod clock;
@@ -56,10 +58,10 @@ pub mod error;
 pub mod huge;
 pub mod inputs;
 pub mod metrics;
-pub mod net;
+pub(crate) mod net;
 pub mod place;
 pub mod plan;
-pub mod secret;
+pub(crate) mod secret;
 pub mod selection;
-pub mod slots;
+pub(crate) mod slots;
 pub mod zones;

@@ -17,7 +17,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 /// # Hot path
 /// A shift and a mask; no allocation.
 #[inline]
-pub fn cut(ip: IpAddr, prefix: u8) -> IpAddr {
+pub(crate) fn cut(ip: IpAddr, prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V4(a) => IpAddr::V4(cut_v4(a, prefix)),
         IpAddr::V6(a) => IpAddr::V6(cut_v6(a, prefix)),
@@ -26,13 +26,13 @@ pub fn cut(ip: IpAddr, prefix: u8) -> IpAddr {
 
 /// [`cut`] for an IPv4 address.
 #[inline]
-pub fn cut_v4(a: Ipv4Addr, prefix: u8) -> Ipv4Addr {
+pub(crate) fn cut_v4(a: Ipv4Addr, prefix: u8) -> Ipv4Addr {
     Ipv4Net::new(a, prefix.min(32)).map_or(a, |n| n.network())
 }
 
 /// [`cut`] for an IPv6 address.
 #[inline]
-pub fn cut_v6(a: Ipv6Addr, prefix: u8) -> Ipv6Addr {
+pub(crate) fn cut_v6(a: Ipv6Addr, prefix: u8) -> Ipv6Addr {
     Ipv6Net::new(a, prefix.min(128)).map_or(a, |n| n.network())
 }
 

@@ -31,7 +31,7 @@ impl From<SecretError> for String {
 /// The bytes of the secret file `path`, or why it is refused: unreadable, or a mode
 /// that gives its group or others any access (`install -m 600`, or systemd's
 /// `LoadCredential=`, make an owner-only file).
-pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
+pub(crate) fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
     let unreadable = |source| SecretError::Unreadable {
         path: path.to_path_buf(),
         source,
@@ -54,7 +54,7 @@ pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
 }
 
 /// [`read_secret_file`] as text, without its final line break(s).
-pub fn read_secret_text(path: &Path) -> Result<String, SecretError> {
+pub(crate) fn read_secret_text(path: &Path) -> Result<String, SecretError> {
     let bytes = read_secret_file(path)?;
     let text = String::from_utf8(bytes).map_err(|_| SecretError::NotUtf8 {
         path: path.to_path_buf(),

@@ -24,7 +24,7 @@ use crate::net::{cut_v4, cut_v6};
 /// A listener's connection slots: the connections it serves at once, by source prefix,
 /// and the reserve kept for loopback sources.
 #[derive(Clone, Debug)]
-pub struct Slots {
+pub(crate) struct Slots {
     /// `max_connections` permits.
     main: Arc<Semaphore>,
     /// Permits beyond `main`, for loopback sources only (0: none).
@@ -35,7 +35,7 @@ pub struct Slots {
 
 /// Why a connection got no slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// Its source prefix holds `max_per_source` connections already.
     Source,
     /// Every one of `max_connections` is taken.
@@ -44,7 +44,7 @@ pub enum Refused {
 
 /// One connection's hold on its listener's slots, given back when dropped.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     /// A permit of the main semaphore, or of the loopback reserve.
     _permit: OwnedSemaphorePermit,
     /// The connection counted against its source prefix (`None` on the reserve when
@@ -57,7 +57,7 @@ pub struct Slot {
 impl Slots {
     /// `max_connections` at once (at least 1) plus `reserved_for_loopback`, sources
     /// counted by `prefix_v4`-bit IPv4 and `prefix_v6`-bit IPv6 prefixes.
-    pub fn new(
+    pub(crate) fn new(
         max_connections: usize,
         reserved_for_loopback: usize,
         prefix_v4: u8,
@@ -74,7 +74,7 @@ impl Slots {
     /// (0: no limit). A source at its cap, or every slot taken: only loopback goes on,
     /// to the reserve, so that a local flood from 127.0.0.1 itself does not lock out
     /// the operator's curl from the same address. Never waits.
-    pub fn take(&self, ip: IpAddr, max_per_source: usize) -> Result<Slot, Refused> {
+    pub(crate) fn take(&self, ip: IpAddr, max_per_source: usize) -> Result<Slot, Refused> {
         let source = self.sources.take(ip, max_per_source);
         let main = source
             .is_some()
@@ -102,7 +102,7 @@ impl Slots {
 /// `ip`'s prefix (`v4` or `v6` bits long) as one number, the family in the top bit;
 /// IPv4-mapped IPv6 addresses count as IPv4. One client network, one key: for the
 /// per-source cap here and for response rate limiting (`dns/rrl.rs`).
-pub fn prefix_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
+pub(crate) fn prefix_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
     match ip.to_canonical() {
         IpAddr::V4(a) => u128::from(u32::from(cut_v4(a, v4))),
         IpAddr::V6(a) => u128::from(cut_v6(a, v6)) >> 1 | 1 << 127,
@@ -111,7 +111,7 @@ pub fn prefix_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
 
 /// Open connections by source prefix, shared by one listener's connections.
 #[derive(Clone, Debug)]
-pub struct Sources {
+pub(crate) struct Sources {
     open: Arc<Mutex<HashMap<u128, usize>>>,
     /// The IPv4 prefix a source is counted by.
     v4: u8,
@@ -121,7 +121,7 @@ pub struct Sources {
 
 impl Sources {
     /// Counts sources by `v4`-bit IPv4 and `v6`-bit IPv6 prefixes.
-    pub fn new(v4: u8, v6: u8) -> Sources {
+    pub(crate) fn new(v4: u8, v6: u8) -> Sources {
         Sources {
             open: Arc::default(),
             v4,
@@ -131,7 +131,7 @@ impl Sources {
 
     /// Counts a connection from `ip`; `None` if its prefix has `max` open already
     /// (`max` 0: no limit).
-    pub fn take(&self, ip: IpAddr, max: usize) -> Option<SourceSlot> {
+    pub(crate) fn take(&self, ip: IpAddr, max: usize) -> Option<SourceSlot> {
         let key = self.key(ip);
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(key).or_default();
@@ -153,7 +153,7 @@ impl Sources {
 
 /// One connection counted against its source prefix until dropped.
 #[derive(Debug)]
-pub struct SourceSlot {
+pub(crate) struct SourceSlot {
     sources: Arc<Mutex<HashMap<u128, usize>>>,
     key: u128,
 }

@@ -317,7 +317,7 @@ pub struct DnsArgs {
     /// How often the DNS cookie secret is replaced (the previous one is still accepted
     /// until the next rotation); at least 3600, a cookie's lifetime. In a set, the
     /// first node to see the shared secret this old rotates it.
-    #[arg(long, value_name = "SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(3600..))]
+    #[arg(long, value_name = "SECONDS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(crate::control::cookies::MIN_ROTATION.as_secs()..))]
     cookie_rotation_seconds: u64,
     /// Copy each query and its response to a dnstap collector (Frame Streams, e.g.
     /// `fstrm_capture`), with the steering decision of each steered answer:

@@ -22,7 +22,7 @@ pub enum Page {
 }
 
 /// The page, in Markdown.
-pub fn page(page: Page) -> String {
+pub(super) fn page(page: Page) -> String {
     match page {
         Page::Cli => cli(),
         Page::Metrics => metrics(),

@@ -23,11 +23,11 @@
 //! Under `hostnames:`, an entry may also carry `tenant: acme` (the customer it belongs to).
 
 pub mod contract;
-pub mod dnssec;
+pub(crate) mod dnssec;
 mod locate;
-pub mod perf;
+pub(crate) mod perf;
 pub mod probes;
-pub mod tokens;
+pub(crate) mod tokens;
 mod validate;
 pub use crate::place::Match;
 pub use locate::{line_of, render, Seg};

@@ -81,7 +81,7 @@ pub struct Token {
 }
 
 /// The SHA-256 of `bytes`.
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, bytes);
     let mut out = [0u8; 32];
     out.copy_from_slice(d.as_ref());
@@ -89,7 +89,7 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
 }
 
 /// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -305,7 +305,7 @@ struct RawToken {
 
 /// Reads and checks a tokens file: owner-only mode, then every entry; all problems
 /// with file, line and field.
-pub fn load(path: &Path) -> Result<Tokens, Issues> {
+pub(crate) fn load(path: &Path) -> Result<Tokens, Issues> {
     let one = |field: &str, msg: String| Issues(vec![ConfigIssue::error(path, None, field, msg)]);
     // The same owner-only check as every other secret file (the hashes are secrets).
     let source = crate::secret::read_secret_text(path).map_err(|e| one("", e.to_string()))?;
@@ -313,7 +313,7 @@ pub fn load(path: &Path) -> Result<Tokens, Issues> {
 }
 
 /// Checks the text of a tokens file (`path` is only used in messages).
-pub fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
+pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
     let raw: RawFile =
         serde_yaml::from_str(source).map_err(|e| Issues(vec![yaml_issue(path, source, &e)]))?;
     let mut issues = Issues::default();
@@ -419,7 +419,7 @@ pub fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
 
 /// `N` bytes from `2 × N` hex digits (surrounding white space ignored); `None` for
 /// anything else. The inverse of [`hex`].
-pub fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+pub(crate) fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     let s = s.trim();
     if s.len() != 2 * N || !s.is_ascii() {
         return None;

@@ -29,20 +29,20 @@ use crate::control::cluster::Etcd;
 use crate::dns::cookie::{Jar, Secrets};
 
 /// How often a single node checks whether its secret is due for rotation.
-pub const LOCAL_POLL: Duration = Duration::from_secs(60);
+pub(crate) const LOCAL_POLL: Duration = Duration::from_secs(60);
 /// How often a node of a set reads the set's record.
-pub const SET_POLL: Duration = Duration::from_secs(2);
+pub(crate) const SET_POLL: Duration = Duration::from_secs(2);
 /// The rotation period unless `--cookie-rotation-seconds` says otherwise.
-pub const DEFAULT_ROTATION: Duration = Duration::from_secs(86_400);
+pub(crate) const DEFAULT_ROTATION: Duration = Duration::from_secs(86_400);
 /// The shortest rotation period: a cookie's lifetime.
-pub const MIN_ROTATION: Duration = Duration::from_secs(3600);
+pub(crate) const MIN_ROTATION: Duration = Duration::from_secs(3600);
 /// The file in the state directory.
-pub const FILE: &str = "cookie-secret";
+pub(crate) const FILE: &str = "cookie-secret";
 
 /// The secrets as kept on disk and in etcd: hex, and when `current` was made.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SharedSecrets {
+pub(crate) struct SharedSecrets {
     /// 16 bytes, hex.
     pub current: String,
     /// The secret before the last rotation, still accepted; 16 bytes, hex.
@@ -54,7 +54,7 @@ pub struct SharedSecrets {
 
 impl SharedSecrets {
     /// A new random secret made `now`.
-    pub fn new(now: u64) -> SharedSecrets {
+    pub(crate) fn new(now: u64) -> SharedSecrets {
         SharedSecrets {
             current: crate::config::tokens::hex(&rand::random::<[u8; 16]>()),
             previous: None,
@@ -63,7 +63,7 @@ impl SharedSecrets {
     }
 
     /// The secrets for the data plane, or why the record is refused.
-    pub fn secrets(&self) -> Result<Secrets, String> {
+    pub(crate) fn secrets(&self) -> Result<Secrets, String> {
         Ok(Secrets {
             current: unhex(&self.current)?,
             previous: self.previous.as_deref().map(unhex).transpose()?,
@@ -71,12 +71,12 @@ impl SharedSecrets {
     }
 
     /// Whether `current` is older than `period` at `now`.
-    pub fn due(&self, now: u64, period: Duration) -> bool {
+    pub(crate) fn due(&self, now: u64, period: Duration) -> bool {
         now.saturating_sub(self.made) >= period.as_secs()
     }
 
     /// A new current secret made `now`, the current one kept as the previous.
-    pub fn rotated(&self, now: u64) -> SharedSecrets {
+    pub(crate) fn rotated(&self, now: u64) -> SharedSecrets {
         SharedSecrets {
             current: crate::config::tokens::hex(&rand::random::<[u8; 16]>()),
             previous: Some(self.current.clone()),
@@ -104,7 +104,7 @@ fn unhex(s: &str) -> Result<[u8; 16], String> {
 /// The secrets kept in `dir`, or new ones saved there (owner-only) when there are none.
 /// A file that cannot be read or parsed is an error: the operator decides (a new secret
 /// would silently invalidate every cookie handed out).
-pub fn load_or_create(dir: &Path, now: u64) -> io::Result<SharedSecrets> {
+pub(crate) fn load_or_create(dir: &Path, now: u64) -> io::Result<SharedSecrets> {
     let path = dir.join(FILE);
     if path.exists() {
         let bytes = crate::secret::read_secret_file(&path).map_err(io::Error::other)?;
@@ -118,7 +118,7 @@ pub fn load_or_create(dir: &Path, now: u64) -> io::Result<SharedSecrets> {
 }
 
 /// Writes the secrets to `dir` (owner-only, replaced whole by a rename).
-pub fn save(dir: &Path, s: &SharedSecrets) -> io::Result<()> {
+pub(crate) fn save(dir: &Path, s: &SharedSecrets) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!("{FILE}.tmp"));
     let _ = std::fs::remove_file(&tmp);
@@ -137,7 +137,7 @@ pub fn save(dir: &Path, s: &SharedSecrets) -> io::Result<()> {
 }
 
 /// Where the secrets live besides the jar.
-pub struct Keeper {
+pub(crate) struct Keeper {
     pub jar: Arc<Jar>,
     /// The state directory (`None`: nothing kept, a random secret per start).
     pub dir: Option<PathBuf>,
@@ -149,7 +149,7 @@ pub struct Keeper {
 impl Keeper {
     /// Loads the kept secrets into the jar (an error: a state file that cannot be
     /// read), then keeps them: rotated on a single node, followed and rotated in a set.
-    pub fn start(self, stop: CancellationToken) -> io::Result<()> {
+    pub(crate) fn start(self, stop: CancellationToken) -> io::Result<()> {
         let now = crate::clock::now_secs();
         let kept = match &self.dir {
             Some(dir) => load_or_create(dir, now)?,

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 /// What the gauges were last set to, so that a change is logged (and a series
 /// removed) once.
 #[derive(Debug, Default)]
-pub struct Gauges {
+pub(crate) struct Gauges {
     /// (name, CDN) pairs whose `drains_active` gauge is set.
     drains_active: BTreeSet<NameCdn>,
     /// Peers currently unhappy, with why.
@@ -27,7 +27,7 @@ pub struct Gauges {
 impl Gauges {
     /// Sets the gauges that describe the plan: health, removed percentages, drains.
     /// (`/metrics` reads the effective shares from the plan being served.)
-    pub fn export(&mut self, m: &Metrics, loaded: &Loaded, state: &ControlState) {
+    pub(crate) fn export(&mut self, m: &Metrics, loaded: &Loaded, state: &ControlState) {
         let removed = state.removed(loaded);
         // Every probed CDN, the ones without a verdict yet too (up until shown down):
         // its series exists from the start.
@@ -69,7 +69,7 @@ impl Gauges {
     }
 
     /// Notes which of the other vantage points are unhappy now.
-    pub fn unhappy_peers(&mut self, m: &Metrics, views: &[VantageView]) {
+    pub(crate) fn unhappy_peers(&mut self, m: &Metrics, views: &[VantageView]) {
         let now: BTreeMap<String, String> = views
             .iter()
             .filter_map(|v| health::unhappy(v).map(|u| (v.name.clone(), u.to_string())))
@@ -95,7 +95,7 @@ impl Gauges {
 }
 
 /// Logs and counts the (name, region) pairs that start or stop failing open.
-pub fn fail_open(m: &Metrics, was: &[NameRegion], now: &[NameRegion]) {
+pub(crate) fn fail_open(m: &Metrics, was: &[NameRegion], now: &[NameRegion]) {
     for NameRegion { name, region } in now.iter().filter(|r| !was.contains(r)) {
         warn!(name = %name, region = %region, "fail-open: a removed share has no other CDN of the region to go to; the CDN it belongs to keeps serving it");
         m.fail_open(name, region, true);

@@ -208,7 +208,7 @@ pub(super) fn empty(status: StatusCode) -> Reply {
 /// Whether `path` is an instance of `template`, whose `{…}` segments match one
 /// non-empty segment each, but `{page}`, the last, which takes the rest of the path
 /// (the manual's files are in folders): how the routers' `ROUTES` tables read.
-pub fn path_matches(template: &str, path: &str) -> bool {
+pub(crate) fn path_matches(template: &str, path: &str) -> bool {
     let (mut t, mut p) = (template.split('/'), path.split('/'));
     loop {
         match (t.next(), p.next()) {
@@ -227,7 +227,7 @@ pub fn path_matches(template: &str, path: &str) -> bool {
 }
 
 /// `text` safe inside an element or a quoted attribute.
-pub fn esc(text: &str) -> String {
+pub(crate) fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

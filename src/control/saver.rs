@@ -27,13 +27,13 @@ use crate::control::state_doc::{SaveStatus, StateDoc};
 use crate::metrics::Metrics;
 
 /// How long after a failed save it is tried again.
-pub const RETRY: Duration = Duration::from_secs(1);
+pub(crate) const RETRY: Duration = Duration::from_secs(1);
 
 /// The document `/v1/state` serves (shared with the API).
-pub type Doc = Arc<Mutex<Option<StateDoc>>>;
+pub(crate) type Doc = Arc<Mutex<Option<StateDoc>>>;
 
 /// The controller's end. Dropping it lets the thread finish what it has and exit.
-pub struct Saver {
+pub(crate) struct Saver {
     slot: Arc<(Mutex<Slot>, Condvar)>,
     /// The generation last written and shown.
     written: watch::Receiver<u64>,
@@ -74,7 +74,7 @@ struct Writer {
 
 impl Saver {
     /// Starts the thread that saves into `dir` and shows documents in `doc`.
-    pub fn start(
+    pub(crate) fn start(
         dir: PathBuf,
         disk: DiskFaults,
         metrics: Option<Metrics>,
@@ -109,7 +109,7 @@ impl Saver {
     /// Hands over `doc`, and `saved` when the state changed; returns the generation to
     /// wait for with [`Saver::written`]. `Err` gives the document back when the thread
     /// has stopped (it never panics on its own; a bug could still stop it).
-    pub fn submit(&self, saved: Option<Saved>, doc: StateDoc) -> Result<u64, Box<StateDoc>> {
+    pub(crate) fn submit(&self, saved: Option<Saved>, doc: StateDoc) -> Result<u64, Box<StateDoc>> {
         if self.thread.is_finished() {
             return Err(Box::new(doc));
         }
@@ -125,13 +125,13 @@ impl Saver {
     }
 
     /// The generation last written and shown.
-    pub fn written(&self) -> watch::Receiver<u64> {
+    pub(crate) fn written(&self) -> watch::Receiver<u64> {
         self.written.clone()
     }
 
     /// Resolves once the thread has returned: after the saver is dropped, once what it
     /// was handed last has been tried.
-    pub fn exited(&self) -> Exited {
+    pub(crate) fn exited(&self) -> Exited {
         self.exited.clone()
     }
 }
@@ -226,7 +226,7 @@ impl Writer {
 
 /// Logs, once, that the saver thread is gone; the controller then shows documents
 /// itself and nothing more is saved.
-pub fn gone() {
+pub(crate) fn gone() {
     error!("the state saver thread has stopped: the state is no longer saved; restart steerdns");
 }
 

@@ -187,7 +187,7 @@ pub struct PeerDoc {
 /// What the controller notes as it goes, besides the control state: shown in the
 /// document, and logged when it changes.
 #[derive(Debug, Default)]
-pub struct Noted {
+pub(crate) struct Noted {
     /// (name, region) pairs failing open.
     pub fail_open: Vec<NameRegion>,
     /// Why this vantage point is unhappy, if it is.
@@ -205,7 +205,7 @@ pub struct Noted {
 }
 
 /// Everything the document is assembled from.
-pub struct Parts<'a> {
+pub(crate) struct Parts<'a> {
     pub loaded: &'a Loaded,
     pub state: &'a ControlState,
     /// This vantage point's name.
@@ -223,7 +223,7 @@ pub struct Parts<'a> {
 
 impl Parts<'_> {
     /// The document for these parts.
-    pub fn assemble(&self) -> StateDoc {
+    pub(crate) fn assemble(&self) -> StateDoc {
         let (loaded, noted) = (self.loaded, self.noted);
         let f = &self.state.failover;
         StateDoc {
@@ -293,7 +293,7 @@ impl Parts<'_> {
 }
 
 /// A node of a set, for `/v1/state`.
-pub fn cluster_doc(c: &ClusterLink) -> ClusterDoc {
+pub(crate) fn cluster_doc(c: &ClusterLink) -> ClusterDoc {
     let shared = c.latest();
     let view = shared.map(|s| s.view.clone()).unwrap_or_default();
     let link = shared.map(|s| s.link.clone());

@@ -36,7 +36,7 @@ use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
 
 /// The largest UDP payload we advertise and send, as NSD, Knot and BIND do since DNS
 /// Flag Day 2020: larger answers risk IP fragmentation, and go over TCP instead.
-pub const MAX_UDP_PAYLOAD: u16 = 1232;
+pub(crate) const MAX_UDP_PAYLOAD: u16 = 1232;
 
 /// The EDNS option code of Client Subnet (RFC 7871 §6).
 const OPTION_ECS: u16 = 8;
@@ -59,7 +59,7 @@ const OPTION_EDE: u16 = 15;
 /// | a malformed COOKIE option (RFC 7873 §5.2.2) | `FORMERR` | 0 Other Error | [`Ede::COOKIE`] |
 /// | the rate limiter's truncated answer (slip) | `NOERROR`, TC | 0 Other Error | [`Ede::RATE_LIMITED`] |
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ede {
+pub(crate) struct Ede {
     pub code: u16,
     pub text: &'static str,
 }
@@ -69,17 +69,17 @@ impl Ede {
         Ede { code, text }
     }
 
-    pub const NOT_OURS: Ede = Ede::new(20, "not in a zone served here");
-    pub const TRANSFER: Ede = Ede::new(21, "zone transfers are not offered");
-    pub const CLASS: Ede = Ede::new(21, "only class IN is served");
-    pub const OPCODE: Ede = Ede::new(21, "only opcode QUERY is served");
-    pub const ECS: Ede = Ede::new(0, "malformed ECS option (RFC 7871 section 6)");
-    pub const QUESTION: Ede = Ede::new(0, "one uncompressed question is served");
-    pub const COOKIE: Ede = Ede::new(0, "malformed COOKIE option (RFC 7873 section 5.2.2)");
-    pub const RATE_LIMITED: Ede = Ede::new(0, "rate limited: retry over TCP");
+    pub(crate) const NOT_OURS: Ede = Ede::new(20, "not in a zone served here");
+    pub(crate) const TRANSFER: Ede = Ede::new(21, "zone transfers are not offered");
+    pub(crate) const CLASS: Ede = Ede::new(21, "only class IN is served");
+    pub(crate) const OPCODE: Ede = Ede::new(21, "only opcode QUERY is served");
+    pub(crate) const ECS: Ede = Ede::new(0, "malformed ECS option (RFC 7871 section 6)");
+    pub(crate) const QUESTION: Ede = Ede::new(0, "one uncompressed question is served");
+    pub(crate) const COOKIE: Ede = Ede::new(0, "malformed COOKIE option (RFC 7873 section 5.2.2)");
+    pub(crate) const RATE_LIMITED: Ede = Ede::new(0, "rate limited: retry over TCP");
 
     /// Bytes of the option (code, length, INFO-CODE, EXTRA-TEXT).
-    pub fn wire_len(&self) -> u16 {
+    pub(crate) fn wire_len(&self) -> u16 {
         6 + self.text.len() as u16
     }
 
@@ -87,7 +87,7 @@ impl Ede {
     ///
     /// # Hot path
     /// Copies into `out`; no allocation once `out` has grown.
-    pub fn write(&self, out: &mut Vec<u8>) {
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&OPTION_EDE.to_be_bytes());
         out.extend_from_slice(&(2 + self.text.len() as u16).to_be_bytes());
         out.extend_from_slice(&self.code.to_be_bytes());
@@ -96,7 +96,7 @@ impl Ede {
 
     /// Puts the option first among `opt`'s options (before the ECS echo, where the answer
     /// cache expects it).
-    pub fn add_to(&self, opt: &mut Edns) {
+    pub(crate) fn add_to(&self, opt: &mut Edns) {
         let mut data = self.code.to_be_bytes().to_vec();
         data.extend_from_slice(self.text.as_bytes());
         let option = EdnsOption::Unknown(OPTION_EDE, data);
@@ -107,26 +107,18 @@ impl Ede {
 }
 
 /// `opt` with `ede` added ([`Ede::add_to`]).
-pub fn with_ede(mut opt: Edns, ede: Ede) -> Edns {
+pub(crate) fn with_ede(mut opt: Edns, ede: Ede) -> Edns {
     ede.add_to(&mut opt);
     opt
 }
 
 /// Who asked, as far as steering cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Client {
+pub(crate) struct Client {
     /// The address to locate: the ECS address, else the packet's source.
     pub ip: IpAddr,
     /// The query's ECS option, to echo.
     pub ecs: Option<ClientSubnet>,
-}
-
-impl Client {
-    /// Whether the client sent an ECS option that asks for a tailored answer
-    /// (a SOURCE of 0 means "do not use my address").
-    pub fn wants_tailoring(&self) -> bool {
-        self.ecs.is_some_and(|e| e.source_prefix() > 0)
-    }
 }
 
 /// Reads the request's EDNS: the client to locate, or the error rcode to answer with.
@@ -136,7 +128,7 @@ impl Client {
 /// hickory's decoder refuses an ECS option it cannot read (unknown family, too few
 /// address octets), and keeps no option at all of an OPT whose options do not fill its
 /// length; so the options it read fill the bytes, and hold as many ECS options.
-pub fn client<'p>(
+pub(crate) fn client<'p>(
     edns: Option<&Edns>,
     src: IpAddr,
     options: impl FnOnce() -> Option<&'p [u8]>,
@@ -234,13 +226,13 @@ fn subnet(data: &[u8]) -> Option<Ecs<'_>> {
 
 impl Ecs<'_> {
     /// Bytes of the echoed option (code, length, data).
-    pub fn echo_len(&self) -> u16 {
+    pub(crate) fn echo_len(&self) -> u16 {
         8 + self.address.len() as u16
     }
 
     /// Appends the option as echoed (RFC 7871 §7.2.1): family, source and address as
     /// received, `scope` (0 when the client opted out with source 0).
-    pub fn echo(&self, scope: u8, out: &mut Vec<u8>) {
+    pub(crate) fn echo(&self, scope: u8, out: &mut Vec<u8>) {
         out.extend_from_slice(&OPTION_ECS.to_be_bytes());
         out.extend_from_slice(&(4 + self.address.len() as u16).to_be_bytes());
         out.extend_from_slice(&self.family.to_be_bytes());
@@ -250,7 +242,7 @@ impl Ecs<'_> {
     }
 
     /// The address, the octets past ADDRESS zero.
-    pub fn ip(&self) -> IpAddr {
+    pub(crate) fn ip(&self) -> IpAddr {
         if self.family == 1 {
             let mut octets = [0u8; 4];
             octets[..self.address.len()].copy_from_slice(self.address);
@@ -266,7 +258,7 @@ impl Ecs<'_> {
 /// The response OPT for a request that had one: our version, the payload size, DO, the
 /// ECS option echoed with `scope` (forced to 0 when the client opted out), then the
 /// COOKIE option `cookie` (client cookie and ours, `cookie.rs`).
-pub fn response(
+pub(crate) fn response(
     req: &Edns,
     ecs: Option<ClientSubnet>,
     scope: u8,
@@ -333,7 +325,10 @@ mod tests {
     fn ecs_address_is_located() {
         let c = ask(&[&[0, 1, 24, 0, 81, 2, 69]]).unwrap();
         assert_eq!(c.ip, "81.2.69.0".parse::<IpAddr>().unwrap());
-        assert!(c.wants_tailoring());
+        assert!(
+            c.ecs.is_some_and(|e| e.source_prefix() > 0),
+            "a SOURCE over 0 asks for a tailored answer"
+        );
         let c = ask(&[&[0, 2, 44, 0, 0x20, 1, 0x0d, 0xb8, 0, 0x10]]).unwrap();
         assert_eq!(c.ip, "2001:db8:10::".parse::<IpAddr>().unwrap());
     }

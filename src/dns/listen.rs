@@ -18,7 +18,7 @@ use std::net::UdpSocket;
 use tokio::net::TcpListener;
 
 /// Sockets bound for one address.
-pub struct Bound {
+pub(crate) struct Bound {
     pub addr: SocketAddr,
     /// At least one; all on `addr`.
     pub udp: Vec<UdpSocket>,
@@ -26,13 +26,13 @@ pub struct Bound {
 }
 
 /// The default number of UDP sockets per address: one per CPU this process may run on.
-pub fn default_udp_sockets() -> usize {
+pub(crate) fn default_udp_sockets() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Binds `udp_sockets` (at least 1) UDP sockets (blocking, for `dns::udp`'s threads) and
 /// a TCP listener on `addr`. Must be called inside the tokio runtime.
-pub fn bind(addr: SocketAddr, udp_sockets: usize) -> io::Result<Bound> {
+pub(crate) fn bind(addr: SocketAddr, udp_sockets: usize) -> io::Result<Bound> {
     let udp_sockets = udp_sockets.max(1);
     // With port 0 the UDP port is picked first; it may be taken for TCP, so retry.
     let mut last_err = None;

@@ -23,12 +23,12 @@
 pub mod cache;
 pub mod cookie;
 pub mod dnstap;
-pub mod edns;
+pub(crate) mod edns;
 mod handler;
-pub mod listen;
+pub(crate) mod listen;
 mod retry;
 pub mod rrl;
 pub mod tcp;
-pub mod udp;
+pub(crate) mod udp;
 pub mod wire;
 pub use handler::*;

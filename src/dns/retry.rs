@@ -7,7 +7,7 @@ use std::io;
 
 /// How a socket call failed, as a retrying loop sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
+pub(super) enum Failure {
     /// A signal came first (`EINTR`): call again at once.
     Interrupted,
     /// The socket's timeout passed with nothing done (`EAGAIN`, `ETIMEDOUT`): call again
@@ -22,7 +22,7 @@ pub enum Failure {
 /// # Hot path
 /// A match on the error's kind; no allocation.
 #[inline]
-pub fn failure(e: &io::Error) -> Failure {
+pub(super) fn failure(e: &io::Error) -> Failure {
     match e.kind() {
         io::ErrorKind::Interrupted => Failure::Interrupted,
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Failure::TimedOut,

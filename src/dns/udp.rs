@@ -37,9 +37,9 @@ use super::{wire, Handler};
 use hickory_server::net::xfer::Protocol;
 
 /// Datagrams per system call, as gdnsd and the floor program in `../shared/peers` use.
-pub const BATCH: usize = 64;
+pub(crate) const BATCH: usize = 64;
 /// The largest query read; longer datagrams are dropped (no DNS query is near it).
-pub const RECV_BUF: usize = 4096;
+pub(crate) const RECV_BUF: usize = 4096;
 /// How long one send may wait for room in a full send buffer (the socket's
 /// `SO_SNDTIMEO`); a send that times out drops the rest of its batch.
 const SEND_TIMEOUT: Duration = Duration::from_millis(100);
@@ -48,18 +48,18 @@ const SEND_TIMEOUT: Duration = Duration::from_millis(100);
 const SEND_BUDGET: Duration = Duration::from_millis(200);
 
 /// A running UDP thread.
-pub struct UdpThread {
+pub(crate) struct UdpThread {
     socket: Arc<UdpSocket>,
     ended: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// A fault injected for tests: a UDP thread that receives a query for this name (in
 /// wire form, as sent) panics. `None` in every real configuration.
-pub type PanicOn = Option<Arc<[u8]>>;
+pub(crate) type PanicOn = Option<Arc<[u8]>>;
 
 /// Starts the thread serving `socket` until `shutdown` is cancelled and
 /// [`UdpThread::wake`] called. `runtime` runs the full path.
-pub fn spawn(
+pub(crate) fn spawn(
     socket: UdpSocket,
     handler: Handler,
     rrl: Option<Arc<Rrl>>,
@@ -97,12 +97,12 @@ impl UdpThread {
     /// Wakes the thread from its receive so that it sees the cancelled token: shutting
     /// down the socket's read side makes a waiting `recvmmsg` return (the call reports
     /// ENOTCONN for an unconnected socket, and wakes the waiter all the same).
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let _ = socket2::SockRef::from(&*self.socket).shutdown(std::net::Shutdown::Read);
     }
 
     /// Returns when the thread has ended; an error if it panicked.
-    pub async fn ended(self) -> io::Result<()> {
+    pub(crate) async fn ended(self) -> io::Result<()> {
         self.ended
             .await
             .map_err(|_| io::Error::other("a UDP thread panicked"))
@@ -418,7 +418,7 @@ mod linux {
 
     use super::{BATCH, RECV_BUF};
 
-    pub struct Batch {
+    pub(super) struct Batch {
         bufs: Box<[[u8; RECV_BUF]]>,
         /// Per datagram: its length (`None`: truncated by the kernel) and source.
         got: Vec<(Option<usize>, SocketAddr)>,
@@ -427,7 +427,7 @@ mod linux {
     }
 
     impl Batch {
-        pub fn new() -> Batch {
+        pub(super) fn new() -> Batch {
             // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
             let zero: libc::sockaddr_storage = unsafe { mem::zeroed() };
             Batch {
@@ -439,14 +439,14 @@ mod linux {
         }
 
         /// Datagram `i` of the last receive and its source; `None` if it was too long.
-        pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {
+        pub(super) fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {
             let (len, src) = self.got[i];
             Some((&self.bufs[i][..len?], src))
         }
 
         /// One `recvmmsg`: waits for the first datagram (up to the socket's receive
         /// timeout), then takes the others already queued; the number received.
-        pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
+        pub(super) fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
             // SAFETY: all-zero iovec and mmsghdr are valid (null pointers, zero lengths).
             let mut iovs: [libc::iovec; BATCH] = unsafe { mem::zeroed() };
             let mut msgs: [libc::mmsghdr; BATCH] = unsafe { mem::zeroed() };
@@ -488,7 +488,7 @@ mod linux {
 
         /// One `sendmmsg` of `out[slot]` to the source of datagram `slot`, for each
         /// `slot` of `replies`: the number sent (at least 1), or the error of the first.
-        pub fn send(
+        pub(super) fn send(
             &mut self,
             socket: &UdpSocket,
             out: &[Vec<u8>],
@@ -523,7 +523,7 @@ mod linux {
     /// 2020), a forged ICMP can neither make us fragment them nor fail them, and the
     /// kernel skips the IP ID hash that fragmentable packets need (3 % of the CPU
     /// under load).
-    pub fn dont_fragment(socket: &UdpSocket) -> io::Result<()> {
+    pub(super) fn dont_fragment(socket: &UdpSocket) -> io::Result<()> {
         let (level, name, value) = match socket.local_addr()? {
             SocketAddr::V4(_) => (
                 libc::IPPROTO_IP,
@@ -589,18 +589,18 @@ mod portable {
 
     use super::RECV_BUF;
 
-    pub fn dont_fragment(_socket: &UdpSocket) -> io::Result<()> {
+    pub(super) fn dont_fragment(_socket: &UdpSocket) -> io::Result<()> {
         Ok(())
     }
 
-    pub struct Batch {
+    pub(super) struct Batch {
         /// One byte more than [`RECV_BUF`]: a datagram that fills it was longer.
         buf: Box<[u8]>,
         got: (usize, SocketAddr),
     }
 
     impl Batch {
-        pub fn new() -> Batch {
+        pub(super) fn new() -> Batch {
             Batch {
                 buf: vec![0u8; RECV_BUF + 1].into_boxed_slice(),
                 got: (0, SocketAddr::from(([0, 0, 0, 0], 0))),
@@ -608,20 +608,20 @@ mod portable {
         }
 
         /// The datagram of the last receive and its source; `None` if it was too long.
-        pub fn get(&self, _i: usize) -> Option<(&[u8], SocketAddr)> {
+        pub(super) fn get(&self, _i: usize) -> Option<(&[u8], SocketAddr)> {
             let (len, src) = self.got;
             (len <= RECV_BUF).then(|| (&self.buf[..len], src))
         }
 
         /// One `recv_from`: waits for one datagram.
-        pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
+        pub(super) fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
             self.got = socket.recv_from(&mut self.buf)?;
             Ok(1)
         }
 
         /// Sends the first reply of `replies` (there is one datagram per batch) to the
         /// source of the last datagram: the number sent.
-        pub fn send(
+        pub(super) fn send(
             &mut self,
             socket: &UdpSocket,
             out: &[Vec<u8>],

@@ -12,7 +12,7 @@
 //! directory holds a key for it.
 
 pub mod keys;
-pub mod rollover;
-pub mod sign;
+pub(crate) mod rollover;
+pub(crate) mod sign;
 mod signing;
 pub use signing::*;

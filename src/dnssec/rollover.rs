@@ -29,7 +29,7 @@ use crate::config::dnssec::DnssecSettings;
 
 /// The durations (seconds) a rollover is timed with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timings {
+pub(crate) struct Timings {
     /// From publication to activation: Dprp + TTLkey.
     pub publish_to_activate: u64,
     /// From activation to the predecessor's removal: the longer of Dprp + TTLsig (its
@@ -44,7 +44,7 @@ pub struct Timings {
 
 impl Timings {
     /// The timings for `settings`, the zone's largest TTL being `max_ttl`.
-    pub fn new(settings: &DnssecSettings, max_ttl: u32) -> Timings {
+    pub(crate) fn new(settings: &DnssecSettings, max_ttl: u32) -> Timings {
         let r = &settings.rollover;
         let prp = r.propagation.as_secs();
         let sigs = prp + u64::from(max_ttl.max(settings.dnskey_ttl));
@@ -67,7 +67,7 @@ fn current<'k>(keys: &'k [Key], zone: &Name) -> Option<&'k Key> {
 
 /// The times of a rollover from `old` started at `start` (the successor's
 /// publication): the successor's times and the predecessor's new ones.
-pub fn schedule(old: &Times, start: u64, now: u64, t: &Timings) -> (Times, Times) {
+pub(crate) fn schedule(old: &Times, start: u64, now: u64, t: &Timings) -> (Times, Times) {
     let activate = start + t.publish_to_activate;
     let new = Times {
         created: now,
@@ -86,7 +86,7 @@ pub fn schedule(old: &Times, start: u64, now: u64, t: &Timings) -> (Times, Times
 
 /// When the rollover from `old` is due to start: so that its successor signs `every`
 /// after `old` began to.
-pub fn due(old: &Times, t: &Timings) -> u64 {
+pub(crate) fn due(old: &Times, t: &Timings) -> u64 {
     (old.activate + t.every).saturating_sub(t.publish_to_activate)
 }
 
@@ -95,7 +95,7 @@ pub fn due(old: &Times, t: &Timings) -> u64 {
 /// and the predecessor's new times into the key directory. Starts at the scheduled time, or
 /// `now` (plus the propagation, for the files to reach every node) with `start_now`.
 /// What was done, for the operator.
-pub fn roll(
+pub(crate) fn roll(
     keys_dir: &Path,
     settings: &DnssecSettings,
     max_ttl: u32,
@@ -160,7 +160,7 @@ fn replace(path: &Path, text: &str) -> Result<(), DnssecError> {
 
 /// `steerdns dnssec status`: each key of each zone with its phase and times at `now`,
 /// the DS the parent should hold, and what is due next.
-pub fn status(keys: &[Key], settings: &DnssecSettings, max_ttl: u32, now: u64) -> String {
+pub(crate) fn status(keys: &[Key], settings: &DnssecSettings, max_ttl: u32, now: u64) -> String {
     let t = Timings::new(settings, max_ttl);
     let at = |s: u64| rfc3339(s * 1000);
     let mut zones: Vec<&Name> = keys.iter().map(|k| &k.zone).collect();

@@ -23,7 +23,7 @@ use super::DnssecError;
 use crate::config::dnssec::DnssecSettings;
 
 /// How far a signature's inception is set back, for clocks running behind.
-pub const BACKDATE: u64 = 3600;
+pub(crate) const BACKDATE: u64 = 3600;
 
 /// The validity of every signature made during one window of time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +52,7 @@ impl Window {
 }
 
 /// The RRSIG of `rrset` by `key` for window `w`.
-pub fn rrsig(rrset: &RecordSet, key: &Key, w: Window) -> Result<RRSIG, DnssecError> {
+pub(crate) fn rrsig(rrset: &RecordSet, key: &Key, w: Window) -> Result<RRSIG, DnssecError> {
     let input = SigInput {
         type_covered: rrset.record_type(),
         algorithm: key.algorithm,
@@ -83,7 +83,7 @@ pub fn rrsig(rrset: &RecordSet, key: &Key, w: Window) -> Result<RRSIG, DnssecErr
 /// The RRSIGs of `owner CNAME target` (original TTL `ttl`) by each key, as the answer
 /// section carries them after the owner, type, class and TTL: for each, RDLENGTH and
 /// RDATA (the signer's name uncompressed, RFC 4034 §3.1.7).
-pub fn cname_rrsigs(
+pub(crate) fn cname_rrsigs(
     owner: &Name,
     target: &Name,
     ttl: u32,
@@ -105,7 +105,7 @@ pub fn cname_rrsigs(
 }
 
 /// Which keys of a zone do what at one moment (see `keys::Times`).
-pub struct ZoneKeys<'k> {
+pub(crate) struct ZoneKeys<'k> {
     /// In the DNSKEY set.
     pub published: Vec<&'k Key>,
     /// Sign the DNSKEY set: the active ones and the retired ones not yet removed.
@@ -121,7 +121,7 @@ pub struct ZoneKeys<'k> {
 /// never covers one), the DNSKEY set signed by every key signer and each other RRset
 /// by every active key. Delegations: the NS set and the glue below it stay unsigned,
 /// as RFC 4035 §2.2 wants.
-pub fn sign_zone(
+pub(crate) fn sign_zone(
     origin: &Name,
     records: &BTreeMap<RrKey, RecordSet>,
     steered: &[Name],
@@ -224,6 +224,6 @@ pub fn sign_zone(
 }
 
 /// The records of a signed zone as a zone handler keeps them.
-pub fn shared(records: BTreeMap<RrKey, RecordSet>) -> BTreeMap<RrKey, Arc<RecordSet>> {
+pub(crate) fn shared(records: BTreeMap<RrKey, RecordSet>) -> BTreeMap<RrKey, Arc<RecordSet>> {
     records.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
 }

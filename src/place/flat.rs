@@ -59,7 +59,7 @@ pub(super) struct Starts<K> {
 
 impl<K: Key> Starts<K> {
     /// The index over `starts`, which must be sorted.
-    pub fn new(starts: Vec<K>) -> Starts<K> {
+    pub(super) fn new(starts: Vec<K>) -> Starts<K> {
         debug_assert!(starts.is_sorted());
         let starts = starts.into_boxed_slice();
         let index = (0..=1usize << 16)
@@ -73,7 +73,7 @@ impl<K: Key> Starts<K> {
     /// # Hot path
     /// One index read and a binary search among the networks starting under the same
     /// /16 (plus the one before, which may extend into it); no allocation.
-    pub fn find(&self, ip: K, prefix: impl Fn(usize) -> u8) -> Option<usize> {
+    pub(super) fn find(&self, ip: K, prefix: impl Fn(usize) -> u8) -> Option<usize> {
         let h = ip.top16();
         let lo = (self.index[h] as usize).saturating_sub(1);
         let hi = self.index[h + 1] as usize;
@@ -82,7 +82,7 @@ impl<K: Key> Starts<K> {
         ip.within(self.starts[i], prefix(i)).then_some(i)
     }
 
-    pub fn as_slice(&self) -> &[K] {
+    pub(super) fn as_slice(&self) -> &[K] {
         &self.starts
     }
 }
@@ -126,7 +126,7 @@ pub(super) struct Aliases(Box<[(u128, u8)]>);
 impl Aliases {
     /// The blocks an IPv6 walk skipped between its sorted `networks` (none for an IPv4
     /// database, `ipv6` false: its walk skips nothing).
-    pub fn skipped(ipv6: bool, networks: impl Iterator<Item = (u128, u8)>) -> Aliases {
+    pub(super) fn skipped(ipv6: bool, networks: impl Iterator<Item = (u128, u8)>) -> Aliases {
         if !ipv6 {
             return Aliases::default();
         }
@@ -135,7 +135,7 @@ impl Aliases {
 
     /// The IPv4 address an IPv6 address in an alias stands for (the 32 bits past the
     /// alias's prefix), and that prefix.
-    pub fn v4(&self, a: u128) -> Option<(u32, u8)> {
+    pub(super) fn v4(&self, a: u128) -> Option<(u32, u8)> {
         let i = self.0.partition_point(|&(s, _)| s <= a).checked_sub(1)?;
         let (start, prefix) = self.0[i];
         if prefix > 96 || !a.within(start, prefix) {
@@ -145,7 +145,7 @@ impl Aliases {
     }
 
     #[cfg(test)]
-    pub fn as_slice(&self) -> &[(u128, u8)] {
+    pub(crate) fn as_slice(&self) -> &[(u128, u8)] {
         &self.0
     }
 }

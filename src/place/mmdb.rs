@@ -98,7 +98,7 @@ pub(super) struct Walked {
 impl Walked {
     /// An error unless some network carries `what` (the field the database is read
     /// for); `needed` names the databases that have it.
-    pub fn require(&self, what: &'static str, needed: &'static str) -> Result<(), GeoFault> {
+    pub(super) fn require(&self, what: &'static str, needed: &'static str) -> Result<(), GeoFault> {
         if self.carrying > 0 {
             return Ok(());
         }

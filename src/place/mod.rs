@@ -18,10 +18,10 @@
 pub mod asn;
 pub mod countries;
 mod flat;
-pub mod geo;
-pub mod mmdb;
-pub mod tree;
-pub mod wider;
+pub(crate) mod geo;
+pub(crate) mod mmdb;
+pub(crate) mod tree;
+pub(crate) mod wider;
 
 use std::fmt;
 use std::net::IpAddr;

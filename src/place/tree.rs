@@ -10,12 +10,12 @@
 //! [`super::mmdb::open`] opens the file.
 
 /// More networks than any real geo or ASN database holds (GeoIP2 City: about 10 M).
-pub const MAX_NETWORKS: usize = 50_000_000;
+pub(crate) const MAX_NETWORKS: usize = 50_000_000;
 
 /// The node visits a walk of a sound tree of `node_count` nodes can make: each node
 /// once, the IPv4 subtree of an IPv6 tree up to three times more (through its aliases
 /// `::ffff:0:0/96`, `2001::/32`, `2002::/16`), and slack.
-pub fn visit_bound(node_count: usize) -> usize {
+pub(crate) fn visit_bound(node_count: usize) -> usize {
     node_count
         .saturating_mul(6)
         .saturating_add(256)
@@ -40,7 +40,7 @@ pub enum TreeError {
 /// Counts the node visits of a walk of the search tree at the start of `bytes` (the
 /// whole file, as `maxminddb` validated it: the tree lies within it); an error when
 /// they pass [`visit_bound`].
-pub fn check(
+pub(crate) fn check(
     bytes: &[u8],
     node_count: usize,
     record_size: u16,

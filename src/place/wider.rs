@@ -99,7 +99,7 @@ const SPARE: u16 = u16::MAX;
 
 /// The steps of one address family.
 #[derive(Debug, Default)]
-pub struct Around {
+pub(crate) struct Around {
     steps: Box<[Step]>,
     /// Per set of three places or more, where its places start in `places` (and the
     /// next set's start is where they end).
@@ -115,7 +115,7 @@ impl Around {
     ///
     /// # Hot path
     /// A test per new place per step; the first step with a place not allowed ends it.
-    pub fn widest(&self, prefix: u8, start: Start, allowed: &Places) -> u8 {
+    pub(crate) fn widest(&self, prefix: u8, start: Start, allowed: &Places) -> u8 {
         let mut widest = prefix.min(start.top());
         let mut at = start.step();
         while let Some(step) = self.steps.get(at as usize) {
@@ -138,7 +138,7 @@ impl Around {
 }
 
 /// An address family's addresses as unsigned integers.
-pub trait Bits: Copy + Ord {
+pub(crate) trait Bits: Copy + Ord {
     const BITS: u8;
     const ZERO: Self;
     /// The address with only bit `q` (counted from the top, 0-based) set.
@@ -182,7 +182,10 @@ bits!(u128, 128);
 ///
 /// Two traversals of the tree: the first gives every block its set of places, keeping
 /// only those of the blocks that split (4 bytes each); the second makes the steps.
-pub fn build<K: Bits>(n: usize, net: impl Fn(usize) -> (K, u8, u16)) -> (Around, Vec<Start>) {
+pub(crate) fn build<K: Bits>(
+    n: usize,
+    net: impl Fn(usize) -> (K, u8, u16),
+) -> (Around, Vec<Start>) {
     let aligned = |i: usize| {
         let (s, p, _) = net(i);
         p <= K::BITS && s.first(p) == s

@@ -8,5 +8,5 @@
 //! hickory's handler gives only in part.
 
 mod catalog;
-pub mod denial;
+pub(crate) mod denial;
 pub use catalog::*;

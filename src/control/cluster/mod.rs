@@ -58,11 +58,11 @@
 //! | `node.rs` | `ClusterLink`: the controller's side (writes, `on_shared`, proposals) |
 //! | `usage.rs`, `performance.rs` | the usage records, commit biases and performance cells of the set |
 
-pub mod node;
-pub mod performance;
+pub(crate) mod node;
+pub(crate) mod performance;
 mod records;
 mod session;
-pub mod usage;
+pub(crate) mod usage;
 mod view;
 pub use crate::control::store::etcd::{self, Etcd, EtcdError, EtcdOptions};
 pub use crate::control::store::{Key, Store};

@@ -40,7 +40,7 @@ use crate::inputs::Loaded;
 use crate::metrics::Metrics;
 
 /// A node's link to the set: where to write, what it applied last.
-pub struct ClusterLink {
+pub(crate) struct ClusterLink {
     pub store: Store,
     pub prefix: String,
     /// This node's name (also its vantage name).
@@ -75,14 +75,14 @@ pub struct ClusterLink {
 /// The answer to an API call that wrote to the store, given once this node's view
 /// holds the write (and what it changed is saved): an API client that is answered
 /// reads its own change in `/v1/state`, `explain` and the DNS, on one node and in a set.
-pub struct Done {
+pub(crate) struct Done {
     /// The store's revision once the write was made (`None`: it failed, answer now).
     pub revision: Option<i64>,
     pub answer: Answer,
 }
 
 /// Sends an API call's answer.
-pub type Answer = Box<dyn FnOnce() + Send>;
+pub(crate) type Answer = Box<dyn FnOnce() + Send>;
 
 impl Done {
     /// Hands `value` for `reply` to the controller: at once when the write failed,
@@ -110,7 +110,7 @@ impl Done {
 
 /// What applying a view did, for the controller to show or publish.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Followed {
+pub(crate) enum Followed {
     /// Nothing the state document shows changed.
     Nothing,
     /// The link state or the refused keys changed: show them.
@@ -121,7 +121,7 @@ pub enum Followed {
 }
 
 impl ClusterLink {
-    pub fn new(
+    pub(crate) fn new(
         store: Store,
         prefix: String,
         node: String,
@@ -150,17 +150,17 @@ impl ClusterLink {
     }
 
     /// The answers of writes, for the controller (once).
-    pub fn take_done(&mut self) -> Option<mpsc::UnboundedReceiver<Done>> {
+    pub(crate) fn take_done(&mut self) -> Option<mpsc::UnboundedReceiver<Done>> {
         self.done_rx.take()
     }
 
     /// The view applied last, with the link state now (`None` before the first).
-    pub fn latest(&self) -> Option<&Shared> {
+    pub(crate) fn latest(&self) -> Option<&Shared> {
         self.latest.as_ref()
     }
 
     /// Keys of the latest view that do not count.
-    pub fn refused(&self) -> u64 {
+    pub(crate) fn refused(&self) -> u64 {
         self.refused
     }
 
@@ -171,12 +171,12 @@ impl ClusterLink {
     }
 
     /// Whether etcd answers (with a quorum).
-    pub fn connected(&self) -> bool {
+    pub(crate) fn connected(&self) -> bool {
         self.latest.as_ref().is_some_and(|s| s.link.connected)
     }
 
     /// Whether etcd can be written now, or why not (for an API answer).
-    pub fn writable(&self) -> Result<(), DrainError> {
+    pub(crate) fn writable(&self) -> Result<(), DrainError> {
         if self.connected() {
             return Ok(());
         }
@@ -189,7 +189,7 @@ impl ClusterLink {
     }
 
     /// Writes an audit entry of this node to etcd, from where every node appends it.
-    pub fn audit(&mut self, kind: &str, fields: serde_json::Value) {
+    pub(crate) fn audit(&mut self, kind: &str, fields: serde_json::Value) {
         let (key, entry) = self.audit_entry(kind, fields);
         tokio::spawn(put_audit(self.store.clone(), key, entry));
     }
@@ -209,7 +209,7 @@ impl ClusterLink {
     }
 
     /// The other vantage points of the set, as far as this policy probes their CDNs.
-    pub fn vantage_views(&self, loaded: &Loaded) -> Vec<VantageView> {
+    pub(crate) fn vantage_views(&self, loaded: &Loaded) -> Vec<VantageView> {
         let probes = &loaded.probes;
         self.latest.as_ref().map_or_else(Vec::new, |s| {
             s.view
@@ -219,7 +219,7 @@ impl ClusterLink {
 
     /// A new view or link state from the session: applies the set's timelines, drains
     /// and freeze to `state` when they changed.
-    pub fn on_shared(
+    pub(crate) fn on_shared(
         &mut self,
         shared: Shared,
         state: &mut ControlState,
@@ -296,7 +296,7 @@ impl ClusterLink {
     /// This node's health of `cdn` changed: start (or turn around) the shared timeline
     /// of every name that uses it, unless another node did first. How many timelines
     /// it writes (their steps show once the view holds them).
-    pub fn propose(
+    pub(crate) fn propose(
         &mut self,
         state: &ControlState,
         loaded: &Loaded,
@@ -366,7 +366,7 @@ impl ClusterLink {
 
     /// Back in touch: writes what this node's health decided meanwhile, if it still
     /// says so.
-    pub fn catch_up(
+    pub(crate) fn catch_up(
         &mut self,
         pending: BTreeMap<String, State>,
         state: &ControlState,
@@ -381,7 +381,7 @@ impl ClusterLink {
     }
 
     /// The drain override `id` as the set holds it.
-    pub fn written_drain(&self, id: &str) -> Option<DrainRule> {
+    pub(crate) fn written_drain(&self, id: &str) -> Option<DrainRule> {
         self.latest
             .as_ref()
             .and_then(|s| s.view.drains.get(id))
@@ -390,7 +390,7 @@ impl ClusterLink {
 
     /// Writes the drain rules an API call made (validated) to etcd, each under a lease
     /// that ends it a little after its `until`.
-    pub fn write_drains(
+    pub(crate) fn write_drains(
         &mut self,
         rules: Vec<DrainRule>,
         reply: oneshot::Sender<Result<Vec<DrainRule>, DrainError>>,
@@ -457,7 +457,7 @@ impl ClusterLink {
     }
 
     /// Deletes the drain override `rule` (validated) from etcd.
-    pub fn write_undrain(
+    pub(crate) fn write_undrain(
         &mut self,
         rule: DrainRule,
         token: &Token,
@@ -488,7 +488,11 @@ impl ClusterLink {
     }
 
     /// Writes a freeze (of every name, or of a tenant's) to etcd.
-    pub fn write_freeze(&mut self, lever: Lever, reply: oneshot::Sender<Result<(), DrainError>>) {
+    pub(crate) fn write_freeze(
+        &mut self,
+        lever: Lever,
+        reply: oneshot::Sender<Result<(), DrainError>>,
+    ) {
         if let Err(e) = self.writable() {
             let _ = reply.send(Err(e));
             return;
@@ -516,7 +520,7 @@ impl ClusterLink {
     /// Writes a resume to etcd: every timeline starts again from where the freeze held
     /// it, in the direction [`FailoverState::turns`](crate::control::decide::failover::FailoverState::turns)
     /// gives it; then the freeze is lifted.
-    pub fn write_resume(
+    pub(crate) fn write_resume(
         &mut self,
         lever: Lever,
         turns: &[Turn],
@@ -649,7 +653,7 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded, lone: Opt
 
 /// Keys of `view` that do not count: of a bad form, observations of CDNs not probed,
 /// timelines and drains of names or CDNs outside the policy.
-pub fn refused_keys(view: &SharedView, loaded: &Loaded) -> u64 {
+pub(crate) fn refused_keys(view: &SharedView, loaded: &Loaded) -> u64 {
     let policy = &loaded.policy;
     let cdns = view
         .observations

@@ -39,10 +39,10 @@ use super::node::ClusterLink;
 use super::{sane_name, EtcdError, Key, Store};
 
 /// Most `perf/` keys kept (nodes × names × regions), and most shifts.
-pub const MAX_PERF_KEYS: usize = 1024;
-pub const MAX_SHIFTS: usize = 1024;
+pub(crate) const MAX_PERF_KEYS: usize = 1024;
+pub(crate) const MAX_SHIFTS: usize = 1024;
 /// Most source networks a node shares per bucket (fewer when the value would not fit).
-pub const SHARED_NETS: usize = 64;
+pub(crate) const SHARED_NETS: usize = 64;
 /// Most CDNs in one region's cells or shift; longest region name.
 const MAX_CDNS: usize = 64;
 const MAX_REGION_NAME: usize = 2048;
@@ -52,7 +52,7 @@ const MAX_REGION: usize = 4096;
 /// One bucket of one CDN, as stored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SharedBucket {
+pub(crate) struct SharedBucket {
     /// Unix ms / the bucket width.
     pub slot: u64,
     pub ttfb: Hist,
@@ -67,7 +67,7 @@ pub struct SharedBucket {
 /// One node's buckets of one (name, region), as stored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SharedCells {
+pub(crate) struct SharedCells {
     /// The region's name (index and name must both match to count).
     pub region: String,
     /// The window in ms (buckets of another window do not add).
@@ -103,7 +103,7 @@ pub struct SharedShift {
 }
 
 /// Key of one node's cells of one region.
-pub fn cells_key(prefix: &str, node: &str, name: &str, region: usize) -> String {
+pub(crate) fn cells_key(prefix: &str, node: &str, name: &str, region: usize) -> String {
     Key::Perf {
         node: node.to_string(),
         name: name.to_string(),
@@ -113,7 +113,7 @@ pub fn cells_key(prefix: &str, node: &str, name: &str, region: usize) -> String 
 }
 
 /// Key of a region's shift.
-pub fn shift_key(prefix: &str, name: &str, region: usize) -> String {
+pub(crate) fn shift_key(prefix: &str, name: &str, region: usize) -> String {
     Key::Shift {
         name: name.to_string(),
         region,
@@ -122,7 +122,7 @@ pub fn shift_key(prefix: &str, name: &str, region: usize) -> String {
 }
 
 /// The region index of a key, if it is one.
-pub fn region_index(r: usize) -> Result<usize, String> {
+pub(crate) fn region_index(r: usize) -> Result<usize, String> {
     (r < MAX_REGION)
         .then_some(r)
         .ok_or_else(|| format!("region `{r}` is not an index below {MAX_REGION}"))
@@ -195,7 +195,7 @@ impl SharedBucket {
 impl SharedCells {
     /// Checked, as the cells of `node` for region `region` of `name`; `Err` says why
     /// they do not count.
-    pub fn check(&self, node: &str, name: &str, region: usize) -> Result<NodeCells, String> {
+    pub(crate) fn check(&self, node: &str, name: &str, region: usize) -> Result<NodeCells, String> {
         if self.region.is_empty() || self.region.len() > MAX_REGION_NAME {
             return Err("region name empty or too long".into());
         }
@@ -259,7 +259,7 @@ impl SharedCells {
 
     /// The value written for `c`: with [`SHARED_NETS`] networks per bucket, fewer if
     /// it would not fit an etcd value; `None` if even none fit.
-    pub fn encode(c: &NodeCells) -> Option<Vec<u8>> {
+    pub(crate) fn encode(c: &NodeCells) -> Option<Vec<u8>> {
         [SHARED_NETS, SHARED_NETS / 4, 0]
             .into_iter()
             .find_map(|nets| {
@@ -335,7 +335,7 @@ impl SharedShift {
 impl ClusterLink {
     /// Hands `perf` the other nodes' cells, and puts in force every evaluation of the
     /// set that it takes now ([`Perf::takes`]). True when weights changed.
-    pub fn follow_perf(&mut self, perf: &mut Perf, now_ms: u64) -> bool {
+    pub(crate) fn follow_perf(&mut self, perf: &mut Perf, now_ms: u64) -> bool {
         let Some(view) = self.latest().map(|s| s.view.clone()) else {
             return false;
         };
@@ -366,7 +366,7 @@ impl ClusterLink {
     /// it (or a later one), or etcd is unreachable (failing static: the shares in
     /// force hold). Nothing is put in force here: every node takes the set's from the
     /// watch.
-    pub fn propose_perf(&mut self, perf: &mut Perf, now_ms: u64) {
+    pub(crate) fn propose_perf(&mut self, perf: &mut Perf, now_ms: u64) {
         let due = perf.take_due(now_ms);
         if !self.connected() {
             return;
@@ -391,7 +391,7 @@ impl ClusterLink {
 }
 
 /// This node's cells, written to etcd each bucket width in which they took samples.
-pub struct CellsPublisher {
+pub(crate) struct CellsPublisher {
     pub store: Store,
     pub prefix: String,
     pub node: String,
@@ -399,7 +399,7 @@ pub struct CellsPublisher {
 }
 
 impl CellsPublisher {
-    pub fn spawn(self, stop: CancellationToken) {
+    pub(crate) fn spawn(self, stop: CancellationToken) {
         tokio::spawn(async move {
             // The samples accepted when each region was last written.
             let mut written: BTreeMap<(String, usize), u64> = BTreeMap::new();

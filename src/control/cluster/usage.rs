@@ -42,11 +42,11 @@ use super::node::{ClusterLink, Done};
 use super::{sane_name, Key, Store};
 
 /// How long a day of usage stays in etcd: the ledger keeps this month and the last.
-pub const USAGE_TTL: Duration = Duration::from_secs(64 * 86_400);
+pub(crate) const USAGE_TTL: Duration = Duration::from_secs(64 * 86_400);
 /// Most days of usage kept (64 CDNs for 64 days).
-pub const MAX_USAGE_DAYS: usize = 4096;
+pub(crate) const MAX_USAGE_DAYS: usize = 4096;
 /// Most names with shared biases kept, and CDNs in one name's biases.
-pub const MAX_COMMIT_NAMES: usize = 1024;
+pub(crate) const MAX_COMMIT_NAMES: usize = 1024;
 const MAX_BIASED_CDNS: usize = 64;
 const DAY_MS: u64 = 86_400_000;
 /// Tries of a read, merge and write of one day before the POST gives up.
@@ -74,7 +74,7 @@ pub struct SharedBiases {
 }
 
 /// Key of one CDN's usage of one day.
-pub fn usage_key(prefix: &str, cdn: &str, day: &str) -> String {
+pub(crate) fn usage_key(prefix: &str, cdn: &str, day: &str) -> String {
     Key::Usage {
         cdn: cdn.to_string(),
         day: day.to_string(),
@@ -83,7 +83,7 @@ pub fn usage_key(prefix: &str, cdn: &str, day: &str) -> String {
 }
 
 /// Key of a name's biases.
-pub fn commit_key(prefix: &str, name: &str) -> String {
+pub(crate) fn commit_key(prefix: &str, name: &str) -> String {
     Key::Commit {
         name: name.to_string(),
     }
@@ -91,7 +91,7 @@ pub fn commit_key(prefix: &str, name: &str) -> String {
 }
 
 /// The UTC day of `ms`, `YYYY-MM-DD`.
-pub fn day_of(ms: u64) -> String {
+pub(crate) fn day_of(ms: u64) -> String {
     times::rfc3339(ms.min(times::MAX_TIME_MS))[..10].to_string()
 }
 
@@ -170,7 +170,7 @@ impl ClusterLink {
     /// Writes checked usage records to the set, one (CDN, day) after another; the
     /// reply counts what became of them once all are written. A day written before a
     /// failure stays written (records are idempotent: the sender posts them again).
-    pub fn write_usage(
+    pub(crate) fn write_usage(
         &self,
         records: Vec<UsageRecord>,
         skipped: u64,
@@ -224,7 +224,7 @@ impl ClusterLink {
 
     /// Merges into `commit`'s ledger every day of usage the set holds whose revision
     /// is new here. True when a record was new or changed.
-    pub fn follow_usage(&mut self, commit: &mut Commit, policy: &Policy) -> bool {
+    pub(crate) fn follow_usage(&mut self, commit: &mut Commit, policy: &Policy) -> bool {
         let Some(view) = self.latest().map(|s| s.view.clone()) else {
             return false;
         };
@@ -247,7 +247,7 @@ impl ClusterLink {
     }
 
     /// The set's biases of every name that `commit` takes now ([`Commit::takes`]).
-    pub fn newer_biases(&self, commit: &Commit, now_ms: u64) -> Vec<(String, SharedBiases)> {
+    pub(crate) fn newer_biases(&self, commit: &Commit, now_ms: u64) -> Vec<(String, SharedBiases)> {
         let Some(shared) = self.latest() else {
             return Vec::new();
         };
@@ -264,7 +264,7 @@ impl ClusterLink {
     /// set already has that evaluation (or a later one), or etcd is unreachable
     /// (failing static: the biases in force hold). Nothing is put in force here: every
     /// node takes the set's from the watch.
-    pub fn propose_commit(
+    pub(crate) fn propose_commit(
         &mut self,
         commit: &mut Commit,
         base: &Policy,

@@ -38,7 +38,7 @@ use crate::plan::{Choice, Situation, Steered};
 use crate::selection;
 
 /// Pathways or throughput values one request may list (more is a bad request).
-pub const MAX_LIST: usize = 16;
+pub(crate) const MAX_LIST: usize = 16;
 
 /// Which manifest a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub struct Params {
 
 /// Why a request's query string is refused: the text is the 400's message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ManifestError {
+pub(crate) enum ManifestError {
     /// A known parameter given twice.
     #[error("`{key}` is given twice")]
     Twice { key: String },
@@ -119,7 +119,7 @@ pub enum ManifestError {
 /// Parses a request's query string. Unknown parameters are ignored (players and
 /// proxies add their own); a known one that is malformed or repeated is an error,
 /// whose text is the 400's message.
-pub fn parse_query(format: Format, query: &str) -> Result<Params, ManifestError> {
+pub(crate) fn parse_query(format: Format, query: &str) -> Result<Params, ManifestError> {
     let mut params = Params::default();
     let (mut pathways, mut throughputs): (Option<Vec<String>>, Option<Vec<u64>>) = (None, None);
     let mut seen_demoted = false;
@@ -183,7 +183,7 @@ pub fn parse_query(format: Format, query: &str) -> Result<Params, ManifestError>
 }
 
 /// A session key: 16 hexadecimal digits.
-pub fn parse_session(value: &str) -> Result<u64, ManifestError> {
+pub(crate) fn parse_session(value: &str) -> Result<u64, ManifestError> {
     if value.len() != 16 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ManifestError::Session);
     }
@@ -286,7 +286,7 @@ pub struct Order {
 /// The order of `steered`'s pathways for `session`, asked by a client that lands at
 /// `at` ([`Steered::situate`]: its region and the choice there), with what the player
 /// reported in `params`.
-pub fn order(steered: Steered, at: &Situation, session: u64, params: &Params) -> Order {
+pub(crate) fn order(steered: Steered, at: &Situation, session: u64, params: &Params) -> Order {
     let (d, choice) = (at.decision, at.choice);
     let content = steered.content();
     let n = steered.targets().len();
@@ -333,7 +333,7 @@ pub fn order(steered: Steered, at: &Situation, session: u64, params: &Params) ->
 }
 
 /// The pathway id of target `t`: as configured, else the CDN's name.
-pub fn pathway<'p>(steered: Steered<'p>, t: usize) -> &'p str {
+pub(crate) fn pathway<'p>(steered: Steered<'p>, t: usize) -> &'p str {
     steered
         .content()
         .pathways
@@ -343,7 +343,7 @@ pub fn pathway<'p>(steered: Steered<'p>, t: usize) -> &'p str {
 
 /// The percent of sessions that get each serving target of `choice` (one of
 /// `steered`'s) first, as `explain` shows it.
-pub fn first_shares<'p>(steered: Steered<'p>, choice: &'p Choice) -> Vec<(usize, f64)> {
+pub(crate) fn first_shares<'p>(steered: Steered<'p>, choice: &'p Choice) -> Vec<(usize, f64)> {
     let weighted: Vec<(usize, u64)> = steered.weighted(choice).collect();
     let total: u64 = weighted.iter().map(|(_, w)| w).sum();
     weighted
@@ -365,7 +365,13 @@ pub fn first_shares<'p>(steered: Steered<'p>, choice: &'p Choice) -> Vec<(usize,
 /// `RELOAD-URI` is relative (to the manifest's own URL, so it survives a proxy that
 /// mounts the server under another path): the name, the session key, and the
 /// session's demotions.
-pub fn write(format: Format, steered: Steered, order: &Order, session: u64, out: &mut String) {
+pub(crate) fn write(
+    format: Format,
+    steered: Steered,
+    order: &Order,
+    session: u64,
+    out: &mut String,
+) {
     let name = steered.text();
     let name = name.strip_suffix('.').unwrap_or(name);
     let mut uri = String::with_capacity(name.len() + 40);

@@ -23,7 +23,7 @@
 //! (`<ContentSteering>`, `SERVICE-LOCATION-PRIORITY`, `_DASH_pathway`,
 //! `_DASH_throughput`), and their common draft, draft-pantos-content-steering.
 
-pub mod manifest;
+pub(crate) mod manifest;
 pub mod server;
 
 pub use manifest::{Format, Order, Params};

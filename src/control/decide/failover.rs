@@ -58,7 +58,7 @@ pub struct Turn {
 }
 
 /// A step taken by time: (name, CDN, percent removed now).
-pub type Step = (String, String, u8);
+pub(crate) type Step = (String, String, u8);
 
 impl FailoverState {
     /// Records a round's verdict for `cdn` in its health alone, starting no step: the

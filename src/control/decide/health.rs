@@ -40,7 +40,7 @@ pub struct VantageView {
 
 /// Why a vantage point's failures do not count.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unhappy {
+pub(crate) enum Unhappy {
     /// No result for this CDN, or one older than the freshness limit.
     Stale,
     /// Could not be read.
@@ -66,7 +66,7 @@ impl fmt::Display for Unhappy {
 
 /// What one vantage point contributes to a verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Evidence {
+pub(crate) enum Evidence {
     Ok,
     Failed(String),
     Unhappy(Unhappy),
@@ -74,7 +74,7 @@ pub enum Evidence {
 
 /// The verdict of one round for one CDN, with the evidence of every vantage point.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub kind: VerdictKind,
     pub evidence: Vec<(String, Evidence)>,
 }
@@ -91,7 +91,7 @@ pub enum VerdictKind {
 
 impl Verdict {
     /// `fastly: failed (status 503); ns2: ok; agent3: unhappy (stale)`.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         self.evidence
             .iter()
             .map(|(v, e)| match e {
@@ -105,7 +105,7 @@ impl Verdict {
 }
 
 /// Whether a vantage point is unhappy overall (for every CDN), given its latest round.
-pub fn unhappy(view: &VantageView) -> Option<Unhappy> {
+pub(crate) fn unhappy(view: &VantageView) -> Option<Unhappy> {
     if let Some(e) = &view.error {
         return Some(Unhappy::Unreachable(e.clone()));
     }
@@ -124,7 +124,7 @@ pub fn unhappy(view: &VantageView) -> Option<Unhappy> {
 
 /// The round verdict for `cdn`: down when at least `quorum` fresh, happy vantage points
 /// saw it fail. `fresh_ms` is the age past which a result is stale.
-pub fn verdict(cdn: &str, views: &[VantageView], quorum: u32, fresh_ms: u64) -> Verdict {
+pub(crate) fn verdict(cdn: &str, views: &[VantageView], quorum: u32, fresh_ms: u64) -> Verdict {
     let mut evidence = Vec::with_capacity(views.len());
     let (mut failed, mut seen) = (0u32, 0u32);
     for view in views {

@@ -13,11 +13,11 @@
 //! | `keys` | typed keys: (name, CDN), (name, region), (CDN, day) |
 //! | `times` | times that enter from outside, bounded, and how they are shown |
 
-pub mod drains;
-pub mod failover;
-pub mod health;
+pub(crate) mod drains;
+pub(crate) mod failover;
+pub(crate) mod health;
 pub mod keys;
 pub mod planner;
-pub mod state;
-pub mod stepper;
+pub(crate) mod state;
+pub(crate) mod stepper;
 pub mod times;

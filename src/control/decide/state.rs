@@ -23,7 +23,7 @@ use crate::plan::Snapshot;
 
 /// How old a saved state may be to be used, unless `serve --state-max-age-seconds`
 /// says otherwise (`steerdns explain` reads it with this age too).
-pub const SAVED_MAX_AGE: Duration = Duration::from_secs(900);
+pub(crate) const SAVED_MAX_AGE: Duration = Duration::from_secs(900);
 
 /// Health, steps and freeze, and the drains with their progress.
 #[derive(Clone, Debug, Default)]

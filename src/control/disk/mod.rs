@@ -8,4 +8,4 @@
 
 pub mod audit;
 pub mod persist;
-pub mod writers;
+pub(crate) mod writers;

@@ -9,7 +9,7 @@
 use tokio::sync::watch;
 
 /// Held by a writing thread for as long as it runs.
-pub struct Alive {
+pub(crate) struct Alive {
     /// Dropped when the thread returns, which wakes [`Exited::wait`].
     _held: watch::Sender<()>,
 }
@@ -19,7 +19,7 @@ pub struct Alive {
 pub struct Exited(watch::Receiver<()>);
 
 /// A pair for one thread: it keeps the [`Alive`], the owner the [`Exited`].
-pub fn pair() -> (Alive, Exited) {
+pub(crate) fn pair() -> (Alive, Exited) {
     let (tx, rx) = watch::channel(());
     (Alive { _held: tx }, Exited(rx))
 }

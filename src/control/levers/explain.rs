@@ -26,7 +26,7 @@ use crate::plan::{Asker, Reason, Snapshot};
 
 /// What explain reads besides the question: the inputs, the snapshot served, and the
 /// failover state behind it.
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     pub loaded: &'a Loaded,
     pub snapshot: &'a Snapshot,
     /// Health per probed CDN.
@@ -41,7 +41,7 @@ pub struct Facts<'a> {
 }
 
 /// The question: a name, a client, and who asks.
-pub struct Question<'q> {
+pub(crate) struct Question<'q> {
     pub name: &'q str,
     pub client: IpAddr,
     /// The resolver asking with ECS `client / source`; `None`: the client asks itself,
@@ -55,6 +55,7 @@ pub struct Question<'q> {
 
 /// Why a question is not explained.
 #[derive(Debug, thiserror::Error)]
+#[allow(clippy::enum_variant_names)] // "not a name", "not serving": what each says
 pub enum ExplainError {
     #[error("`{0}` is not a DNS name: {1}")]
     NotAName(String, String),
@@ -180,7 +181,7 @@ pub struct PathwayShare {
 }
 
 /// Explains `q` over `facts`.
-pub fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError> {
+pub(crate) fn explain(facts: &Facts, q: &Question) -> Result<Explanation, ExplainError> {
     let mut name = Name::from_ascii(q.name)
         .map_err(|e| ExplainError::NotAName(q.name.to_string(), e.to_string()))?;
     name.set_fqdn(true);

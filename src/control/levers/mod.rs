@@ -7,4 +7,4 @@
 //! | `explain` | `explain`: one typed explanation for the API and the command line |
 
 pub mod command;
-pub mod explain;
+pub(crate) mod explain;

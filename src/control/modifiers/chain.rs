@@ -21,18 +21,18 @@ use crate::inputs::Loaded;
 use crate::plan::Snapshot;
 
 /// The chain, from the performance modifier on.
-pub struct Chain<'a> {
+pub(crate) struct Chain<'a> {
     pub perf: &'a Perf,
 }
 
 impl<'a> Chain<'a> {
-    pub fn new(perf: &'a Perf) -> Chain<'a> {
+    pub(crate) fn new(perf: &'a Perf) -> Chain<'a> {
         Chain { perf }
     }
 
     /// The policy after the performance shifts: what the commit modifier evaluates
     /// and applies its biases to.
-    pub fn shifted<'p>(&self, policy: &'p Policy) -> Cow<'p, Policy> {
+    pub(crate) fn shifted<'p>(&self, policy: &'p Policy) -> Cow<'p, Policy> {
         match self.perf.apply(policy) {
             Some(p) => Cow::Owned(p),
             None => Cow::Borrowed(policy),
@@ -41,13 +41,13 @@ impl<'a> Chain<'a> {
 
     /// Whether performance steering holds `cdn` (by index) of `region` of `name` outside
     /// its band (penalised or at its floor): the commit modifier leaves it alone.
-    pub fn outside(&self, name: &str, region: usize, cdn: usize) -> bool {
+    pub(crate) fn outside(&self, name: &str, region: usize, cdn: usize) -> bool {
         self.perf.outside(name, region, cdn)
     }
 
     /// The whole chain: performance, then `commit`, then the failover steps and
     /// drains of `state`; the snapshot to serve and the regions failing open.
-    pub fn snapshot(
+    pub(crate) fn snapshot(
         &self,
         commit: &Commit,
         state: &ControlState,

@@ -7,6 +7,6 @@
 //! | `perf` | performance steering: samples, cells, evaluations, shifts |
 //! | `commit` | commit- and capacity-aware steering: the usage ledger, biases, the simulator |
 
-pub mod chain;
+pub(crate) mod chain;
 pub mod commit;
-pub mod perf;
+pub(crate) mod perf;

@@ -15,13 +15,13 @@ use crate::clock::now_ms;
 use crate::plan::{Live, Plan, Snapshot, Steered};
 
 /// How far back the charts go.
-pub const WINDOW: Duration = Duration::from_secs(3600);
+pub(crate) const WINDOW: Duration = Duration::from_secs(3600);
 /// Points kept per (name, region, CDN) series: one per change of its share.
-pub const MAX_POINTS: usize = 360;
+pub(crate) const MAX_POINTS: usize = 360;
 /// (name, region) pairs with a chart; the page stays readable, the history bounded.
-pub const MAX_CHARTED_REGIONS: usize = 200;
+pub(crate) const MAX_CHARTED_REGIONS: usize = 200;
 /// How often the sampler looks for a new snapshot.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// A series: (name, region, CDN).
 type Key = (String, String, String);
@@ -114,7 +114,11 @@ pub(super) fn shares<'p>(steered: Steered<'p>, r: usize) -> Vec<(&'p str, u16)> 
 
 /// Watches `live` every [`SAMPLE_EVERY`] and records each new snapshot's shares into
 /// `history`, until `stop`.
-pub fn spawn_sampler(live: Arc<Live>, history: Arc<Mutex<History>>, stop: CancellationToken) {
+pub(crate) fn spawn_sampler(
+    live: Arc<Live>,
+    history: Arc<Mutex<History>>,
+    stop: CancellationToken,
+) {
     tokio::spawn(async move {
         // A weak reference: the sampler must not keep a replaced snapshot alive (the
         // metrics fold a plan's counts when its last reader goes), and the allocation

@@ -9,6 +9,6 @@
 
 pub mod api;
 pub mod book;
-pub mod history;
-pub mod mutations;
-pub mod status;
+pub(crate) mod history;
+pub(crate) mod mutations;
+pub(crate) mod status;

@@ -28,12 +28,10 @@ use crate::control::state_doc::StateDoc;
 use crate::plan::{Live, Plan};
 
 use super::history::shares;
-pub use super::history::{
-    spawn_sampler, History, MAX_CHARTED_REGIONS, MAX_POINTS, SAMPLE_EVERY, WINDOW,
-};
+pub(crate) use super::history::{spawn_sampler, History, MAX_CHARTED_REGIONS, WINDOW};
 
 /// How often the page reloads itself.
-pub const REFRESH_SECONDS: u32 = 5;
+pub(crate) const REFRESH_SECONDS: u32 = 5;
 /// What the API needs to draw the page.
 #[derive(Clone)]
 pub struct StatusSource {
@@ -44,14 +42,14 @@ pub struct StatusSource {
 }
 
 /// The page for the state `doc` and the plan being served.
-pub fn page(doc: &StateDoc, plan: &Plan, history: &History, now_ms: u64) -> String {
+pub(crate) fn page(doc: &StateDoc, plan: &Plan, history: &History, now_ms: u64) -> String {
     let mut h = String::with_capacity(16 * 1024);
     let _ = write_page(&mut h, doc, plan, history, now_ms);
     h
 }
 
 /// The page of a process that serves no DNS (`agent`).
-pub fn agent_page(vantage: &str) -> String {
+pub(crate) fn agent_page(vantage: &str) -> String {
     format!(
         "{}<h1>steerdns agent {}</h1><p>A probe-only vantage point: its observations are at \
          <a href=\"/v1/observations\">/v1/observations</a>, its metrics at \
@@ -526,6 +524,7 @@ mod tests {
     use crate::control::decide::drains::{DrainState, DrainStatus};
     use crate::control::decide::planner;
     use crate::control::state_doc::{FailOpenDoc, HealthDoc, StepDoc};
+    use crate::control::surfaces::history::MAX_POINTS;
 
     fn loaded() -> crate::inputs::Loaded {
         crate::inputs::demo()

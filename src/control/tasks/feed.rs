@@ -16,7 +16,7 @@ use crate::control::modifiers::commit::UsageIn;
 const MAX_BYTES: usize = 4 << 20;
 
 /// Polls `url` every `every` until `stop`, handing the records to the controller.
-pub fn spawn(
+pub(crate) fn spawn(
     url: reqwest::Url,
     every: Duration,
     commands: mpsc::Sender<Command>,
@@ -81,7 +81,7 @@ type Checked = Vec<(
 
 /// Why a fetch of the feed failed.
 #[derive(Debug, thiserror::Error)]
-pub enum FeedError {
+pub(crate) enum FeedError {
     /// The request or the body's transfer failed.
     #[error("{0}")]
     Http(#[from] reqwest::Error),

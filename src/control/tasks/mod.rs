@@ -8,7 +8,7 @@
 //! | `reload` | watches the inputs and reloads them |
 //! | `feed` | pulls usage records from `--usage-url` |
 
-pub mod feed;
-pub mod peers;
+pub(crate) mod feed;
+pub(crate) mod peers;
 pub mod prober;
-pub mod reload;
+pub(crate) mod reload;

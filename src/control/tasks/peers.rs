@@ -30,9 +30,9 @@ use crate::control::decide::health::{Observation, VantageView};
 use crate::metrics::Metrics;
 
 /// Largest observations document accepted from a peer.
-pub const MAX_BODY: usize = 1024 * 1024;
+pub(crate) const MAX_BODY: usize = 1024 * 1024;
 /// Most CDNs one document may report.
-pub const MAX_OBSERVATIONS: usize = 1024;
+pub(crate) const MAX_OBSERVATIONS: usize = 1024;
 /// Longest vantage or CDN name accepted from a peer.
 const MAX_NAME: usize = 128;
 /// Longest probe reason accepted from a peer.
@@ -41,7 +41,7 @@ const MAX_REASON: usize = 2048;
 /// What `/v1/observations` serves.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Published {
+pub(crate) struct Published {
     pub vantage: String,
     pub observations: BTreeMap<String, Observation>,
 }
@@ -60,7 +60,7 @@ struct Reading {
 
 /// Why a reading of a peer was refused: a metric label and the detail for the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refused {
+pub(crate) struct Refused {
     /// `timeout`, `connect`, `status`, `http`, `too_large` or `invalid`.
     pub reason: &'static str,
     pub detail: String,
@@ -255,7 +255,7 @@ async fn fetch(client: &reqwest::Client, url: reqwest::Url) -> Result<Published,
 }
 
 /// Parses and validates an observations document from a peer.
-pub fn parse(body: &[u8]) -> Result<Published, Refused> {
+pub(crate) fn parse(body: &[u8]) -> Result<Published, Refused> {
     let p: Published = serde_json::from_slice(body)
         .map_err(|e| refused("invalid", format!("not an observations document: {e}")))?;
     validate(&p).map_err(|e| refused("invalid", e))?;

@@ -39,7 +39,7 @@ pub struct Reloaded {
 /// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`; reuses
 /// the geo database of `geo` (the startup load's) while its files are unchanged. The
 /// DNSSEC key directory `keys` (the last good policy's) is watched too.
-pub fn spawn(
+pub(crate) fn spawn(
     inputs: Inputs,
     poll: Duration,
     out: mpsc::Sender<Reloaded>,

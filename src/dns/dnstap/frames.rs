@@ -12,19 +12,19 @@
 use std::io::{self, Read};
 
 /// The content type of dnstap's protobuf payloads.
-pub const CONTENT_TYPE: &[u8] = b"protobuf:dnstap.Dnstap";
+pub(super) const CONTENT_TYPE: &[u8] = b"protobuf:dnstap.Dnstap";
 
-pub const ACCEPT: u32 = 0x01;
-pub const START: u32 = 0x02;
-pub const STOP: u32 = 0x03;
-pub const READY: u32 = 0x04;
-pub const FINISH: u32 = 0x05;
+pub(super) const ACCEPT: u32 = 0x01;
+pub(super) const START: u32 = 0x02;
+pub(super) const STOP: u32 = 0x03;
+pub(super) const READY: u32 = 0x04;
+pub(super) const FINISH: u32 = 0x05;
 const FIELD_CONTENT_TYPE: u32 = 1;
 /// The longest control frame read (fstrm's own limit is 512 bytes).
 const MAX_CONTROL: usize = 512;
 
 /// Appends a control frame of `kind`, naming `content_type` if given, to `out`.
-pub fn control(kind: u32, content_type: Option<&[u8]>, out: &mut Vec<u8>) {
+pub(super) fn control(kind: u32, content_type: Option<&[u8]>, out: &mut Vec<u8>) {
     let fields = content_type.map_or(0, |t| 8 + t.len());
     out.extend_from_slice(&0u32.to_be_bytes());
     out.extend_from_slice(&((4 + fields) as u32).to_be_bytes());
@@ -37,14 +37,14 @@ pub fn control(kind: u32, content_type: Option<&[u8]>, out: &mut Vec<u8>) {
 }
 
 /// Appends a data frame holding `payload` to `out`.
-pub fn data(payload: &[u8], out: &mut Vec<u8>) {
+pub(super) fn data(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     out.extend_from_slice(payload);
 }
 
 /// A control frame's type and the content types it names, from its body (what
 /// follows the escape and the length).
-pub fn parse_control(body: &[u8]) -> Option<(u32, Vec<&[u8]>)> {
+pub(super) fn parse_control(body: &[u8]) -> Option<(u32, Vec<&[u8]>)> {
     let word = |at: usize| -> Option<u32> {
         let b = body.get(at..at + 4)?;
         Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -66,7 +66,7 @@ pub fn parse_control(body: &[u8]) -> Option<(u32, Vec<&[u8]>)> {
 
 /// Reads one control frame from `r` (within its read timeout): its type and whether it
 /// names [`CONTENT_TYPE`] (or names no type at all).
-pub fn read_control(r: &mut impl Read) -> io::Result<(u32, bool)> {
+pub(super) fn read_control(r: &mut impl Read) -> io::Result<(u32, bool)> {
     let mut head = [0u8; 8];
     r.read_exact(&mut head)?;
     let escape = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);

@@ -68,8 +68,8 @@ impl Record {
 
 /// Bytes of a decision's line and CDN name kept; longer ones are cut (never reached by
 /// a validated policy's names).
-pub const RULE_CAPACITY: usize = 512;
-pub const CDN_CAPACITY: usize = 64;
+pub(super) const RULE_CAPACITY: usize = 512;
+pub(super) const CDN_CAPACITY: usize = 64;
 
 const AUTH_QUERY: u64 = 1;
 const AUTH_RESPONSE: u64 = 2;
@@ -79,7 +79,7 @@ const QNAME: u64 = 1;
 /// The text of a decision: the planner's line, then the CDN and the ECS prefixes:
 /// `www.example.com. region=gb reason=drain drain=api-1:fastly:-100% policy=… cdn=cloudflare
 /// ecs=24 scope=24`. What `extra` and the policy's `rule` carry.
-pub fn decision_line(r: &Record, out: &mut Vec<u8>) {
+pub(super) fn decision_line(r: &Record, out: &mut Vec<u8>) {
     use std::io::Write as _;
     out.extend_from_slice(&r.rule);
     out.extend_from_slice(b" cdn=");
@@ -94,7 +94,7 @@ pub fn decision_line(r: &Record, out: &mut Vec<u8>) {
 
 /// Appends the dnstap payload of `r`'s query (`response`: of its response) to `out`;
 /// `scratch` and `line` are reused buffers.
-pub fn encode(
+pub(super) fn encode(
     r: &Record,
     response: bool,
     identity: &[u8],

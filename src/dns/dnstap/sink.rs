@@ -26,12 +26,12 @@ use super::message::{self, Record, CDN_CAPACITY, RULE_CAPACITY};
 use crate::dns::retry::{self, Failure};
 
 /// Records in the pool: the frames (two a record) that may wait for the writer.
-pub const POOL: usize = 2048;
+pub(super) const POOL: usize = 2048;
 /// Bytes of query and response a record holds without growing.
-pub const BASE_BYTES: usize = 2048;
+pub(super) const BASE_BYTES: usize = 2048;
 /// Bytes that records may grow by in all (long TCP answers), kept once grown; past
 /// it, a message that does not fit its record is dropped.
-pub const GROWN_LIMIT: usize = 4 << 20;
+pub(super) const GROWN_LIMIT: usize = 4 << 20;
 /// The writer's reconnection backoff: from the first to the last, doubling.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);

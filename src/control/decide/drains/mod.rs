@@ -8,8 +8,8 @@
 
 mod report;
 mod rule;
-pub use crate::config::empties_a_region;
-pub use report::{DrainState, DrainStatus};
-pub use rule::{DrainError, DrainKey, DrainRule, DEFAULT_OVERRIDE_TTL};
+pub(crate) use crate::config::empties_a_region;
+pub(crate) use report::{DrainState, DrainStatus};
+pub(crate) use rule::{DrainError, DrainKey, DrainRule, DEFAULT_OVERRIDE_TTL};
 mod progress;
-pub use progress::*;
+pub(crate) use progress::*;

@@ -9,7 +9,7 @@ use crate::config::{DrainScope, HostPolicy, Match, Policy};
 use crate::control::decide::times;
 
 /// Runtime overrides expire by default after this long, so a forgotten one reverts.
-pub const DEFAULT_OVERRIDE_TTL: Duration = Duration::from_secs(2 * 3600);
+pub(crate) const DEFAULT_OVERRIDE_TTL: Duration = Duration::from_secs(2 * 3600);
 
 /// One drain, from the policy or the API.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,7 +106,7 @@ impl DrainError {
 }
 
 /// What identifies a drain across reloads (its stepper is kept by this).
-pub type DrainKey = (String, String, String);
+pub(crate) type DrainKey = (String, String, String);
 
 impl DrainRule {
     pub fn key(&self) -> DrainKey {

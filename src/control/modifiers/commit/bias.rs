@@ -66,7 +66,7 @@ pub struct Bias {
 
 /// What one evaluation knows of a CDN.
 #[derive(Clone, Debug)]
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     pub contract: Option<Contract>,
     pub capacity_mbps: Option<f64>,
     pub usage: &'a Usage,
@@ -97,7 +97,7 @@ fn scaled(rate: f64, now: f64, then: f64) -> f64 {
 }
 
 /// The bias after one evaluation, from `prev`.
-pub fn bias(s: &CommitSettings, prev: Bias, f: &Facts) -> Bias {
+pub(crate) fn bias(s: &CommitSettings, prev: Bias, f: &Facts) -> Bias {
     let step = s.max_shift_points;
     let max = s.max_bias_points;
     let db = s.dead_band_percent / 100.0;
@@ -243,7 +243,7 @@ pub fn bias(s: &CommitSettings, prev: Bias, f: &Facts) -> Bias {
 /// biased CDN gains is taken from the CDNs without a bias in proportion to their
 /// room above the floor; what it loses goes to those within their performance band
 /// (`may_raise`) in proportion to their shares. A CDN not serving here (0) stays at 0.
-pub fn apply(shares: &[f64], biases: &[Bias], floor: f64, may_raise: &[bool]) -> Vec<f64> {
+pub(crate) fn apply(shares: &[f64], biases: &[Bias], floor: f64, may_raise: &[bool]) -> Vec<f64> {
     let n = shares.len();
     let serving = |i: usize| shares[i] > 0.0;
     let lowest = |i: usize| floor.min(shares[i]);

@@ -38,13 +38,13 @@ pub enum Taken {
 
 /// At most this many records are kept per CDN (a 31-day month of five-minute records
 /// and the previous month are 17,856); older ones go first.
-pub const MAX_RECORDS: usize = 20_000;
+pub(crate) const MAX_RECORDS: usize = 20_000;
 
 /// The recent rate is measured over this much (a whole daily cycle).
-pub const RECENT_MS: u64 = 86_400_000;
+pub(crate) const RECENT_MS: u64 = 86_400_000;
 
 /// Peaks are looked for over this much (a whole weekly cycle).
-pub const PEAK_MS: u64 = 7 * 86_400_000;
+pub(crate) const PEAK_MS: u64 = 7 * 86_400_000;
 
 /// The records of every CDN, by CDN name then start (Unix ms).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

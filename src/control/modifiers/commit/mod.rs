@@ -14,11 +14,11 @@
 //! and `steerdns simulate` (`simulate.rs`), which replays a month of five-minute
 //! demand through it at full speed.
 
-pub mod bias;
+pub(crate) mod bias;
 pub mod demand;
-pub mod ledger;
+pub(crate) mod ledger;
 mod modifier;
 pub mod month;
-pub mod page;
+pub(crate) mod page;
 pub mod simulate;
 pub use modifier::*;

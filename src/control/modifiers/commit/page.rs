@@ -8,7 +8,7 @@ use crate::control::http::esc;
 /// The "Commits and capacity" section: per CDN with a contract or a capacity, the
 /// month to date, the projection, the burst budget left, the bias and its reason.
 /// Nothing without such a CDN.
-pub fn section(h: &mut String, cdns: &[CdnView]) -> std::fmt::Result {
+pub(crate) fn section(h: &mut String, cdns: &[CdnView]) -> std::fmt::Result {
     if cdns.is_empty() {
         return Ok(());
     }

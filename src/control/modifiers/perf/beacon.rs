@@ -15,17 +15,17 @@ use serde::Deserialize;
 use super::cell::Sample;
 
 /// The largest body taken (413 above).
-pub const MAX_BODY: usize = 16 * 1024;
+pub(crate) const MAX_BODY: usize = 16 * 1024;
 /// Samples per beacon at most.
-pub const MAX_SAMPLES: usize = 256;
+pub(crate) const MAX_SAMPLES: usize = 256;
 /// Time to first byte at most (ms): ten minutes.
-pub const MAX_TTFB_MS: u64 = 600_000;
+pub(crate) const MAX_TTFB_MS: u64 = 600_000;
 /// Throughput at most (bit/s): 10 Tbit/s.
-pub const MAX_THROUGHPUT_BPS: u64 = 10_000_000_000_000;
+pub(crate) const MAX_THROUGHPUT_BPS: u64 = 10_000_000_000_000;
 /// Beacons per second of one source network (/24, /48) in the long run, and the
 /// burst it may send at once.
-pub const RATE_PER_SECOND: f64 = 50.0;
-pub const BURST: f64 = 100.0;
+pub(crate) const RATE_PER_SECOND: f64 = 50.0;
+pub(crate) const BURST: f64 = 100.0;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,7 +44,7 @@ struct RawSample<'a> {
 }
 
 /// Parses a beacon: (CDN name, sample) pairs, or the 400's message.
-pub fn parse(body: &[u8]) -> Result<Vec<(&str, Sample)>, String> {
+pub(crate) fn parse(body: &[u8]) -> Result<Vec<(&str, Sample)>, String> {
     let raw: RawBeacon = serde_json::from_slice(body).map_err(|e| format!("bad beacon: {e}"))?;
     if raw.samples.is_empty() {
         return Err("bad beacon: no samples".into());
@@ -85,7 +85,7 @@ pub fn parse(body: &[u8]) -> Result<Vec<(&str, Sample)>, String> {
 
 /// Beacons per source network: a token bucket each ([`RATE_PER_SECOND`], [`BURST`]).
 #[derive(Debug, Default)]
-pub struct Limiter {
+pub(crate) struct Limiter {
     /// (tokens, when last filled, unix ms) by network.
     buckets: HashMap<u64, (f64, u64)>,
 }
@@ -95,7 +95,7 @@ const MAX_TRACKED: usize = 100_000;
 
 impl Limiter {
     /// Takes a token of `net` at `now_ms`; false when it has none.
-    pub fn admit(&mut self, net: u64, now_ms: u64) -> bool {
+    pub(crate) fn admit(&mut self, net: u64, now_ms: u64) -> bool {
         if self.buckets.len() >= MAX_TRACKED && !self.buckets.contains_key(&net) {
             let full_after = (BURST / RATE_PER_SECOND * 1000.0) as u64;
             self.buckets

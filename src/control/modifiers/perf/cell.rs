@@ -17,12 +17,12 @@ use super::hist::Hist;
 use crate::config::perf::{Metric, Performance};
 
 /// Buckets per window.
-pub const SLOTS: u64 = 10;
+pub(crate) const SLOTS: u64 = 10;
 /// The most of a cell's samples that one source network may hold.
-pub const NETWORK_SHARE_PERCENT: u64 = 5;
+pub(crate) const NETWORK_SHARE_PERCENT: u64 = 5;
 /// The most source networks one bucket keeps: a sample from another network is refused
 /// (counted as over its share), so a spread of source networks cannot grow memory.
-pub const MAX_NETWORKS_PER_BUCKET: usize = 4096;
+pub(crate) const MAX_NETWORKS_PER_BUCKET: usize = 4096;
 
 /// One measurement of one CDN by one client.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,7 +56,7 @@ impl Bucket {
 
 /// The window of one (name, region, CDN).
 #[derive(Clone, Debug, Default)]
-pub struct Cell {
+pub(crate) struct Cell {
     /// By `slot % SLOTS`.
     buckets: Vec<Bucket>,
     /// Samples refused (one network over its share) since start.
@@ -103,24 +103,24 @@ impl Aggregate {
 }
 
 /// The width of a bucket of `perf`'s window, in ms (at least 1).
-pub fn width_ms(perf: &Performance) -> u64 {
+pub(crate) fn width_ms(perf: &Performance) -> u64 {
     (perf.window.as_millis() as u64 / SLOTS).max(1)
 }
 
 /// `perf`'s window in ms, as a set compares it (buckets of another window do not add).
-pub fn window_ms(perf: &Performance) -> u64 {
+pub(crate) fn window_ms(perf: &Performance) -> u64 {
     perf.window.as_millis() as u64
 }
 
 /// Whether bucket `b` is in the window ending at `now_ms`.
-pub fn in_window(b: &Bucket, perf: &Performance, now_ms: u64) -> bool {
+pub(crate) fn in_window(b: &Bucket, perf: &Performance, now_ms: u64) -> bool {
     let now = now_ms / width_ms(perf);
     b.slot <= now && b.slot + SLOTS > now
 }
 
 impl Cell {
     /// The buckets of the window ending at `now_ms`.
-    pub fn window<'c>(
+    pub(crate) fn window<'c>(
         &'c self,
         perf: &'c Performance,
         now_ms: u64,
@@ -132,7 +132,7 @@ impl Cell {
 
     /// Adds a sample from network `net` at `now_ms`; false when the network already
     /// holds its share of the window (the sample is refused and counted).
-    pub fn record(&mut self, perf: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
+    pub(crate) fn record(&mut self, perf: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
         let (mut total, mut mine) = (0u64, 0u64);
         for b in self.window(perf, now_ms) {
             total += b.samples();
@@ -150,7 +150,13 @@ impl Cell {
     /// Adds a sample of this node's own prober (the vantage point's network `net`):
     /// the operator's measurement, not a client's claim, so not held to a network's
     /// share. False only when the bucket already keeps its most networks.
-    pub fn record_own(&mut self, perf: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
+    pub(crate) fn record_own(
+        &mut self,
+        perf: &Performance,
+        net: u64,
+        s: &Sample,
+        now_ms: u64,
+    ) -> bool {
         self.add(perf, net, s, now_ms)
     }
 
@@ -195,7 +201,7 @@ impl Cell {
 
 /// Merges buckets (of one node's window or of several nodes') into an aggregate: the
 /// same buckets give the same figures whichever node adds them.
-pub fn aggregate<'b>(buckets: impl IntoIterator<Item = &'b Bucket>) -> Aggregate {
+pub(crate) fn aggregate<'b>(buckets: impl IntoIterator<Item = &'b Bucket>) -> Aggregate {
     let (mut ttfb, mut throughput) = (Hist::default(), Hist::default());
     let (mut ok, mut failed, mut samples) = (0u64, 0u64, 0u64);
     let mut nets = std::collections::HashSet::new();

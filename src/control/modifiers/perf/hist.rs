@@ -9,12 +9,12 @@
 const SUB: u64 = 16;
 const SUB_BITS: u32 = 4;
 /// Buckets: exact values 0..16, then 16 per power of two up to 2^48.
-pub const BUCKETS: usize = (SUB + (48 - SUB_BITS as u64) * SUB) as usize;
+pub(crate) const BUCKETS: usize = (SUB + (48 - SUB_BITS as u64) * SUB) as usize;
 /// The largest value kept exactly in its bucket (above: the last bucket).
-pub const MAX_VALUE: u64 = (1 << 48) - 1;
+pub(crate) const MAX_VALUE: u64 = (1 << 48) - 1;
 
 /// The bucket of `v`.
-pub fn index(v: u64) -> usize {
+pub(crate) fn index(v: u64) -> usize {
     let v = v.min(MAX_VALUE);
     if v < SUB {
         return v as usize;
@@ -25,7 +25,7 @@ pub fn index(v: u64) -> usize {
 }
 
 /// The lowest value of bucket `i` and its width.
-pub fn bounds(i: usize) -> (u64, u64) {
+pub(crate) fn bounds(i: usize) -> (u64, u64) {
     let i = i as u64;
     if i < SUB {
         return (i, 1);
@@ -37,7 +37,7 @@ pub fn bounds(i: usize) -> (u64, u64) {
 }
 
 /// The value a percentile falling in bucket `i` is reported as: its middle.
-pub fn value(i: usize) -> u64 {
+pub(crate) fn value(i: usize) -> u64 {
     let (low, width) = bounds(i);
     low + width / 2
 }

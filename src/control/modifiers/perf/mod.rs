@@ -24,12 +24,12 @@
 //! for the client's address (the connection's, or from `--trusted-proxies` the last
 //! untrusted `X-Forwarded-For` address); their claims are never trusted.
 
-pub mod beacon;
-pub mod cell;
-pub mod hist;
-pub mod modifier;
-pub mod page;
+pub(crate) mod beacon;
+pub(crate) mod cell;
+pub(crate) mod hist;
+pub(crate) mod modifier;
+pub(crate) mod page;
 mod store;
-pub use store::{network, NodeCells, Recorded, Samples};
+pub(crate) use store::{network, NodeCells, Samples};
 mod shifts;
-pub use shifts::*;
+pub(crate) use shifts::*;

@@ -20,6 +20,7 @@ use crate::config::perf::{Metric, Performance};
 /// Why a CDN has the target share it has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[allow(clippy::enum_variant_names)] // serialized as perf_band, perf_penalty, …: the API's words
 pub enum PerfReason {
     PerfBand,
     PerfPenalty,
@@ -39,7 +40,7 @@ impl PerfReason {
 }
 
 /// The policy shares of `weights`, in points of 100.
-pub fn policy_shares(weights: &[u32]) -> Vec<f64> {
+pub(crate) fn policy_shares(weights: &[u32]) -> Vec<f64> {
     let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
     weights
         .iter()
@@ -64,7 +65,7 @@ fn gap(metric: Metric, value: f64, best: f64) -> f64 {
 
 /// The target shares (points) and their reasons, from the policy `weights` and each
 /// CDN's usable measured value (`None`: too few fresh samples).
-pub fn target(
+pub(crate) fn target(
     perf: &Performance,
     weights: &[u32],
     measured: &[Option<f64>],
@@ -123,7 +124,7 @@ pub fn target(
 
 /// The shares one period later: from `current` towards `target`, moving at most
 /// `max_points` points of share in all.
-pub fn slew(current: &[f64], target: &[f64], max_points: f64) -> Vec<f64> {
+pub(crate) fn slew(current: &[f64], target: &[f64], max_points: f64) -> Vec<f64> {
     let moved: f64 = current
         .iter()
         .zip(target)
@@ -142,7 +143,7 @@ pub fn slew(current: &[f64], target: &[f64], max_points: f64) -> Vec<f64> {
 
 /// Shares as weights for the planner: basis points (a CDN with any share keeps at
 /// least 1).
-pub fn weights_of(shares: &[f64]) -> Vec<u32> {
+pub(crate) fn weights_of(shares: &[f64]) -> Vec<u32> {
     shares
         .iter()
         .map(|&s| {

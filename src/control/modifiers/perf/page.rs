@@ -8,7 +8,7 @@ use crate::control::http::esc;
 /// The "Performance steering" section: per region with a `performance:` block, each
 /// CDN's measured figure, samples and networks, its shares (policy, now, target) and
 /// the reason. Nothing without such a region.
-pub fn section(h: &mut String, regions: &[RegionView]) -> std::fmt::Result {
+pub(crate) fn section(h: &mut String, regions: &[RegionView]) -> std::fmt::Result {
     if regions.is_empty() {
         return Ok(());
     }
@@ -54,7 +54,7 @@ pub fn section(h: &mut String, regions: &[RegionView]) -> std::fmt::Result {
 }
 
 /// The lines `explain` prints for a region with a `performance:` block.
-pub fn explain(f: &mut std::fmt::Formatter<'_>, r: &RegionView) -> std::fmt::Result {
+pub(crate) fn explain(f: &mut std::fmt::Formatter<'_>, r: &RegionView) -> std::fmt::Result {
     writeln!(
         f,
         "perf:    {} within {} % of the best keeps its share; floor {} %; {} points per {} s{}",

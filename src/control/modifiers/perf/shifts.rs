@@ -85,7 +85,7 @@ pub struct SavedShift {
 /// The performance modifier: a [`Shift`] per (name, region index) with a
 /// `performance:` block, and the store its samples come from.
 #[derive(Debug, Default)]
-pub struct Perf {
+pub(crate) struct Perf {
     pub(super) store: Arc<Samples>,
     pub(super) shifts: BTreeMap<(String, usize), Shift>,
     /// The other nodes' cells, in a set.
@@ -147,13 +147,13 @@ pub(super) fn next_multiple(now_ms: u64, period_ms: u64) -> u64 {
 
 impl Perf {
     /// The store beacons and steering polls add to.
-    pub fn store(&self) -> Arc<Samples> {
+    pub(crate) fn store(&self) -> Arc<Samples> {
         self.store.clone()
     }
 
     /// Makes this node's prober a source of samples: each round's time to first byte
     /// and outcome, in the region a client at `address` gets ([`Perf::locate`]).
-    pub fn measure_from(&mut self, address: IpAddr) {
+    pub(crate) fn measure_from(&mut self, address: IpAddr) {
         self.vantage = Some(Vantage {
             address,
             regions: Vec::new(),
@@ -162,7 +162,7 @@ impl Perf {
 
     /// Locates the vantage point again in `snapshot` (after a reload) and logs where
     /// its prober's rounds count.
-    pub fn locate(&mut self, snapshot: &Snapshot) {
+    pub(crate) fn locate(&mut self, snapshot: &Snapshot) {
         let Some(v) = &mut self.vantage else {
             return;
         };
@@ -180,7 +180,7 @@ impl Perf {
 
     /// Adds a round of this node's prober of `cdn` (with `--vantage-address`); how
     /// many cells took it.
-    pub fn probed(&self, cdn: &str, ok: bool, ttfb_ms: Option<u64>, now_ms: u64) -> u64 {
+    pub(crate) fn probed(&self, cdn: &str, ok: bool, ttfb_ms: Option<u64>, now_ms: u64) -> u64 {
         let Some(v) = &self.vantage else {
             return 0;
         };
@@ -205,7 +205,7 @@ impl Perf {
 
     /// Follows a (re)loaded policy: shifts of regions whose block, CDNs and weights
     /// are unchanged go on; others start again at the policy weights.
-    pub fn configure(&mut self, policy: &Policy, now_ms: u64) {
+    pub(crate) fn configure(&mut self, policy: &Policy, now_ms: u64) {
         self.store.configure(policy);
         let mut old = std::mem::take(&mut self.shifts);
         for host in &policy.hosts {
@@ -247,13 +247,13 @@ impl Perf {
     }
 
     /// The other nodes' cells (a set): added to this node's at each evaluation.
-    pub fn set_remote(&mut self, remote: Vec<Arc<NodeCells>>) {
+    pub(crate) fn set_remote(&mut self, remote: Vec<Arc<NodeCells>>) {
         self.remote = remote;
     }
 
     /// Whether performance steering has CDN `cdn` of region `region` of `name` outside
     /// its band (`perf_penalty`, `perf_floor`): the commit modifier never raises it.
-    pub fn outside(&self, name: &str, region: usize, cdn: usize) -> bool {
+    pub(crate) fn outside(&self, name: &str, region: usize, cdn: usize) -> bool {
         self.shifts
             .get(&(name.to_string(), region))
             .and_then(|s| s.reasons.get(cdn))
@@ -261,14 +261,14 @@ impl Perf {
     }
 
     /// When the next evaluation is due (Unix ms).
-    pub fn next_due_ms(&self) -> Option<u64> {
+    pub(crate) fn next_due_ms(&self) -> Option<u64> {
         self.shifts.values().map(|s| s.next_ms).min()
     }
 
     /// The evaluations due at `now_ms`, each region measured (this node's samples and
     /// the set's), targeted and slewed from the shares in force. Nothing is put in
     /// force here.
-    pub fn take_due(&mut self, now_ms: u64) -> Vec<Evaluation> {
+    pub(crate) fn take_due(&mut self, now_ms: u64) -> Vec<Evaluation> {
         let mut due = Vec::new();
         for ((name, region), s) in &mut self.shifts {
             if s.next_ms > now_ms {
@@ -307,7 +307,7 @@ impl Perf {
     /// Whether a set's evaluation of region `region` of `name` at `at_ms` is to be put
     /// in force now: newer than the one in force, not refused before, and not
     /// [`Perf::ahead`].
-    pub fn takes(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
+    pub(crate) fn takes(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
         self.shifts
             .get(&(name.to_string(), region))
             .is_some_and(|s| at_ms > s.evaluated_ms && at_ms != s.refused_ms)
@@ -316,7 +316,7 @@ impl Perf {
 
     /// Whether an evaluation at `at_ms` is [`crate::control::decide::times::far_ahead`] of
     /// `now_ms`: it is not taken, and the next evaluation writes over it.
-    pub fn ahead(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
+    pub(crate) fn ahead(&self, name: &str, region: usize, at_ms: u64, now_ms: u64) -> bool {
         self.shifts
             .get(&(name.to_string(), region))
             .is_some_and(|s| crate::control::decide::times::far_ahead(at_ms, s.period_ms(), now_ms))
@@ -326,7 +326,7 @@ impl Perf {
     /// why it does not fit this policy's region (then it is not looked at again): it
     /// was made from other policy weights, its CDNs differ, a CDN the policy does not answer has a share, a CDN is under its
     /// floor, or the shares do not add up to 100. `Ok(true)` when the weights changed.
-    pub fn adopt(&mut self, e: &Evaluation, by: Option<&str>) -> Result<bool, String> {
+    pub(crate) fn adopt(&mut self, e: &Evaluation, by: Option<&str>) -> Result<bool, String> {
         let Some(s) = self.shifts.get_mut(&(e.name.clone(), e.region)) else {
             return Err("no such region with a `performance:` block".into());
         };
@@ -352,7 +352,7 @@ impl Perf {
     }
 
     /// The evaluation in force of every region evaluated since start, to save.
-    pub fn saved(&self) -> Vec<SavedShift> {
+    pub(crate) fn saved(&self) -> Vec<SavedShift> {
         self.shifts
             .iter()
             .filter(|(_, s)| s.evaluated_ms > 0)
@@ -376,7 +376,7 @@ impl Perf {
     /// region (made from the same policy weights, see [`Perf::adopt`]). A region taken
     /// back is not evaluated for one window from `now_ms`: its samples were not saved,
     /// and an empty window would send it back towards the policy. How many were taken.
-    pub fn restore(&mut self, saved: &[SavedShift], now_ms: u64) -> usize {
+    pub(crate) fn restore(&mut self, saved: &[SavedShift], now_ms: u64) -> usize {
         let mut taken = 0;
         for s in saved {
             let e = &s.evaluation;
@@ -394,7 +394,7 @@ impl Perf {
 
     /// The policy with the weights of every shifted region replaced; `None` when
     /// every region is at its policy weights (the policy applies as written).
-    pub fn apply(&self, policy: &Policy) -> Option<Policy> {
+    pub(crate) fn apply(&self, policy: &Policy) -> Option<Policy> {
         if self.shifts.values().all(Shift::at_policy) {
             return None;
         }
@@ -416,7 +416,7 @@ impl Perf {
 
     /// Sets the measured value and the reason of every CDN of a shifted region
     /// (`steerdns_perf_measured`, `steerdns_perf_reason`).
-    pub fn export(&self, metrics: &crate::metrics::Metrics) {
+    pub(crate) fn export(&self, metrics: &crate::metrics::Metrics) {
         for ((name, _), s) in &self.shifts {
             for (i, cdn) in s.cdns.iter().enumerate() {
                 let measured = s.measured.get(i).and_then(|(a, _)| a.usable(&s.perf));
@@ -435,7 +435,7 @@ impl Perf {
 
     /// The view of region `region` of `name` (absolute), if it has a `performance:`
     /// block: what `explain` shows.
-    pub fn region_view(&self, name: &str, region: usize) -> Option<RegionView> {
+    pub(crate) fn region_view(&self, name: &str, region: usize) -> Option<RegionView> {
         let at = self
             .shifts
             .keys()
@@ -444,7 +444,7 @@ impl Perf {
     }
 
     /// Every region with a `performance:` block, for `/v1/state` and the status page.
-    pub fn view(&self) -> Vec<RegionView> {
+    pub(crate) fn view(&self) -> Vec<RegionView> {
         self.shifts
             .iter()
             .map(|((name, region), s)| {

@@ -14,7 +14,7 @@ use crate::plan::Snapshot;
 use super::{beacon, cell};
 
 /// A source network of samples: the /24 (IPv4) or /48 (IPv6) as one number.
-pub fn network(ip: IpAddr) -> u64 {
+pub(crate) fn network(ip: IpAddr) -> u64 {
     match ip.to_canonical() {
         IpAddr::V4(a) => u64::from(u32::from(crate::net::cut_v4(a, 24))),
         IpAddr::V6(a) => (u128::from(crate::net::cut_v6(a, 48)) >> 80) as u64 | 1 << 63,
