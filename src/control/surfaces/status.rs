@@ -15,7 +15,7 @@
 //! (name, region, CDN) share that changed. So a series holds one point per change, not
 //! per sample: exact step edges at a second's resolution, and nothing stored while
 //! nothing changes. Bounded: points older than an hour go (the last one before the hour
-//! is kept, as the value the chart starts from), at most [`MAX_POINTS`] per series, and
+//! is kept, as the value the chart starts from), at most [`MAX_POINTS`](super::history::MAX_POINTS) per series, and
 //! charts for the first [`MAX_CHARTED_REGIONS`] (name, region) pairs only; the page
 //! still shows the shares of every region.
 
