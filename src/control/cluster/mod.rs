@@ -30,7 +30,7 @@
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
 //! step at the same moment from the same record, so the set moves together without a
 //! leader. Everything read is checked before it counts (schema, sane names, CDNs and
-//! names of the policy: see the controller); a key that fails is counted and ignored.
+//! names of the policy: `scope.rs`); a key that fails is counted and ignored.
 //!
 //! **Fail static.** The session watches and checks liveness on one and the same member:
 //! every [`LIVENESS`] a linearizable read (which a member without a quorum cannot
@@ -46,21 +46,27 @@
 //! etcd's roles make each member write only its own `obs/{name}/` (and a node the
 //! shared keys): see the book, `docs/book/src/user/set/security.md`.
 //!
-//! **Bounds.** A value over [`etcd::MAX_VALUE`], a key outside the table above, or one
-//! past the cap of its kind is refused when it is decoded and is not kept; the initial
-//! read comes in pages; a watch batch parses only the keys it changes.
+//! **Bounds.** Every key is checked against the policy in force before it counts
+//! toward any cap (`scope.rs`): junk outside the policy never takes the place of a real
+//! decision, and the caps left come from the policy (and [`MAX_DRAINS`]). A whole read
+//! takes each kind on its own ([`Key::parts`]), a page at a time at one revision; a
+//! kind of the set's decisions past [`MAX_KIND_KEYS`] is not a view: the node fails
+//! static. A value over [`etcd::MAX_VALUE`] is refused without being decoded; a watch
+//! batch parses only the keys it changes.
 //!
 //! | file | holds |
 //! |---|---|
 //! | `records.rs` | the records above, and `Timeline::at` |
 //! | `view.rs` | `SharedView`, kept by `Mirror` from the read and the watch (`SharedView::add` checks each key) |
-//! | `session.rs` | `spawn_session` (read, watch, liveness, fail static) and the `Publisher` of observations |
+//! | `scope.rs` | `Scope`: the policy and members every key is checked against before it counts |
+//! | `session.rs` | `spawn_session` (whole reads, watch, liveness, fail static) and the `Publisher` of observations |
 //! | `node.rs` | `ClusterLink`: the controller's side (writes, `on_shared`, proposals) |
 //! | `usage.rs`, `performance.rs` | the usage records, commit biases and performance cells of the set |
 
 pub(crate) mod node;
 pub(crate) mod performance;
 mod records;
+mod scope;
 mod session;
 pub(crate) mod usage;
 mod view;

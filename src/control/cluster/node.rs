@@ -70,6 +70,8 @@ pub(crate) struct ClusterLink {
     pub(super) done: mpsc::UnboundedSender<Done>,
     /// The controller's end (taken once, by `Controller::run`).
     done_rx: Option<mpsc::UnboundedReceiver<Done>>,
+    /// The policy in force, to the session (which checks every key against it).
+    pub policy: Option<watch::Sender<Arc<Loaded>>>,
 }
 
 /// The answer to an API call that wrote to the store, given once this node's view
@@ -146,6 +148,15 @@ impl ClusterLink {
             usage_seen: BTreeMap::new(),
             done,
             done_rx: Some(done_rx),
+            policy: None,
+        }
+    }
+
+    /// A new policy is in force: the session reads every key anew and checks it
+    /// against this one.
+    pub(crate) fn rescope(&self, loaded: &Arc<Loaded>) {
+        if let Some(p) = &self.policy {
+            p.send_replace(loaded.clone());
         }
     }
 
@@ -397,6 +408,13 @@ impl ClusterLink {
     ) {
         if let Err(e) = self.writable() {
             let _ = reply.send(Err(e));
+            return;
+        }
+        // Never a 201 for a drain that no node would keep.
+        let held = self.latest.as_ref().map_or(0, |s| s.view.drains.len());
+        if held + rules.len() > cluster::MAX_DRAINS {
+            let max = cluster::MAX_DRAINS;
+            let _ = reply.send(Err(DrainError::TooManyDrains { held, max }));
             return;
         }
         let wall = now_ms();
@@ -651,27 +669,17 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded, lone: Opt
     state.drains.sync(policy, now, wall);
 }
 
-/// Keys of `view` that do not count: of a bad form, observations of CDNs not probed,
-/// timelines and drains of names or CDNs outside the policy.
+/// Keys of `view` that do not count: of a bad form, outside the policy or past a cap
+/// (the session checks each against the policy: `cluster/scope.rs`), and the drains
+/// of a name gone from the policy since the view was read.
 pub(crate) fn refused_keys(view: &SharedView, loaded: &Loaded) -> u64 {
     let policy = &loaded.policy;
-    let cdns = view
-        .observations
-        .values()
-        .flat_map(|cdns| cdns.keys())
-        .filter(|cdn| loaded.probes.get(cdn).is_none())
-        .count();
-    let timelines = view
-        .timelines
-        .keys()
-        .filter(|k| !policy.host(&k.name).is_some_and(|h| h.has_cdn(&k.cdn)))
-        .count();
     let drains = view
         .drains
         .values()
         .filter(|d| d.rule.resolve(policy).is_err())
         .count();
-    view.refused + (cdns + timelines + drains) as u64
+    view.refused + drains as u64
 }
 
 /// Writes an audit entry to etcd for the set (under a lease: every node has it by then).

@@ -20,12 +20,17 @@ pub const LIVENESS_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long the session may look for a member that answers before the node fails
 /// static.
 pub const FAIL_STATIC_AFTER: Duration = Duration::from_millis(1000);
-/// Most observation keys counted per vantage point (one per probed CDN).
-pub const MAX_OBS_PER_VANTAGE: usize = 64;
-/// Most timelines, drains kept; and most keys read at once.
-pub const MAX_TIMELINES: usize = 1024;
+/// Most drains kept (of the policy's names and CDNs). Every other kind is bounded by
+/// the policy and the members: one timeline per (name, CDN), one observation per
+/// (member, CDN probed), and so on (`scope.rs`).
 pub const MAX_DRAINS: usize = 256;
-pub const MAX_KEYS: usize = 8192;
+/// Most keys a whole read takes of one kind of the set's decisions (freezes, drains,
+/// timelines, …), valid or not: past it, the read is not whole and the node fails
+/// static rather than serve a part of the decisions.
+pub const MAX_KIND_KEYS: usize = 16_384;
+/// Most keys a whole read takes of one member's observations or performance cells
+/// (the rest of that member's are refused, counted, and not read).
+pub const MAX_MEMBER_KEYS: usize = 4096;
 /// Most refused keys remembered by name (the count goes on past it).
 pub(crate) const MAX_REFUSED_KEPT: usize = 1024;
 /// How long one call to etcd may take before the member counts as unreachable.
@@ -36,8 +41,9 @@ pub(crate) const MAX_NAME: usize = 128;
 pub const MAX_VANTAGES: usize = 64;
 /// Longest reason accepted.
 pub(crate) const MAX_REASON: usize = 2048;
-/// Audit entries kept from etcd (the newest), and the largest one read.
-pub const MAX_AUDIT_KEYS: usize = 4096;
+/// Audit entries kept from the store per member (its newest: one member's volume never
+/// pushes out another's), and the largest one read.
+pub const MAX_AUDIT_PER_MEMBER: usize = 1024;
 pub(crate) const MAX_AUDIT_VALUE: usize = 16 * 1024;
 /// How long an audit entry stays in etcd (every node has appended it by then).
 pub const AUDIT_TTL: Duration = Duration::from_secs(3600);

@@ -38,9 +38,6 @@ use super::etcd::MAX_VALUE;
 use super::node::ClusterLink;
 use super::{sane_name, EtcdError, Key, Store};
 
-/// Most `perf/` keys kept (nodes × names × regions), and most shifts.
-pub(crate) const MAX_PERF_KEYS: usize = 1024;
-pub(crate) const MAX_SHIFTS: usize = 1024;
 /// Most source networks a node shares per bucket (fewer when the value would not fit).
 pub(crate) const SHARED_NETS: usize = 64;
 /// Most CDNs in one region's cells or shift; longest region name.

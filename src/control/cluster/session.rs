@@ -10,21 +10,26 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::scope::Scope;
 use super::view::Mirror;
 use super::{
-    freeze_key, obs_key, EtcdError, Link, Shared, SharedObservation, SharedView, Store,
-    FAIL_STATIC_AFTER, LIVENESS, LIVENESS_TIMEOUT, MAX_KEYS, MAX_REASON,
+    freeze_key, obs_key, EtcdError, Key, Link, Shared, SharedObservation, SharedView, Store,
+    FAIL_STATIC_AFTER, LIVENESS, LIVENESS_TIMEOUT, MAX_AUDIT_PER_MEMBER, MAX_KIND_KEYS,
+    MAX_MEMBER_KEYS, MAX_REASON,
 };
 use crate::clock::now_ms;
 use crate::control::tasks::prober::Local;
+use crate::inputs::Loaded;
 
-/// Starts the session with etcd: the controller reads [`Shared`] from the returned
-/// receiver (the first value says "not yet connected").
+/// Starts the session with the store: the controller reads [`Shared`] from the
+/// returned receiver (the first value says "not yet connected"), and sends the policy
+/// in force on `policy` (every key is checked against it: a new one is read anew).
 pub fn spawn_session(
     store: Store,
     prefix: &str,
     members: &[String],
     node: &str,
+    policy: watch::Receiver<Arc<Loaded>>,
     stop: CancellationToken,
 ) -> watch::Receiver<Shared> {
     let (tx, rx) = watch::channel(Shared {
@@ -37,12 +42,14 @@ pub fn spawn_session(
             endpoint: store.endpoint_url(store.current()),
         },
     });
-    let mirror = Mirror::new(prefix, members, node);
+    let scope = Scope::new(policy.borrow().clone(), members, node);
+    let mirror = Mirror::new(prefix, scope);
     let prefix = prefix.to_string();
+    let (members, node) = (members.to_vec(), node.to_string());
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = session(store, prefix, mirror, tx) => {}
+            _ = session(store, prefix, mirror, tx, policy, (members, node)) => {}
         }
     });
     rx
@@ -70,22 +77,117 @@ fn set_link(tx: &watch::Sender<Shared>, endpoint: String, error: Option<String>)
     });
 }
 
-async fn session(store: Store, prefix: String, mut mirror: Mirror, tx: watch::Sender<Shared>) {
+/// Why a whole read gave no view.
+enum ReadFailed {
+    Store(EtcdError),
+    /// More keys of one kind of the set's decisions than a read takes: a part of them
+    /// is not a view.
+    NotWhole(String),
+}
+
+/// Reads every part of the store (`Key::parts`) into `mirror`, page by page, at the
+/// revision of the first page and from the member that gave it: the store's revision
+/// and that member. A part of the set's decisions past [`MAX_KIND_KEYS`] fails the
+/// read; a member's own keys past its cap are refused (its oldest audit entries, the
+/// last of its others).
+async fn read_whole(
+    store: &Store,
+    prefix: &str,
+    mirror: &mut Mirror,
+) -> Result<(i64, usize), ReadFailed> {
+    let members: Vec<String> = mirror.scope.members.iter().cloned().collect();
+    let mut at: Option<(i64, usize)> = None;
+    mirror.begin_read();
+    for part in Key::parts(members.iter().map(String::as_str)) {
+        let under = format!("{prefix}{}", part.under);
+        let cap = match (&part.member, part.newest_first) {
+            (None, _) => MAX_KIND_KEYS,
+            (Some(_), true) => MAX_AUDIT_PER_MEMBER,
+            (Some(_), false) => MAX_MEMBER_KEYS,
+        };
+        let mut after: Option<String> = None;
+        let mut taken = 0;
+        loop {
+            let page = store
+                .range_page(&under, after.as_deref(), at, part.newest_first)
+                .await
+                .map_err(ReadFailed::Store)?;
+            at = Some((page.revision, page.member));
+            after = page.kvs.last().map(|kv| kv.key.clone());
+            let now = Instant::now();
+            for kv in page.kvs {
+                if taken == cap {
+                    break;
+                }
+                taken += 1;
+                mirror.read(kv, now);
+            }
+            if !page.more {
+                break;
+            }
+            if taken == cap {
+                match &part.member {
+                    None => {
+                        return Err(ReadFailed::NotWhole(format!(
+                            "more than {cap} keys under {under}: the set's decisions were not read whole"
+                        )))
+                    }
+                    Some(m) => {
+                        let which = if part.newest_first { "oldest" } else { "last" };
+                        mirror.not_read(
+                            &part.under,
+                            format!("more than {cap} keys of member `{m}`: the {which} were not read"),
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    mirror.end_read();
+    let (revision, member) = at.unwrap_or((0, store.current()));
+    Ok((revision, member))
+}
+
+/// Why the session reads everything anew.
+enum Again {
+    /// The member watched failed: another one next.
+    Member(EtcdError),
+    /// A new policy: every key is checked against it.
+    Policy,
+}
+
+async fn session(
+    store: Store,
+    prefix: String,
+    mut mirror: Mirror,
+    tx: watch::Sender<Shared>,
+    mut policy: watch::Receiver<Arc<Loaded>>,
+    (members, node): (Vec<String>, String),
+) {
+    let mut policy_open = true;
     loop {
+        // Under the policy in force (a new one: every key is checked again).
+        if policy.has_changed().unwrap_or(false) {
+            let loaded = policy.borrow_and_update().clone();
+            mirror.rescope(Scope::new(loaded, &members, &node));
+        }
         // Read everything from the first member that answers; when none has within
         // FAIL_STATIC_AFTER, say so (fail static) and keep trying.
-        let read = store.range_prefix(&prefix, MAX_KEYS);
-        tokio::pin!(read);
-        let read = tokio::select! {
-            r = &mut read => r,
-            _ = tokio::time::sleep(FAIL_STATIC_AFTER) => {
-                set_link(&tx, store.endpoint_url(store.current()), Some(format!("no etcd member answered within {} ms", FAIL_STATIC_AFTER.as_millis())));
-                read.await
+        let read = {
+            let read = read_whole(&store, &prefix, &mut mirror);
+            tokio::pin!(read);
+            tokio::select! {
+                r = &mut read => r,
+                _ = tokio::time::sleep(FAIL_STATIC_AFTER) => {
+                    set_link(&tx, store.endpoint_url(store.current()), Some(format!("no etcd member answered within {} ms", FAIL_STATIC_AFTER.as_millis())));
+                    read.await
+                }
             }
         };
-        let range = match read {
+        let (revision, member) = match read {
             Ok(r) => r,
-            Err(e) => {
+            Err(ReadFailed::Store(e)) => {
                 set_link(
                     &tx,
                     store.endpoint_url(store.current()),
@@ -94,31 +196,30 @@ async fn session(store: Store, prefix: String, mut mirror: Mirror, tx: watch::Se
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
+            Err(ReadFailed::NotWhole(why)) => {
+                // Failing static, loudly, until the writer's junk is gone: the
+                // decisions of a partial read could lack a drain or a freeze.
+                set_link(&tx, store.endpoint_url(store.current()), Some(why));
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                continue;
+            }
         };
-        let member = range.member;
-        if range.capped {
-            warn!(
-                max = MAX_KEYS,
-                "etcd: more keys under the prefix than a node reads: the rest are ignored"
-            );
-        }
-        mirror.replace(range.kvs, range.capped, Instant::now());
         release_memory();
         let view = Arc::new(mirror.view.clone());
         tx.send_modify(|s| {
             s.view = view;
-            s.revision = range.revision;
+            s.revision = revision;
         });
         set_link(&tx, store.endpoint_url(member), None);
 
         let watched_since = Instant::now();
         let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
-        let watching = store.watch(member, &prefix, range.revision + 1, &events_tx);
+        let watching = store.watch(member, &prefix, revision + 1, &events_tx);
         tokio::pin!(watching);
         let mut alive = Box::pin(liveness(store.clone(), member, prefix.clone()));
-        let error = loop {
+        let again = loop {
             tokio::select! {
-                e = &mut watching => break e,
+                e = &mut watching => break Again::Member(e),
                 batch = events.recv() => {
                     let Some((batch, rev)) = batch else { continue };
                     mirror.apply(batch, Instant::now());
@@ -130,9 +231,18 @@ async fn session(store: Store, prefix: String, mut mirror: Mirror, tx: watch::Se
                 }
                 r = &mut alive => match r {
                     Ok(()) => alive = Box::pin(liveness(store.clone(), member, prefix.clone())),
-                    Err(e) => break e,
+                    Err(e) => break Again::Member(e),
                 },
+                changed = policy.changed(), if policy_open => {
+                    if changed.is_ok() {
+                        break Again::Policy;
+                    }
+                    policy_open = false;
+                }
             }
+        };
+        let Again::Member(error) = again else {
+            continue;
         };
         // The member watched stopped answering (or lost its quorum): the read above,
         // from the next one, says whether this node is still in touch.

@@ -43,10 +43,8 @@ use super::{sane_name, Key, Store};
 
 /// How long a day of usage stays in etcd: the ledger keeps this month and the last.
 pub(crate) const USAGE_TTL: Duration = Duration::from_secs(64 * 86_400);
-/// Most days of usage kept (64 CDNs for 64 days).
-pub(crate) const MAX_USAGE_DAYS: usize = 4096;
-/// Most names with shared biases kept, and CDNs in one name's biases.
-pub(crate) const MAX_COMMIT_NAMES: usize = 1024;
+/// Most CDNs in one name's biases. (Days of usage and names with biases are bounded
+/// by the policy: `scope.rs`.)
 const MAX_BIASED_CDNS: usize = 64;
 const DAY_MS: u64 = 86_400_000;
 /// Tries of a read, merge and write of one day before the POST gives up.
@@ -106,8 +104,9 @@ fn day_start(day: &str) -> Option<u64> {
 }
 
 impl SharedUsage {
-    /// Whether the records read for `day` count: `Err` says why not.
-    pub fn check(&self, day: &str) -> Result<(), String> {
+    /// Whether the records read for `day` count (the start of the day, Unix ms):
+    /// `Err` says why not.
+    pub fn check(&self, day: &str) -> Result<u64, String> {
         let start = day_start(day).ok_or("the day is not YYYY-MM-DD")?;
         let mut last = None;
         for &(t, seconds, bytes) in &self.records {
@@ -125,7 +124,7 @@ impl SharedUsage {
             }
             last = Some(t);
         }
-        Ok(())
+        Ok(start)
     }
 
     /// Takes `r` at `start`: what became of it.
@@ -372,7 +371,7 @@ mod tests {
         let ok = SharedUsage {
             records: vec![(dec, 300, 1.0), (dec + 300_000, 300, 2.0)],
         };
-        assert_eq!(ok.check("2026-12-01"), Ok(()));
+        assert_eq!(ok.check("2026-12-01"), Ok(dec));
         assert!(ok.check("2026-11-30").is_err());
         let unordered = SharedUsage {
             records: vec![(dec + 300_000, 300, 1.0), (dec, 300, 2.0)],

@@ -1,17 +1,18 @@
-//! Control plane, a set: what this node last read from etcd (`SharedView`), kept
-//! current by `Mirror` from the initial read and each watch batch; every key is checked
-//! (schema, sane names, caps) before it counts, and a refused one is counted.
+//! Control plane, a set: what this node last read from the store (`SharedView`), kept
+//! current by `Mirror` from each whole read and each watch batch; every key is checked
+//! (schema, sane names, the policy's names, CDNs, tenants and regions, the members,
+//! then caps) before it counts, and a refused one is counted.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::scope::Scope;
 use super::{etcd, performance, usage};
 use super::{
-    sane_name, Freeze, SharedDrain, SharedObservation, Timeline, MAX_AUDIT_KEYS, MAX_AUDIT_VALUE,
-    MAX_DRAINS, MAX_KEYS, MAX_OBS_PER_VANTAGE, MAX_REASON, MAX_REFUSED_KEPT, MAX_TIMELINES,
-    MAX_VANTAGES,
+    sane_name, Freeze, SharedDrain, SharedObservation, Timeline, MAX_AUDIT_PER_MEMBER,
+    MAX_AUDIT_VALUE, MAX_DRAINS, MAX_REASON, MAX_REFUSED_KEPT, MAX_VANTAGES,
 };
 use crate::control::decide::health::{Observation, VantageView};
 use crate::control::decide::keys::{CdnDay, NameCdn};
@@ -31,6 +32,9 @@ pub struct SharedView {
     pub freeze_tenants: BTreeMap<String, Freeze>,
     /// Audit entries by revision: every node appends them in this order.
     pub audit: BTreeMap<i64, serde_json::Value>,
+    /// The revisions of each member's audit entries kept (at most
+    /// [`MAX_AUDIT_PER_MEMBER`]: one member's volume never pushes out another's).
+    pub audit_of: BTreeMap<String, std::collections::BTreeSet<i64>>,
     /// Per (CDN, day): its usage records and their revision.
     pub usage: BTreeMap<CdnDay, (Arc<usage::SharedUsage>, i64)>,
     /// Per name: the biases of the set's latest evaluation, and their revision.
@@ -115,11 +119,12 @@ fn check_reason(r: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// What was read, kept parsed: each key is parsed once, when it changes.
+/// What was read, kept parsed: each key is parsed once, when it changes (and all of
+/// them again under a new policy).
 pub(super) struct Mirror {
     pub(super) prefix: String,
-    /// Who may write observations (`--members`, and this node).
-    pub(super) members: std::collections::BTreeSet<String>,
+    /// The policy and members every key is checked against.
+    pub(super) scope: Scope,
     pub(super) view: SharedView,
     /// The revision of every key kept.
     pub(super) revisions: BTreeMap<String, i64>,
@@ -127,26 +132,46 @@ pub(super) struct Mirror {
     pub(super) refused: BTreeMap<String, String>,
     /// Refused keys past those.
     pub(super) refused_more: u64,
+    /// The keys met by the whole read under way.
+    reading: std::collections::BTreeSet<String>,
 }
 
 impl Mirror {
-    pub(super) fn new(prefix: &str, members: &[String], own: &str) -> Mirror {
-        let mut m: std::collections::BTreeSet<String> = members.iter().cloned().collect();
-        m.insert(own.to_string());
+    pub(super) fn new(prefix: &str, scope: Scope) -> Mirror {
         Mirror {
             prefix: prefix.to_string(),
-            members: m,
+            scope,
             view: SharedView::default(),
             revisions: BTreeMap::new(),
             refused: BTreeMap::new(),
             refused_more: 0,
+            reading: Default::default(),
         }
     }
 
-    /// Everything read anew: keys unchanged since (same revision) keep their parse and
-    /// age, the others are parsed.
-    pub(super) fn replace(&mut self, kvs: Vec<etcd::Kv>, capped: bool, now: Instant) {
-        let read: std::collections::BTreeSet<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+    /// A new policy (or members): every key is checked again by the next whole read.
+    pub(super) fn rescope(&mut self, scope: Scope) {
+        *self = Mirror::new(&self.prefix, scope);
+    }
+
+    /// A whole read starts: [`Mirror::read`] each key, then [`Mirror::end_read`].
+    pub(super) fn begin_read(&mut self) {
+        self.reading.clear();
+        self.refused_more = 0;
+    }
+
+    /// One key of the whole read: a key unchanged since (same revision) keeps its
+    /// parse and age, another is parsed (and its value dropped when refused).
+    pub(super) fn read(&mut self, kv: etcd::Kv, now: Instant) {
+        self.reading.insert(kv.key.clone());
+        if self.revisions.get(&kv.key) != Some(&kv.mod_revision) {
+            self.put(kv, now);
+        }
+    }
+
+    /// The whole read is done: the keys it did not meet are gone.
+    pub(super) fn end_read(&mut self) {
+        let read = std::mem::take(&mut self.reading);
         let gone: Vec<String> = self
             .revisions
             .keys()
@@ -157,19 +182,24 @@ impl Mirror {
         for k in gone {
             self.delete(&k);
         }
-        self.refused_more = 0;
-        for kv in kvs {
-            if self.revisions.get(&kv.key) != Some(&kv.mod_revision) {
-                self.put(kv, now);
-            }
-        }
-        if capped {
-            self.refuse(
-                &self.prefix.clone(),
-                format!("more than {MAX_KEYS} keys under the prefix: the rest were not read"),
-            );
-        }
         self.publish_refused();
+    }
+
+    /// The keys of a part past its cap were not read: said as one refusal.
+    pub(super) fn not_read(&mut self, under: &str, why: String) {
+        let key = format!("{}{under}", self.prefix);
+        self.reading.insert(key.clone());
+        self.refuse(&key, why);
+    }
+
+    /// A whole read of `kvs` at once (tests).
+    #[cfg(test)]
+    pub(super) fn replace(&mut self, kvs: Vec<etcd::Kv>, now: Instant) {
+        self.begin_read();
+        for kv in kvs {
+            self.read(kv, now);
+        }
+        self.end_read();
     }
 
     /// A batch of changes from the watch.
@@ -197,7 +227,7 @@ impl Mirror {
         let rest = rest.to_string();
         match self
             .view
-            .add(&rest, &kv.value, kv.mod_revision, now, &self.members)
+            .add(&rest, &kv.value, kv.mod_revision, now, &self.scope)
         {
             Ok(()) => {
                 self.revisions.insert(kv.key, kv.mod_revision);
@@ -240,13 +270,16 @@ fn shown_key(key: &str) -> &str {
 }
 
 impl SharedView {
+    /// Checks the key `rest` (under the prefix) and its value against `scope`, then
+    /// keeps it. The policy's names, CDNs, tenants and regions are checked before any
+    /// cap: a key outside the policy never takes the place of one inside it.
     fn add(
         &mut self,
         rest: &str,
         value: &[u8],
         rev: i64,
         at: Instant,
-        members: &std::collections::BTreeSet<String>,
+        scope: &Scope,
     ) -> Result<(), String> {
         let key: Key = rest.parse().map_err(|e: BadKey| e.to_string())?;
         match &key {
@@ -254,66 +287,62 @@ impl SharedView {
                 if !sane_name(vantage) || !sane_name(cdn) {
                     return Err("vantage or CDN name not 1 to 128 of letters, digits, ._-:@".into());
                 }
-                if !members.contains(vantage.as_str()) {
-                    return Err(format!("`{vantage}` is not a member of the set (--members): its observations do not count"));
-                }
+                scope.member(vantage, "observations do not count")?;
+                scope.probed(cdn)?;
                 let o: SharedObservation = parse_json(value)?;
                 check_reason(&o.reason)?;
-                if self.observations.get(vantage.as_str()).is_some_and(|c| {
-                    c.len() >= MAX_OBS_PER_VANTAGE && !c.contains_key(cdn.as_str())
-                }) {
-                    return Err(format!(
-                        "more than {MAX_OBS_PER_VANTAGE} CDNs observed by `{vantage}`"
-                    ));
-                }
                 self.observations
                     .entry(vantage.to_string())
                     .or_default()
                     .insert(cdn.to_string(), (o, at));
             }
             Key::Timeline { name, cdn } => {
-                if !sane_name(name) || !sane_name(cdn) {
-                    return Err("name or CDN not 1 to 128 of letters, digits, ._-:@".into());
-                }
-                if self.timelines.len() >= MAX_TIMELINES {
-                    return Err(format!("more than {MAX_TIMELINES} timelines"));
-                }
+                scope.host_cdn(name, cdn)?;
                 let t: Timeline = parse_json(value)?;
                 check_reason(&t.reason)?;
                 self.timelines
                     .insert(NameCdn::new(name.as_str(), cdn.as_str()), (t, rev));
             }
             Key::Drain { id } => {
-                if self.drains.len() >= MAX_DRAINS {
-                    return Err(format!("more than {MAX_DRAINS} drains"));
-                }
                 let d: SharedDrain = parse_json(value)?;
                 if d.rule.id != *id || !sane_name(id) {
                     return Err("the rule's id is not its key".into());
                 }
                 check_reason(&d.rule.reason)?;
+                d.rule
+                    .resolve(&scope.loaded.policy)
+                    .map_err(|e| e.to_string())?;
+                if self.drains.len() >= MAX_DRAINS {
+                    return Err(format!("more than {MAX_DRAINS} drains"));
+                }
                 self.drains.insert(id.to_string(), d);
             }
             Key::Audit { node, .. } => {
                 if !sane_name(node) || value.len() > MAX_AUDIT_VALUE {
                     return Err("node not a sane name, or an entry over 16 KiB".into());
                 }
+                scope.member(node, "audit entries are not kept")?;
                 let v: serde_json::Value = parse_json(value)?;
                 if !v.is_object() {
                     return Err("an audit entry is a JSON object".into());
                 }
-                if !members.contains(node.as_str()) {
-                    return Err(format!("`{node}` is not a member of the set (--members): its audit entries are not kept"));
+                if v["node"] != node.as_str() {
+                    return Err(format!(
+                        "an entry under `{node}` says it is of node {}: forged",
+                        v["node"]
+                    ));
                 }
                 self.audit.insert(rev, v);
-                while self.audit.len() > MAX_AUDIT_KEYS {
-                    self.audit.pop_first();
+                let revs = self.audit_of.entry(node.to_string()).or_default();
+                revs.insert(rev);
+                while revs.len() > MAX_AUDIT_PER_MEMBER {
+                    if let Some(oldest) = revs.pop_first() {
+                        self.audit.remove(&oldest);
+                    }
                 }
             }
             Key::TenantFreeze { tenant } => {
-                if !sane_name(tenant) {
-                    return Err("tenant not 1 to 128 of letters, digits, ._-:@".into());
-                }
+                scope.tenant(tenant)?;
                 let f: Freeze = parse_json(value)?;
                 check_reason(&f.reason)?;
                 self.freeze_tenants.insert(tenant.to_string(), f);
@@ -324,73 +353,39 @@ impl SharedView {
                 self.freeze = Some(f);
             }
             Key::Usage { cdn, day } => {
-                if !sane_name(cdn) {
-                    return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
-                }
-                let key = CdnDay::new(cdn.as_str(), day.as_str());
-                if self.usage.len() >= usage::MAX_USAGE_DAYS && !self.usage.contains_key(&key) {
-                    return Err(format!("more than {} days of usage", usage::MAX_USAGE_DAYS));
-                }
+                scope.cdn(cdn)?;
                 let u: usage::SharedUsage = parse_json(value)?;
-                u.check(day)?;
-                self.usage.insert(key, (Arc::new(u), rev));
+                let start = u.check(day)?;
+                scope.usage_day(start, day, crate::clock::now_ms())?;
+                self.usage
+                    .insert(CdnDay::new(cdn.as_str(), day.as_str()), (Arc::new(u), rev));
             }
             Key::Commit { name } => {
-                if !sane_name(name) {
-                    return Err("name not 1 to 128 of letters, digits, ._-:@".into());
-                }
-                if self.commits.len() >= usage::MAX_COMMIT_NAMES
-                    && !self.commits.contains_key(name.as_str())
-                {
-                    return Err(format!(
-                        "more than {} names with biases",
-                        usage::MAX_COMMIT_NAMES
-                    ));
-                }
+                scope.host(name)?;
                 let b: usage::SharedBiases = parse_json(value)?;
                 b.check()?;
                 self.commits.insert(name.to_string(), (b, rev));
             }
             Key::Perf { node, name, region } => {
-                if !sane_name(node) || !sane_name(name) {
-                    return Err("node or name not 1 to 128 of letters, digits, ._-:@".into());
+                if !sane_name(node) {
+                    return Err("node not 1 to 128 of letters, digits, ._-:@".into());
                 }
-                if !members.contains(node.as_str()) {
-                    return Err(format!(
-                        "`{node}` is not a member of the set (--members): its samples do not count"
-                    ));
-                }
-                let key = (
-                    node.to_string(),
-                    name.to_string(),
-                    performance::region_index(*region)?,
-                );
-                if self.perf_cells.len() >= performance::MAX_PERF_KEYS
-                    && !self.perf_cells.contains_key(&key)
-                {
-                    return Err(format!(
-                        "more than {} keys of performance samples",
-                        performance::MAX_PERF_KEYS
-                    ));
-                }
+                scope.member(node, "samples do not count")?;
+                let region = performance::region_index(*region)?;
+                scope.region(name, region)?;
                 let c: performance::SharedCells = parse_json(value)?;
-                let cells = c.check(node, name, key.2)?;
-                self.perf_cells.insert(key, Arc::new(cells));
+                let cells = c.check(node, name, region)?;
+                self.perf_cells.insert(
+                    (node.to_string(), name.to_string(), region),
+                    Arc::new(cells),
+                );
             }
             Key::Shift { name, region } => {
-                if !sane_name(name) {
-                    return Err("name not 1 to 128 of letters, digits, ._-:@".into());
-                }
-                let key = (name.to_string(), performance::region_index(*region)?);
-                if self.shifts.len() >= performance::MAX_SHIFTS && !self.shifts.contains_key(&key) {
-                    return Err(format!(
-                        "more than {} performance shifts",
-                        performance::MAX_SHIFTS
-                    ));
-                }
+                let region = performance::region_index(*region)?;
+                scope.region(name, region)?;
                 let s: performance::SharedShift = parse_json(value)?;
                 s.check()?;
-                self.shifts.insert(key, (s, rev));
+                self.shifts.insert((name.to_string(), region), (s, rev));
             }
             // Read and checked by `control::cookies`, which polls it.
             Key::Cookie => {}
@@ -416,8 +411,14 @@ impl SharedView {
             Key::Drain { id } => {
                 self.drains.remove(&id);
             }
-            Key::Audit { .. } => {
+            Key::Audit { node, .. } => {
                 self.audit.remove(&rev);
+                if let Some(revs) = self.audit_of.get_mut(&node) {
+                    revs.remove(&rev);
+                    if revs.is_empty() {
+                        self.audit_of.remove(&node);
+                    }
+                }
             }
             Key::TenantFreeze { tenant } => {
                 self.freeze_tenants.remove(&tenant);
@@ -448,7 +449,10 @@ mod tests {
 
     #[test]
     fn bad_keys_are_refused_and_counted() {
-        let mut m = Mirror::new("/s/", &["ns2".into(), "ns3".into()], "ns1");
+        let mut m = Mirror::new(
+            "/s/",
+            crate::control::cluster::scope::tests::scope(&["ns2", "ns3"]),
+        );
         let at = Instant::now();
         let good = serde_json::to_vec(&SharedObservation {
             round: 1,
@@ -474,7 +478,6 @@ mod tests {
                 kv("/s/obs/outsider/a", &good, 5),
                 big,
             ],
-            false,
             at,
         );
         assert_eq!(m.view.observations.len(), 1);
@@ -523,7 +526,10 @@ mod tests {
 
     #[test]
     fn records_with_times_too_late_to_print_are_refused() {
-        let mut m = Mirror::new("/s/", &["ns2".into()], "ns1");
+        let mut m = Mirror::new(
+            "/s/",
+            crate::control::cluster::scope::tests::scope(&["ns2"]),
+        );
         let at = Instant::now();
         let drain = |id: &str, until: u64, written: u64| {
             serde_json::json!({
@@ -554,7 +560,6 @@ mod tests {
                     4,
                 ),
             ],
-            false,
             at,
         );
         assert_eq!(m.view.drains.keys().collect::<Vec<_>>(), ["api-1"]);

@@ -194,11 +194,14 @@ impl Controller {
             }))
         });
         self.metrics.etcd_fail_static(true);
+        let (policy, scope) = tokio::sync::watch::channel(self.loaded.clone());
+        self.set.policy = Some(policy);
         self.set.shared = spawn_session(
             joining.store,
             &joining.prefix,
             &joining.members,
             &self.vantage,
+            scope,
             joining.stop,
         );
         self.set.audit_rev = audit_rev;

@@ -74,6 +74,7 @@ impl Controller {
                 );
                 self.tokens.store(Arc::new(loaded.tokens.clone()));
                 self.loaded = Arc::new(loaded);
+                self.set.rescope(&self.loaded);
                 // Health and failover progress carry over for the CDNs and names that remain.
                 self.state
                     .failover

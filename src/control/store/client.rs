@@ -41,11 +41,17 @@ impl Store {
         }
     }
 
-    /// Every key under `prefix` (at most `max_keys`), read at one revision.
-    pub async fn range_prefix(&self, prefix: &str, max_keys: usize) -> Result<Range, EtcdError> {
+    /// One page of the keys under `prefix` (see [`Etcd::range_page`]).
+    pub async fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        at: Option<(i64, usize)>,
+        newest_first: bool,
+    ) -> Result<Page, EtcdError> {
         match self {
-            Store::Etcd(e) => e.range_prefix(prefix, max_keys).await,
-            Store::Memory(m) => Ok(m.range_prefix(prefix, max_keys)),
+            Store::Etcd(e) => e.range_page(prefix, after, at, newest_first).await,
+            Store::Memory(m) => Ok(m.range_page(prefix, after, newest_first)),
         }
     }
 

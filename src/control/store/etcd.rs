@@ -4,7 +4,7 @@
 //!
 //! | call | gateway path | used for |
 //! |---|---|---|
-//! | [`Etcd::range_prefix`] | `/v3/kv/range` | the initial read of the shared state, and the liveness check |
+//! | [`Etcd::range_page`] | `/v3/kv/range` | the whole read of the shared state, a page at a time at one revision |
 //! | [`Etcd::put`] | `/v3/kv/put` | observations (under a lease), drains, freeze |
 //! | [`Etcd::create`] | `/v3/kv/txn` compare `CREATE == 0` | create-if-absent of a failover timeline |
 //! | [`Etcd::replace`] | `/v3/kv/txn` compare `MOD == rev` | a timeline turned around by exactly one node |
@@ -70,8 +70,8 @@ pub struct Kv {
 
 /// Largest value decoded; a larger one is refused without being decoded.
 pub const MAX_VALUE: usize = 64 * 1024;
-/// Keys per page of the initial read (a value may be up to etcd's 1.5 MiB request
-/// limit: a page stays small).
+/// Keys per page of a read (a value may be up to etcd's 1.5 MiB request limit: a page
+/// stays small).
 const RANGE_PAGE: usize = 16;
 
 /// One change seen by a watch.
@@ -129,16 +129,16 @@ impl Skew {
     }
 }
 
-/// What a paged read of a prefix found.
+/// One page of a read of a prefix.
 #[derive(Debug)]
-pub struct Range {
+pub struct Page {
     pub kvs: Vec<Kv>,
-    /// The store's revision the pages were read at.
+    /// More keys follow (in the order read).
+    pub more: bool,
+    /// The store's revision the page was read at.
     pub revision: i64,
     /// The member that answered.
     pub member: usize,
-    /// More keys than asked for: the rest were not read.
-    pub capped: bool,
 }
 
 /// The end of a prefix range: the prefix with its last byte incremented.
@@ -395,60 +395,52 @@ impl Etcd {
         }
     }
 
-    /// Every key under `prefix` (at most `max_keys`), read in pages at one revision
-    /// from one member: no answer holds more than a page.
-    pub async fn range_prefix(&self, prefix: &str, max_keys: usize) -> Result<Range, EtcdError> {
-        let end = b64(&range_end(prefix));
-        let page = |from: &[u8], revision: Option<i64>| {
-            let mut body = json!({ "key": b64(from), "range_end": end, "limit": RANGE_PAGE });
-            if let Some(r) = revision {
-                body["revision"] = json!(r.to_string());
-            }
-            body
-        };
-        let (v, member) = self
-            .call_any("v3/kv/range", &page(prefix.as_bytes(), None))
-            .await?;
-        let revision = num(&v["header"]["revision"])
-            .ok_or_else(|| EtcdError::Garbled("no revision".into()))?;
-        let mut kvs = Vec::new();
-        let mut v = v;
-        loop {
-            let got = match v["kvs"].as_array() {
-                Some(a) => a.iter().map(decode_kv).collect::<Result<Vec<_>, _>>()?,
-                None => Vec::new(),
-            };
-            let more = v["more"].as_bool() == Some(true);
-            let Some(next) = got.last().map(|kv| {
-                let mut k = kv.key.clone().into_bytes();
+    /// One page of the keys under `prefix`: those after `after` (before it, newest
+    /// first: in descending key order), at `at` (a revision and the member that gave
+    /// it; `None`: now, from any member). No answer holds more than a page.
+    pub async fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        at: Option<(i64, usize)>,
+        newest_first: bool,
+    ) -> Result<Page, EtcdError> {
+        let (from, end) = match (newest_first, after) {
+            (false, None) => (prefix.as_bytes().to_vec(), range_end(prefix)),
+            (false, Some(a)) => {
+                let mut k = a.as_bytes().to_vec();
                 k.push(0);
-                k
-            }) else {
-                break;
-            };
-            kvs.extend(got);
-            if kvs.len() >= max_keys {
-                let capped = more || kvs.len() > max_keys;
-                kvs.truncate(max_keys);
-                return Ok(Range {
-                    kvs,
-                    revision,
-                    member,
-                    capped,
-                });
+                (k, range_end(prefix))
             }
-            if !more {
-                break;
-            }
-            v = self
-                .call_on(member, "v3/kv/range", &page(&next, Some(revision)))
-                .await?;
+            (true, None) => (prefix.as_bytes().to_vec(), range_end(prefix)),
+            (true, Some(a)) => (prefix.as_bytes().to_vec(), a.as_bytes().to_vec()),
+        };
+        let mut body = json!({ "key": b64(&from), "range_end": b64(&end), "limit": RANGE_PAGE });
+        if newest_first {
+            body["sort_order"] = json!("DESCEND");
+            body["sort_target"] = json!("KEY");
         }
-        Ok(Range {
+        let (v, member) = match at {
+            Some((revision, member)) => {
+                body["revision"] = json!(revision.to_string());
+                (self.call_on(member, "v3/kv/range", &body).await?, member)
+            }
+            None => self.call_any("v3/kv/range", &body).await?,
+        };
+        let revision = match at {
+            Some((r, _)) => r,
+            None => num(&v["header"]["revision"])
+                .ok_or_else(|| EtcdError::Garbled("no revision".into()))?,
+        };
+        let kvs = match v["kvs"].as_array() {
+            Some(a) => a.iter().map(decode_kv).collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+        };
+        Ok(Page {
+            more: v["more"].as_bool() == Some(true) && !kvs.is_empty(),
             kvs,
             revision,
             member,
-            capped: false,
         })
     }
 

@@ -63,6 +63,54 @@ impl fmt::Display for Key {
     }
 }
 
+/// One part of a whole read of the store: the keys of one kind, or one member's keys
+/// of its own kinds, read on its own so that one kind's volume never hides another's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// What follows the set's prefix.
+    pub under: String,
+    /// The member whose own keys these are (observations, performance cells, audit
+    /// entries); `None`: the set's decisions.
+    pub member: Option<String>,
+    /// Read newest first (audit entries: their serials grow with time).
+    pub newest_first: bool,
+}
+
+impl Key {
+    /// The parts of a whole read, in order: the set's decisions first, each kind on its
+    /// own (freezes, drains, timelines, commit biases, performance shifts, usage), then
+    /// each member's observations, performance cells and audit entries. Keys of no
+    /// part (the cookie secrets, unknown keys) are not read.
+    pub fn parts<'a>(members: impl IntoIterator<Item = &'a str>) -> Vec<Part> {
+        let shared = |under: &str| Part {
+            under: under.to_string(),
+            member: None,
+            newest_first: false,
+        };
+        let mut parts: Vec<Part> = [
+            "freeze",
+            "drain/",
+            "timeline/",
+            "commit/",
+            "shift/",
+            "usage/",
+        ]
+        .into_iter()
+        .map(shared)
+        .collect();
+        for m in members {
+            for (kind, newest_first) in [("obs", false), ("perf", false), ("audit", true)] {
+                parts.push(Part {
+                    under: format!("{kind}/{m}/"),
+                    member: Some(m.to_string()),
+                    newest_first,
+                });
+            }
+        }
+        parts
+    }
+}
+
 /// Why a key is not one of steerdns's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BadKey {
@@ -171,6 +219,29 @@ mod tests {
         }
         assert_eq!("nope/x".parse::<Key>(), Err(BadKey::Unknown));
         assert_eq!("freeze/a/b".parse::<Key>(), Err(BadKey::Unknown));
+        // Every key of a member's own kinds falls in that member's part.
+        let parts = Key::parts(["ns1"]);
+        for k in [
+            Key::Freeze,
+            Key::TenantFreeze { tenant: "t".into() },
+            Key::Drain { id: "api-1".into() },
+            Key::Perf {
+                node: "ns1".into(),
+                name: "p.".into(),
+                region: 0,
+            },
+            Key::Audit {
+                node: "ns1".into(),
+                serial: "1".into(),
+            },
+        ] {
+            let text = k.to_string();
+            assert_eq!(
+                parts.iter().filter(|p| text.starts_with(&p.under)).count(),
+                1,
+                "{text}"
+            );
+        }
         assert_eq!(
             "shift/n/01".parse::<Key>(),
             Err(BadKey::Region("01".into()))

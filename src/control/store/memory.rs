@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::etcd::{EtcdError, Event, Kv, Range, MAX_VALUE};
+use super::etcd::{EtcdError, Event, Kv, Page, MAX_VALUE};
 
 /// Events kept for watchers that start from an older revision; a watcher further
 /// behind is told "compacted", as etcd would, and reads everything anew.
@@ -125,22 +125,49 @@ impl Memory {
         self.with(|i| i.revision = i.revision.max(rev));
     }
 
-    pub fn range_prefix(&self, prefix: &str, max_keys: usize) -> Range {
+    /// [`super::Etcd::range_page`] on the store as it is now (a set of one's reads are
+    /// followed by a watch from the first page's revision, which brings whatever
+    /// changed between the pages).
+    pub fn range_page(&self, prefix: &str, after: Option<&str>, newest_first: bool) -> Page {
+        const PAGE: usize = 256;
         self.with(|i| {
-            let mut kvs: Vec<Kv> = i
-                .kvs
-                .range(prefix.to_string()..)
-                .take_while(|(k, _)| k.starts_with(prefix))
-                .take(max_keys.saturating_add(1))
-                .map(|(k, e)| kv(k, e))
-                .collect();
-            let capped = kvs.len() > max_keys;
-            kvs.truncate(max_keys);
-            Range {
+            let under = |(k, _): &(&String, _)| k.starts_with(prefix);
+            let mut kvs: Vec<Kv> = match (newest_first, after) {
+                (false, None) => i
+                    .kvs
+                    .range(prefix.to_string()..)
+                    .take_while(under)
+                    .take(PAGE + 1)
+                    .map(|(k, e)| kv(k, e))
+                    .collect(),
+                (false, Some(a)) => i
+                    .kvs
+                    .range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
+                    .take_while(under)
+                    .take(PAGE + 1)
+                    .map(|(k, e)| kv(k, e))
+                    .collect(),
+                (true, after) => {
+                    let upper = match after {
+                        Some(a) => std::ops::Bound::Excluded(a),
+                        None => std::ops::Bound::Unbounded,
+                    };
+                    i.kvs
+                        .range::<str, _>((std::ops::Bound::Included(prefix), upper))
+                        .rev()
+                        .filter(|(k, _)| k.starts_with(prefix))
+                        .take(PAGE + 1)
+                        .map(|(k, e)| kv(k, e))
+                        .collect()
+                }
+            };
+            let more = kvs.len() > PAGE;
+            kvs.truncate(PAGE);
+            Page {
                 kvs,
+                more,
                 revision: i.revision,
                 member: 0,
-                capped,
             }
         })
     }
@@ -406,7 +433,7 @@ mod tests {
         assert!(m.put("/s/b", b"x", Some(999)).is_err(), "no such lease");
         m.delete("/s/a");
         assert!(m.get("/s/a").is_none());
-        assert_eq!(m.range_prefix("/s/", 10).kvs.len(), 0);
+        assert_eq!(m.range_page("/s/", None, false).kvs.len(), 0);
     }
 
     #[tokio::test]
@@ -415,7 +442,7 @@ mod tests {
         let lease = m.grant(Duration::from_secs(5));
         m.put("/s/drain/x", b"{}", Some(lease)).unwrap();
         m.put("/s/freeze", b"{}", None).unwrap();
-        let start = m.range_prefix("/s/", 10);
+        let start = m.range_page("/s/", None, false);
         assert_eq!(start.kvs.len(), 2);
         let now = Instant::now();
         m.with_at(now + Duration::from_secs(4), |_| ());

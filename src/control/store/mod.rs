@@ -12,8 +12,8 @@
 pub mod etcd;
 mod key;
 mod memory;
-pub use etcd::{Etcd, EtcdError, EtcdOptions, Event, Kv, Range};
-pub use key::{BadKey, Key};
+pub use etcd::{Etcd, EtcdError, EtcdOptions, Event, Kv, Page};
+pub use key::{BadKey, Key, Part};
 pub use memory::{Memory, SavedKey, SavedStore};
 mod client;
 pub use client::*;

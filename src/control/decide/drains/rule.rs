@@ -89,6 +89,9 @@ pub enum DrainError {
         scopes: usize,
         max: usize,
     },
+    /// The set holds as many drains as it keeps: a new one would apply nowhere.
+    #[error("refused: the set holds {held} drain overrides, at most {max}: end one first")]
+    TooManyDrains { held: usize, max: usize },
     /// In a set: etcd cannot take it now (the set must agree on every override).
     #[error("etcd unreachable, the set cannot take an override now: {0}")]
     Unavailable(String),
@@ -100,7 +103,9 @@ impl DrainError {
     pub fn is_conflict(&self) -> bool {
         matches!(
             self,
-            DrainError::EmptiesRegion(_) | DrainError::TooManyScopes { .. }
+            DrainError::EmptiesRegion(_)
+                | DrainError::TooManyScopes { .. }
+                | DrainError::TooManyDrains { .. }
         )
     }
 }
