@@ -1606,6 +1606,27 @@ async fn usage_posted_to_one_node_moves_every_nodes_commit_bias_as_one() {
     let s = set.nodes[0].state().await;
     let mtd = commit_of(&s)["month_to_date_bytes"].as_f64().unwrap();
     assert!((mtd - in_month).abs() < 1.0, "{s:#}");
+
+    // Biases outside the policy's bounds, written by hand as of now (-100 points where
+    // the policy allows ±30, 10 a period): every node refuses and counts them, and
+    // the bias in force holds.
+    let refused = |s: &Value| s["cluster"]["refused_keys"].as_u64().unwrap_or(0);
+    let mut before = Vec::new();
+    for n in &set.nodes {
+        before.push(refused(&n.state().await));
+    }
+    put(
+        &set,
+        &format!("{PREFIX}commit/www.example.com."),
+        &json!({"at_unix_ms": unix_ms() + 1, "node": "ns1",
+            "biases": {"a": {"points": -100.0, "floored": false, "reason": "cap_ahead"}}}),
+    );
+    for (n, b) in set.nodes.iter().zip(before) {
+        let s = n
+            .wait_for("the -100 bias refused", |s| refused(s) > b)
+            .await;
+        assert_eq!(commit_of(&s)["bias_points"].as_f64(), Some(30.0), "{s:#}");
+    }
 }
 
 /// What `n` of `kind` junk keys look like under ns1's credentials: names, CDNs and

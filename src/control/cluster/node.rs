@@ -58,8 +58,10 @@ pub(crate) struct ClusterLink {
     pending: BTreeMap<String, State>,
     /// Serial of drain ids made here.
     next_id: u64,
-    /// Keys refused in the latest view.
+    /// Keys refused in the latest view, and evaluations of the set refused since start.
     refused: u64,
+    /// The set's commit and performance evaluations refused for this policy's bounds.
+    refused_evaluations: u64,
     /// The revision of the last shared audit entry appended to the local log.
     pub audit_rev: i64,
     /// Serial of the audit keys written here.
@@ -143,6 +145,7 @@ impl ClusterLink {
             pending: BTreeMap::new(),
             next_id: 0,
             refused: 0,
+            refused_evaluations: 0,
             audit_rev: 0,
             audit_serial: 0,
             usage_seen: BTreeMap::new(),
@@ -173,6 +176,21 @@ impl ClusterLink {
     /// Keys of the latest view that do not count.
     pub(crate) fn refused(&self) -> u64 {
         self.refused
+    }
+
+    /// An evaluation of the set (commit biases, a performance shift) refused here:
+    /// logged and counted with the refused keys; the one in force holds.
+    pub(crate) fn refuse_evaluation(
+        &mut self,
+        what: &str,
+        name: &str,
+        why: &str,
+        metrics: &Metrics,
+    ) {
+        warn!(name = %name, why = %why, "the set's {what} is outside this policy's bounds: not taken");
+        self.refused_evaluations += 1;
+        self.refused += 1;
+        metrics.etcd_refused_keys(self.refused);
     }
 
     /// This node, when it is the set's only member (a set of one): what it wrote is
@@ -292,7 +310,8 @@ impl ClusterLink {
         loaded: &Loaded,
         metrics: &Metrics,
     ) -> bool {
-        let refused = refused_keys(view, loaded) + state.drains.refused() as u64;
+        let refused =
+            refused_keys(view, loaded) + state.drains.refused() as u64 + self.refused_evaluations;
         if refused == self.refused {
             return false;
         }

@@ -33,6 +33,7 @@ use crate::control::modifiers::perf::cell::{Bucket, SLOTS};
 use crate::control::modifiers::perf::hist::{Hist, BUCKETS};
 use crate::control::modifiers::perf::modifier::PerfReason;
 use crate::control::modifiers::perf::{Evaluation, NodeCells, Perf, Samples};
+use crate::metrics::Metrics;
 
 use super::etcd::MAX_VALUE;
 use super::node::ClusterLink;
@@ -332,7 +333,7 @@ impl SharedShift {
 impl ClusterLink {
     /// Hands `perf` the other nodes' cells, and puts in force every evaluation of the
     /// set that it takes now ([`Perf::takes`]). True when weights changed.
-    pub(crate) fn follow_perf(&mut self, perf: &mut Perf, now_ms: u64) -> bool {
+    pub(crate) fn follow_perf(&mut self, perf: &mut Perf, now_ms: u64, metrics: &Metrics) -> bool {
         let Some(view) = self.latest().map(|s| s.view.clone()) else {
             return false;
         };
@@ -352,7 +353,8 @@ impl ClusterLink {
             match perf.adopt(&s.evaluation(name, *region), Some(&s.node)) {
                 Ok(c) => changed |= c,
                 Err(why) => {
-                    warn!(name = %name, region, node = %s.node, at_unix_ms = s.at_unix_ms, why = %why, "the set's performance shift does not fit this policy: not taken")
+                    let why = format!("region {region}, by {} at {}: {why}", s.node, s.at_unix_ms);
+                    self.refuse_evaluation("performance shift", name, &why, metrics);
                 }
             }
         }

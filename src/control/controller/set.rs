@@ -38,7 +38,7 @@ impl Controller {
         let c = &mut self.set;
         let audit = self.audit.as_ref();
         let followed = c.on_shared(shared, &mut self.state, &self.loaded, &self.metrics, audit);
-        let shifted = c.follow_perf(&mut self.perf, now_ms());
+        let shifted = c.follow_perf(&mut self.perf, now_ms(), &self.metrics);
         let (biased, new) = self.follow_commit();
         match followed {
             Followed::Nothing | Followed::Shown if biased || shifted => self.publish(),
@@ -67,9 +67,18 @@ impl Controller {
             let outside = |n: &str, r: usize, c: usize| chain.outside(n, r, c);
             for (name, b) in &newer {
                 let biases: Vec<_> = b.biases.iter().map(|(k, v)| (k.clone(), *v)).collect();
-                changed |=
-                    self.commit
-                        .adopt(&base, &outside, name, b.at_unix_ms, Some(&b.node), &biases);
+                let by = Some(b.node.as_str());
+                match self
+                    .commit
+                    .adopt(&base, &outside, name, b.at_unix_ms, by, &biases)
+                {
+                    Ok(c) => changed |= c,
+                    Err(why) => {
+                        let why = format!("by {} at {}: {why}", b.node, b.at_unix_ms);
+                        self.set
+                            .refuse_evaluation("commit biases", name, &why, &self.metrics);
+                    }
+                }
             }
         }
         let new = took || !newer.is_empty();

@@ -67,6 +67,9 @@ pub(super) struct HostCommit {
     /// made it.
     pub(super) at_ms: u64,
     pub(super) by: Option<String>,
+    /// A set's evaluation refused for this policy's bounds (Unix ms, 0: none): not
+    /// looked at again.
+    pub(super) refused_ms: u64,
 }
 
 /// The biases one name would take at an evaluation (not yet in force).
@@ -246,6 +249,51 @@ pub fn explain_line(f: &mut std::fmt::Formatter, c: &CdnView) -> std::fmt::Resul
 }
 
 /// A name's evaluation period, ms (at least 1).
+/// Whether biases of an evaluation at `at_ms` stay within the policy's bounds relative
+/// to those in force in `h`, as every evaluation made here does ([`super::bias::bias`]):
+/// a bias rises at most `max_shift_points` a period since the evaluation in force (any
+/// distance from none) and never past `max_bias_points`; it falls to 0 at once (out of
+/// the performance band), and below 0 by a step a period, never past
+/// `-max_bias_points`, but for a `p95_mbps` CDN that clamps at once when its burst
+/// budget is spent; only a CDN with a `capacity_mbps` is put at the floor.
+fn within_bounds(h: &HostCommit, at_ms: u64, biases: &[(String, Bias)]) -> Result<(), String> {
+    let s = &h.settings;
+    let eps = 1e-6;
+    let steps = match h.at_ms {
+        0 => f64::INFINITY,
+        t => (at_ms.saturating_sub(t) / period_ms(s)).max(1) as f64 * s.max_shift_points,
+    };
+    for (cdn, next) in biases {
+        let Some(c) = h.cdns.iter().find(|c| c.name == *cdn) else {
+            continue;
+        };
+        if next.floored {
+            if c.capacity_mbps.is_none() {
+                return Err(format!("{cdn}: at the floor without a capacity_mbps"));
+            }
+            continue;
+        }
+        let (p, prev, max) = (next.points, c.bias.points, s.max_bias_points);
+        let clamps = matches!(c.contract, Some(Contract::P95Mbps { .. }));
+        let fits = if !p.is_finite() {
+            false
+        } else if p > prev {
+            p - prev <= steps + eps && p <= max.max(prev) + eps
+        } else if p >= 0.0 || (clamps && p >= -100.0) {
+            true
+        } else {
+            p >= (-max).min(prev) - eps && p >= prev.min(0.0) - steps - eps
+        };
+        if !fits {
+            return Err(format!(
+                "{cdn}: a bias of {p} points from {prev}, the policy allows ± {max}, {} a period",
+                s.max_shift_points
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn period_ms(s: &CommitSettings) -> u64 {
     (s.shift_period.as_millis() as u64).max(1)
 }
@@ -314,6 +362,7 @@ impl Commit {
                     next_ms,
                     at_ms,
                     by,
+                    refused_ms: 0,
                 },
             );
         }
@@ -348,7 +397,9 @@ impl Commit {
     pub fn evaluate(&mut self, base: &Policy, outside: OutsideBand, now_ms: u64) -> bool {
         let mut changed = false;
         for p in self.take_due(base, outside, now_ms) {
-            changed |= self.adopt(base, outside, &p.name, p.at_ms, None, &p.biases);
+            changed |= self
+                .adopt(base, outside, &p.name, p.at_ms, None, &p.biases)
+                .unwrap_or(false);
         }
         changed
     }
@@ -425,7 +476,9 @@ impl Commit {
 
     /// Puts in force the biases of `name`'s evaluation at `at_ms` (made here, or by
     /// node `by` of the set), unless the one in force is as new. A CDN the biases do
-    /// not name keeps its own. True when a bias changed.
+    /// not name keeps its own. `Ok(true)` when a bias changed; `Err` says which of this
+    /// policy's bounds the biases break ([`within_bounds`]): they are not put in force,
+    /// and that evaluation is not looked at again.
     pub fn adopt(
         &mut self,
         base: &Policy,
@@ -434,15 +487,19 @@ impl Commit {
         at_ms: u64,
         by: Option<&str>,
         biases: &[(String, Bias)],
-    ) -> bool {
+    ) -> Result<bool, String> {
         let Some(host) = base.host(name) else {
-            return false;
+            return Ok(false);
         };
         let Some(h) = self.hosts.get_mut(name) else {
-            return false;
+            return Ok(false);
         };
         if at_ms <= h.at_ms || h.cdns.len() != host.cdns.len() {
-            return false;
+            return Ok(false);
+        }
+        if let Err(why) = within_bounds(h, at_ms, biases) {
+            h.refused_ms = at_ms;
+            return Err(why);
         }
         let mut changed = false;
         for c in &mut h.cdns {
@@ -468,14 +525,17 @@ impl Commit {
                 c.history.pop_front();
             }
         }
-        changed
+        Ok(changed)
     }
 
     /// Whether the set's evaluation of `name` at `at_ms` is to be put in force here:
     /// `name` has a controller here, the evaluation is newer than the one in force,
     /// and not from a clock more than a period ahead of `now_ms`.
     pub fn takes(&self, name: &str, at_ms: u64, now_ms: u64) -> bool {
-        self.hosts.get(name).is_some_and(|h| at_ms > h.at_ms) && !self.ahead(name, at_ms, now_ms)
+        self.hosts
+            .get(name)
+            .is_some_and(|h| at_ms > h.at_ms && at_ms != h.refused_ms)
+            && !self.ahead(name, at_ms, now_ms)
     }
 
     /// Whether an evaluation of `name` at `at_ms` is [`far_ahead`] of `now_ms`: kept,
@@ -694,5 +754,61 @@ commit: { shift_period_seconds: 0.5 }
         // A key written an hour ahead is not taken.
         assert!(c.ahead(name, now + 3_600_000, now));
         assert!(!c.takes(name, now + 3_600_000, now));
+    }
+
+    #[test]
+    fn a_sets_biases_outside_the_policys_bounds_are_refused_once() {
+        // ±30 points, 5 a period of 1 s (the defaults but the period); b has a capacity.
+        let text = "hostname: www.example.com
+cdns:
+  a: { cname: a.cdn.test., contract: { billing: gb_month, commit_gb: 100, cap_gb: 200 } }
+  b: { cname: b.cdn.test., capacity_mbps: 1000 }
+regions:
+  - match: [\"*\"]
+    weights: { a: 50, b: 50 }
+commit: { shift_period_seconds: 1, max_shift_points: 5, max_bias_points: 30 }
+";
+        let policy = crate::config::parse(std::path::Path::new("steering.yaml"), text.into())
+            .unwrap()
+            .0;
+        let mut c = Commit::default();
+        let t = 1_796_083_200_000;
+        c.configure(&policy, t);
+        let name = "www.example.com.";
+        let outside: OutsideBand = &|_, _, _| false;
+        let bias = |points: f64, floored: bool| Bias {
+            points,
+            floored,
+            reason: crate::control::modifiers::commit::bias::Reason::CommitBehind,
+        };
+        let adopt = |c: &mut Commit, at: u64, cdn: &str, b: Bias| {
+            c.adopt(
+                &policy,
+                outside,
+                name,
+                at,
+                Some("ns2"),
+                &[(cdn.to_string(), b)],
+            )
+        };
+        // From none, anything within ±30; beyond, refused and not looked at again.
+        let e = adopt(&mut c, t + 1_000, "a", bias(-100.0, false)).unwrap_err();
+        assert!(e.contains("-100 points"), "{e}");
+        assert!(!c.takes(name, t + 1_000, t + 1_000));
+        assert_eq!(adopt(&mut c, t + 2_000, "a", bias(20.0, false)), Ok(true));
+        // Then 5 points a period: 10 in one period is refused, 10 in two is taken.
+        let e = adopt(&mut c, t + 3_000, "a", bias(30.0, false)).unwrap_err();
+        assert!(e.contains("a bias of 30 points from 20"), "{e}");
+        assert_eq!(adopt(&mut c, t + 4_000, "a", bias(30.0, false)), Ok(true));
+        // At the floor: only a CDN with a capacity.
+        assert!(adopt(&mut c, t + 5_000, "a", bias(-45.0, true)).is_err());
+        assert_eq!(adopt(&mut c, t + 6_000, "b", bias(-45.0, true)), Ok(true));
+        // Off the floor, back towards 0 from beyond ±30, a step at a time.
+        assert_eq!(adopt(&mut c, t + 7_000, "b", bias(-40.0, false)), Ok(true));
+        assert!(adopt(&mut c, t + 8_000, "b", bias(-30.0, false)).is_err());
+        // Down to 0 at once (out of its performance band), then below by a step.
+        assert_eq!(adopt(&mut c, t + 9_000, "a", bias(0.0, false)), Ok(true));
+        assert!(adopt(&mut c, t + 10_000, "a", bias(-10.0, false)).is_err());
+        assert_eq!(adopt(&mut c, t + 11_000, "a", bias(-5.0, false)), Ok(true));
     }
 }

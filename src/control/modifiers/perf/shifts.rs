@@ -324,8 +324,10 @@ impl Perf {
 
     /// Puts evaluation `e` in force (made by node `by` of a set, or here). `Err` says
     /// why it does not fit this policy's region (then it is not looked at again): it
-    /// was made from other policy weights, its CDNs differ, a CDN the policy does not answer has a share, a CDN is under its
-    /// floor, or the shares do not add up to 100. `Ok(true)` when the weights changed.
+    /// was made from other policy weights, its CDNs differ, a CDN the policy does not
+    /// answer has a share, a CDN is under its floor, the shares do not add up to 100,
+    /// or they moved more than `max_shift_points` a period from those in force.
+    /// `Ok(true)` when the weights changed.
     pub(crate) fn adopt(&mut self, e: &Evaluation, by: Option<&str>) -> Result<bool, String> {
         let Some(s) = self.shifts.get_mut(&(e.name.clone(), e.region)) else {
             return Err("no such region with a `performance:` block".into());
@@ -524,6 +526,24 @@ pub(super) fn fits(s: &Shift, e: &Evaluation) -> Result<(), String> {
     if policy.iter().sum::<f64>() > 0.0 && (total - 100.0).abs() > 0.5 {
         return Err(format!("shares add up to {total}, not 100"));
     }
+    // As every evaluation made here: at most `max_shift_points` moved a period since
+    // the evaluation in force (any distance from none).
+    if s.evaluated_ms > 0 {
+        let periods = (e.at_ms.saturating_sub(s.evaluated_ms) / s.period_ms()).max(1) as f64;
+        let moved: f64 = e
+            .cdns
+            .iter()
+            .zip(&s.shares)
+            .map(|(c, now)| (c.1 - now).max(0.0))
+            .sum();
+        let max = s.perf.max_shift_points;
+        if moved > max * periods + 0.01 {
+            return Err(format!(
+                "{} points moved in {periods} period(s), the policy allows {max} a period",
+                round2(moved)
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -533,4 +553,56 @@ pub(super) fn round2(v: f64) -> f64 {
 
 pub(super) fn rounded(v: &[f64]) -> Vec<f64> {
     v.iter().map(|&x| round2(x)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sets_shift_past_the_pace_of_the_policy_is_refused() {
+        let text = "hostname: www.example.com
+cdns:
+  fastly: { cname: fastly.cdn.test. }
+  cloudflare: { cname: cloudflare.cdn.test. }
+regions:
+  - name: gb
+    match: [GB]
+    weights: { fastly: 90, cloudflare: 10 }
+    performance: { metric: ttfb_p75, floor_percent: 10, max_shift_points: 10, shift_period_seconds: 1 }
+  - match: [\"*\"]
+    weights: { fastly: 50, cloudflare: 50 }
+";
+        let policy = crate::config::parse(std::path::Path::new("steering.yaml"), text.into())
+            .unwrap()
+            .0;
+        let t = 1_796_083_200_000;
+        let mut p = Perf::default();
+        p.configure(&policy, t);
+        let e = |at: u64, fastly: f64| Evaluation {
+            name: "www.example.com.".into(),
+            region: 0,
+            region_name: "gb".into(),
+            at_ms: at,
+            policy: vec![90, 10],
+            cdns: vec![
+                ("fastly".into(), fastly, 10.0, PerfReason::PerfFloor),
+                (
+                    "cloudflare".into(),
+                    100.0 - fastly,
+                    90.0,
+                    PerfReason::PerfBand,
+                ),
+            ],
+        };
+        // From none in force: any shares within the floors and the sum.
+        assert_eq!(p.adopt(&e(t + 1_000, 70.0), Some("ns2")), Ok(true));
+        // Then 10 points a period: 60 in one period is refused, and not taken again.
+        let why = p.adopt(&e(t + 2_000, 10.0), Some("ns2")).unwrap_err();
+        assert!(why.contains("60 points moved in 1 period"), "{why}");
+        assert!(!p.takes("www.example.com.", 0, t + 2_000, t + 2_000));
+        assert_eq!(p.adopt(&e(t + 3_000, 60.0), Some("ns2")), Ok(true));
+        // Over six periods, 50 points is the pace.
+        assert_eq!(p.adopt(&e(t + 9_000, 10.0), Some("ns2")), Ok(true));
+    }
 }
