@@ -89,6 +89,12 @@ const TOKENS: &[(&str, &str)] = &[
         "    verbs: [drain, undrain]\n    tenants: [acme]\n    require_ticket: true\n",
     ),
     ("uk-only", "    verbs: [drain, freeze]\n    regions: [uk]\n"),
+    ("drain-only", "    verbs: [drain]\n"),
+    ("acme-usage", "    verbs: [usage]\n    tenants: [acme]\n"),
+    (
+        "acme-usage-a",
+        "    verbs: [usage]\n    tenants: [acme]\n    cdns: [a]\n",
+    ),
 ];
 
 async fn stack(tag: &str) -> Stack {
@@ -551,4 +557,108 @@ async fn a_tenant_freeze_holds_only_that_tenants_names() {
     .await;
     let after = over_300_networks(&s, "a.example.com.").await;
     assert_eq!(after.get("a"), None, "{after:?}");
+}
+
+/// A token with only `drain` may extend another author's drain by posting it again,
+/// never end it sooner; one drain stays, and the replaced one is audited. Usage is
+/// scoped by CDN, and only this month's and last month's count.
+#[tokio::test]
+async fn a_drain_cannot_end_anothers_sooner_and_usage_is_scoped_by_cdn() {
+    let s = stack("levers-replace").await;
+    let drain = |ttl: u64| {
+        json!({"name": "a.example.com", "cdn": "a", "reason": "INC-3", "immediate": true,
+               "ttl_seconds": ttl})
+    };
+    let post = |token: &'static str, body: Value| {
+        let s = &s;
+        async move { as_token(s, token, Method::POST, "/v1/drains", body).await }
+    };
+    let (code, first) = post("no-freeze", drain(7200)).await;
+    assert_eq!(code, 201, "{first}");
+    let first_id = first["id"].as_str().unwrap().to_string();
+    // Ending it in a second, with only `drain`: refused, saying why.
+    refused(
+        &s,
+        "drain-only",
+        "/v1/drains",
+        drain(1),
+        &format!("would end the drain `{first_id}` of no-freeze sooner"),
+    )
+    .await;
+    // Extending it: taken; the set keeps one drain of (a.example.com, a).
+    let (code, longer) = post("drain-only", drain(10_800)).await;
+    assert_eq!(code, 201, "{longer}");
+    let longer_id = longer["id"].as_str().unwrap().to_string();
+    let st = s.state().await;
+    let ids: Vec<&str> = st["drains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["name"] == "a.example.com." && d["cdn"] == "a")
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [longer_id.as_str()], "{st:#}");
+    // With `undrain` as well, sooner is allowed.
+    let (code, body) = post("no-freeze", drain(60)).await;
+    assert_eq!(code, 201, "{body}");
+    let log = std::fs::read_to_string(s.dir.join("state/audit.jsonl")).unwrap();
+    let replaced: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["kind"] == "replace")
+        .collect();
+    assert_eq!(replaced.len(), 2, "{log}");
+    assert_eq!(replaced[0]["id"], first_id.as_str());
+    assert_eq!(replaced[0]["replaced_by"], longer_id.as_str());
+    assert_eq!(replaced[0]["replaced_by_author"], "drain-only");
+
+    // Usage: a CDN is every tenant's; a tenant's token reports only for the CDNs it lists.
+    let now = steerdns::clock::now_ms() / 300_000 * 300_000 - 300_000;
+    let record = |cdn: &str, start: u64| {
+        json!({"cdn": cdn, "start": steerdns::control::decide::times::rfc3339(start),
+               "seconds": 300, "mbps": 100})
+    };
+    refused(
+        &s,
+        "acme-usage",
+        "/v1/usage",
+        record("a", now),
+        "lacks the CDN `a`",
+    )
+    .await;
+    refused(
+        &s,
+        "acme-usage-a",
+        "/v1/usage",
+        record("b", now),
+        "lacks the CDN `b`",
+    )
+    .await;
+    let (code, body) = as_token(
+        &s,
+        "acme-usage-a",
+        Method::POST,
+        "/v1/usage",
+        record("a", now),
+    )
+    .await;
+    assert_eq!((code, body["added"].as_u64()), (200, Some(1)), "{body}");
+    // A record of 1970 is refused, whoever sends it.
+    let (code, body) = s.post("/v1/usage", record("a", 0)).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("before last month"),
+        "{body}"
+    );
+    // The usage taken is audited, with its author.
+    let log = std::fs::read_to_string(s.dir.join("state/audit.jsonl")).unwrap();
+    assert!(
+        log.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .any(|e| e["kind"] == "usage" && e["author"] == "acme-usage-a" && e["added"] == 1),
+        "{log}"
+    );
 }

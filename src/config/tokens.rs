@@ -8,6 +8,7 @@
 //!     names: [a.example.com]            # optional: these names…
 //!     tenants: [acme]                   # optional: …and the names of these tenants
 //!     regions: [europe, GB]             # optional: drains only with these `where:` entries
+//!     cdns: [fastly]                    # optional: usage records only of these CDNs
 //!     require_ticket: true              # optional: every mutation carries `ticket`
 //! ```
 //!
@@ -16,7 +17,11 @@
 //! Without `names` and `tenants` a token may touch every name; with either, only those
 //! names and the names of those tenants. Without `regions` a drain may have any scope;
 //! with it, every entry of a drain's `where:` must be listed (so a drain everywhere, a
-//! global freeze or resume are refused). The file must be readable by its owner only.
+//! global freeze or resume are refused). Usage records are of a CDN that every tenant
+//! may share: a token reports only for the CDNs its `cdns` lists, or, without `cdns`,
+//! when it is limited by neither names nor tenants. A drain that would end another
+//! author's drain of the same name, CDN and scope sooner needs `undrain` as well (a
+//! later `until` only extends it). The file must be readable by its owner only.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -76,6 +81,9 @@ pub struct Token {
     pub tenants: Option<Vec<String>>,
     /// The `where:` entries its drains may have; `None`: any scope, everywhere too.
     pub regions: Option<Vec<String>>,
+    /// The CDNs it may report usage for; `None`: every CDN, for a token limited by
+    /// neither names nor tenants (a CDN is shared by every tenant).
+    pub cdns: Option<Vec<String>>,
     /// Every mutation must carry a `ticket`.
     pub require_ticket: bool,
 }
@@ -103,6 +111,7 @@ impl Token {
             names: None,
             tenants: None,
             regions: None,
+            cdns: None,
             require_ticket: false,
         }
     }
@@ -181,6 +190,21 @@ impl Token {
         self.may_cover(&[])
     }
 
+    /// Whether it may report usage records of `cdn`.
+    pub fn may_report(&self, cdn: &str) -> Result<(), TokenError> {
+        let listed = match &self.cdns {
+            Some(cdns) => cdns.iter().any(|c| c == cdn),
+            None => self.names.is_none() && self.tenants.is_none(),
+        };
+        if !listed {
+            return Err(TokenError::LacksCdn {
+                token: self.name.clone(),
+                cdn: cdn.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether it may act on every name everywhere (a global freeze or resume).
     pub fn may_touch_everything(&self) -> Result<(), TokenError> {
         if self.names.is_some() || self.tenants.is_some() {
@@ -233,6 +257,19 @@ pub enum TokenError {
     /// A tenant outside its `tenants`.
     #[error("token `{token}` lacks the tenant {tenant}")]
     LacksTenant { token: String, tenant: String },
+    /// Usage of a CDN outside its `cdns` (or, without `cdns`, of any CDN for a token
+    /// limited by name or tenant: a CDN is shared by every tenant).
+    #[error(
+        "token `{token}` lacks the CDN `{cdn}` for usage records (list it in the token's `cdns`)"
+    )]
+    LacksCdn { token: String, cdn: String },
+    /// A drain that would end another author's drain sooner, without `undrain`.
+    #[error("token `{token}` would end the drain `{id}` of {author} sooner: that needs the verb `undrain` (a later `until` only extends it)")]
+    EndsAnothers {
+        token: String,
+        id: String,
+        author: String,
+    },
     /// Every name (a global freeze or resume), for a token limited by name or tenant.
     #[error("token `{token}` lacks every name: it is limited to some names or tenants")]
     LacksEveryName { token: String },
@@ -299,6 +336,7 @@ struct RawToken {
     names: Option<Vec<String>>,
     tenants: Option<Vec<String>>,
     regions: Option<Vec<String>>,
+    cdns: Option<Vec<String>>,
     #[serde(default)]
     require_ticket: bool,
 }
@@ -408,6 +446,7 @@ pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
             names,
             tenants: t.tenants,
             regions: t.regions,
+            cdns: t.cdns,
             require_ticket: t.require_ticket,
         }));
     }

@@ -224,7 +224,7 @@ impl ClusterLink {
     }
 
     /// The key and entry of an audit event of this node, to write to etcd.
-    fn audit_entry(
+    pub(super) fn audit_entry(
         &mut self,
         kind: &str,
         fields: serde_json::Value,
@@ -419,10 +419,12 @@ impl ClusterLink {
     }
 
     /// Writes the drain rules an API call made (validated) to etcd, each under a lease
-    /// that ends it a little after its `until`.
+    /// that ends it a little after its `until`, and deletes the overrides they
+    /// `replaced` (each audited as replaced, with what replaced it).
     pub(crate) fn write_drains(
         &mut self,
         rules: Vec<DrainRule>,
+        replaced: Vec<DrainRule>,
         reply: oneshot::Sender<Result<Vec<DrainRule>, DrainError>>,
     ) {
         if let Err(e) = self.writable() {
@@ -457,10 +459,23 @@ impl ClusterLink {
             };
             writes.push((drain_key(&self.prefix, &record.rule.id), ttl, record));
         }
-        let audits: Vec<_> = writes
+        let mut audits: Vec<_> = writes
             .iter()
             .map(|(_, _, d)| self.audit_entry("drain", audit_rule(&d.rule)))
             .collect();
+        // A re-post replaces the override of the same name, CDN and scope: one stays.
+        let mut gone = Vec::new();
+        for old in &replaced {
+            let by = writes.iter().find(|(_, _, d)| d.rule.key() == old.key());
+            let Some((_, _, new)) = by.filter(|(_, _, d)| d.rule.id != old.id) else {
+                continue;
+            };
+            let mut fields = audit_rule(old);
+            fields["replaced_by"] = new.rule.id.clone().into();
+            fields["replaced_by_author"] = new.rule.author.clone().into();
+            audits.push(self.audit_entry("replace", fields));
+            gone.push(drain_key(&self.prefix, &old.id));
+        }
         let (store, done, prefix) = (self.store.clone(), self.done.clone(), self.prefix.clone());
         tokio::spawn(async move {
             let r = async {
@@ -471,6 +486,9 @@ impl ClusterLink {
                         None => None,
                     };
                     store.put(key, &value, lease).await?;
+                }
+                for key in &gone {
+                    store.delete(key).await?;
                 }
                 Ok::<(), cluster::EtcdError>(())
             }
@@ -702,7 +720,7 @@ pub(crate) fn refused_keys(view: &SharedView, loaded: &Loaded) -> u64 {
 }
 
 /// Writes an audit entry to etcd for the set (under a lease: every node has it by then).
-async fn put_audit(store: Store, key: String, entry: serde_json::Value) {
+pub(super) async fn put_audit(store: Store, key: String, entry: serde_json::Value) {
     let value = serde_json::to_vec(&entry).unwrap_or_default();
     let r = async {
         let lease = store.grant(cluster::AUDIT_TTL).await?;

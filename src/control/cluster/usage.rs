@@ -38,7 +38,7 @@ use crate::control::modifiers::commit::ledger::{Record, Taken};
 use crate::control::modifiers::commit::{Commit, OutsideBand};
 
 use super::etcd::MAX_VALUE;
-use super::node::{ClusterLink, Done};
+use super::node::{put_audit, ClusterLink, Done};
 use super::{sane_name, Key, Store};
 
 /// How long a day of usage stays in etcd: the ledger keeps this month and the last.
@@ -170,9 +170,10 @@ impl ClusterLink {
     /// reply counts what became of them once all are written. A day written before a
     /// failure stays written (records are idempotent: the sender posts them again).
     pub(crate) fn write_usage(
-        &self,
+        &mut self,
         records: Vec<UsageRecord>,
         skipped: u64,
+        author: String,
         reply: oneshot::Sender<Result<UsageTaken, UsageRefused>>,
     ) {
         if let Err(e) = self.writable() {
@@ -190,6 +191,15 @@ impl ClusterLink {
                 .push((start, r));
         }
         let (store, prefix, done) = (self.store.clone(), self.prefix.clone(), self.done.clone());
+        // Audited once written: who, which (CDN, day)s, and what became of the records.
+        let which: Vec<String> = days
+            .keys()
+            .map(|k| format!("{}/{}", k.cdn, k.day))
+            .collect();
+        let (audit_key, mut audit) = self.audit_entry(
+            "usage",
+            serde_json::json!({ "author": author, "days": which }),
+        );
         tokio::spawn(async move {
             let mut taken = UsageTaken {
                 skipped,
@@ -216,6 +226,9 @@ impl ClusterLink {
                     replaced = taken.replaced,
                     "usage written for the set"
                 );
+                audit["added"] = taken.added.into();
+                audit["replaced"] = taken.replaced.into();
+                put_audit(store.clone(), audit_key, audit).await;
             }
             Done::send(&done, &store, &prefix, reply, Ok(taken), true).await;
         });

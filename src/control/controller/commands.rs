@@ -25,7 +25,7 @@ impl Controller {
                     .writable()
                     .and_then(|()| admit(&mut drains, policy, &token, rule, now_ms()));
                 match admitted {
-                    Ok(rules) => self.set.write_drains(rules, reply),
+                    Ok(a) => self.set.write_drains(a.rules, a.replaced, reply),
                     Err(e) => {
                         let _ = reply.send(Err(e));
                     }
@@ -62,9 +62,10 @@ impl Controller {
             Command::Usage {
                 records,
                 strict,
+                author,
                 reply,
             } => match admit_usage(policy, records, strict, now_ms()) {
-                Ok((records, skipped)) => self.set.write_usage(records, skipped, reply),
+                Ok((records, skipped)) => self.set.write_usage(records, skipped, author, reply),
                 Err(e) => {
                     let _ = reply.send(Err(UsageRefused::Bad(e)));
                 }

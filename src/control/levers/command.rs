@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::config::tokens::Token;
+use crate::config::tokens::{Token, TokenError, Verb};
 use crate::config::Policy;
 use crate::control::decide::drains::{DrainError, DrainRule, Drains};
 use crate::control::disk::audit;
@@ -45,6 +45,8 @@ pub enum Command {
     Usage {
         records: Vec<UsageRecord>,
         strict: bool,
+        /// Who sent them, as the audit log records it (the token, or the feed).
+        author: String,
         reply: oneshot::Sender<Result<UsageTaken, UsageRefused>>,
     },
     /// A page of the audit log: entries after the seq `after`, at most `limit`.
@@ -108,25 +110,53 @@ impl Lever {
     }
 }
 
+/// What a drain request makes: the rules (one per name of a tenant) and the
+/// overrides in force they replace (same name, CDN and scope).
+#[derive(Debug, Default)]
+pub struct Admitted {
+    pub rules: Vec<DrainRule>,
+    pub replaced: Vec<DrainRule>,
+}
+
 /// Checks a drain request against the token's scope and the drains in force, and
-/// adds its rules (one per name of a tenant) to `drains`; all or none.
+/// adds its rules (one per name of a tenant) to `drains`; all or none. A rule that
+/// would end another author's override of the same name, CDN and scope sooner needs
+/// the token's `undrain` verb too (a later `until` only extends it).
 pub fn admit(
     drains: &mut Drains,
     policy: &Policy,
     token: &Token,
     rule: DrainRule,
     now_ms: u64,
-) -> Result<Vec<DrainRule>, DrainError> {
+) -> Result<Admitted, DrainError> {
     let rules = rule.expand(policy)?;
     let mut scratch = drains.clone();
-    let mut out = Vec::new();
+    let mut out = Admitted::default();
     for rule in rules {
         if let Ok((host, _)) = rule.resolve(policy) {
             token
                 .may_touch(host, &rule.scope)
                 .map_err(DrainError::Forbidden)?;
         }
-        out.push(scratch.add(policy, rule, now_ms)?);
+        let before = scratch
+            .overrides
+            .iter()
+            .find(|o| o.key() == rule.key() && !o.expired(now_ms))
+            .cloned();
+        let made = scratch.add(policy, rule, now_ms)?;
+        if let Some(old) = before {
+            let others = old.author.as_deref() != Some(token.name.as_str());
+            let sooner = made.until_unix_ms < old.until_unix_ms;
+            if others && sooner && token.may(Verb::Undrain).is_err() {
+                return Err(DrainError::Forbidden(TokenError::EndsAnothers {
+                    token: token.name.clone(),
+                    id: old.id.clone(),
+                    author: old.author.clone().unwrap_or_else(|| "the policy".into()),
+                }));
+            }
+            out.replaced.push(old);
+        }
+        out.rules.push(made);
     }
     *drains = scratch;
     Ok(out)
@@ -157,8 +187,8 @@ pub fn undrain_fields(r: &DrainRule, token: &Token) -> serde_json::Value {
 }
 
 /// Usage records as the controller takes them: none starting more than a day ahead
-/// (they would only take the place of real ones: the ledger keeps a bounded number),
-/// and none of a CDN no steered name has. Strict (the API): either is an error that
+/// (they would only take the place of real ones: the ledger keeps a bounded number)
+/// or before last month, and none of a CDN no steered name has. Strict (the API): either is an error that
 /// refuses them all; otherwise (the feed) those are left out and counted.
 pub fn admit_usage(
     policy: &crate::config::Policy,
@@ -167,6 +197,11 @@ pub fn admit_usage(
     now_ms: u64,
 ) -> Result<(Vec<UsageRecord>, u64), String> {
     let latest = now_ms + 86_400_000;
+    // This month's and last month's usage count (the ledger keeps no more).
+    let this = crate::control::modifiers::commit::month::Month::of(now_ms);
+    let earliest =
+        crate::control::modifiers::commit::month::Month::of(this.start_ms.saturating_sub(1))
+            .start_ms;
     let known = |cdn: &str| {
         policy
             .hosts
@@ -178,6 +213,12 @@ pub fn admit_usage(
             let at = crate::control::decide::times::rfc3339(*start);
             return Err(format!("start {at} is more than a day ahead"));
         }
+        if let Some((_, start, _)) = records.iter().find(|r| r.1 < earliest) {
+            let at = crate::control::decide::times::rfc3339(*start);
+            return Err(format!(
+                "start {at} is before last month: only this month's and last month's usage counts"
+            ));
+        }
         if let Some((cdn, _, _)) = records.iter().find(|r| !known(&r.0)) {
             return Err(format!("unknown CDN `{cdn}`"));
         }
@@ -185,7 +226,7 @@ pub fn admit_usage(
     let total = records.len();
     let kept: Vec<UsageRecord> = records
         .into_iter()
-        .filter(|r| r.1 <= latest && known(&r.0))
+        .filter(|r| (earliest..=latest).contains(&r.1) && known(&r.0))
         .collect();
     let skipped = (total - kept.len()) as u64;
     Ok((kept, skipped))

@@ -160,7 +160,7 @@ pub(super) async fn mutate(
                 Err(reply) => *reply,
             }
         }
-        (Method::POST, "/v1/usage") => usage(commands, &body).await,
+        (Method::POST, "/v1/usage") => usage(commands, &token, &body).await,
         (Method::DELETE, p) if p.starts_with("/v1/drains/") => {
             let id = p.trim_start_matches("/v1/drains/").to_string();
             match ask(commands, |tx| Command::Undrain {
@@ -247,7 +247,7 @@ pub(super) const MAX_USAGE_RECORDS: usize = 1000;
 
 /// `POST /v1/usage`: one record or an array; each checked, then all handed to the
 /// controller (none taken when one is wrong).
-pub(super) async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Reply {
+pub(super) async fn usage(commands: &mpsc::Sender<Command>, token: &Token, body: &[u8]) -> Reply {
     use crate::control::modifiers::commit::UsageIn;
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -287,10 +287,18 @@ pub(super) async fn usage(commands: &mpsc::Sender<Command>, body: &[u8]) -> Repl
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("record {i}: {e}")),
         }
     }
+    // A CDN is shared by every tenant: only a token that lists it (or is limited by
+    // neither names nor tenants) reports for it.
+    for (cdn, _, _) in &checked {
+        if let Err(e) = token.may_report(cdn) {
+            return error(StatusCode::FORBIDDEN, &e.to_string());
+        }
+    }
     use crate::control::levers::command::UsageRefused;
     match ask(commands, |tx| Command::Usage {
         records: checked,
         strict: true,
+        author: token.name.clone(),
         reply: tx,
     })
     .await

@@ -57,6 +57,7 @@ pub(crate) fn spawn(
                 .send(Command::Usage {
                     records,
                     strict: false,
+                    author: "--usage-url".into(),
                     reply: tx,
                 })
                 .await
