@@ -662,3 +662,137 @@ async fn a_drain_cannot_end_anothers_sooner_and_usage_is_scoped_by_cdn() {
         "{log}"
     );
 }
+
+/// The line of audit entry `fields` sealed as the server seals it (the SHA-256 of the
+/// line up to its hash): what a forger who rewrites the log from some line on does.
+fn sealed(fields: &serde_json::Map<String, Value>) -> (String, String) {
+    let body = Value::Object(fields.clone()).to_string();
+    let open = &body[..body.len() - 1];
+    let hash = sha256_hex(open);
+    (format!("{open},\"hash\":\"{hash}\"}}"), hash)
+}
+
+/// The audit log never fails open: a line cut short by a crash is cut and kept aside
+/// at start, and the chain goes on; a last line that is not an entry stops every
+/// mutation (503, the metric, /v1/state) rather than change anything unaudited; the
+/// head published in /v1/state catches a copy cut short or rewritten and rehashed.
+#[tokio::test]
+async fn the_audit_log_never_fails_open_and_its_head_catches_a_rewrite() {
+    let s = stack("levers-audit-closed").await;
+    let dir = s.dir.clone();
+    let drain = json!({"name": "a.example.com", "cdn": "a", "reason": "one", "immediate": true});
+    assert_eq!(s.post("/v1/drains", drain.clone()).await.0, 201);
+    assert_eq!(
+        s.post("/v1/failover/freeze", json!({"reason": "two"}))
+            .await
+            .0,
+        200
+    );
+    let head = s
+        .wait_for("the head at entry 2", |st| {
+            st["audit"]["head"]
+                .as_str()
+                .is_some_and(|h| h.starts_with("2:"))
+        })
+        .await["audit"]["head"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(s.state().await["audit"]["failing"].is_null());
+    s.stop().await;
+    let log = dir.join("state/audit.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+
+    // --expect-head: the log holds the head; a copy without its last line, or
+    // rewritten from line 1 on and rehashed (which verifies on its own), does not.
+    let check = |p: &std::path::Path| {
+        let out = steerdns(&["audit", "verify", "--expect-head", &head])
+            .arg(p)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), said)
+    };
+    let (ok, said) = check(&log);
+    assert!(ok, "{said}");
+    let cut = dir.join("audit-cut.jsonl");
+    std::fs::write(&cut, format!("{}\n", lines[0])).unwrap();
+    let (ok, said) = check(&cut);
+    assert!(!ok && said.contains("cut short"), "{said}");
+    let mut prev = "0".repeat(64);
+    let mut forged = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        let mut v: serde_json::Map<String, Value> = serde_json::from_str(line).unwrap();
+        v.remove("hash");
+        v.insert("prev".into(), prev.clone().into());
+        if i == 0 {
+            v.insert("reason".into(), "someone else".into());
+        }
+        let (l, h) = sealed(&v);
+        forged.push_str(&l);
+        forged.push('\n');
+        prev = h;
+    }
+    let rewritten = dir.join("audit-rewritten.jsonl");
+    std::fs::write(&rewritten, &forged).unwrap();
+    assert!(
+        verify(std::slice::from_ref(&rewritten)).0,
+        "a rehashed copy verifies alone"
+    );
+    let (ok, said) = check(&rewritten);
+    assert!(!ok && said.contains("rewritten: entry 2"), "{said}");
+
+    // A crash while a line was written: cut at start, kept aside; the chain goes on.
+    let torn = r#"{"at_unix_ms":1,"kind":"drain","node":"x","pre"#;
+    std::fs::write(&log, format!("{text}{torn}")).unwrap();
+    let s = Stack::start(&dir).await;
+    assert_eq!(
+        s.post("/v1/failover/resume", json!({"reason": "three"}))
+            .await
+            .0,
+        200
+    );
+    let aside: Vec<_> = std::fs::read_dir(dir.join("state"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("audit.jsonl.torn-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1);
+    assert_eq!(std::fs::read_to_string(aside[0].path()).unwrap(), torn);
+    s.wait_for("the resume appended", |_| {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("\"three\""))
+    })
+    .await;
+    let (ok, said) = verify(std::slice::from_ref(&log));
+    assert!(ok, "{said}");
+    s.stop().await;
+
+    // A whole last line that is no audit entry: the chain cannot go on, so nothing
+    // changes: every mutation is 503 and says why, with the metric and /v1/state.
+    let text = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(&log, format!("{text}not an entry\n")).unwrap();
+    let s = Stack::start(&dir).await;
+    let (code, body) = s.post("/v1/drains", drain).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("audit log cannot be written"),
+        "{body}"
+    );
+    let (code, _) = s.post("/v1/failover/freeze", json!({"reason": "x"})).await;
+    assert_eq!(code, 503);
+    assert_eq!(s.metric("steerdns_audit_failing").await, Some(1.0));
+    let st = s.state().await;
+    assert!(st["audit"]["failing"].is_string(), "{st:#}");
+    assert!(st["failover_frozen"].is_null(), "{st:#}");
+    s.stop().await;
+}

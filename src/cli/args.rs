@@ -110,6 +110,11 @@ pub enum AuditCommand {
     Verify {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// The head the server published (`/v1/state` `audit.head`, `SEQ:HASH`): the
+        /// files must hold that entry with that hash, so a copy cut short or rewritten
+        /// (rehashed from some line on) is caught too.
+        #[arg(long, value_name = "SEQ:HASH")]
+        expect_head: Option<String>,
     },
     /// Print the latest entries of the audit log for people.
     Tail {

@@ -71,7 +71,10 @@ pub(super) fn dnssec(command: DnssecCommand) -> ExitCode {
 pub(super) fn audit(command: AuditCommand) -> ExitCode {
     use crate::control::disk::audit;
     match command {
-        AuditCommand::Verify { mut files } => {
+        AuditCommand::Verify {
+            mut files,
+            expect_head,
+        } => {
             // The live log alone: with its rotated files, oldest first.
             if let [one] = files.as_slice() {
                 let all = audit::files(one);
@@ -79,7 +82,22 @@ pub(super) fn audit(command: AuditCommand) -> ExitCode {
                     files = all;
                 }
             }
-            verify_report(&files)
+            let verified = verify_report(&files);
+            match expect_head {
+                Some(head) if verified == ExitCode::SUCCESS => {
+                    match audit::check_head(&files, &head) {
+                        Ok(()) => {
+                            println!("ok: the head {head} is in the files");
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("{e}");
+                            ExitCode::FAILURE
+                        }
+                    }
+                }
+                _ => verified,
+            }
         }
         AuditCommand::Tail { state_dir, lines } => {
             let files = audit::files(&state_dir.join("audit.jsonl"));

@@ -51,6 +51,10 @@ pub struct StateDoc {
     /// single node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterDoc>,
+    /// The audit log (with a state directory): its head, and why it cannot be
+    /// written, if it cannot (mutations get 503 then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditDoc>,
     /// Signing (a `dnssec:` block): the keys and their phases, the signatures' expiry;
     /// absent when nothing is signed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -204,6 +208,40 @@ pub(crate) struct Noted {
     pub last_reload: Option<ReloadOutcome>,
 }
 
+/// The audit log in `/v1/state`, read when the document is shown (the head moves
+/// with every entry, the document does not): `head`, `SEQ:HASH` of the last entry
+/// written (`steerdns audit verify --expect-head` checks a copy of the log against
+/// it; `null`: the log could not be opened), and `failing`, why the log cannot be
+/// written now (mutations are refused meanwhile).
+#[derive(Clone)]
+pub struct AuditDoc(pub Option<crate::control::disk::audit::Watch>);
+
+impl std::fmt::Debug for AuditDoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuditDoc")
+    }
+}
+
+impl Serialize for AuditDoc {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let (head, failing) = match &self.0 {
+            Some(a) => {
+                let (seq, hash) = a.head();
+                (Some(format!("{seq}:{hash}")), a.failing())
+            }
+            None => (
+                None,
+                Some("it could not be opened at start (see the log)".into()),
+            ),
+        };
+        let mut st = s.serialize_struct("AuditDoc", 2)?;
+        st.serialize_field("head", &head)?;
+        st.serialize_field("failing", &failing)?;
+        st.end()
+    }
+}
+
 /// Everything the document is assembled from.
 pub(crate) struct Parts<'a> {
     pub loaded: &'a Loaded,
@@ -219,6 +257,7 @@ pub(crate) struct Parts<'a> {
     pub performance: Vec<crate::control::modifiers::perf::RegionView>,
     /// The CDNs with a contract or a capacity.
     pub commit: Vec<crate::control::modifiers::commit::CdnView>,
+    pub audit: Option<AuditDoc>,
 }
 
 impl Parts<'_> {
@@ -279,6 +318,7 @@ impl Parts<'_> {
                 })
                 .collect(),
             cluster: self.cluster.map(cluster_doc),
+            audit: self.audit.clone(),
             peers: self
                 .peers
                 .iter()

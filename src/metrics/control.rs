@@ -115,6 +115,10 @@ impl Metrics {
     }
 
     /// Whether this node fails static (a set's node without etcd).
+    pub fn audit_failing(&self, on: bool) {
+        self.inner.audit_failing.set(i64::from(on));
+    }
+
     pub fn etcd_fail_static(&self, on: bool) {
         self.inner.etcd_fail_static.set(i64::from(on));
     }

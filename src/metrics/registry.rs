@@ -85,6 +85,7 @@ pub(super) struct Inner {
     pub(super) dnstap: DnstapCounters,
     pub(super) state_save_failing: prometheus::IntGauge,
     pub(super) etcd_fail_static: prometheus::IntGauge,
+    pub(super) audit_failing: prometheus::IntGauge,
     pub(super) etcd_refused: prometheus::IntGauge,
     pub(super) etcd_skew: prometheus::Gauge,
     pub(super) state_load_errors: IntCounterVec,
@@ -165,6 +166,13 @@ impl Metrics {
         )
         .expect("static gauge");
         reg.add(state_save_failing.clone());
+        let audit_failing = prometheus::IntGauge::new(
+            "audit_failing",
+            "1 while the audit log (STATE_DIR/audit.jsonl) cannot be written or opened: every \
+             mutation is refused (503), so that nothing changes unaudited.",
+        )
+        .expect("static gauge");
+        reg.add(audit_failing.clone());
         let etcd_fail_static = prometheus::IntGauge::new(
             "etcd_fail_static",
             "1 while this node of a set (--etcd) cannot reach etcd: it keeps the last shared \
@@ -347,6 +355,7 @@ impl Metrics {
                 dnstap,
                 state_save_failing,
                 etcd_fail_static,
+                audit_failing,
                 etcd_refused,
                 etcd_skew,
                 state_load_errors: reg.counters(

@@ -32,6 +32,10 @@ impl Controller {
                 }
             }
             Command::Undrain { token, id, reply } => {
+                if let Err(e) = self.writable() {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
                 let Some(rule) = self.set.written_drain(&id) else {
                     let _ = reply.send(Err(DrainError::NoSuchOverride(id)));
                     return;
@@ -64,12 +68,18 @@ impl Controller {
                 strict,
                 author,
                 reply,
-            } => match admit_usage(policy, records, strict, now_ms()) {
-                Ok((records, skipped)) => self.set.write_usage(records, skipped, author, reply),
-                Err(e) => {
-                    let _ = reply.send(Err(UsageRefused::Bad(e)));
+            } => {
+                if let Some(why) = self.unaudited() {
+                    let _ = reply.send(Err(UsageRefused::NotAudited(why)));
+                    return;
                 }
-            },
+                match admit_usage(policy, records, strict, now_ms()) {
+                    Ok((records, skipped)) => self.set.write_usage(records, skipped, author, reply),
+                    Err(e) => {
+                        let _ = reply.send(Err(UsageRefused::Bad(e)));
+                    }
+                }
+            }
             Command::Explain {
                 name,
                 ip,
@@ -97,7 +107,31 @@ impl Controller {
     /// Whether a change can be made now: in a set, only while etcd answers (a node
     /// failing static refuses a change before looking at it).
     pub(super) fn writable(&self) -> Result<(), DrainError> {
+        if let Some(why) = self.unaudited() {
+            return Err(DrainError::NotAudited(why));
+        }
         self.set.writable()
+    }
+
+    /// The audit log for `/v1/state` (`None` without a state directory).
+    pub(super) fn audit_doc(&self) -> Option<crate::control::state_doc::AuditDoc> {
+        self.state_file.as_ref()?;
+        Some(crate::control::state_doc::AuditDoc(
+            self.audit.as_ref().map(|a| a.watch()),
+        ))
+    }
+
+    /// Why a change could not be audited now (`None`: it can). A node without a state
+    /// directory keeps no audit log, by its configuration.
+    pub(super) fn unaudited(&self) -> Option<String> {
+        let why = match (&self.audit, &self.state_file) {
+            (Some(a), _) => a.failing()?,
+            (None, Some(_)) => "it could not be opened at start (see the log)".into(),
+            (None, None) => return None,
+        };
+        Some(format!(
+            "the audit log cannot be written, so no change is made unaudited: {why}"
+        ))
     }
 
     /// Explains, for a live query, how `name` is answered to a client at `ip` and why.

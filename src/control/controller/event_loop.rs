@@ -163,12 +163,15 @@ impl Controller {
                 }
             }
             let path = sf.dir.join("audit.jsonl");
-            let started = std::fs::create_dir_all(&sf.dir)
-                .and_then(|()| Audit::start(path.clone(), c.vantage.clone(), audit::MAX_BYTES));
+            let started = std::fs::create_dir_all(&sf.dir).and_then(|()| {
+                let metrics = Some(c.metrics.clone());
+                Audit::start(path.clone(), c.vantage.clone(), audit::MAX_BYTES, metrics)
+            });
             match started {
                 Ok(a) => c.audit = Some(a),
                 Err(e) => {
-                    error!(error = %e, file = %path.display(), "cannot open the audit log: nothing is audited")
+                    c.metrics.audit_failing(true);
+                    error!(error = %e, file = %path.display(), "cannot open the audit log: mutations are refused (503) until it is repaired and the server restarted")
                 }
             }
         }

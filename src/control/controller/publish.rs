@@ -140,6 +140,7 @@ impl Controller {
             peers: &self.peer_views(),
             performance: self.perf.view(),
             commit: self.commit.view(now_ms()),
+            audit: self.audit_doc(),
         };
         doc.assemble()
     }

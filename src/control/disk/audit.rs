@@ -17,7 +17,9 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -46,7 +48,22 @@ pub struct Audit {
     exited: Exited,
     /// The etcd revision of the last entry of the log when it was opened (a set).
     pub start_rev: i64,
+    /// Whether the latest append reached the disk, the head of the chain, and why not.
+    health: Arc<Health>,
 }
+
+/// What the audit thread last managed (shared with the controller).
+struct Health {
+    failing: AtomicBool,
+    /// (seq, hash) of the last line written, and the last error.
+    head: Mutex<(u64, String, Option<String>)>,
+    /// `steerdns_audit_failing`.
+    metrics: Option<crate::metrics::Metrics>,
+}
+
+/// Entries kept in memory while the disk refuses them (appended in order once it
+/// takes them again); past it the oldest are dropped, with an error line.
+const MAX_PENDING: usize = 10_000;
 
 enum Job {
     Append(Map<String, Value>),
@@ -76,9 +93,23 @@ struct Log {
 impl Audit {
     /// Starts the thread that appends to `path` (creating it), continuing the chain
     /// of what is there; entries are stamped with `node`.
-    pub fn start(path: PathBuf, node: String, max_bytes: u64) -> std::io::Result<Audit> {
+    pub fn start(
+        path: PathBuf,
+        node: String,
+        max_bytes: u64,
+        metrics: Option<crate::metrics::Metrics>,
+    ) -> std::io::Result<Audit> {
+        cut_torn_tail(&path)?;
         let (seq, prev, start_rev) = tail_of(&path)?;
         let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+        let health = Arc::new(Health {
+            failing: AtomicBool::new(false),
+            head: Mutex::new((seq, prev.clone(), None)),
+            metrics,
+        });
+        if let Some(m) = &health.metrics {
+            m.audit_failing(false);
+        }
         let mut log = Log {
             path,
             node,
@@ -89,30 +120,98 @@ impl Audit {
         };
         let (tx, rx) = mpsc::channel::<Job>();
         let (alive, exited) = writers::pair();
+        let shared = health.clone();
         std::thread::Builder::new()
             .name("audit".into())
             .spawn(move || {
                 let _alive = alive;
-                for job in rx {
+                let mut pending = std::collections::VecDeque::new();
+                loop {
+                    // While failing, the disk is tried again every second.
+                    let job = match rx.recv_timeout(Duration::from_secs(1)) {
+                        Ok(job) => Some(job),
+                        Err(mpsc::RecvTimeoutError::Timeout) => None,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    };
                     match job {
-                        Job::Append(fields) => {
-                            if let Err(e) = log.append(fields) {
-                                error!(error = %e, file = %log.path.display(), "cannot append to the audit log");
+                        Some(Job::Append(fields)) => {
+                            if pending.len() == MAX_PENDING {
+                                pending.pop_front();
+                                error!(file = %log.path.display(), "the audit log has refused {MAX_PENDING} entries: the oldest is dropped");
                             }
+                            pending.push_back(fields);
                         }
-                        Job::Page(after, limit, reply) => {
+                        Some(Job::Page(after, limit, reply)) => {
                             let _ = reply.send(page(&log.path, after, limit).map_err(|e| e.to_string()));
                         }
+                        None if pending.is_empty() && shared.failing.load(Ordering::Relaxed) => {
+                            // Nothing to append: see whether the file takes writes again.
+                            let r = OpenOptions::new().create(true).append(true).open(&log.path).and_then(|f| f.sync_data());
+                            log.noted(&shared, r.err());
+                        }
+                        None => {}
                     }
+                    while let Some(fields) = pending.front() {
+                        match log.append(fields.clone()) {
+                            Ok(()) => {
+                                pending.pop_front();
+                                log.noted(&shared, None);
+                            }
+                            Err(e) => {
+                                log.noted(&shared, Some(e));
+                                break;
+                            }
+                        }
+                    }
+                }
+                // Entries the disk never took: said, not silently dropped.
+                if !pending.is_empty() {
+                    error!(lost = pending.len(), file = %log.path.display(), "audit entries never written: the disk refused them until the end");
                 }
             })?;
         Ok(Audit {
             tx,
             exited,
             start_rev,
+            health,
         })
     }
 
+    /// `None` while the log takes entries; else why not (mutations are refused then:
+    /// nothing changes unaudited).
+    pub fn failing(&self) -> Option<String> {
+        self.watch().failing()
+    }
+
+    /// What the log managed last, to show (without keeping the thread alive).
+    pub fn watch(&self) -> Watch {
+        Watch(self.health.clone())
+    }
+}
+
+/// The audit thread's health and head, as last written.
+#[derive(Clone)]
+pub struct Watch(Arc<Health>);
+
+impl Watch {
+    /// `None` while the log takes entries; else why not.
+    pub fn failing(&self) -> Option<String> {
+        if !self.0.failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let head = self.0.head.lock().unwrap_or_else(|e| e.into_inner());
+        Some(head.2.clone().unwrap_or_else(|| "cannot append".into()))
+    }
+
+    /// The head of the chain: the seq and hash of the last line written (`audit
+    /// verify --expect-head SEQ:HASH` checks a copy against it).
+    pub fn head(&self) -> (u64, String) {
+        let head = self.0.head.lock().unwrap_or_else(|e| e.into_inner());
+        (head.0, head.1.clone())
+    }
+}
+
+impl Audit {
     /// Resolves once the thread has returned: after every clone of this is dropped,
     /// once what was handed over is appended.
     pub fn exited(&self) -> Exited {
@@ -166,6 +265,33 @@ impl Audit {
 }
 
 impl Log {
+    /// Shares the outcome of a write: the head, and whether (and why) it failed; the
+    /// change is logged once.
+    fn noted(&self, health: &Health, error: Option<std::io::Error>) {
+        let failing = error.is_some();
+        let was = health.failing.swap(failing, Ordering::Relaxed);
+        if let Some(m) = &health.metrics {
+            m.audit_failing(failing);
+        }
+        let mut head = health.head.lock().unwrap_or_else(|e| e.into_inner());
+        *head = (
+            self.seq,
+            self.prev.clone(),
+            error
+                .as_ref()
+                .map(|e| format!("{}: {e}", self.path.display())),
+        );
+        match (&error, was) {
+            (Some(e), false) => {
+                error!(error = %e, file = %self.path.display(), "cannot append to the audit log: mutations are refused (503) until it can")
+            }
+            (None, true) => {
+                tracing::info!(file = %self.path.display(), "the audit log takes entries again")
+            }
+            _ => {}
+        }
+    }
+
     fn append(&mut self, mut fields: Map<String, Value>) -> std::io::Result<()> {
         fields.insert("seq".into(), Value::from(self.seq + 1));
         fields.insert("prev".into(), Value::from(self.prev.clone()));
@@ -224,6 +350,28 @@ pub fn files(path: &Path) -> Vec<PathBuf> {
         out.push(path.to_path_buf());
     }
     out
+}
+
+/// A last line cut short (a crash while it was written: no newline ends it) is moved
+/// to `audit.jsonl.torn-<ms>` and cut from the file, so the chain goes on from the
+/// last whole line; logged.
+fn cut_torn_tail(path: &Path) -> std::io::Result<()> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    if whole == bytes.len() {
+        return Ok(());
+    }
+    let aside = PathBuf::from(format!("{}.torn-{}", path.display(), now_ms()));
+    std::fs::write(&aside, &bytes[whole..])?;
+    let f = OpenOptions::new().write(true).open(path)?;
+    f.set_len(whole as u64)?;
+    f.sync_all()?;
+    warn!(file = %path.display(), cut_bytes = bytes.len() - whole, kept_in = %aside.display(), "the audit log's last line was cut short (a crash while it was written): cut, the chain goes on from the last whole line");
+    Ok(())
 }
 
 /// The seq, hash and etcd revision of the last line of the log (0, [`GENESIS`], 0 when
@@ -307,6 +455,40 @@ impl Link {
             hash,
         })
     }
+}
+
+/// Whether `files` (an intact chain) hold the entry of the published `head`
+/// (`SEQ:HASH`): a copy cut short before it, or rewritten and rehashed from some line
+/// on, does not.
+pub fn check_head(files: &[PathBuf], head: &str) -> Result<(), String> {
+    let (seq, hash) = head
+        .split_once(':')
+        .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h)))
+        .filter(|(_, h)| h.len() == 64)
+        .ok_or_else(|| {
+            format!("--expect-head {head}: not SEQ:HASH (a number, a colon, 64 hex digits)")
+        })?;
+    let mut last = 0;
+    for file in files {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        for line in text.lines() {
+            let Some(link) = Link::of(line) else { continue };
+            last = link.seq;
+            if link.seq == seq {
+                return if link.hash == hash {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "rewritten: entry {seq} has the hash {}, the head published says {hash}",
+                        link.hash
+                    ))
+                };
+            }
+        }
+    }
+    Err(format!(
+        "cut short: the head published is entry {seq}, the files end at entry {last}"
+    ))
 }
 
 /// Where a chain is broken: the file, the line (1-based) and what is wrong there.

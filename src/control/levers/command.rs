@@ -92,6 +92,9 @@ pub enum UsageRefused {
     /// In a set: etcd cannot take them now (every node must keep the same ledger): 503.
     #[error("etcd unreachable, the set cannot take usage now: {0}")]
     Unavailable(String),
+    /// The audit log cannot be written: no change is made unaudited (503).
+    #[error("{0}")]
+    NotAudited(String),
 }
 
 /// A freeze or resume: why, who, and of which tenant's names (`None`: every name).

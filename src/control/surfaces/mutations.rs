@@ -153,7 +153,7 @@ pub(super) async fn mutate(
                     error(StatusCode::FORBIDDEN, &e.to_string())
                 }
                 Ok(Err(e)) if e.is_conflict() => error(StatusCode::CONFLICT, &e.to_string()),
-                Ok(Err(e @ DrainError::Unavailable(_))) => {
+                Ok(Err(e @ (DrainError::Unavailable(_) | DrainError::NotAudited(_)))) => {
                     error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
                 }
                 Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
@@ -174,7 +174,7 @@ pub(super) async fn mutate(
                 Ok(Err(e @ DrainError::Forbidden(_))) => {
                     error(StatusCode::FORBIDDEN, &e.to_string())
                 }
-                Ok(Err(e @ DrainError::Unavailable(_))) => {
+                Ok(Err(e @ (DrainError::Unavailable(_) | DrainError::NotAudited(_)))) => {
                     error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
                 }
                 Ok(Err(e)) => error(StatusCode::NOT_FOUND, &e.to_string()),
@@ -231,7 +231,7 @@ pub(super) async fn mutate(
                     ),
                     None => json_reply(StatusCode::OK, &json!({ "failover_frozen": freeze })),
                 },
-                Ok(Err(e @ DrainError::Unavailable(_))) => {
+                Ok(Err(e @ (DrainError::Unavailable(_) | DrainError::NotAudited(_)))) => {
                     error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
                 }
                 Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
@@ -305,7 +305,7 @@ pub(super) async fn usage(commands: &mpsc::Sender<Command>, token: &Token, body:
     {
         Ok(Ok(taken)) => json_reply(StatusCode::OK, &taken),
         Ok(Err(e @ UsageRefused::Bad(_))) => error(StatusCode::BAD_REQUEST, &e.to_string()),
-        Ok(Err(e @ UsageRefused::Unavailable(_))) => {
+        Ok(Err(e @ (UsageRefused::Unavailable(_) | UsageRefused::NotAudited(_)))) => {
             error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
         }
         Err(reply) => *reply,

@@ -92,6 +92,9 @@ pub enum DrainError {
     /// The set holds as many drains as it keeps: a new one would apply nowhere.
     #[error("refused: the set holds {held} drain overrides, at most {max}: end one first")]
     TooManyDrains { held: usize, max: usize },
+    /// The audit log cannot be written: no change is made unaudited (503).
+    #[error("{0}")]
+    NotAudited(String),
     /// In a set: etcd cannot take it now (the set must agree on every override).
     #[error("etcd unreachable, the set cannot take an override now: {0}")]
     Unavailable(String),
