@@ -492,6 +492,13 @@ async fn a_tenant_freeze_holds_only_that_tenants_names() {
     s.wait_for("probed", |st| ["a", "b"].iter().all(|c| up_verdict(st, c)))
         .await;
     let acme = json!({"reason": "acme window", "tenant": "acme"});
+    // A tenant not frozen has nothing to resume: 409 (its timelines would start anew).
+    let (code, r) = s.post("/v1/failover/resume", acme.clone()).await;
+    assert_eq!(code, 409, "{r}");
+    assert!(
+        r["error"].as_str().unwrap_or("").contains("not frozen"),
+        "{r}"
+    );
     // A token limited to a name may not freeze a tenant; an unknown tenant is 400.
     refused(
         &s,

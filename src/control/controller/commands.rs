@@ -60,6 +60,14 @@ impl Controller {
                     let _ = reply.send(Err(e));
                     return;
                 }
+                // A tenant not frozen: nothing to resume (its timelines would start
+                // anew and skip a step interval).
+                if let Some(t) = &lever.tenant {
+                    if !self.state.failover.frozen_tenants.contains_key(t) {
+                        let _ = reply.send(Err(DrainError::NotFrozen(t.clone())));
+                        return;
+                    }
+                }
                 let turns = self.state.failover.turns(policy, lever.tenant.as_deref());
                 self.set.write_resume(lever, &turns, reply);
             }

@@ -234,6 +234,9 @@ pub(super) async fn mutate(
                 Ok(Err(e @ (DrainError::Unavailable(_) | DrainError::NotAudited(_)))) => {
                     error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
                 }
+                Ok(Err(e @ DrainError::NotFrozen(_))) => {
+                    error(StatusCode::CONFLICT, &e.to_string())
+                }
                 Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
                 Err(reply) => *reply,
             }

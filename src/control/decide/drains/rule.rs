@@ -92,6 +92,9 @@ pub enum DrainError {
     /// The set holds as many drains as it keeps: a new one would apply nowhere.
     #[error("refused: the set holds {held} drain overrides, at most {max}: end one first")]
     TooManyDrains { held: usize, max: usize },
+    /// A resume of a tenant whose failover is not frozen (409).
+    #[error("refused: the failover of tenant `{0}` is not frozen: nothing to resume")]
+    NotFrozen(String),
     /// The audit log cannot be written: no change is made unaudited (503).
     #[error("{0}")]
     NotAudited(String),
@@ -109,6 +112,7 @@ impl DrainError {
             DrainError::EmptiesRegion(_)
                 | DrainError::TooManyScopes { .. }
                 | DrainError::TooManyDrains { .. }
+                | DrainError::NotFrozen(_)
         )
     }
 }
