@@ -190,10 +190,13 @@ impl Metrics {
         let etcd_skew = prometheus::Gauge::new(
             "etcd_clock_skew_seconds",
             "This node's clock against etcd's, from the Date of etcd's answers (positive: \
-             etcd is ahead; about 0.1 s precise). Timelines are scheduled by the clock: keep \
-             every node on NTP.",
+             etcd is ahead; about 0.1 s precise), updated at each liveness check; NaN until \
+             measured (and without --etcd). Timelines are scheduled by the clock: keep every \
+             node on NTP.",
         )
         .expect("static gauge");
+        // Not measured yet (and never without --etcd): NaN, not a skew of 0.
+        etcd_skew.set(f64::NAN);
         reg.add(etcd_skew.clone());
         let state_save_errors = IntCounter::new(
             "state_save_errors_total",

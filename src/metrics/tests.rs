@@ -359,3 +359,15 @@ fn clones_share_one_registry_and_instances_do_not() {
     assert!(text(&a).contains(r#"steerdns_config_reloads_total{result="applied"} 1"#));
     assert!(text(&b).contains(r#"steerdns_config_reloads_total{result="applied"} 0"#));
 }
+
+#[test]
+fn the_etcd_clock_skew_is_nan_until_measured() {
+    let m = Metrics::new();
+    let t = text(&m);
+    assert!(
+        t.contains("steerdns_etcd_clock_skew_seconds NaN"),
+        "not NaN before a measurement:\n{t}"
+    );
+    m.etcd_clock_skew(-2_000);
+    assert!(text(&m).contains("steerdns_etcd_clock_skew_seconds -2\n"));
+}

@@ -30,6 +30,7 @@ pub fn spawn_session(
     members: &[String],
     node: &str,
     policy: watch::Receiver<Arc<Loaded>>,
+    metrics: crate::metrics::Metrics,
     stop: CancellationToken,
 ) -> watch::Receiver<Shared> {
     let (tx, rx) = watch::channel(Shared {
@@ -49,7 +50,7 @@ pub fn spawn_session(
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = session(store, prefix, mirror, tx, policy, (members, node)) => {}
+            _ = session(store, prefix, mirror, tx, policy, (members, node), metrics) => {}
         }
     });
     rx
@@ -85,68 +86,125 @@ enum ReadFailed {
     NotWhole(String),
 }
 
-/// Reads every part of the store (`Key::parts`) into `mirror`, page by page, at the
-/// revision of the first page and from the member that gave it: the store's revision
-/// and that member. A part of the set's decisions past [`MAX_KIND_KEYS`] fails the
-/// read; a member's own keys past its cap are refused (its oldest audit entries, the
-/// last of its others).
+/// What a part's reader hands the mirror.
+enum Read {
+    /// A page of keys (the part's cap not passed).
+    Page(Vec<super::etcd::Kv>),
+    /// A member's own keys past its cap: the rest were not read.
+    Capped { under: String, why: String },
+    /// The read gives no view.
+    Failed(ReadFailed),
+}
+
+/// Reads every part of the store (`Key::parts`) into `mirror`: the first page gives
+/// the revision and the member, then every part is paged at that revision from that
+/// member, the parts side by side (a read costs a few round trips, not one per part),
+/// each page going into the mirror as it comes (a refused value is dropped with its
+/// page; at most a few pages are held). A part of the set's decisions past
+/// [`MAX_KIND_KEYS`] fails the read; a member's own keys past its cap are refused
+/// (its oldest audit entries, the last of its others). The store's revision and
+/// the member.
 async fn read_whole(
     store: &Store,
     prefix: &str,
     mirror: &mut Mirror,
 ) -> Result<(i64, usize), ReadFailed> {
     let members: Vec<String> = mirror.scope.members.iter().cloned().collect();
-    let mut at: Option<(i64, usize)> = None;
+    let parts = Key::parts(members.iter().map(String::as_str));
+    // The revision and the member: the first page of the first part.
+    let first = store
+        .range_page(&format!("{prefix}{}", parts[0].under), None, None, false)
+        .await
+        .map_err(ReadFailed::Store)?;
+    let at = (first.revision, first.member);
     mirror.begin_read();
-    for part in Key::parts(members.iter().map(String::as_str)) {
-        let under = format!("{prefix}{}", part.under);
-        let cap = match (&part.member, part.newest_first) {
-            (None, _) => MAX_KIND_KEYS,
-            (Some(_), true) => MAX_AUDIT_PER_MEMBER,
-            (Some(_), false) => MAX_MEMBER_KEYS,
-        };
-        let mut after: Option<String> = None;
-        let mut taken = 0;
-        loop {
-            let page = store
-                .range_page(&under, after.as_deref(), at, part.newest_first)
-                .await
-                .map_err(ReadFailed::Store)?;
-            at = Some((page.revision, page.member));
-            after = page.kvs.last().map(|kv| kv.key.clone());
-            let now = Instant::now();
-            for kv in page.kvs {
-                if taken == cap {
-                    break;
-                }
-                taken += 1;
-                mirror.read(kv, now);
-            }
-            if !page.more {
-                break;
-            }
-            if taken == cap {
-                match &part.member {
-                    None => {
-                        return Err(ReadFailed::NotWhole(format!(
-                            "more than {cap} keys under {under}: the set's decisions were not read whole"
-                        )))
-                    }
-                    Some(m) => {
-                        let which = if part.newest_first { "oldest" } else { "last" };
-                        mirror.not_read(
-                            &part.under,
-                            format!("more than {cap} keys of member `{m}`: the {which} were not read"),
-                        );
-                        break;
-                    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Read>(8);
+    let mut readers = tokio::task::JoinSet::new();
+    for (i, part) in parts.into_iter().enumerate() {
+        let start = (i == 0).then(|| (first.kvs.clone(), first.more));
+        let (store, prefix, tx) = (store.clone(), prefix.to_string(), tx.clone());
+        readers.spawn(read_part(store, prefix, part, at, start, tx));
+    }
+    drop(tx);
+    while let Some(read) = rx.recv().await {
+        match read {
+            Read::Page(kvs) => {
+                let now = Instant::now();
+                for kv in kvs {
+                    mirror.read(kv, now);
                 }
             }
+            Read::Capped { under, why } => mirror.not_read(&under, why),
+            // Dropping `readers` stops the others.
+            Read::Failed(f) => return Err(f),
         }
     }
     mirror.end_read();
-    let (revision, member) = at.unwrap_or((0, store.current()));
-    Ok((revision, member))
+    Ok(at)
+}
+
+/// Pages one part at `at` into `tx` (`start`: its first page, already read).
+async fn read_part(
+    store: Store,
+    prefix: String,
+    part: crate::control::store::Part,
+    at: (i64, usize),
+    start: Option<(Vec<super::etcd::Kv>, bool)>,
+    tx: tokio::sync::mpsc::Sender<Read>,
+) {
+    let under = format!("{prefix}{}", part.under);
+    let cap = match (&part.member, part.newest_first) {
+        (None, _) => MAX_KIND_KEYS,
+        (Some(_), true) => MAX_AUDIT_PER_MEMBER,
+        (Some(_), false) => MAX_MEMBER_KEYS,
+    };
+    let mut taken = 0;
+    let mut page = start;
+    let mut after: Option<String> = None;
+    loop {
+        let (mut kvs, more) = match page.take() {
+            Some(p) => p,
+            None => match store
+                .range_page(&under, after.as_deref(), Some(at), part.newest_first)
+                .await
+            {
+                Ok(p) => (p.kvs, p.more),
+                Err(e) => {
+                    let _ = tx.send(Read::Failed(ReadFailed::Store(e))).await;
+                    return;
+                }
+            },
+        };
+        after = kvs.last().map(|kv| kv.key.clone()).or(after);
+        let room = cap - taken;
+        let past = kvs.len() > room || (kvs.len() == room && more);
+        kvs.truncate(room);
+        taken += kvs.len();
+        if !kvs.is_empty() && tx.send(Read::Page(kvs)).await.is_err() {
+            return;
+        }
+        if past {
+            let read = match &part.member {
+                None => Read::Failed(ReadFailed::NotWhole(format!(
+                    "more than {cap} keys under {under}: the set's decisions were not read whole"
+                ))),
+                Some(m) => {
+                    let which = if part.newest_first { "oldest" } else { "last" };
+                    Read::Capped {
+                        under: part.under.clone(),
+                        why: format!(
+                            "more than {cap} keys of member `{m}`: the {which} were not read"
+                        ),
+                    }
+                }
+            };
+            let _ = tx.send(read).await;
+            return;
+        }
+        if !more {
+            return;
+        }
+    }
 }
 
 /// Why the session reads everything anew.
@@ -164,6 +222,7 @@ async fn session(
     tx: watch::Sender<Shared>,
     mut policy: watch::Receiver<Arc<Loaded>>,
     (members, node): (Vec<String>, String),
+    metrics: crate::metrics::Metrics,
 ) {
     let mut policy_open = true;
     loop {
@@ -230,7 +289,13 @@ async fn session(
                     });
                 }
                 r = &mut alive => match r {
-                    Ok(()) => alive = Box::pin(liveness(store.clone(), member, prefix.clone())),
+                    Ok(()) => {
+                        // Each check dates etcd's clock against this one's.
+                        if let Some(skew) = store.skew_ms() {
+                            metrics.etcd_clock_skew(skew);
+                        }
+                        alive = Box::pin(liveness(store.clone(), member, prefix.clone()));
+                    }
                     Err(e) => break Again::Member(e),
                 },
                 changed = policy.changed(), if policy_open => {

@@ -205,6 +205,7 @@ impl Controller {
             &joining.members,
             &self.vantage,
             scope,
+            self.metrics.clone(),
             joining.stop,
         );
         self.set.audit_rev = audit_rev;

@@ -80,9 +80,6 @@ impl Controller {
         }
         let mut views = vec![own];
         self.set.rounds.notify_one();
-        if let Some(skew) = self.set.store.skew_ms() {
-            self.metrics.etcd_clock_skew(skew);
-        }
         let peers = self.peer_views();
         self.gauges.unhappy_peers(&self.metrics, &peers);
         views.extend(peers);
