@@ -116,6 +116,27 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
     set
 }
 
+impl Set {
+    /// Cuts node `i` off from every etcd member; its state once it fails static.
+    async fn cut_off(&self, i: usize) -> Value {
+        for r in &self.relays[i] {
+            r.cut();
+        }
+        self.nodes[i]
+            .wait_for(&format!("ns{} fails static", i + 1), |s| {
+                s["cluster"]["fail_static"] == true
+            })
+            .await
+    }
+
+    /// Gives node `i` its links to etcd back.
+    fn rejoin(&self, i: usize) {
+        for r in &self.relays[i] {
+            r.join();
+        }
+    }
+}
+
 fn cdns_of(counts: &std::collections::HashMap<String, usize>) -> Vec<String> {
     let mut v: Vec<String> = counts.keys().cloned().collect();
     v.sort();
@@ -358,12 +379,7 @@ async fn a_node_cut_off_from_etcd_fails_static_then_catches_up() {
         },
     )
     .await;
-    for r in &set.relays[2] {
-        r.cut();
-    }
-    let s = set.nodes[2]
-        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
-        .await;
+    let s = set.cut_off(2).await;
     assert!(s["cluster"]["error"].is_string(), "{s:#}");
     assert_eq!(
         set.nodes[2].metric("steerdns_etcd_fail_static").await,
@@ -399,9 +415,7 @@ async fn a_node_cut_off_from_etcd_fails_static_then_catches_up() {
         "ns3 keeps answering from the last shared state"
     );
     // Back in touch: it follows the set's timeline, at the same step.
-    for r in &set.relays[2] {
-        r.join();
-    }
+    set.rejoin(2);
     let s = set.nodes[2]
         .wait_for("ns3 caught up", |s| {
             s["cluster"]["connected"] == true && removed(s, "a") == Some(50)
@@ -670,12 +684,7 @@ async fn a_timeline_goes_on_while_failing_static_and_a_change_made_meanwhile_is_
     let vantages = |s: &Value| s["cluster"]["vantages"].to_string();
     assert!(vantages(&set.nodes[0].state().await).contains("ns3"));
     let cut = Instant::now();
-    for r in &set.relays[2] {
-        r.cut();
-    }
-    set.nodes[2]
-        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
-        .await;
+    set.cut_off(2).await;
     // A vantage point that can no longer reach etcd is as good as dead to the set: its
     // observations go with their lease (three probe intervals, at least 2 s).
     set.nodes[0]
@@ -707,9 +716,7 @@ async fn a_timeline_goes_on_while_failing_static_and_a_change_made_meanwhile_is_
             i + 1
         );
     }
-    for r in &set.relays[2] {
-        r.join();
-    }
+    set.rejoin(2);
     for n in &set.nodes {
         n.wait_for("connected", |s| s["cluster"]["connected"] == true)
             .await;
@@ -1168,15 +1175,8 @@ async fn a_thousand_oversize_keys_are_refused_and_not_kept() {
     // A node cut off and back reads them all anew (in pages, kind by kind) and keeps
     // none either: ns2's 500 observations are refused again (the keys outside the
     // schema belong to no kind a whole read takes: they are not read at all).
-    for r in &set.relays[1] {
-        r.cut();
-    }
-    set.nodes[1]
-        .wait_for("ns2 fails static", |s| s["cluster"]["fail_static"] == true)
-        .await;
-    for r in &set.relays[1] {
-        r.join();
-    }
+    set.cut_off(1).await;
+    set.rejoin(1);
     let s = set.nodes[1]
         .wait_for("ns2 read everything again", |s| {
             s["cluster"]["connected"] == true && s["cluster"]["refused_keys"].as_u64() >= Some(500)
@@ -1491,12 +1491,7 @@ async fn usage_posted_to_one_node_moves_every_nodes_commit_bias_as_one() {
     .await;
     // ns3 cut off from etcd: failing static, it holds the biases in force and takes
     // no usage (the set could not keep the same ledger).
-    for r in &set.relays[2] {
-        r.cut();
-    }
-    set.nodes[2]
-        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
-        .await;
+    set.cut_off(2).await;
     let (records, in_month) = usage_records(unix_ms(), 300.0);
     let (status, body) = set.nodes[2].post("/v1/usage", records.clone()).await;
     assert_eq!(status, 503, "{body}");
@@ -1550,9 +1545,7 @@ async fn usage_posted_to_one_node_moves_every_nodes_commit_bias_as_one() {
 
     // Back in touch, ns3 takes the set's ledger and biases as they are: straight to
     // 30, never through 10 or 20 as evaluating on its own would (three periods).
-    for r in &set.relays[2] {
-        r.join();
-    }
+    set.rejoin(2);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = set.nodes[2].state().await;
@@ -1693,12 +1686,7 @@ async fn a_members_junk_never_hides_the_sets_decisions() {
     )
     .await;
     // ns3 reads the store anew once the junk is in: cut off meanwhile.
-    for r in &set.relays[2] {
-        r.cut();
-    }
-    set.nodes[2]
-        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
-        .await;
+    set.cut_off(2).await;
     let ns1 = Some(("ns1", "pw-ns1"));
     let mut kvs = Vec::new();
     for (kind, n) in [
@@ -1744,9 +1732,7 @@ async fn a_members_junk_never_hides_the_sets_decisions() {
             .await;
     }
     // ns3, back, reads it all anew: the decisions count, the junk does not.
-    for r in &set.relays[2] {
-        r.join();
-    }
+    set.rejoin(2);
     let s = set.nodes[2]
         .wait_for("ns3 applied the drain and the freeze", applied)
         .await;
@@ -1809,18 +1795,11 @@ async fn a_read_that_is_not_whole_fails_static() {
         },
     )
     .await;
-    for r in &set.relays[2] {
-        r.cut();
-    }
-    set.nodes[2]
-        .wait_for("ns3 fails static", |s| s["cluster"]["fail_static"] == true)
-        .await;
+    set.cut_off(2).await;
     set.etcd
         .put_many_as(Some(("ns1", "pw-ns1")), &junk("freeze", 16_400))
         .await;
-    for r in &set.relays[2] {
-        r.join();
-    }
+    set.rejoin(2);
     let s = set.nodes[2]
         .wait_for("ns3 says its read is not whole", |s| {
             s["cluster"]["error"]

@@ -221,6 +221,18 @@ impl Policy {
     }
 
     /// The steered names (absolute) of each tenant.
+    /// Whether some steered name has the CDN `cdn`.
+    pub fn has_cdn(&self, cdn: &str) -> bool {
+        self.hosts.iter().any(|h| h.has_cdn(cdn))
+    }
+
+    /// Whether some steered name is of tenant `tenant`.
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        self.hosts
+            .iter()
+            .any(|h| h.tenant.as_deref() == Some(tenant))
+    }
+
     pub fn tenants(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for h in &self.hosts {

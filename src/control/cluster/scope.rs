@@ -58,12 +58,7 @@ impl Scope {
     }
 
     pub(super) fn tenant(&self, tenant: &str) -> Result<(), String> {
-        let policy = &self.loaded.policy;
-        if !policy
-            .hosts
-            .iter()
-            .any(|h| h.tenant.as_deref() == Some(tenant))
-        {
+        if !self.loaded.policy.has_tenant(tenant) {
             return Err(format!("`{tenant}` is not a tenant of this policy"));
         }
         Ok(())
@@ -71,7 +66,7 @@ impl Scope {
 
     /// A CDN of some steered name.
     pub(super) fn cdn(&self, cdn: &str) -> Result<(), String> {
-        if !self.loaded.policy.hosts.iter().any(|h| h.has_cdn(cdn)) {
+        if !self.loaded.policy.has_cdn(cdn) {
             return Err(format!("`{cdn}` is not a CDN of this policy"));
         }
         Ok(())
@@ -97,9 +92,7 @@ impl Scope {
     /// A usage day that counts at `now_ms`: this month or last (UTC), or tomorrow (a
     /// record may start up to a day ahead).
     pub(super) fn usage_day(&self, start_ms: u64, day: &str, now_ms: u64) -> Result<(), String> {
-        let this = Month::of(now_ms);
-        let last = Month::of(this.start_ms.saturating_sub(1));
-        if start_ms < last.start_ms || start_ms > now_ms + 86_400_000 {
+        if start_ms < Month::last_start(now_ms) || start_ms > now_ms + 86_400_000 {
             return Err(format!(
                 "usage of {day}: only this month's and last month's count"
             ));

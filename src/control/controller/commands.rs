@@ -180,16 +180,7 @@ impl Controller {
     /// Refuses a freeze or resume of a tenant the policy does not have.
     pub(super) fn known_tenant(&self, lever: &Lever) -> Result<(), DrainError> {
         match &lever.tenant {
-            Some(t)
-                if !self
-                    .loaded
-                    .policy
-                    .hosts
-                    .iter()
-                    .any(|h| h.tenant.as_ref() == Some(t)) =>
-            {
-                Err(DrainError::NoTenant(t.clone()))
-            }
+            Some(t) if !self.loaded.policy.has_tenant(t) => Err(DrainError::NoTenant(t.clone())),
             _ => Ok(()),
         }
     }

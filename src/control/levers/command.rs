@@ -201,16 +201,8 @@ pub fn admit_usage(
 ) -> Result<(Vec<UsageRecord>, u64), String> {
     let latest = now_ms + 86_400_000;
     // This month's and last month's usage count (the ledger keeps no more).
-    let this = crate::control::modifiers::commit::month::Month::of(now_ms);
-    let earliest =
-        crate::control::modifiers::commit::month::Month::of(this.start_ms.saturating_sub(1))
-            .start_ms;
-    let known = |cdn: &str| {
-        policy
-            .hosts
-            .iter()
-            .any(|h| h.cdns.iter().any(|c| c.name == cdn))
-    };
+    let earliest = crate::control::modifiers::commit::month::Month::last_start(now_ms);
+    let known = |cdn: &str| policy.has_cdn(cdn);
     if strict {
         if let Some((_, start, _)) = records.iter().find(|r| r.1 > latest) {
             let at = crate::control::decide::times::rfc3339(*start);

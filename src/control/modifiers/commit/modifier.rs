@@ -376,11 +376,7 @@ impl Commit {
         start_ms: u64,
         r: Record,
     ) -> Result<Taken, UsageError> {
-        if !policy
-            .hosts
-            .iter()
-            .any(|h| h.cdns.iter().any(|c| c.name == cdn))
-        {
+        if !policy.has_cdn(cdn) {
             return Err(UsageError::UnknownCdn(cdn.to_string()));
         }
         Ok(self.ledger.record(cdn, start_ms, r))

@@ -45,6 +45,12 @@ impl Month {
         }
     }
 
+    /// The start of the month before the one holding `ms`: usage from then on counts
+    /// (this month's and last month's).
+    pub fn last_start(ms: u64) -> u64 {
+        Month::of(Month::of(ms).start_ms.saturating_sub(1)).start_ms
+    }
+
     pub fn len_ms(&self) -> u64 {
         self.end_ms - self.start_ms
     }
