@@ -304,6 +304,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let stop = CancellationToken::new();
     let metrics = Metrics::new();
     metrics.config_version(&loaded.version);
+    metrics.policy_version(&loaded.policy.version);
     // This vantage point's series exists from the start (0: happy), for dashboards.
     metrics.vantage_unhappy(&opts.vantage, false);
     for spec in &loaded.probes.specs {
@@ -447,12 +448,17 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         );
     }
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
+    // The reload task loads the set's policy versions too, and the API's are checked
+    // with the same inputs.
+    let checker = crate::inputs::Checker::new(opts.inputs.clone(), loaded.geo_cache.clone());
+    let (versions_tx, versions_rx) = tokio::sync::watch::channel(None);
+    controller.load_versions_with(versions_tx, checker.clone(), reload_tx.clone());
     reload::spawn(
-        opts.inputs.clone(),
+        checker,
         opts.reload_poll,
         reload_tx,
         stop.clone(),
-        loaded.geo_cache.clone(),
+        versions_rx,
         loaded.policy.dnssec.as_ref().map(|d| d.keys.clone()),
     );
     let writers = controller.writers();

@@ -110,10 +110,32 @@ impl GeoCache {
 
 /// As [`load`], reusing the geo database of `cache` when its file is unchanged.
 pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issues> {
+    load_with(inputs, cache, None)
+}
+
+/// A policy given as text instead of the policy file: a version of the set's store,
+/// or a `POST /v1/policy` body. `origin` names it in messages (`file:line: field`).
+#[derive(Clone, Debug)]
+pub struct PolicyText {
+    pub origin: PathBuf,
+    pub text: Arc<str>,
+}
+
+/// As [`load_cached`], with `policy` (when given) in place of the policy file: every
+/// other input is this node's own, so a version of the set is checked against this
+/// node's zones, geo database and probes before it is served.
+pub fn load_with(
+    inputs: &Inputs,
+    cache: &mut GeoCache,
+    policy: Option<&PolicyText>,
+) -> Result<Loaded, Issues> {
     let mut issues = Issues::default();
-    let policy = config::load(&inputs.config)
-        .map_err(|e| issues.extend(e))
-        .ok();
+    let policy = match policy {
+        None => config::load(&inputs.config),
+        Some(p) => config::parse(&p.origin, p.text.to_string()),
+    }
+    .map_err(|e| issues.extend(e))
+    .ok();
     let zones = Zones::load(&inputs.zones)
         .map_err(|e| issues.extend(e))
         .ok();
@@ -194,6 +216,42 @@ pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issu
         geo_cache: cache.clone(),
         warnings: issues,
     })
+}
+
+/// Loads the inputs with a policy of the caller's (the reload task, the admin API's
+/// `POST /v1/policy`): one geo database cache for both.
+#[derive(Clone)]
+pub struct Checker {
+    pub inputs: Inputs,
+    pub cache: Arc<std::sync::Mutex<GeoCache>>,
+}
+
+impl Checker {
+    pub fn new(inputs: Inputs, cache: GeoCache) -> Checker {
+        Checker {
+            inputs,
+            cache: Arc::new(std::sync::Mutex::new(cache)),
+        }
+    }
+
+    /// [`load_with`], off the async runtime (walking a geo database takes tens of
+    /// milliseconds).
+    pub async fn load(&self, policy: Option<PolicyText>) -> Result<Loaded, Issues> {
+        let me = self.clone();
+        let load = move || {
+            let mut cache = me.cache.lock().unwrap_or_else(|p| p.into_inner());
+            load_with(&me.inputs, &mut cache, policy.as_ref())
+        };
+        match tokio::task::spawn_blocking(load).await {
+            Ok(r) => r,
+            Err(e) => Err(Issues(vec![ConfigIssue::error(
+                &self.inputs.config,
+                None,
+                "",
+                format!("the load failed: {e}"),
+            )])),
+        }
+    }
 }
 
 /// (path, size, modification time) of every input file, in a stable order.

@@ -417,6 +417,21 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for OrderedMap<T> {
 
 // ===== loading =====
 
+/// A policy's version: the first 12 hex digits of the SHA-256 of its text, so that the
+/// same file copied to every node is one version, and any edit is another.
+pub fn version_of(text: &str) -> String {
+    let mut v = super::tokens::hex(&super::tokens::sha256(text.as_bytes()));
+    v.truncate(12);
+    v
+}
+
+/// Whether `s` is written as a policy version is (12 lowercase hex digits).
+pub fn is_version(s: &str) -> bool {
+    s.len() == 12
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// Reads and validates a policy file. On success the `Issues` hold only warnings.
 pub fn load(path: &Path) -> Result<(Policy, Issues), Issues> {
     let source = std::fs::read_to_string(path).map_err(|e| {

@@ -4,7 +4,7 @@
 //! tokens:
 //!   - name: oncall-acme                 # shown as the author of what it does
 //!     sha256: 5e8848…42d8               # SHA-256 of the token, 64 hex digits
-//!     verbs: [drain, undrain, freeze, resume, usage]
+//!     verbs: [drain, undrain, freeze, resume, usage, policy]
 //!     names: [a.example.com]            # optional: these names…
 //!     tenants: [acme]                   # optional: …and the names of these tenants
 //!     regions: [europe, GB]             # optional: drains only with these `where:` entries
@@ -45,6 +45,9 @@ pub enum Verb {
     Resume,
     /// Usage records (`POST /v1/usage`).
     Usage,
+    /// A new policy version, a rollback, a halt (`POST /v1/policy`, `/rollback`,
+    /// `/halt`); only for a token limited by neither names, tenants nor regions.
+    Policy,
 }
 
 impl Verb {
@@ -55,15 +58,17 @@ impl Verb {
             Verb::Freeze => "freeze",
             Verb::Resume => "resume",
             Verb::Usage => "usage",
+            Verb::Policy => "policy",
         }
     }
 
-    const ALL: [Verb; 5] = [
+    const ALL: [Verb; 6] = [
         Verb::Drain,
         Verb::Undrain,
         Verb::Freeze,
         Verb::Resume,
         Verb::Usage,
+        Verb::Policy,
     ];
 }
 

@@ -108,8 +108,7 @@ pub(super) fn validate(
     Ok((
         Policy {
             file: file.to_path_buf(),
-            version: super::tokens::hex(&super::tokens::sha256(source.as_bytes()))[..12]
-                .to_string(),
+            version: super::version_of(&source),
             source,
             by_name: Policy::index(&hosts),
             hosts,

@@ -22,9 +22,12 @@ use crate::inputs::Loaded;
 pub struct StateDoc {
     /// Short hash of the input files being served.
     pub config_version: String,
-    /// The policy version: the first 12 hex digits of the SHA-256 of `steering.yaml`,
-    /// as dnstap's steering decisions name it.
+    /// The policy version in force: the first 12 hex digits of the SHA-256 of its
+    /// YAML, as dnstap's steering decisions name it.
     pub policy_version: String,
+    /// The policy versions on this node: its file's, one refused or pending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyDoc>,
     /// Why automatic failover is frozen, if it is.
     pub failover_frozen: Option<String>,
     /// Tenants whose failover is frozen, with why (their names take no step).
@@ -271,6 +274,7 @@ impl Parts<'_> {
             commit: self.commit.clone(),
             config_version: loaded.version.clone(),
             policy_version: loaded.policy.version.clone(),
+            policy: None,
             failover_frozen: f.frozen.clone(),
             failover_frozen_tenants: f.frozen_tenants.clone(),
             tenants: loaded.policy.tenants(),
@@ -379,4 +383,45 @@ pub(crate) fn cluster_doc(c: &ClusterLink) -> ClusterDoc {
         },
         clock_skew_ms: c.store.skew_ms(),
     }
+}
+
+/// The policy of `/v1/state` and `GET /v1/policy`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PolicyDoc {
+    /// The version in force here: the first 12 hex digits of the SHA-256 of its YAML.
+    pub version: String,
+    /// The version of this node's policy file, and whether it differs from the one in
+    /// force (an edit not taken, or a node started with an old file).
+    pub file_version: Option<String>,
+    pub file_differs: bool,
+    /// Why the file's latest edit is not in force, when it is not.
+    pub file_error: Option<String>,
+    /// The set's version this node cannot load (it keeps the last good one), and why.
+    pub refused: Option<RefusedDoc>,
+    /// A version every node serves from `activate_at_unix_ms`.
+    pub pending: Option<PendingDoc>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RefusedDoc {
+    pub version: String,
+    pub errors: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PendingDoc {
+    pub version: String,
+    pub activate_at_unix_ms: u64,
+}
+
+/// `GET /v1/policy`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyStatus {
+    pub version: String,
+    /// The set's applications, newest first (the version in force first).
+    pub history: Vec<crate::control::cluster::policy::Applied>,
+    /// A staged rollout in progress (`null`: none).
+    pub rollout: Option<serde_json::Value>,
+    /// This node: its file, a refused or pending version.
+    pub node: PolicyDoc,
 }

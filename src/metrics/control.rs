@@ -114,7 +114,23 @@ impl Metrics {
         self.inner.state_save_failing.set(i64::from(!ok));
     }
 
-    /// Whether this node fails static (a set's node without etcd).
+    /// The policy version in force; the only `policy_info` series.
+    pub fn policy_version(&self, version: &str) {
+        self.inner.policy_info.reset();
+        self.inner.policy_info.with_label_values(&[version]).set(1);
+    }
+
+    /// Whether this node refuses the set's policy version (it cannot load it).
+    pub fn policy_refused(&self, on: bool) {
+        self.inner.policy_refused.set(i64::from(on));
+    }
+
+    /// Counts an edit of the policy file the set did not take.
+    pub fn policy_file_refused(&self) {
+        self.inner.policy_file_refused.inc();
+    }
+
+    /// Whether the audit log cannot be written.
     pub fn audit_failing(&self, on: bool) {
         self.inner.audit_failing.set(i64::from(on));
     }

@@ -21,6 +21,9 @@
 //! | `vantage_unhappy` | vantage | 1 while a vantage point is unhappy (not a demotion) |
 //! | `config_reloads_total` | result | `applied` or `refused` |
 //! | `config_info` | version | 1 for the configuration being served |
+//! | `policy_info` | version | 1 for the policy version in force |
+//! | `policy_refused` | | 1 while this node cannot load the set's policy version |
+//! | `policy_file_refused_total` | | edits of the policy file the set did not take |
 //! | `drains_active` | name, cdn | 1 while a drain applies |
 //! | `peer_errors_total` | peer, reason | peer readings refused: `timeout`, `connect`, `status`, `http`, `too_large`, `invalid` |
 //! | `state_save_errors_total` | | failed saves of the state file (each retried) |

@@ -86,6 +86,9 @@ pub(super) struct Inner {
     pub(super) state_save_failing: prometheus::IntGauge,
     pub(super) etcd_fail_static: prometheus::IntGauge,
     pub(super) audit_failing: prometheus::IntGauge,
+    pub(super) policy_info: IntGaugeVec,
+    pub(super) policy_refused: prometheus::IntGauge,
+    pub(super) policy_file_refused: prometheus::IntCounter,
     pub(super) etcd_refused: prometheus::IntGauge,
     pub(super) etcd_skew: prometheus::Gauge,
     pub(super) state_load_errors: IntCounterVec,
@@ -173,6 +176,20 @@ impl Metrics {
         )
         .expect("static gauge");
         reg.add(audit_failing.clone());
+        let policy_refused = prometheus::IntGauge::new(
+            "policy_refused",
+            "1 while this node cannot load the set's policy version against its own zones, geo \
+             database and probes: it keeps serving the last good version.",
+        )
+        .expect("static gauge");
+        reg.add(policy_refused.clone());
+        let policy_file_refused = prometheus::IntCounter::new(
+            "policy_file_refused_total",
+            "Edits of this node's policy file the set did not take: based on a version the set \
+             has moved past (the file then differs from the version in force).",
+        )
+        .expect("static counter");
+        reg.add(policy_file_refused.clone());
         let etcd_fail_static = prometheus::IntGauge::new(
             "etcd_fail_static",
             "1 while this node of a set (--etcd) cannot reach etcd: it keeps the last shared \
@@ -359,6 +376,14 @@ impl Metrics {
                 state_save_failing,
                 etcd_fail_static,
                 audit_failing,
+                policy_refused,
+                policy_file_refused,
+                policy_info: reg.gauges(
+                    "policy_info",
+                    "1 for the policy version in force (the first 12 hex digits of the SHA-256 \
+                     of its YAML): one version across the set outside an apply's window.",
+                    &["version"],
+                ),
                 etcd_refused,
                 etcd_skew,
                 state_load_errors: reg.counters(

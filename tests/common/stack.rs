@@ -257,6 +257,16 @@ impl Stack {
         .await
     }
 
+    /// Polls the JSON of GET `path` until `pred` holds (10 s at most).
+    pub async fn wait_for_path(
+        &self,
+        path: &str,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        wait_json(&self.http, self.api, path, what, pred).await
+    }
+
     /// Polls `/v1/state` until `pred` holds (10 s at most).
     pub async fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         wait_state(&self.http, self.api, what, pred).await
@@ -517,9 +527,20 @@ pub async fn wait_state(
     what: &str,
     pred: impl Fn(&Value) -> bool,
 ) -> Value {
+    wait_json(http, api, "/v1/state", what, pred).await
+}
+
+/// Polls the JSON of GET `path` until `pred` holds (10 s at most).
+pub async fn wait_json(
+    http: &reqwest::Client,
+    api: SocketAddr,
+    path: &str,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let s = get_json(http, api, "/v1/state").await;
+        let s = get_json(http, api, path).await;
         if pred(&s) {
             return s;
         }

@@ -25,6 +25,8 @@
 //! | `perf/{node}/{name}/{region}` | [`performance::SharedCells`]: one node's performance buckets of a region's window (a lease of the window) | that node, each bucket width in which it took samples |
 //! | `shift/{name}/{region}` | [`performance::SharedShift`]: the set's latest performance evaluation of a region | the first node to evaluate that period (create-if-absent, or compare-and-swap) |
 //! | `cookie` | `control::cookies::SharedSecrets`: the DNS cookie secrets (current, previous, when current was made), read by every node every 2 s (`control/cookies.rs`, not through the watch) | the first node to find none (create-if-absent); the first to find it older than `--cookie-rotation-seconds` rotates it (compare-and-swap on the revision) |
+//! | `policy` | [`policy::SharedPolicy`]: the policy version in force (its YAML), the instant every node serves it, the last 20 applications | the node whose API or policy file gave a new version (create-if-absent, or compare-and-swap on the version it was based on) |
+//! | `versions/{version}` | the YAML of a version of the history, for a rollback (not read whole) | the node that wrote the version |
 //! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
@@ -61,10 +63,12 @@
 //! | `scope.rs` | `Scope`: the policy and members every key is checked against before it counts |
 //! | `session.rs` | `spawn_session` (whole reads, watch, liveness, fail static) and the `Publisher` of observations |
 //! | `node.rs` | `ClusterLink`: the controller's side (writes, `on_shared`, proposals) |
+//! | `policy.rs` | the policy version of the set: its record, `write_policy` (compare-and-swap on the version it is based on), `fetch_version` |
 //! | `usage.rs`, `performance.rs` | the usage records, commit biases and performance cells of the set |
 
 pub(crate) mod node;
 pub(crate) mod performance;
+pub(crate) mod policy;
 mod records;
 mod scope;
 mod session;

@@ -21,6 +21,8 @@ use crate::control::store::{BadKey, Key};
 /// Everything read from etcd, parsed and checked for form (not yet against the policy).
 #[derive(Clone, Debug, Default)]
 pub struct SharedView {
+    /// The policy version in force in the set, and its revision.
+    pub policy: Option<(Arc<super::policy::SharedPolicy>, i64)>,
     /// Per vantage point, per CDN: the observation and when this node received it.
     pub observations: BTreeMap<String, BTreeMap<String, (SharedObservation, Instant)>>,
     /// Per (name, CDN): the timeline and its revision (for compare-and-swap).
@@ -387,8 +389,14 @@ impl SharedView {
                 s.check()?;
                 self.shifts.insert((name.to_string(), region), (s, rev));
             }
-            // Read and checked by `control::cookies`, which polls it.
-            Key::Cookie => {}
+            Key::Policy => {
+                let p: super::policy::SharedPolicy = parse_json(value)?;
+                p.check()?;
+                self.policy = Some((Arc::new(p), rev));
+            }
+            // Read and checked by `control::cookies`, which polls it; the versions
+            // kept for a rollback are read when one is asked for.
+            Key::Cookie | Key::PolicyVersion { .. } => {}
         }
         Ok(())
     }
@@ -436,7 +444,8 @@ impl SharedView {
             Key::Shift { name, region } => {
                 self.shifts.remove(&(name, region));
             }
-            Key::Cookie => {}
+            Key::Policy => self.policy = None,
+            Key::Cookie | Key::PolicyVersion { .. } => {}
         }
     }
 }

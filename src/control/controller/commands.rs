@@ -88,6 +88,25 @@ impl Controller {
                     }
                 }
             }
+            Command::PolicyStatus { reply } => {
+                let _ = reply.send(self.policy_status());
+            }
+            Command::PolicyApply {
+                yaml,
+                if_match,
+                author,
+                ticket,
+                reply,
+            } => {
+                let source = crate::control::cluster::policy::Source::Text(yaml);
+                self.apply_policy(source, if_match, author, ticket, reply);
+            }
+            Command::PolicyRollback {
+                version,
+                author,
+                ticket,
+                reply,
+            } => self.rollback_policy(version, author, ticket, reply),
             Command::Explain {
                 name,
                 ip,

@@ -107,6 +107,8 @@ pub struct Controller {
     /// The commit and capacity modifier, after performance (`contract:`,
     /// `capacity_mbps:`, `commit:`).
     pub(super) commit: Commit,
+    /// The policy versions: the set's, the file's, one pending or refused.
+    pub(super) versions: super::policy::Versions,
 }
 
 impl Controller {
@@ -150,7 +152,10 @@ impl Controller {
             tokens: ScopedTokens::default(),
             perf: Perf::default(),
             commit: Commit::default(),
+            versions: Default::default(),
         };
+        let (file, text) = (&c.loaded.policy.version, &c.loaded.policy.source);
+        c.versions.file = Some((file.clone(), Arc::from(text.as_str())));
         c.perf.configure(&c.loaded.policy, now_ms());
         c.commit.configure(&c.loaded.policy, now_ms());
         c.tokens.store(Arc::new(c.loaded.tokens.clone()));
@@ -237,6 +242,7 @@ impl Controller {
             }
             Ok(Some(saved)) => {
                 let now = Instant::now();
+                self.versions.saved = saved.policy.clone();
                 if let Some(commit) = &saved.commit {
                     self.commit.restore(commit);
                 }
@@ -340,6 +346,7 @@ impl Controller {
                         .next_due_ms()
                         .into_iter()
                         .chain(self.commit.next_due_ms())
+                        .chain(self.version_due())
                         .map(|due| now + Duration::from_millis(due.saturating_sub(now_ms()))),
                 )
                 .min();
@@ -393,6 +400,12 @@ impl Controller {
                     None => api_open = false,
                 },
                 _ = due => {
+                    if let Some(version) = self.take_due_version() {
+                        if self.on_reload(version) {
+                            probing.cancel();
+                            probing = self.start_probing(&tx, &stop);
+                        }
+                    }
                     let now = Instant::now();
                     let mut changed = self.tick_steps(now);
                     changed |= self.state.drains.tick(&self.loaded.policy, now);

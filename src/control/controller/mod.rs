@@ -18,7 +18,8 @@
 //! | `event_loop.rs` | the controller's fields, its start (`new`, `join`, `restore`) and the loop (`run`) |
 //! | `rounds.rs` | probe rounds: `start_probing`, `on_round`, `tick_steps`, `note_steps` |
 //! | `commands.rs` | API commands: `on_command`, `explain` |
-//! | `reloads.rs` | configuration reloads: `on_reload`, `reload_diff` |
+//! | `reloads.rs` | configuration reloads: `apply_reload`, `refuse_reload`, `reload_diff` |
+//! | `policy.rs` | the policy as the set's version: `on_reload` (a file edit proposed, the set's version switched to at its instant or refused), `follow_policy`, `apply_policy` (`POST /v1/policy`) |
 //! | `modifiers.rs` | what the clock brings due: `resign`, `evaluate_perf`, `evaluate_commit` |
 //! | `set.rs` | the set's view: `peer_views`, `on_shared`, `follow_commit`, the answers of writes (`on_written`) |
 //! | `publish.rs` | serving and showing: `plan`, `publish`, `persist`, `show`, `answer` |
@@ -27,6 +28,7 @@
 mod commands;
 mod event_loop;
 mod modifiers;
+mod policy;
 mod publish;
 mod reloads;
 mod rounds;

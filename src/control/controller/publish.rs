@@ -69,6 +69,12 @@ impl Controller {
             saved.commit = Some(self.commit.saved());
             saved.performance = self.perf.saved();
             saved.store = self.set.store.saved();
+            saved.policy = self.versions.file.as_ref().map(|(file, _)| {
+                crate::control::disk::persist::SavedPolicy {
+                    file: file.clone(),
+                    served: self.loaded.policy.version.clone(),
+                }
+            });
             saved
         });
         self.show(saved);
@@ -142,6 +148,8 @@ impl Controller {
             commit: self.commit.view(now_ms()),
             audit: self.audit_doc(),
         };
-        doc.assemble()
+        let mut doc = doc.assemble();
+        doc.policy = Some(self.policy_doc());
+        doc
     }
 }

@@ -10,43 +10,43 @@ use tracing::{error, info, warn};
 use super::Controller;
 use crate::clock::now_ms;
 use crate::control::state_doc::ReloadOutcome;
-use crate::control::tasks::reload::Reloaded;
+use crate::control::tasks::reload::{Reloaded, Trigger};
+use crate::error::Issues;
 use crate::inputs::Loaded;
 
 impl Controller {
-    /// Swaps in a reloaded configuration, or keeps the last good one; returns whether
-    /// the probes changed (so the prober must restart).
-    pub(super) fn on_reload(&mut self, reloaded: Reloaded) -> bool {
-        let probes_changed = self.apply_reload(reloaded);
-        // The load's temporaries, and the configuration replaced, back to the system.
-        crate::huge::give_back();
-        probes_changed
+    /// A reload refused: logged, counted, audited and shown; the last good
+    /// configuration keeps serving.
+    pub(super) fn refuse_reload(&mut self, trigger: Trigger, issues: &Issues) {
+        self.metrics.reload(false);
+        for issue in issues.errors() {
+            error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
+        }
+        self.audit(
+            "reload",
+            serde_json::json!({
+                "trigger": trigger.to_string(),
+                "result": "refused",
+                "serving_version": self.loaded.version,
+                "errors": issues.errors().map(ToString::to_string).collect::<Vec<_>>(),
+            }),
+        );
+        self.noted.last_reload = Some(ReloadOutcome {
+            trigger: trigger.to_string(),
+            result: "refused",
+            errors: issues.errors().map(ToString::to_string).collect(),
+            serving_version: self.loaded.version.clone(),
+        });
+        self.update_doc();
     }
 
+    /// Swaps in a reloaded configuration, or keeps the last good one; returns whether
+    /// the probes changed (so the prober must restart).
     pub(super) fn apply_reload(&mut self, reloaded: Reloaded) -> bool {
         let trigger = reloaded.trigger;
         match reloaded.result {
             Err(issues) => {
-                self.metrics.reload(false);
-                for issue in issues.errors() {
-                    error!(trigger = %trigger, error = %issue, "reload refused: the last good configuration keeps serving");
-                }
-                self.audit(
-                    "reload",
-                    serde_json::json!({
-                        "trigger": trigger.to_string(),
-                        "result": "refused",
-                        "serving_version": self.loaded.version,
-                        "errors": issues.errors().map(ToString::to_string).collect::<Vec<_>>(),
-                    }),
-                );
-                self.noted.last_reload = Some(ReloadOutcome {
-                    trigger: trigger.to_string(),
-                    result: "refused",
-                    errors: issues.errors().map(ToString::to_string).collect(),
-                    serving_version: self.loaded.version.clone(),
-                });
-                self.update_doc();
+                self.refuse_reload(trigger, &issues);
                 false
             }
             Ok(loaded) => {
@@ -57,6 +57,7 @@ impl Controller {
                 let m = &self.metrics;
                 m.reload(true);
                 m.config_version(&loaded.version);
+                m.policy_version(&loaded.policy.version);
                 for spec in &loaded.probes.specs {
                     m.cdn_probed(&spec.cdn);
                 }
@@ -68,6 +69,8 @@ impl Controller {
                         "trigger": trigger.to_string(),
                         "result": "applied",
                         "from_version": from,
+                        "from_policy": self.loaded.policy.version,
+                        "to_policy": loaded.policy.version,
                         "to_version": loaded.version,
                         "diff": diff,
                     }),

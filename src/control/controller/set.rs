@@ -31,6 +31,7 @@ impl Controller {
     pub(super) fn on_shared(&mut self, shared: Shared) {
         let revision = shared.link.connected.then_some(shared.revision);
         self.follow(shared);
+        self.follow_policy();
         self.answer_waiting(revision);
     }
 

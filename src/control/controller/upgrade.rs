@@ -30,6 +30,7 @@ pub(super) fn store_of(
             key,
             value: String::from_utf8_lossy(&value).into_owned(),
             lease_left_ms,
+            mod_revision: None,
         })
     };
     for (crate::control::decide::keys::NameCdn { name, cdn }, s) in

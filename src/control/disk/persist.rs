@@ -66,6 +66,18 @@ pub struct Saved {
     /// turned into its keys (`controller/upgrade.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<crate::control::store::SavedStore>,
+    /// The policy file's version and the version served when saved: an edit of the
+    /// file made while the node was down is proposed to the set at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<SavedPolicy>,
+}
+
+/// The policy versions of a saved state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedPolicy {
+    pub file: String,
+    pub served: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -109,6 +121,7 @@ pub fn capture(
         commit: None,
         performance: Vec::new(),
         store: None,
+        policy: None,
     }
 }
 

@@ -55,6 +55,25 @@ pub enum Command {
         limit: usize,
         reply: oneshot::Sender<Result<audit::Page, String>>,
     },
+    /// `GET /v1/policy`.
+    PolicyStatus {
+        reply: oneshot::Sender<crate::control::state_doc::PolicyStatus>,
+    },
+    /// `POST /v1/policy`: a new version, based on the version in force `if_match`.
+    PolicyApply {
+        yaml: String,
+        if_match: String,
+        author: String,
+        ticket: Option<String>,
+        reply: oneshot::Sender<Result<Written, PolicyRefused>>,
+    },
+    /// `POST /v1/policy/rollback`: to `version`, or the one before the version in force.
+    PolicyRollback {
+        version: Option<String>,
+        author: String,
+        ticket: Option<String>,
+        reply: oneshot::Sender<Result<Written, PolicyRefused>>,
+    },
     /// Name, client, and the resolver asking with ECS and its source prefix (`None`:
     /// the client itself, without ECS), and a content steering session key.
     Explain {
@@ -225,4 +244,34 @@ pub fn admit_usage(
         .collect();
     let skipped = (total - kept.len()) as u64;
     Ok((kept, skipped))
+}
+
+/// What became of a proposal.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Written {
+    pub version: String,
+    /// When every node serves it (Unix ms).
+    pub activate_at_unix_ms: u64,
+    /// The set held this version already: nothing was written.
+    pub unchanged: bool,
+}
+
+/// Why a proposal was not written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyRefused {
+    /// The set's version is not the one it was based on (`412`).
+    #[error("the version in force is {in_force}, not {based_on}: read it again (GET /v1/policy) and base the change on it")]
+    Stale { in_force: String, based_on: String },
+    /// Wrong on its own (`400`): too large, no such version.
+    #[error("{0}")]
+    Bad(String),
+    /// It does not load with this node's inputs (`400`): every error, `file:line: field`.
+    #[error("the policy does not load: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+    /// The store cannot take it now (`503`).
+    #[error("the set's store cannot take a policy now: {0}")]
+    Unavailable(String),
+    /// The audit log cannot be written (`503`).
+    #[error("{0}")]
+    NotAudited(String),
 }

@@ -109,6 +109,9 @@ pub struct Explanation {
     pub signed_until_unix: Option<u64>,
     pub state: String,
     pub config_version: String,
+    /// The policy version that decided the answer (the first 12 hex digits of the
+    /// SHA-256 of its YAML).
+    pub policy_version: String,
     /// The region's performance shift (`performance:`), when the server has one
     /// (live only: `steerdns explain` offline has no measurements).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -331,6 +334,7 @@ pub(crate) fn explain(facts: &Facts, q: &Question) -> Result<Explanation, Explai
             .filter(|_| !steered.rrsigs(0).is_empty()),
         state: facts.state.clone(),
         config_version: facts.loaded.version.clone(),
+        policy_version: facts.loaded.policy.version.clone(),
         performance: None,
         commit: Vec::new(),
     })
@@ -469,6 +473,7 @@ impl fmt::Display for Explanation {
         for c in &self.commit {
             crate::control::modifiers::commit::explain_line(f, c)?;
         }
+        writeln!(f, "policy:  version {}", self.policy_version)?;
         writeln!(f, "config:  version {}", self.config_version)
     }
 }

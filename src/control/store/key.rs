@@ -36,6 +36,10 @@ pub enum Key {
     Cookie,
     /// An audit entry of a node.
     Audit { node: String, serial: String },
+    /// The policy version in force in the set, with its YAML and its history.
+    Policy,
+    /// The YAML of a version of the policy (kept for a rollback), by its version.
+    PolicyVersion { version: String },
 }
 
 impl Key {
@@ -59,6 +63,8 @@ impl fmt::Display for Key {
             Key::Shift { name, region } => write!(f, "shift/{name}/{region}"),
             Key::Cookie => f.write_str("cookie"),
             Key::Audit { node, serial } => write!(f, "audit/{node}/{serial}"),
+            Key::Policy => f.write_str("policy"),
+            Key::PolicyVersion { version } => write!(f, "versions/{version}"),
         }
     }
 }
@@ -78,9 +84,10 @@ pub struct Part {
 
 impl Key {
     /// The parts of a whole read, in order: the set's decisions first, each kind on its
-    /// own (freezes, drains, timelines, commit biases, performance shifts, usage), then
-    /// each member's observations, performance cells and audit entries. Keys of no
-    /// part (the cookie secrets, unknown keys) are not read.
+    /// own (the policy in force, freezes, drains, timelines, commit biases, performance
+    /// shifts, usage), then each member's observations, performance cells and audit
+    /// entries. Keys of no part (the cookie secrets, the policy versions kept for a
+    /// rollback, unknown keys) are not read.
     pub fn parts<'a>(members: impl IntoIterator<Item = &'a str>) -> Vec<Part> {
         let shared = |under: &str| Part {
             under: under.to_string(),
@@ -88,6 +95,7 @@ impl Key {
             newest_first: false,
         };
         let mut parts: Vec<Part> = [
+            "policy",
             "freeze",
             "drain/",
             "timeline/",
@@ -157,6 +165,8 @@ impl FromStr for Key {
                 node: s(node),
                 serial: s(serial),
             },
+            ["policy"] => Key::Policy,
+            ["versions", v] => Key::PolicyVersion { version: s(v) },
             _ => return Err(BadKey::Unknown),
         })
     }
@@ -211,6 +221,10 @@ mod tests {
                 node: "ns1".into(),
                 serial: "17".into(),
             },
+            Key::Policy,
+            Key::PolicyVersion {
+                version: "0123456789ab".into(),
+            },
         ];
         for k in keys {
             let text = k.to_string();
@@ -222,6 +236,7 @@ mod tests {
         // Every key of a member's own kinds falls in that member's part.
         let parts = Key::parts(["ns1"]);
         for k in [
+            Key::Policy,
             Key::Freeze,
             Key::TenantFreeze { tenant: "t".into() },
             Key::Drain { id: "api-1".into() },
@@ -242,6 +257,12 @@ mod tests {
                 "{text}"
             );
         }
+        // The versions kept for a rollback are in no part: never read whole.
+        let kept = Key::PolicyVersion {
+            version: "0123456789ab".into(),
+        }
+        .to_string();
+        assert!(!parts.iter().any(|p| kept.starts_with(&p.under)));
         assert_eq!(
             "shift/n/01".parse::<Key>(),
             Err(BadKey::Region("01".into()))

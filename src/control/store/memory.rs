@@ -67,6 +67,11 @@ pub struct SavedKey {
     /// What was left of its lease when saved (none: no lease).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_left_ms: Option<u64>,
+    /// The revision it was last written at, kept across a restart: an audit entry
+    /// the log appended already is not appended again (none: saved by an earlier
+    /// release, restored at a new revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mod_revision: Option<i64>,
 }
 
 /// The store as saved with the state.
@@ -305,6 +310,7 @@ impl Memory {
                         lease_left_ms: e.lease.and_then(|l| i.leases.get(&l)).map(|(until, _)| {
                             until.saturating_duration_since(now).as_millis() as u64
                         }),
+                        mod_revision: Some(e.mod_revision),
                     })
                     .collect();
             SavedStore {
@@ -318,8 +324,11 @@ impl Memory {
     /// of its own; the revision goes on from the saved one.
     pub fn restore(&self, saved: &SavedStore) {
         self.with(|i| {
-            i.revision = i.revision.max(saved.revision);
-            for k in &saved.keys {
+            let top = i.revision.max(saved.revision);
+            // Each key at its own revision (in order), those without one after them.
+            let mut keys: Vec<&SavedKey> = saved.keys.iter().collect();
+            keys.sort_by_key(|k| k.mod_revision.unwrap_or(i64::MAX));
+            for k in keys {
                 let lease = k.lease_left_ms.map(|ms| {
                     let id = i.next_lease;
                     i.next_lease += 1;
@@ -327,8 +336,15 @@ impl Memory {
                     i.leases.insert(id, (Instant::now() + ttl, ttl));
                     id
                 });
+                i.revision = match k.mod_revision {
+                    Some(rev) if rev >= 1 && rev <= top => rev - 1,
+                    _ => i.revision.max(top),
+                };
                 let _ = i.put(&k.key, k.value.as_bytes(), Lease::Set(lease));
             }
+            i.revision = i.revision.max(top);
+            i.history.clear();
+            i.compacted = i.revision;
         });
     }
 }

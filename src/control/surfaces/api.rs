@@ -186,6 +186,8 @@ enum Op {
     State,
     Explain,
     Audit,
+    /// `GET /v1/policy`: the version in force and its history.
+    Policy,
     /// A file of the manual (`serve --book`).
     Book,
     /// A mutation, with the token verb it needs.
@@ -200,12 +202,16 @@ const TABLE: &[(&str, &str, Op)] = &[
     ("GET", "/v1/state", Op::State),
     ("GET", "/v1/explain", Op::Explain),
     ("GET", "/v1/audit", Op::Audit),
+    ("GET", "/v1/policy", Op::Policy),
     ("GET", "/book/{page}", Op::Book),
     ("POST", "/v1/drains", Op::Mutation(Verb::Drain)),
     ("DELETE", "/v1/drains/{id}", Op::Mutation(Verb::Undrain)),
     ("POST", "/v1/failover/freeze", Op::Mutation(Verb::Freeze)),
     ("POST", "/v1/failover/resume", Op::Mutation(Verb::Resume)),
     ("POST", "/v1/usage", Op::Mutation(Verb::Usage)),
+    ("POST", "/v1/policy", Op::Mutation(Verb::Policy)),
+    ("POST", "/v1/policy/rollback", Op::Mutation(Verb::Policy)),
+    ("POST", "/v1/policy/halt", Op::Mutation(Verb::Policy)),
 ];
 
 /// The operation `method` and `path` ask for ([`TABLE`]), or the fallback: `405` with
@@ -268,6 +274,7 @@ async fn route(
         }
         Op::Explain => explain(&state, &query).await,
         Op::Audit => audit_page(&state, &query).await,
+        Op::Policy => super::policy::status(state.commands.as_ref()).await,
         Op::Book => match &state.status {
             Some(status) => status.book.get(&path["/book/".len()..]).await,
             None => error(StatusCode::NOT_FOUND, "not available in this mode"),

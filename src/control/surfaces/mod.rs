@@ -6,9 +6,11 @@
 //! | `api` | the admin API: its routes (`ROUTES`), tokens, limits |
 //! | `status` | the status page, `GET /` |
 //! | `book` | the manual at `/book/` |
+//! | `policy` | the policy versions: `GET /v1/policy`, `POST /v1/policy`, `/rollback`, `/halt` |
 
 pub mod api;
 pub mod book;
 pub(crate) mod history;
 pub(crate) mod mutations;
+pub(crate) mod policy;
 pub(crate) mod status;

@@ -56,6 +56,11 @@ pub(super) async fn mutate(
     body_timeout: std::time::Duration,
 ) -> Reply {
     let method = req.method().clone();
+    let if_match = req
+        .headers()
+        .get(hyper::header::IF_MATCH)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let query = req.uri().query().unwrap_or("").to_string();
     let collect = Limited::new(req.into_body(), MAX_BODY).collect();
     let body = match tokio::time::timeout(body_timeout, collect).await {
         Ok(Ok(b)) => b.to_bytes(),
@@ -161,6 +166,15 @@ pub(super) async fn mutate(
             }
         }
         (Method::POST, "/v1/usage") => usage(commands, &token, &body).await,
+        (Method::POST, p) if p.starts_with("/v1/policy") => {
+            let asked = super::policy::Asked {
+                path: p,
+                query: &query,
+                if_match: if_match.as_deref(),
+                body: &body,
+            };
+            super::policy::mutate(commands, &token, asked).await
+        }
         (Method::DELETE, p) if p.starts_with("/v1/drains/") => {
             let id = p.trim_start_matches("/v1/drains/").to_string();
             match ask(commands, |tx| Command::Undrain {

@@ -95,11 +95,19 @@ fn write_page(
     h.push_str(&head(&format!("steerdns {}", doc.vantage)));
     writeln!(
         h,
-        "<header><h1>steerdns: {}</h1><p class=\"meta\">configuration <code>{}</code> · \
+        "<header><h1>steerdns: {}</h1><p class=\"meta\">policy <code>{}</code>{} · configuration <code>{}</code> · \
          {} UTC · refreshes every {REFRESH_SECONDS} s · <a href=\"/v1/state\">/v1/state</a> · \
          <a href=\"/metrics\">/metrics</a> · \
          <a href=\"/book/user/operating.html#status-page\">the manual</a></p></header>",
         esc(&doc.vantage),
+        esc(&doc.policy_version),
+        match doc.policy.as_ref() {
+            Some(p) if p.file_differs => format!(
+                " <strong>(the policy file differs from the version in force: {})</strong>",
+                esc(p.file_version.as_deref().unwrap_or("unreadable"))
+            ),
+            _ => String::new(),
+        },
         esc(&doc.config_version),
         time(now),
     )?;

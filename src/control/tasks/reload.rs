@@ -3,22 +3,29 @@
 //! A reload loads and validates *everything* off the query path and hands the result
 //! to the controller, which swaps it in as one snapshot; a broken edit changes nothing
 //! and is logged with its file, line and field, and the last good input keeps serving.
+//!
+//! The policy served is the set's version when the set has one (sent on `set` by the
+//! controller): the other inputs are this node's own, and the policy file, when it
+//! differs from that version, is loaded on its own too, so that the controller can
+//! propose a valid edit to the set (`controller/policy.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Issues;
-use crate::inputs::{self, fingerprint_with, Inputs, Loaded};
+use crate::error::{ConfigIssue, Issues};
+use crate::inputs::{fingerprint_with, Checker, Loaded, PolicyText};
 
 /// What asked for a reload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trigger {
     FileChange,
     Sighup,
+    /// The set's policy version changed.
+    SetVersion,
 }
 
 impl std::fmt::Display for Trigger {
@@ -26,32 +33,61 @@ impl std::fmt::Display for Trigger {
         f.write_str(match self {
             Trigger::FileChange => "file change",
             Trigger::Sighup => "SIGHUP",
+            Trigger::SetVersion => "set version",
         })
     }
+}
+
+/// The set's policy version, for the reload task to load in place of the file's.
+#[derive(Clone, Debug)]
+pub struct SetPolicy {
+    pub version: String,
+    pub text: PolicyText,
 }
 
 /// A reload's outcome, for the controller.
 pub struct Reloaded {
     pub trigger: Trigger,
+    /// The inputs, with the set's version of the policy when it has one (`set`), else
+    /// the file's.
     pub result: Result<Loaded, Issues>,
+    /// The set's version the result holds (`None`: the policy file's).
+    pub set: Option<String>,
+    /// The policy file now.
+    pub file: FilePolicy,
 }
 
-/// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`; reuses
-/// the geo database of `geo` (the startup load's) while its files are unchanged. The
-/// DNSSEC key directory `keys` (the last good policy's) is watched too.
+/// The policy file as a reload found it.
+#[derive(Clone, Debug, Default)]
+pub struct FilePolicy {
+    /// Its version (`None`: unreadable).
+    pub version: Option<String>,
+    pub text: Option<std::sync::Arc<str>>,
+    /// When it is not the version the result holds: its own load's errors (`Ok`: it
+    /// would load, it may be proposed to the set).
+    pub check: Option<Result<(), Issues>>,
+}
+
+/// Watches the inputs of `checker` every `poll` (never when zero) and on SIGHUP, and
+/// the set's version on `set`, until `stop`; reuses the geo database of `checker`
+/// while its files are unchanged. The DNSSEC key directory `keys` (the last good
+/// policy's) is watched too.
 pub(crate) fn spawn(
-    inputs: Inputs,
+    checker: Checker,
     poll: Duration,
     out: mpsc::Sender<Reloaded>,
     stop: CancellationToken,
-    geo: inputs::GeoCache,
+    mut set: watch::Receiver<Option<SetPolicy>>,
     mut keys: Option<PathBuf>,
 ) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let inputs = checker.inputs.clone();
         let mut seen = fingerprint_with(&inputs, keys.as_deref());
-        let cache = Arc::new(std::sync::Mutex::new(geo));
+        let mut set_open = true;
+        // The policy file's own load, by its version (kept while the file is unchanged).
+        let mut checked: Option<(String, Result<(), Issues>)> = None;
         loop {
             let tick = async {
                 if poll.is_zero() {
@@ -83,20 +119,30 @@ pub(crate) fn spawn(
                     seen = fingerprint_with(&inputs, keys.as_deref());
                     Trigger::Sighup
                 }
-            };
-            let (inputs2, cache2) = (inputs.clone(), cache.clone());
-            // Walking a geo database takes tens of milliseconds: not on a runtime worker.
-            let load = move || {
-                let mut cache = cache2.lock().unwrap_or_else(|p| p.into_inner());
-                inputs::load_cached(&inputs2, &mut cache)
-            };
-            let result = match tokio::task::spawn_blocking(load).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(error = %e, "reload task failed");
-                    continue;
+                changed = set.changed(), if set_open => {
+                    if changed.is_err() {
+                        set_open = false;
+                        continue;
+                    }
+                    Trigger::SetVersion
                 }
             };
+            if trigger != Trigger::SetVersion {
+                checked = None;
+            }
+            let wanted = set.borrow_and_update().clone();
+            let mut file = read_file(&inputs.config);
+            let result = checker.load(wanted.as_ref().map(|w| w.text.clone())).await;
+            if let (Some(w), Some(v)) = (&wanted, &file.version) {
+                if *v != w.version {
+                    let check = match &checked {
+                        Some((c, r)) if c == v => r.clone(),
+                        _ => checker.load(None).await.map(|_| ()),
+                    };
+                    checked = Some((v.clone(), check.clone()));
+                    file.check = Some(check);
+                }
+            }
             if let Ok(loaded) = &result {
                 let now = loaded.policy.dnssec.as_ref().map(|d| d.keys.clone());
                 if now != keys {
@@ -104,9 +150,37 @@ pub(crate) fn spawn(
                     seen = fingerprint_with(&inputs, keys.as_deref());
                 }
             }
-            if out.send(Reloaded { trigger, result }).await.is_err() {
+            let set = wanted.map(|w| w.version);
+            let reloaded = Reloaded {
+                trigger,
+                result,
+                set,
+                file,
+            };
+            if out.send(reloaded).await.is_err() {
                 return;
             }
         }
     });
+}
+
+/// The policy file's text and version (none when it cannot be read: the load says
+/// why).
+fn read_file(path: &std::path::Path) -> FilePolicy {
+    match std::fs::read_to_string(path) {
+        Ok(text) => FilePolicy {
+            version: Some(crate::config::version_of(&text)),
+            text: Some(Arc::from(text)),
+            check: None,
+        },
+        Err(e) => FilePolicy {
+            check: Some(Err(Issues(vec![ConfigIssue::error(
+                path,
+                None,
+                "",
+                format!("cannot read: {e}"),
+            )]))),
+            ..FilePolicy::default()
+        },
+    }
 }

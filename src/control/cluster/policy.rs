@@ -1,0 +1,350 @@
+//! Control plane, the set: the policy as one version for the whole set. The key
+//! `policy` holds the version in force, its YAML, the instant every node switches to it
+//! and the history of what was applied; `versions/{version}` keeps each version of the
+//! history's YAML for a rollback. A version is written by the node that took it (an API
+//! call, or an edit of that node's policy file), by compare-and-swap on the version it
+//! was based on: two writers never both win, and an edit based on a version the set
+//! has moved past is refused. Every node checks the version against its own inputs
+//! before it serves it (`controller/policy.rs`).
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use super::node::{ClusterLink, Done};
+use super::{sane_name, Key, MAX_REASON};
+use crate::clock::now_ms;
+use crate::config::{is_version, version_of};
+use crate::control::decide::times;
+use crate::control::levers::command::{PolicyRefused, Written};
+use crate::control::store::etcd::MAX_VALUE;
+
+/// At most this many applications in a version's history (the version in force first).
+pub(crate) const MAX_POLICY_HISTORY: usize = 20;
+
+/// The longest policy (YAML bytes) the set's store takes: the value cap less room for
+/// the history.
+pub(crate) const MAX_POLICY_BYTES: usize = MAX_VALUE - 12 * 1024;
+
+/// The version in force in the set, as stored under `policy`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedPolicy {
+    /// [`version_of`] `yaml`.
+    pub version: String,
+    pub yaml: String,
+    /// When every node serves it (Unix ms): the writer's clock plus the set's
+    /// allowance, so that nodes never serve different versions outside that window.
+    #[serde(deserialize_with = "times::bounded")]
+    pub activate_at_unix_ms: u64,
+    /// What was applied, newest first: this version's application, then earlier ones.
+    pub history: Vec<Applied>,
+}
+
+/// One application of a version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Applied {
+    pub version: String,
+    /// The token's name, or `file on {node}`.
+    pub author: String,
+    pub ticket: Option<String>,
+    /// The node that wrote it.
+    pub node: String,
+    #[serde(deserialize_with = "times::bounded")]
+    pub at_unix_ms: u64,
+    #[serde(deserialize_with = "times::bounded")]
+    pub activate_at_unix_ms: u64,
+    /// How: `api`, `file`, `rollback`, `first` (the first version of a set).
+    pub how: String,
+    /// The version it replaced (`None`: the first).
+    pub based_on: Option<String>,
+}
+
+impl SharedPolicy {
+    /// Whether the record is what a node writes: its version is its YAML's, the history
+    /// starts with it, and every field is bounded.
+    pub fn check(&self) -> Result<(), String> {
+        if self.yaml.len() > MAX_POLICY_BYTES {
+            return Err(format!("a policy over {MAX_POLICY_BYTES} bytes"));
+        }
+        if version_of(&self.yaml) != self.version {
+            return Err(format!(
+                "version {} is not its YAML's ({}): forged",
+                self.version,
+                version_of(&self.yaml)
+            ));
+        }
+        if self.history.first().map(|a| a.version.as_str()) != Some(self.version.as_str()) {
+            return Err("the history does not start with the version in force".into());
+        }
+        if self.history.len() > MAX_POLICY_HISTORY {
+            return Err(format!("more than {MAX_POLICY_HISTORY} entries of history"));
+        }
+        for a in &self.history {
+            let versions = std::iter::once(&a.version).chain(&a.based_on);
+            if !versions.into_iter().all(|v| is_version(v)) {
+                return Err("a version in the history is not 12 hex digits".into());
+            }
+            let long = [Some(&a.author), a.ticket.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|s| s.len() > MAX_REASON);
+            if long
+                || !sane_name(&a.node)
+                || !matches!(a.how.as_str(), "api" | "file" | "rollback" | "first")
+            {
+                return Err("a history entry with a field too long or unknown".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A version to write.
+pub(crate) struct Proposal {
+    pub source: Source,
+    /// Loads it with this node's inputs before it is written (`None`: loaded already,
+    /// the policy file's edit).
+    pub check: Option<crate::inputs::Checker>,
+    /// The version it is based on: the set's must still be it (`None`: the set has
+    /// none yet).
+    pub based_on: Option<String>,
+    pub author: String,
+    pub ticket: Option<String>,
+    pub how: &'static str,
+}
+
+/// The YAML of a proposal.
+pub(crate) enum Source {
+    Text(String),
+    /// A version kept for a rollback (`versions/{version}`).
+    Kept(String),
+}
+
+impl Source {
+    fn version(&self) -> String {
+        match self {
+            Source::Text(t) => version_of(t),
+            Source::Kept(v) => v.clone(),
+        }
+    }
+}
+
+impl ClusterLink {
+    /// The version in force in the set, as this node's view holds it.
+    pub(crate) fn set_policy(&self) -> Option<&SharedPolicy> {
+        self.latest()
+            .and_then(|s| s.view.policy.as_ref())
+            .map(|(p, _)| p.as_ref())
+    }
+
+    /// How long after a write every node serves it: this node's measured skew to the
+    /// store's clock plus 500 ms for every node to read and load it (none for a set
+    /// of one, whose only node loads it at once).
+    pub(crate) fn allowance_ms(&self) -> u64 {
+        if self.store.is_memory() {
+            return 0;
+        }
+        let skew = self.store.skew_ms().map_or(0, i64::unsigned_abs);
+        (500 + skew).min(5_000)
+    }
+
+    /// Writes `proposal` as the set's version, unless the set moved past the version
+    /// it is based on; answers `reply` once this node's view holds it.
+    pub(crate) fn write_policy(
+        &mut self,
+        proposal: Proposal,
+        reply: oneshot::Sender<Result<Written, PolicyRefused>>,
+    ) {
+        if let Err(e) = self.writable() {
+            let _ = reply.send(Err(PolicyRefused::Unavailable(e.to_string())));
+            return;
+        }
+        let (store, prefix, node) = (self.store.clone(), self.prefix.clone(), self.node.clone());
+        let activate = now_ms() + self.allowance_ms();
+        let version = proposal.source.version();
+        let (audit_key, entry) = self.audit_entry(
+            "policy",
+            serde_json::json!({
+                "version": version,
+                "based_on": proposal.based_on,
+                "author": proposal.author,
+                "ticket": proposal.ticket,
+                "how": proposal.how,
+                "activate_at_unix_ms": activate,
+            }),
+        );
+        let done = self.done.clone();
+        tokio::spawn(async move {
+            let key = Key::Policy.under(&prefix);
+            let r = async {
+                let yaml = match &proposal.source {
+                    Source::Text(t) => t.clone(),
+                    Source::Kept(v) => fetch(&store, &prefix, v).await?,
+                };
+                if let Some(checker) = &proposal.check {
+                    let text = crate::inputs::PolicyText {
+                        origin: std::path::PathBuf::from(match &proposal.source {
+                            Source::Text(_) => "policy".to_string(),
+                            Source::Kept(v) => format!("policy version {v}"),
+                        }),
+                        text: std::sync::Arc::from(yaml.as_str()),
+                    };
+                    if let Err(issues) = checker.load(Some(text)).await {
+                        return Err(PolicyRefused::Invalid(
+                            issues.errors().map(ToString::to_string).collect(),
+                        ));
+                    }
+                }
+                put_policy(&store, &prefix, &node, activate, yaml, proposal).await
+            }
+            .await;
+            let written = matches!(&r, Ok(w) if !w.unchanged);
+            match &r {
+                Ok(w) if written => {
+                    info!(version = %w.version, activate_at_unix_ms = w.activate_at_unix_ms, "policy version written for the set");
+                    super::node::put_audit(store.clone(), audit_key, entry).await;
+                }
+                Ok(_) => {}
+                Err(e) => warn!(version = %version, error = %e, "policy version not written"),
+            }
+            Done::send(&done, &store, &key, reply, r, written).await;
+        });
+    }
+}
+
+/// The YAML of `version`, as kept for a rollback (checked against its version).
+async fn fetch(
+    store: &crate::control::store::Store,
+    prefix: &str,
+    version: &str,
+) -> Result<String, PolicyRefused> {
+    let key = Key::PolicyVersion {
+        version: version.to_string(),
+    }
+    .under(prefix);
+    match store.get(&key).await {
+        Ok(Some(kv)) => match String::from_utf8(kv.value) {
+            Ok(yaml) if version_of(&yaml) == version => Ok(yaml),
+            _ => Err(PolicyRefused::Bad(format!(
+                "version {version} as kept is not its YAML: not rolled back to"
+            ))),
+        },
+        Ok(None) => Err(PolicyRefused::Bad(format!(
+            "version {version} is not kept (only the versions of the history are)"
+        ))),
+        Err(e) => Err(PolicyRefused::Unavailable(e.to_string())),
+    }
+}
+
+/// Reads the set's version, checks the proposal is based on it, and writes the new
+/// one by compare-and-swap (create-if-absent for a set's first).
+async fn put_policy(
+    store: &crate::control::store::Store,
+    prefix: &str,
+    node: &str,
+    activate: u64,
+    yaml: String,
+    p: Proposal,
+) -> Result<Written, PolicyRefused> {
+    let unavailable = |e: super::EtcdError| PolicyRefused::Unavailable(e.to_string());
+    if yaml.len() > MAX_POLICY_BYTES {
+        return Err(PolicyRefused::Bad(format!(
+            "the policy is {} bytes: the set's store takes at most {MAX_POLICY_BYTES}",
+            yaml.len()
+        )));
+    }
+    let key = Key::Policy.under(prefix);
+    let current = match store.get(&key).await.map_err(unavailable)? {
+        Some(kv) => {
+            let rec = serde_json::from_slice::<SharedPolicy>(&kv.value)
+                .ok()
+                .filter(|r| r.check().is_ok());
+            Some((rec, kv.mod_revision))
+        }
+        None => None,
+    };
+    let version = version_of(&yaml);
+    let in_force = current.as_ref().and_then(|(r, _)| r.as_ref());
+    if let Some(r) = in_force {
+        if r.version == version {
+            return Ok(Written {
+                version,
+                activate_at_unix_ms: r.activate_at_unix_ms,
+                unchanged: true,
+            });
+        }
+        if p.based_on.as_deref() != Some(r.version.as_str()) {
+            return Err(PolicyRefused::Stale {
+                in_force: r.version.clone(),
+                based_on: p.based_on.unwrap_or_else(|| "none".into()),
+            });
+        }
+    }
+    let now = now_ms();
+    let mut history = vec![Applied {
+        version: version.clone(),
+        author: p.author.chars().take(MAX_REASON / 4).collect(),
+        ticket: p.ticket.map(|t| t.chars().take(MAX_REASON / 4).collect()),
+        node: node.to_string(),
+        at_unix_ms: now,
+        activate_at_unix_ms: activate,
+        how: p.how.to_string(),
+        based_on: in_force.map(|r| r.version.clone()),
+    }];
+    history.extend(in_force.map_or(&[][..], |r| &r.history[..]).iter().cloned());
+    let dropped: Vec<String> = history
+        .split_off(MAX_POLICY_HISTORY.min(history.len()))
+        .into_iter()
+        .map(|a| a.version)
+        .collect();
+    let record = SharedPolicy {
+        version: version.clone(),
+        yaml,
+        activate_at_unix_ms: activate,
+        history,
+    };
+    let value = serde_json::to_vec(&record).unwrap_or_default();
+    if value.len() > MAX_VALUE {
+        return Err(PolicyRefused::Bad(format!(
+            "the policy and its history are {} bytes: the set's store takes at most {MAX_VALUE}",
+            value.len()
+        )));
+    }
+    let kept = Key::PolicyVersion {
+        version: version.clone(),
+    }
+    .under(prefix);
+    store
+        .put(&kept, record.yaml.as_bytes(), None)
+        .await
+        .map_err(unavailable)?;
+    let won = match &current {
+        None => store.create(&key, &value).await,
+        Some((_, rev)) => store.replace(&key, *rev, &value).await,
+    }
+    .map_err(unavailable)?;
+    if !won {
+        return Err(PolicyRefused::Stale {
+            in_force: "another (written meanwhile)".into(),
+            based_on: record.history[0]
+                .based_on
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        });
+    }
+    // The versions no longer in the history are not kept.
+    for v in dropped {
+        if !record.history.iter().any(|a| a.version == v) {
+            let _ = store
+                .delete(&Key::PolicyVersion { version: v }.under(prefix))
+                .await;
+        }
+    }
+    Ok(Written {
+        version,
+        activate_at_unix_ms: activate,
+        unchanged: false,
+    })
+}

@@ -1,0 +1,222 @@
+//! The policy as a version (a single node, a set of one): `POST /v1/policy` with
+//! `If-Match`, refused when stale or broken, rolled back; an edit of the file proposed
+//! as a version; an edit made while the node was down taken at start. The set's side
+//! (three nodes on etcd) is in `tests/cluster.rs`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::stack::*;
+use common::*;
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// POST `body` (YAML) to `/v1/policy` with `If-Match: "<if_match>"` (none: no header).
+async fn post_policy(stack: &Stack, body: &str, if_match: Option<&str>) -> (u16, Value) {
+    let mut req = stack
+        .http
+        .post(format!("http://{}/v1/policy", stack.api))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/yaml")
+        .body(body.to_string());
+    if let Some(v) = if_match {
+        req = req.header("if-match", format!("\"{v}\""));
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.bytes().await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// The CDNs (first label of the CNAME) answering www.example.com over 40 resolvers.
+async fn cdns(stack: &Stack) -> Vec<String> {
+    let (counts, _) = stack.answers(40).await;
+    let mut cdns: Vec<String> = counts.into_keys().collect();
+    cdns.sort();
+    cdns
+}
+
+/// Waits (5 s at most) until www.example.com is answered by exactly `want`.
+async fn wait_cdns(stack: &Stack, want: &[&str]) {
+    let start = Instant::now();
+    loop {
+        let seen = cdns(stack).await;
+        if seen == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "answers {seen:?}, wanted {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn version_of(text: &str) -> String {
+    steerdns::config::version_of(text)
+}
+
+/// The set's history as `(version, how)`, newest first.
+fn history(p: &Value) -> Vec<(String, String)> {
+    p["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["version"].as_str().unwrap().to_string(),
+                a["how"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_needs_the_version_in_force_loads_or_is_refused_and_rolls_back() {
+    let dir = scratch("policy-api");
+    policy(&dir, "[100]", 1.0);
+    let original = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+    let v0 = version_of(&original);
+    let stack = Stack::start_polling(&dir, Duration::from_millis(50)).await;
+    // The set of one takes its file's version as its first.
+    let p = stack
+        .wait_for_path("/v1/policy", "the first version", |p| {
+            !p["history"].as_array().unwrap().is_empty()
+        })
+        .await;
+    assert_eq!(p["version"], v0.as_str(), "{p:#}");
+    assert_eq!(history(&p), [(v0.clone(), "first".into())]);
+    assert_eq!(p["rollout"], Value::Null);
+    wait_cdns(&stack, &["a", "b"]).await;
+
+    let edited = original.replace("weights: { a: 50, b: 50 }", "weights: { a: 100 }");
+    assert_ne!(edited, original);
+    let v1 = version_of(&edited);
+
+    // Without If-Match, or with a version not in force: 412, nothing changes.
+    let (code, body) = post_policy(&stack, &edited, None).await;
+    assert_eq!(code, 412, "{body}");
+    let (code, body) = post_policy(&stack, &edited, Some("0123456789ab")).await;
+    assert_eq!(code, 412, "{body}");
+    assert!(body["error"].as_str().unwrap().contains(&v0), "{body}");
+    // A policy that does not load: 400 with its line and field, nothing changes.
+    let broken = edited.replace("weights: { a: 100 }", "weights: { a: 100, zz: 5 }");
+    let (code, body) = post_policy(&stack, &broken, Some(&v0)).await;
+    assert_eq!(code, 400, "{body}");
+    let errors = body["errors"].to_string();
+    let line = broken
+        .lines()
+        .position(|l| l.contains("zz: 5"))
+        .map(|i| i + 1)
+        .unwrap();
+    assert!(
+        errors.contains(&format!(":{line}:")) && errors.contains("weights"),
+        "line {line} and the field: {body}"
+    );
+    assert_eq!(cdns(&stack).await, ["a", "b"]);
+    assert_eq!(stack.get("/v1/policy").await["version"], v0.as_str());
+
+    // With the version in force: 202, the answers change once it is answered.
+    let (code, body) = post_policy(&stack, &edited, Some(&v0)).await;
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["version"], v1.as_str());
+    assert!(body["activate_at_unix_ms"].as_u64().unwrap() > 0);
+    wait_cdns(&stack, &["a"]).await;
+    let p = stack.get("/v1/policy").await;
+    assert_eq!(p["version"], v1.as_str());
+    assert_eq!(
+        history(&p),
+        [(v1.clone(), "api".into()), (v0.clone(), "first".into())]
+    );
+    assert_eq!(p["history"][0]["based_on"], v0.as_str());
+    assert_eq!(p["history"][0]["author"], "api-token-file");
+    // 202 says it is accepted: `/v1/state` shows it once applied and saved.
+    let st = stack
+        .wait_for("the version in /v1/state", |s| s["policy_version"] == v1.as_str())
+        .await;
+    // The file was not edited: it differs from the version in force.
+    assert_eq!(st["policy"]["file_version"], v0.as_str(), "{st:#}");
+    assert_eq!(st["policy"]["file_differs"], true);
+    let info = format!("steerdns_policy_info{{version=\"{v1}\"}}");
+    assert_eq!(stack.metric(&info).await, Some(1.0));
+    let explained = stack
+        .get("/v1/explain?name=www.example.com&client=81.2.69.142")
+        .await;
+    assert_eq!(explained["policy_version"], v1.as_str(), "{explained:#}");
+
+    // The same version again: nothing new.
+    let (code, body) = post_policy(&stack, &edited, Some(&v1)).await;
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["unchanged"], true);
+
+    // Rolled back (to the one before, by default): the old answers.
+    let (code, body) = stack
+        .post("/v1/policy/rollback", serde_json::json!({}))
+        .await;
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["version"], v0.as_str());
+    wait_cdns(&stack, &["a", "b"]).await;
+    let p = stack.get("/v1/policy").await;
+    assert_eq!(history(&p)[0], (v0.clone(), "rollback".into()));
+    assert_eq!(history(&p).len(), 3);
+    // No staged rollout runs: a halt has nothing to halt.
+    let (code, _) = stack.post("/v1/policy/halt", serde_json::json!({})).await;
+    assert_eq!(code, 409);
+
+    // Every application is in the audit log.
+    let log = std::fs::read_to_string(dir.join("state/audit.jsonl")).unwrap();
+    let applied: Vec<String> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["kind"] == "policy")
+        .map(|e| e["how"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(applied, ["first", "api", "rollback"], "{log}");
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_the_file_is_a_version_and_one_made_while_down_is_taken_at_start() {
+    let dir = scratch("policy-file");
+    policy(&dir, "[100]", 1.0);
+    let file = dir.join("steering.yaml");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let stack = Stack::start_polling(&dir, Duration::from_millis(50)).await;
+    wait_cdns(&stack, &["a", "b"]).await;
+
+    edit(&file, "weights: { a: 50, b: 50 }", "weights: { a: 100 }");
+    let v1 = version_of(&std::fs::read_to_string(&file).unwrap());
+    wait_cdns(&stack, &["a"]).await;
+    let p = stack.get("/v1/policy").await;
+    assert_eq!(p["version"], v1.as_str());
+    assert_eq!(history(&p)[0], (v1.clone(), "file".into()), "{p:#}");
+    assert_eq!(p["history"][0]["author"], "file on test");
+    assert_eq!(p["node"]["file_differs"], false);
+    stack.stop().await;
+
+    // Edited while the node was down: proposed at start, based on the version it
+    // served then.
+    std::fs::write(
+        &file,
+        original.replace("weights: { a: 50, b: 50 }", "weights: { b: 100 }"),
+    )
+    .unwrap();
+    let v2 = version_of(&std::fs::read_to_string(&file).unwrap());
+    let stack = Stack::start_polling(&dir, Duration::from_millis(50)).await;
+    wait_cdns(&stack, &["b"]).await;
+    let p = stack.get("/v1/policy").await;
+    assert_eq!(
+        history(&p)[..2],
+        [(v2.clone(), "file".into()), (v1.clone(), "file".into())],
+        "{p:#}"
+    );
+    stack.stop().await;
+
+    // Restarted with the same file: the same version, no new entry.
+    let stack = Stack::start_polling(&dir, Duration::from_millis(50)).await;
+    wait_cdns(&stack, &["b"]).await;
+    let p = stack.get("/v1/policy").await;
+    assert_eq!(history(&p).len(), 3, "{p:#}");
+    stack.stop().await;
+}
