@@ -9,12 +9,14 @@
 #   200 ms delay and 5 % loss on a node's link (tc netem);
 #   a node's clock 2 s ahead or behind (libfaketime, its offset read from a file);
 #   fastly failing for two vantage points of five;
-#   a drain or an undrain posted to a random node.
+#   a drain or an undrain posted to a random node;
+#   a policy version applied through a random node (POST /v1/policy, If-Match).
 #
 # From outside (the client namespace), every half second, through /v1/state and dig:
 #
 #   nodes that report connected agree on drains and freeze within 2 s of each change,
-#   and on failover steps within 3 s (2 s of clock skew, plus one);
+#   and on failover steps and the policy version within 3 s (2 s of clock skew, plus
+#   one);
 #   a node cut off from etcd reports fail-static within 3 s, and keeps answering;
 #   no CDN is removed without a drain or a failover timeline for it, and every answer
 #   names a CDN;
@@ -114,6 +116,8 @@ track $!
 ip netns exec sc-cdn python3 -m http.server --bind 10.214.0.42 8080 --directory "$TMP/cloudflare" >/dev/null 2>&1 &
 track $!
 cp tests/fixtures/set-steering.yaml "$TMP/steering.yaml"
+cp tests/fixtures/set-steering.yaml "$TMP/policy-a.yaml"
+sed -e 's/^ttl: 30$/ttl: 31/' tests/fixtures/set-steering.yaml >"$TMP/policy-b.yaml"
 mkdir -p "$TMP/probes"
 for cdn in fastly cloudflare; do
     ip=10.214.0.41
@@ -167,7 +171,7 @@ def state(n):
 def view(s):
     drains = sorted(d["id"] for d in s.get("drains", []) if d["status"] == "in force")
     steps = sorted((f["cdn"], f["removed_percent"]) for f in s.get("failover", []))
-    return (tuple(drains), s.get("failover_frozen") is not None), tuple(steps)
+    return (tuple(drains), s.get("failover_frozen") is not None), tuple(steps), s.get("policy_version")
 
 def answers(n, subnets):
     args = ["dig", f"@10.214.0.2{n}", "-p", "5353", "+short", "+time=1", "+tries=2"]
@@ -200,7 +204,7 @@ while now() < DEADLINE:
         for b in connected:
             if a >= b:
                 continue
-            for i, (what, limit) in enumerate([("drains/freeze", 2.0), ("steps", 3.0)]):
+            for i, (what, limit) in enumerate([("drains/freeze", 2.0), ("steps", 3.0), ("policy version", 3.0)]):
                 key = (what, a, b)
                 if views[a][i] != views[b][i]:
                     first = since.setdefault(key, now())
@@ -282,10 +286,11 @@ cli python3 "$TMP/checker.py" "$TMP" "$((deadline + 2))" &
 checker=$!
 RANDOM=$SEED
 faults=0
+applied=0
 while (($(date +%s) + 10 < deadline)); do
     faults=$((faults + 1))
     n=$((RANDOM % 3 + 1))
-    case $((RANDOM % 7)) in
+    case $((RANDOM % 8)) in
         0)
             # A drain posted meanwhile must reach the nodes that watched that member.
             d=$((RANDOM % 3 + 1))
@@ -361,9 +366,20 @@ while (($(date +%s) + 10 < deadline)); do
             fi
             hold 3
             ;;
+        7)
+            # The TTL goes 30 → 31 → 30: each apply a new version for the whole set.
+            in_force=$(cli curl -s --max-time 2 "http://10.214.0.2$n:9153/v1/policy" |
+                python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])' || true)
+            next=$TMP/policy-a.yaml
+            [[ $in_force == "$(sha256sum <"$TMP/policy-b.yaml" | cut -c1-12)" ]] || next=$TMP/policy-b.yaml
+            [[ $in_force == "$(sha256sum <"$TMP/policy-a.yaml" | cut -c1-12)" ]] && next=$TMP/policy-b.yaml
+            log "fault $faults: policy $(basename "$next") applied through ns$n over $in_force: $(cli curl -s --max-time 5 -X POST -H "Authorization: Bearer $(cat "$TMP/api-token")" -H "If-Match: \"$in_force\"" --data-binary "@$next" "http://10.214.0.2$n:9153/v1/policy" | tr -d '\n ' | head -c 100)"
+            applied=$((applied + 1))
+            hold 3
+            ;;
     esac
     hold 2
 done
-log "last fault healed; $faults faults injected"
+log "last fault healed; $faults faults injected, $applied of them policy applies"
 if wait "$checker"; then ok "no invariant violated under $faults faults"; else fail "invariants violated (see above)"; fi
 summary

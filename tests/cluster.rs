@@ -27,6 +27,8 @@ const PREFIX: &str = "/steerdns/";
 
 struct Set {
     nodes: Vec<Stack>,
+    /// Each node's options, to start it again.
+    opts: Vec<ClusterOptions>,
     /// Per node, one relay per etcd member.
     relays: Vec<Vec<Relay>>,
     a: MockCdn,
@@ -62,6 +64,7 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
     let b = MockCdn::start(Mode::Healthy).await;
     let dead = MockCdn::start(Mode::Refused).await;
     let mut nodes = Vec::new();
+    let mut all_opts = Vec::new();
     let mut relays = Vec::new();
     for i in 0..3 {
         let dir = scratch(&format!("{tag}-ns{}", i + 1));
@@ -98,11 +101,13 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
             prefix: PREFIX.into(),
             members: ["ns1", "ns2", "ns3", "agent1"].map(String::from).to_vec(),
         };
+        all_opts.push(opts.clone());
         nodes.push(Stack::start_node(&dir, &format!("ns{}", i + 1), opts).await);
         relays.push(rs);
     }
     let set = Set {
         nodes,
+        opts: all_opts,
         relays,
         a,
         b,
@@ -1820,4 +1825,236 @@ async fn a_read_that_is_not_whole_fails_static() {
     set.nodes[2]
         .wait_for("ns3 connected again", |s| s["cluster"]["connected"] == true)
         .await;
+}
+
+/// The version (old or new) of an answer: the new policy sends `a` to `a2.cdn.test.`.
+fn first_new(at: &std::sync::Mutex<Vec<Option<Instant>>>, i: usize) -> Option<Instant> {
+    at.lock().unwrap()[i]
+}
+
+/// Polls every node's answer for 100 client networks (ECS) every 50 ms until `stop`:
+/// per node, when it first answered from the new version (`a2`), and how many answers
+/// from the old one came after that (a node flipping back).
+fn poll_versions(
+    set: &Set,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Vec<Option<Instant>>>>,
+    tokio::task::JoinHandle<u64>,
+) {
+    let at = std::sync::Arc::new(std::sync::Mutex::new(vec![None; 3]));
+    let dns: Vec<std::net::SocketAddr> = set.nodes.iter().map(|n| n.dns).collect();
+    let seen = at.clone();
+    let poll = tokio::spawn(async move {
+        use common::*;
+        let mut back = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let round = Instant::now();
+            for (i, addr) in dns.iter().enumerate() {
+                for net in 0..100u32 {
+                    let client = format!("10.{}.{}.0", net / 200, net % 200);
+                    let q = query_edns(
+                        "www.example.com.",
+                        hickory_proto::rr::RecordType::A,
+                        Some((client.as_str(), 24)),
+                    );
+                    let m = ask_from(*addr, resolver(net as usize), Proto::Udp, &q).await;
+                    // `a2` only in the new version, `a` only in the old (`b` in both).
+                    let cname = cname_of(&m);
+                    let mut at = seen.lock().unwrap();
+                    match (cname.starts_with("a2."), cname.starts_with("a."), at[i]) {
+                        (true, _, None) => at[i] = Some(Instant::now()),
+                        (_, true, Some(_)) => back += 1,
+                        _ => {}
+                    }
+                }
+            }
+            tokio::time::sleep_until(round + Duration::from_millis(50)).await;
+        }
+        back
+    });
+    (at, poll)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_version_moves_every_node_at_one_instant_and_rolls_back() {
+    if !require_etcd("a_policy_version_moves_every_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "policy",
+        SetUp {
+            member_roles: true,
+            step_seconds: 1.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let original = std::fs::read_to_string(set.nodes[0].dir.join("steering.yaml")).unwrap();
+    let v0 = steerdns::config::version_of(&original);
+    for n in &set.nodes {
+        n.wait_for_path("/v1/policy", "the set's first version", |p| {
+            p["history"][0]["version"] == v0.as_str()
+        })
+        .await;
+    }
+    let edited = original
+        .replace("a: { cname: a.cdn.test. }", "a: { cname: a2.cdn.test. }")
+        .replace("weights: { a: 50, b: 50 }", "weights: { a: 100, b: 1 }");
+    let v1 = steerdns::config::version_of(&edited);
+    let post = |i: usize, body: String, if_match: &str| {
+        let req = set.nodes[i]
+            .http
+            .post(format!("http://{}/v1/policy", set.nodes[i].api))
+            .bearer_auth(TOKEN)
+            .header("if-match", format!("\"{if_match}\""))
+            .body(body);
+        async move {
+            let resp = req.send().await.unwrap();
+            let code = resp.status().as_u16();
+            let bytes = resp.bytes().await.unwrap();
+            (
+                code,
+                serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+
+    // Stale, and broken: 412 and 400, nothing changes anywhere.
+    let (code, body) = post(1, edited.clone(), "0123456789ab").await;
+    assert_eq!(code, 412, "{body}");
+    let broken = edited.replace("weights: { a: 100, b: 1 }", "weights: { a: 100, zz: 1 }");
+    let (code, body) = post(1, broken, &v0).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body["errors"].to_string().contains("weights"), "{body}");
+
+    // Applied through ns1: every node moves at the writer's instant.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (at, poll) = poll_versions(&set, stop.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(*at.lock().unwrap(), vec![None; 3], "moved before the apply");
+    let t0 = Instant::now();
+    let (code, body) = post(0, edited.clone(), &v0).await;
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["version"], v1.as_str());
+    let wall = steerdns::clock::now_ms();
+    let activate = body["activate_at_unix_ms"].as_u64().unwrap();
+    // At the instant, less what the writer took to answer.
+    let instant = t0 + Duration::from_millis(activate.saturating_sub(wall));
+    while (0..3).any(|i| first_new(&at, i).is_none()) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", at.lock());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let back = poll.await.unwrap();
+    let firsts: Vec<Instant> = (0..3).map(|i| first_new(&at, i).unwrap()).collect();
+    let (first, last) = (*firsts.iter().min().unwrap(), *firsts.iter().max().unwrap());
+    // A round of polls takes a while: a node is seen switched up to one round late.
+    let window = last - first;
+    eprintln!(
+        "policy apply: activation {} ms after the call; nodes switched within {window:?} of each other (first {:?} after the instant)",
+        activate.saturating_sub(wall),
+        first.saturating_duration_since(instant)
+    );
+    assert_eq!(
+        back, 0,
+        "a node answered from the old version after the new"
+    );
+    assert!(
+        first + Duration::from_millis(100) >= instant,
+        "a node switched {:?} before the instant",
+        instant - first
+    );
+    assert!(window < Duration::from_secs(1), "{window:?}");
+    for n in &set.nodes {
+        let p = n
+            .wait_for_path("/v1/policy", "the version in force", |p| {
+                p["version"] == v1.as_str()
+            })
+            .await;
+        assert_eq!(p["history"][0]["how"], "api");
+        assert_eq!(p["history"][0]["node"], "ns1");
+        assert_eq!(p["history"][1]["version"], v0.as_str());
+        let info = format!("steerdns_policy_info{{version=\"{v1}\"}}");
+        assert_eq!(n.metric(&info).await, Some(1.0));
+    }
+
+    // Rolled back through ns2: every node answers as before.
+    let (code, body) = set.nodes[1]
+        .post("/v1/policy/rollback", json!({"ticket": "INC-9"}))
+        .await;
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["version"], v0.as_str());
+    let t1 = Instant::now();
+    for i in 0..3 {
+        answers_until(&set, i, t1, "both CDNs after the rollback", |c| {
+            c == ["a", "b"]
+        })
+        .await;
+    }
+
+    // An edit of one node's file moves all three within 2 s; the same file copied to
+    // the others afterwards changes nothing more.
+    let file = |i: usize| set.nodes[i].dir.join("steering.yaml");
+    std::fs::write(file(2), &edited).unwrap();
+    let t2 = Instant::now();
+    for i in 0..3 {
+        let took = answers_until(&set, i, t2, "a2 after the file edit", |c| {
+            c.iter().any(|x| x == "a2")
+        })
+        .await;
+        assert!(took < Duration::from_secs(2), "node {}: {took:?}", i + 1);
+    }
+    let p = set.nodes[0].get("/v1/policy").await;
+    assert_eq!(p["history"][0]["how"], "file", "{p:#}");
+    assert_eq!(p["history"][0]["node"], "ns3");
+    let entries = p["history"].as_array().unwrap().len();
+    for i in [0, 1] {
+        std::fs::write(file(i), &edited).unwrap();
+    }
+    for i in [0, 1] {
+        set.nodes[i]
+            .wait_for("the copy read", |s| s["policy"]["file_differs"] == false)
+            .await;
+    }
+    let p = set.nodes[0].get("/v1/policy").await;
+    assert_eq!(p["history"].as_array().unwrap().len(), entries, "{p:#}");
+    // ns3 stops; the set moves on (v2 through ns2), and ns3's file is edited while it
+    // is down, based on v1: at start it proposes the edit, the set refuses it (stale),
+    // and ns3 serves the set's version, its file shown as differing.
+    let mut set = set;
+    let ns3 = set.nodes.pop().unwrap();
+    let dir = ns3.dir.clone();
+    ns3.stop().await;
+    let other = edited.replace("weights: { a: 100, b: 1 }", "weights: { a: 1, b: 100 }");
+    let v2 = steerdns::config::version_of(&other);
+    let (code, body) = post(1, other.clone(), &v1).await;
+    assert_eq!(code, 202, "{body}");
+    let stale = edited.replace("weights: { a: 100, b: 1 }", "weights: { a: 2, b: 100 }");
+    std::fs::write(dir.join("steering.yaml"), &stale).unwrap();
+    let ns3 = Stack::start_node(&dir, "ns3", set.opts[2].clone()).await;
+    let s = ns3
+        .wait_for("ns3 on the set's version", |s| {
+            s["policy_version"] == v2.as_str() && s["policy"]["file_error"].is_string()
+        })
+        .await;
+    assert_eq!(s["policy"]["file_differs"], true, "{s:#}");
+    assert!(
+        s["policy"]["file_error"].as_str().unwrap().contains(&v2),
+        "{s:#}"
+    );
+    assert_eq!(
+        ns3.metric("steerdns_policy_file_refused_total").await,
+        Some(1.0)
+    );
+    set.nodes.push(ns3);
+    answers_until(&set, 2, Instant::now(), "ns3 answers from v2", |c| {
+        c.iter().any(|x| x == "b") && !c.iter().any(|x| x == "a")
+    })
+    .await;
+    let p = set.nodes[0].get("/v1/policy").await;
+    assert_eq!(p["version"], v2.as_str(), "{p:#}");
+    drop(set.etcd);
 }

@@ -378,7 +378,7 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
 
     let mut entries = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while entries.len() < 5 {
+    while entries.len() < 6 {
         assert!(
             std::time::Instant::now() < deadline,
             "audit entries: {entries:#?}"
@@ -395,18 +395,21 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
         .collect();
     assert_eq!(
         kinds,
-        ["drain", "freeze", "resume", "undrain", "reload"],
+        ["drain", "freeze", "resume", "undrain", "policy", "reload"],
         "{entries:#?}"
     );
     assert_eq!(entries[0]["author"], "only-a");
     assert_eq!(entries[0]["ticket"], "T-9");
     assert_eq!(entries[1]["author"], "api-token-file");
+    // The edit of the file is a new policy version, then the reload that applies it.
+    assert_eq!(entries[4]["how"], "file", "{:#}", entries[4]);
     assert_eq!(
-        entries[4]["diff"]["names_changed"],
+        entries[5]["diff"]["names_changed"],
         json!(["b.example.com."]),
         "{:#}",
-        entries[4]
+        entries[5]
     );
+    assert_eq!(entries[5]["trigger"], "file change", "{:#}", entries[5]);
     // Paged: after the second, one at a time.
     let p = s.get("/v1/audit?after=2&limit=1").await;
     assert_eq!(
@@ -455,12 +458,12 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
     // `audit tail` prints it for people.
     let out = steerdns(&["audit", "tail", "--state-dir"])
         .arg(s.dir.join("state"))
-        .args(["-n", "2"])
+        .args(["-n", "3"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert_eq!(text.lines().count(), 2, "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
     assert!(
         text.contains("undrain") && text.contains("author=\"api-token-file\""),
         "{text}"

@@ -90,7 +90,7 @@ fn every_mutation_names_its_verb_and_the_bearer_scheme() {
     let scheme = &doc["components"]["securitySchemes"]["bearerAuth"];
     assert_eq!(scheme["type"].as_str(), Some("http"));
     assert_eq!(scheme["scheme"].as_str(), Some("bearer"));
-    let verbs = ["drain", "undrain", "freeze", "resume", "usage"];
+    let verbs = ["drain", "undrain", "freeze", "resume", "usage", "policy"];
     for (method, path) in operations(&doc) {
         let op = &doc["paths"][path.as_str()][method.to_ascii_lowercase().as_str()];
         if method == "GET" {
@@ -310,6 +310,25 @@ fn every_documented_operation_answers_as_documented() {
         ),
         sample("POST", "/v1/usage", "/v1/usage", Some(&usage), 200),
         sample("GET", "/v1/audit", "/v1/audit?after=0&limit=10", None, 200),
+        sample("GET", "/v1/policy", "/v1/policy", None, 200),
+        // Without `If-Match`: refused, nothing changes (the tests of tests/policy.rs
+        // apply versions).
+        sample(
+            "POST",
+            "/v1/policy",
+            "/v1/policy",
+            Some("hostname: x\n"),
+            412,
+        ),
+        // The demo's first version has none before it.
+        sample(
+            "POST",
+            "/v1/policy/rollback",
+            "/v1/policy/rollback",
+            Some("{}"),
+            400,
+        ),
+        sample("POST", "/v1/policy/halt", "/v1/policy/halt", None, 409),
         sample(
             "GET",
             "/book/{page}",

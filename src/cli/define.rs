@@ -200,6 +200,13 @@ pub enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// The policy versions of a running server and its set, over its admin API:
+    /// `status`, `apply FILE`, `rollback [VERSION]`, `halt`.
+    #[command(after_help = "The book: docs/book/src/user/policy.md#changing-the-policy")]
+    Policy {
+        #[command(subcommand)]
+        command: super::policy::PolicyCommand,
+    },
     /// DNSSEC zone keys: make one, roll one over, show their status, print the DS records for the parent zone.
     #[command(after_help = "The book: docs/book/src/user/dnssec.md")]
     Dnssec {
@@ -342,6 +349,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             end_quietly_on_a_closed_pipe();
             audit(command)
         }
+        Command::Policy { command } => super::policy::run(command).await,
         Command::Simulate {
             demand,
             policy,

@@ -330,6 +330,8 @@ impl EtcdSet {
                 grant("readwrite", &format!("{prefix}perf/{name}/"));
                 grant("readwrite", &format!("{prefix}shift/"));
                 grant("readwrite", &format!("{prefix}cookie"));
+                grant("readwrite", &format!("{prefix}policy"));
+                grant("readwrite", &format!("{prefix}versions/"));
             }
             self.etcdctl(&[
                 "user",

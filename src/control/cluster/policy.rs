@@ -33,8 +33,9 @@ pub struct SharedPolicy {
     /// [`version_of`] `yaml`.
     pub version: String,
     pub yaml: String,
-    /// When every node serves it (Unix ms): the writer's clock plus the set's
-    /// allowance, so that nodes never serve different versions outside that window.
+    /// When every node serves it (Unix ms, on the store's clock: each node converts it
+    /// with its measured skew): the writer's time plus the set's allowance, so that
+    /// nodes never serve different versions outside that window.
     #[serde(deserialize_with = "times::bounded")]
     pub activate_at_unix_ms: u64,
     /// What was applied, newest first: this version's application, then earlier ones.
@@ -150,6 +151,20 @@ impl ClusterLink {
         (500 + skew).min(5_000)
     }
 
+    /// The store's clock (Unix ms) at this node's `local` time: instants shared by the
+    /// set (a version's activation) are on it, so that a node whose clock is off still
+    /// switches with the others.
+    pub(crate) fn store_ms(&self, local: u64) -> u64 {
+        let skew = self.store.skew_ms().unwrap_or(0);
+        local.saturating_add_signed(skew)
+    }
+
+    /// This node's time at the store's `shared` instant.
+    pub(crate) fn local_ms(&self, shared: u64) -> u64 {
+        let skew = self.store.skew_ms().unwrap_or(0);
+        shared.saturating_add_signed(-skew)
+    }
+
     /// Writes `proposal` as the set's version, unless the set moved past the version
     /// it is based on; answers `reply` once this node's view holds it.
     pub(crate) fn write_policy(
@@ -162,7 +177,7 @@ impl ClusterLink {
             return;
         }
         let (store, prefix, node) = (self.store.clone(), self.prefix.clone(), self.node.clone());
-        let activate = now_ms() + self.allowance_ms();
+        let activate = self.store_ms(now_ms()) + self.allowance_ms();
         let version = proposal.source.version();
         let (audit_key, entry) = self.audit_entry(
             "policy",
@@ -176,6 +191,7 @@ impl ClusterLink {
             }),
         );
         let done = self.done.clone();
+        let how = proposal.how;
         tokio::spawn(async move {
             let key = Key::Policy.under(&prefix);
             let r = async {
@@ -203,8 +219,12 @@ impl ClusterLink {
             let written = matches!(&r, Ok(w) if !w.unchanged);
             match &r {
                 Ok(w) if written => {
-                    info!(version = %w.version, activate_at_unix_ms = w.activate_at_unix_ms, "policy version written for the set");
-                    super::node::put_audit(store.clone(), audit_key, entry).await;
+                    info!(version = %w.version, activate_at_unix_ms = w.activate_at_unix_ms, how, "policy version written for the set");
+                    // A set's first version is what its nodes started with, not a
+                    // change: the history has it, the audit log the changes.
+                    if how != "first" {
+                        super::node::put_audit(store.clone(), audit_key, entry).await;
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => warn!(version = %version, error = %e, "policy version not written"),
@@ -326,13 +346,28 @@ async fn put_policy(
     }
     .map_err(unavailable)?;
     if !won {
-        return Err(PolicyRefused::Stale {
-            in_force: "another (written meanwhile)".into(),
-            based_on: record.history[0]
-                .based_on
-                .clone()
-                .unwrap_or_else(|| "none".into()),
-        });
+        // Another writer first: the same version (every node of a new set proposes
+        // its own first) is this one's too.
+        let now_in_force = store
+            .get(&key)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|kv| serde_json::from_slice::<SharedPolicy>(&kv.value).ok());
+        return match now_in_force {
+            Some(r) if r.version == version => Ok(Written {
+                version,
+                activate_at_unix_ms: r.activate_at_unix_ms,
+                unchanged: true,
+            }),
+            other => Err(PolicyRefused::Stale {
+                in_force: other.map_or_else(|| "another".into(), |r| r.version),
+                based_on: record.history[0]
+                    .based_on
+                    .clone()
+                    .unwrap_or_else(|| "none".into()),
+            }),
+        };
     }
     // The versions no longer in the history are not kept.
     for v in dropped {

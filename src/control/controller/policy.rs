@@ -41,6 +41,9 @@ pub(crate) struct Versions {
     pub started: bool,
     /// Loads a version given over the API with this node's inputs.
     pub checker: Option<crate::inputs::Checker>,
+    /// The file's edit this node proposed last, and the trigger of the reload that
+    /// found it (the reload that applies it says that trigger).
+    pub proposed: Option<(String, Trigger)>,
     /// Back to the controller: a reload held for a proposal the set refused.
     pub reloads: Option<tokio::sync::mpsc::Sender<Reloaded>>,
     /// This node proposed a first version (the set had none) and waits for the view.
@@ -223,6 +226,10 @@ impl Controller {
         let back = self.versions.reloads.clone();
         tokio::spawn(async move {
             match rx.await {
+                // A new set's first version: another node's was taken.
+                Ok(Err(e)) if how == "first" => {
+                    info!(version = %version, error = %e, "policy: another node's first version was taken")
+                }
                 Ok(Err(e)) => {
                     metrics.policy_file_refused();
                     warn!(version = %version, error = %e, "policy file: the edit is not the set's version (the version in force keeps serving; the file differs from it)");
@@ -278,7 +285,13 @@ impl Controller {
 
     /// A reload: the file's edit proposed, then the set's version switched to (at its
     /// instant) or refused, or the other inputs applied. Whether the probes changed.
-    pub(super) fn on_reload(&mut self, r: Reloaded) -> bool {
+    pub(super) fn on_reload(&mut self, mut r: Reloaded) -> bool {
+        if let (Some(v), Some((proposed, trigger))) = (&r.set, &self.versions.proposed) {
+            if r.trigger == Trigger::SetVersion && v == proposed {
+                // This node's own edit, back from the set.
+                r.trigger = *trigger;
+            }
+        }
         match self.note_file(&r) {
             FileNote::Refused(issues) => {
                 self.refuse_reload(r.trigger, &issues);
@@ -288,6 +301,8 @@ impl Controller {
                 // Served once the set holds it (its reload brings the other inputs
                 // too); if the set refuses it, this reload is applied as it is.
                 let based_on = Some(self.loaded.policy.version.clone());
+                let version = crate::config::version_of(&text);
+                self.versions.proposed = Some((version, r.trigger));
                 self.propose(text, based_on, "file", Some(r));
                 return false;
             }
@@ -315,7 +330,7 @@ impl Controller {
                 .set
                 .set_policy()
                 .filter(|p| p.version == *v)
-                .map_or(0, |p| p.activate_at_unix_ms);
+                .map_or(0, |p| self.set.local_ms(p.activate_at_unix_ms));
             if *v != self.loaded.policy.version && at > now_ms() && r.result.is_ok() {
                 info!(version = %v, activate_at_unix_ms = at, "policy: the set's version is loaded, served from its instant");
                 self.versions.pending = Some((Box::new(r), at));

@@ -55,7 +55,7 @@ pub(super) async fn mutate(
     let param = |name: &str| {
         asked.query.split('&').find_map(|kv| {
             let (k, v) = kv.split_once('=')?;
-            (k == name).then(|| v.to_string())
+            (k == name).then(|| decode(v))
         })
     };
     match asked.path {
@@ -116,6 +116,30 @@ pub(super) async fn mutate(
         "/v1/policy/halt" => error(StatusCode::CONFLICT, "no staged rollout is in progress"),
         _ => error(StatusCode::NOT_FOUND, "not found"),
     }
+}
+
+/// A query value, percent-decoded (`+` is a space); a bad escape is kept as it is.
+fn decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `"abc"`, `W/"abc"` or `abc` → `abc`.
