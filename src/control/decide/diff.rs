@@ -470,11 +470,13 @@ fn region_row(name: &str, presence: Presence) -> RegionDiff {
     }
 }
 
-/// Region `r`'s shares in `s` (before or after) into `shares`.
+/// Region `r`'s shares in `s` (before or after) into `shares`: every CDN of the name,
+/// 0 for those without weight there.
 fn add_shares(shares: &mut Vec<Share>, s: Steered, r: usize, before: bool) {
     let weights: Vec<(usize, u64)> = s.weighted(s.choice(r)).collect();
     let total: u64 = weights.iter().map(|(_, w)| w).sum();
-    for (t, w) in weights {
+    let every = (0..s.targets().len()).map(|t| (t, 0));
+    for (t, w) in every.chain(weights) {
         let cdn = &*s.target(t).cdn;
         let pct = if total > 0 {
             100.0 * w as f64 / total as f64
