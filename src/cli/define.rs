@@ -136,10 +136,12 @@ pub enum Command {
         #[command(flatten)]
         inputs: InputArgs,
     },
-    /// Compare two policies, offline: what serving NEW instead of OLD changes. For each
-    /// steered name and region, each CDN's share before → after, and the share of the
-    /// region's client networks whose answer changes; names, CDNs and regions added or
-    /// removed; TTL, selection, failover, CNAME and drain changes.
+    /// Compare two policies, offline: which shares and which clients' answers serving
+    /// NEW instead of OLD changes.
+    ///
+    /// For each steered name and region, each CDN's share before → after, and the
+    /// share of the region's client networks whose answer changes; names, CDNs and
+    /// regions added or removed; TTL, selection, failover, CNAME and drain changes.
     ///
     /// Both policies are loaded against the same zones, geo database and probes (the
     /// flags below, as `check` takes them), planned by the planner `serve` runs, and
