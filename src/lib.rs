@@ -42,7 +42,7 @@
 //! - [`clock`]: the wall clock's only door ([`clock::now_ms`]).
 //! - [`dnssec`]: the zones' keys, signing and rollover.
 //! - [`app`]: lifecycle: load, bind, serve, stop.
-//! - [`cli`]: the `steerdns` command line (`serve`, `check`, `explain`, `agent`,
+//! - [`cli`]: the `steerdns` command line (`serve`, `check`, `diff`, `explain`, `agent`,
 //!   `simulate`, `dnssec`, `audit`): loads the inputs, handles the signals.
 
 #![warn(unreachable_pub)]

@@ -1876,6 +1876,22 @@ fn poll_versions(
     (at, poll)
 }
 
+/// POST `body` to `node`'s `/v1/policy` with `If-Match: "<if_match>"`.
+async fn post_policy(node: &Stack, body: String, if_match: &str) -> (u16, Value) {
+    let resp = node
+        .http
+        .post(format!("http://{}/v1/policy", node.api))
+        .bearer_auth(TOKEN)
+        .header("if-match", format!("\"{if_match}\""))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    let bytes = resp.bytes().await.unwrap();
+    (code, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_version_moves_every_node_at_one_instant_and_rolls_back() {
     if !require_etcd("a_policy_version_moves_every_node…") {
@@ -1903,29 +1919,12 @@ async fn a_policy_version_moves_every_node_at_one_instant_and_rolls_back() {
         .replace("a: { cname: a.cdn.test. }", "a: { cname: a2.cdn.test. }")
         .replace("weights: { a: 50, b: 50 }", "weights: { a: 100, b: 1 }");
     let v1 = steerdns::config::version_of(&edited);
-    let post = |i: usize, body: String, if_match: &str| {
-        let req = set.nodes[i]
-            .http
-            .post(format!("http://{}/v1/policy", set.nodes[i].api))
-            .bearer_auth(TOKEN)
-            .header("if-match", format!("\"{if_match}\""))
-            .body(body);
-        async move {
-            let resp = req.send().await.unwrap();
-            let code = resp.status().as_u16();
-            let bytes = resp.bytes().await.unwrap();
-            (
-                code,
-                serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
-            )
-        }
-    };
 
     // Stale, and broken: 412 and 400, nothing changes anywhere.
-    let (code, body) = post(1, edited.clone(), "0123456789ab").await;
+    let (code, body) = post_policy(&set.nodes[1], edited.clone(), "0123456789ab").await;
     assert_eq!(code, 412, "{body}");
     let broken = edited.replace("weights: { a: 100, b: 1 }", "weights: { a: 100, zz: 1 }");
-    let (code, body) = post(1, broken, &v0).await;
+    let (code, body) = post_policy(&set.nodes[1], broken, &v0).await;
     assert_eq!(code, 400, "{body}");
     assert!(body["errors"].to_string().contains("weights"), "{body}");
 
@@ -1935,7 +1934,7 @@ async fn a_policy_version_moves_every_node_at_one_instant_and_rolls_back() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(*at.lock().unwrap(), vec![None; 3], "moved before the apply");
     let t0 = Instant::now();
-    let (code, body) = post(0, edited.clone(), &v0).await;
+    let (code, body) = post_policy(&set.nodes[0], edited.clone(), &v0).await;
     assert_eq!(code, 202, "{body}");
     assert_eq!(body["version"], v1.as_str());
     let wall = steerdns::clock::now_ms();
@@ -2030,7 +2029,7 @@ async fn a_policy_version_moves_every_node_at_one_instant_and_rolls_back() {
     ns3.stop().await;
     let other = edited.replace("weights: { a: 100, b: 1 }", "weights: { a: 1, b: 100 }");
     let v2 = steerdns::config::version_of(&other);
-    let (code, body) = post(1, other.clone(), &v1).await;
+    let (code, body) = post_policy(&set.nodes[1], other.clone(), &v1).await;
     assert_eq!(code, 202, "{body}");
     let stale = edited.replace("weights: { a: 100, b: 1 }", "weights: { a: 2, b: 100 }");
     std::fs::write(dir.join("steering.yaml"), &stale).unwrap();

@@ -183,6 +183,20 @@ pub struct InputArgs {
     /// The steering policy.
     #[arg(long, value_name = "FILE", default_value = "steering.yaml")]
     pub config: PathBuf,
+    #[command(flatten)]
+    pub context: ContextArgs,
+    /// Scoped API tokens (YAML, owner-only mode): each a `name`, the `sha256` of its
+    /// secret, its `verbs` (drain, undrain, freeze, resume, usage), and optionally the
+    /// `names`, `tenants` and `regions` it may touch and `require_ticket`. Reloaded with
+    /// the policy; see the book, docs/book/src/user/admin-api.md (tokens).
+    #[arg(long = "api-tokens", value_name = "FILE")]
+    pub api_tokens: Option<PathBuf>,
+}
+
+/// The input files a policy is loaded against: the zones, the geo database, the probes
+/// and the AS-number database (`diff` loads both of its policies against one set).
+#[derive(Args, Debug, Clone)]
+pub struct ContextArgs {
     /// The directory of zone files.
     #[arg(long, value_name = "DIR", default_value = "zones/")]
     pub zones: PathBuf,
@@ -195,12 +209,20 @@ pub struct InputArgs {
     /// An AS-number database (MaxMind DB: GeoLite2-ASN), for `match: [AS13335]`.
     #[arg(long = "asn-db", value_name = "FILE")]
     pub asn: Option<PathBuf>,
-    /// Scoped API tokens (YAML, owner-only mode): each a `name`, the `sha256` of its
-    /// secret, its `verbs` (drain, undrain, freeze, resume, usage), and optionally the
-    /// `names`, `tenants` and `regions` it may touch and `require_ticket`. Reloaded with
-    /// the policy; see the book, docs/book/src/user/admin-api.md (tokens).
-    #[arg(long = "api-tokens", value_name = "FILE")]
-    pub api_tokens: Option<PathBuf>,
+}
+
+impl ContextArgs {
+    /// The inputs of the policy at `config` loaded against these files.
+    pub(super) fn with_policy(&self, config: PathBuf) -> Inputs {
+        Inputs {
+            config,
+            zones: self.zones.clone(),
+            geo: self.geo.clone(),
+            probes: self.probes.clone(),
+            asn: self.asn.clone(),
+            api_tokens: None,
+        }
+    }
 }
 
 pub(super) fn parse_session(
@@ -379,12 +401,8 @@ impl DnsArgs {
 impl From<InputArgs> for Inputs {
     fn from(a: InputArgs) -> Inputs {
         Inputs {
-            config: a.config,
-            zones: a.zones,
-            geo: a.geo,
-            probes: a.probes,
-            asn: a.asn,
             api_tokens: a.api_tokens,
+            ..a.context.with_policy(a.config)
         }
     }
 }

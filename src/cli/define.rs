@@ -17,7 +17,7 @@ use crate::control::decide::state::SAVED_MAX_AGE;
 use crate::control::surfaces::book::Book;
 
 use super::args::{api_token, host_name, parse_session};
-use super::offline::{audit, check, dnssec, explain, man};
+use super::offline::{audit, check, diff, dnssec, explain, man};
 use super::serve::{agent, serve};
 
 /// `steerdns --version`: the crate version and the commit built.
@@ -136,6 +136,47 @@ pub enum Command {
         #[command(flatten)]
         inputs: InputArgs,
     },
+    /// Compare two policies, offline: which shares and which clients' answers serving
+    /// NEW instead of OLD changes.
+    ///
+    /// For each steered name and region, each CDN's share before → after, and the
+    /// share of the region's client networks whose answer changes; names, CDNs and
+    /// regions added or removed; TTL, selection, failover, CNAME and drain changes.
+    ///
+    /// Both policies are loaded against the same zones, geo database and probes (the
+    /// flags below, as `check` takes them), planned by the planner `serve` runs, and
+    /// every network of the geo database is asked about every steered name through
+    /// both plans at one instant, as dig would ask: through --resolver, with ECS /24
+    /// (IPv4) or /56 (IPv6) of the network. A network counts in the region it is in
+    /// before and in the one it is in after. The share is weighted by address space,
+    /// IPv4 and IPv6 apart (not by recorded traffic: usage and beacons in a state
+    /// directory are not read). Every CDN is taken as healthy, drains written in the
+    /// policies at their last step, and performance and commit modifiers are not
+    /// applied.
+    ///
+    /// Exit status: 0 when both policies give every answer alike, 1 when an answer
+    /// changes (a CNAME for some network, a TTL, the selection, a name added or
+    /// removed; other setting changes are listed but keep 0), 2 on an error (each
+    /// with file:line: field, as `check` prints them).
+    #[command(
+        after_help = "The book: docs/book/src/user/policy.md#comparing-two-policies, docs/book/src/runbooks/roll-back-a-policy.md"
+    )]
+    Diff {
+        /// The policy before the edit (the one in force).
+        old: PathBuf,
+        /// The policy after the edit.
+        new: PathBuf,
+        /// Print the comparison as JSON (the same figures, for scripts).
+        #[arg(long)]
+        json: bool,
+        /// The resolver the networks are asked through: its address is part of the
+        /// selection key, so another resolver sees other networks change (about as
+        /// many).
+        #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+        resolver: IpAddr,
+        #[command(flatten)]
+        inputs: ContextArgs,
+    },
     /// Replay five-minute demand (CSV `start,region,mbps` or `start,region,bytes`)
     /// through the commit and capacity controller at full speed, with the same code
     /// the server runs: per CDN, the month's total against commit and cap, the
@@ -201,7 +242,7 @@ pub enum Command {
         command: AuditCommand,
     },
     /// The policy versions of a running server and its set, over its admin API:
-    /// `status`, `apply FILE`, `rollback [VERSION]`, `halt`.
+    /// `status`, `diff FILE`, `apply FILE`, `rollback [VERSION]`, `halt`.
     #[command(after_help = "The book: docs/book/src/user/policy.md#changing-the-policy")]
     Policy {
         #[command(subcommand)]
@@ -317,6 +358,16 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Check { inputs } => {
             end_quietly_on_a_closed_pipe();
             check(inputs.into())
+        }
+        Command::Diff {
+            old,
+            new,
+            json,
+            resolver,
+            inputs,
+        } => {
+            end_quietly_on_a_closed_pipe();
+            diff(&inputs, old, new, resolver, json)
         }
         Command::Explain {
             name,

@@ -1,6 +1,6 @@
-//! The commands that read files and print, then exit: `check`, `explain` (from the
-//! saved state), `dnssec` and `audit` (`verify_report` behind `audit verify`),
-//! and the hidden `man`.
+//! The commands that read files and print, then exit: `check`, `diff` (two policies
+//! compared), `explain` (from the saved state), `dnssec` and `audit` (`verify_report`
+//! behind `audit verify`), and the hidden `man`.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use super::args::{AuditCommand, DnssecCommand};
+use super::args::{AuditCommand, ContextArgs, DnssecCommand};
 use super::serve::load_or_report;
 use super::Cli;
 use crate::app::Inputs;
@@ -182,6 +182,66 @@ pub(super) fn check(inputs: Inputs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `diff OLD NEW`: both policies loaded against one set of files (one geo database
+/// read once), compared, printed; 0 when every answer is alike, 1 when one changes, 2
+/// when either does not load.
+pub(super) fn diff(
+    context: &ContextArgs,
+    old: PathBuf,
+    new: PathBuf,
+    resolver: IpAddr,
+    json: bool,
+) -> ExitCode {
+    const ERROR: u8 = 2;
+    let mut cache = crate::app::GeoCache::default();
+    let mut shown = std::collections::HashSet::new();
+    let mut load = |config: PathBuf| {
+        let loaded = crate::app::load_cached(&context.with_policy(config), &mut cache);
+        let issues = match &loaded {
+            Ok(l) => &l.warnings,
+            Err(issues) => issues,
+        };
+        // The zones' and probes' warnings once, not once per policy.
+        for w in issues.warnings() {
+            if shown.insert(w.to_string()) {
+                eprintln!("{w}");
+            }
+        }
+        // As `check` prints them; the same errors (of the zones, say) once.
+        if let Err(issues) = &loaded {
+            let text = issues.to_string();
+            if shown.insert(text.clone()) {
+                eprint!("{text}");
+            }
+        }
+        loaded.ok()
+    };
+    let (old, new) = (load(old), load(new));
+    let (Some(old), Some(new)) = (old, new) else {
+        eprintln!("steerdns: cannot compare: fix the errors above (`steerdns check` lists them)");
+        return ExitCode::from(ERROR);
+    };
+    let d = crate::control::decide::diff::diff(
+        &old,
+        &new,
+        resolver,
+        tokio::time::Instant::now(),
+        crate::clock::now_ms(),
+    );
+    if json {
+        match serde_json::to_string_pretty(&d) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("steerdns: cannot write the comparison as JSON: {err}");
+                return ExitCode::from(ERROR);
+            }
+        }
+    } else {
+        print!("{d}");
+    }
+    ExitCode::from(u8::from(d.changes_answers))
 }
 
 /// One token of `--api-tokens` as `check` lists it.

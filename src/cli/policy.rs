@@ -1,4 +1,4 @@
-//! `steerdns policy status|apply|rollback|halt`: the policy versions of a running server
+//! `steerdns policy status|diff|apply|rollback|halt`: the policy versions of a running server
 //! (and its set), over its admin API (`--api`, the token of `--api-token-file` or
 //! STEERDNS_API_TOKEN). Exit 0 when done, 1 when the server refused (a stale version,
 //! a policy that does not load, nothing to halt), 2 when it could not be asked.
@@ -49,6 +49,22 @@ pub enum PolicyCommand {
         version: Option<String>,
         #[arg(long)]
         ticket: Option<String>,
+        #[command(flatten)]
+        api: ApiClient,
+    },
+    /// What FILE would change against the version in force (read from the server):
+    /// `steerdns diff` of the two, with this host's zones, geo database and probes.
+    Diff {
+        /// The policy to compare (YAML).
+        file: PathBuf,
+        /// Print the comparison as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The resolver the networks are asked through (part of the selection key).
+        #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+        resolver: std::net::IpAddr,
+        #[command(flatten)]
+        inputs: super::ContextArgs,
         #[command(flatten)]
         api: ApiClient,
     },
@@ -117,6 +133,16 @@ impl ApiClient {
 
 /// Runs `steerdns policy …`.
 pub(super) async fn run(command: PolicyCommand) -> ExitCode {
+    if let PolicyCommand::Diff {
+        file,
+        json,
+        resolver,
+        inputs,
+        api,
+    } = command
+    {
+        return diff(file, json, resolver, &inputs, &api).await;
+    }
     match ask(command).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -125,6 +151,44 @@ pub(super) async fn run(command: PolicyCommand) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `policy diff FILE`: the version in force, read from the server, against FILE; the
+/// exit codes of `steerdns diff`.
+async fn diff(
+    file: PathBuf,
+    json: bool,
+    resolver: std::net::IpAddr,
+    inputs: &super::ContextArgs,
+    api: &ApiClient,
+) -> ExitCode {
+    let a = match api.call(reqwest::Method::GET, "/v1/policy", None, None).await {
+        Ok(a) if a.status == 200 => a,
+        Ok(a) => {
+            eprintln!("error: GET /v1/policy answered {}: {}", a.status, a.body);
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (Some(version), Some(yaml)) = (a.body["version"].as_str(), a.body["yaml"].as_str())
+    else {
+        eprintln!("error: GET /v1/policy has no version and YAML");
+        return ExitCode::from(2);
+    };
+    let old = std::env::temp_dir().join(format!(
+        "steerdns-policy-{version}-{}.yaml",
+        std::process::id()
+    ));
+    if let Err(e) = std::fs::write(&old, yaml) {
+        eprintln!("error: {}: {e}", old.display());
+        return ExitCode::from(2);
+    }
+    let code = super::offline::diff(inputs, old.clone(), file, resolver, json);
+    let _ = std::fs::remove_file(&old);
+    code
 }
 
 /// Whether the server did it (`Err`: it could not be asked).
@@ -192,6 +256,7 @@ async fn ask(command: PolicyCommand) -> Result<bool, String> {
                 .await?;
             written(&a, "rolled back")
         }
+        PolicyCommand::Diff { .. } => Err("`policy diff` is answered by `run`".into()),
         PolicyCommand::Halt { api } => {
             let a = api
                 .call(Method::POST, "/v1/policy/halt", None, None)

@@ -418,6 +418,9 @@ pub struct PendingDoc {
 #[derive(Clone, Debug, Serialize)]
 pub struct PolicyStatus {
     pub version: String,
+    /// The YAML of the version in force (for `steerdns policy diff`, or to put it back
+    /// into the files).
+    pub yaml: String,
     /// The set's applications, newest first (the version in force first).
     pub history: Vec<crate::control::cluster::policy::Applied>,
     /// A staged rollout in progress (`null`: none).

@@ -238,6 +238,29 @@ impl GeoDb {
         around.widest(place.prefix_len, place.start, allowed)
     }
 
+    /// Every network of the database (start address and place, its prefix length
+    /// set), as the walk at load laid them out in the flat tables: IPv4, then IPv6 up
+    /// to /64, then longer IPv6; empty networks included (no country), the aliases of
+    /// the IPv4 space in an IPv6 database left out (their IPv4 networks come once).
+    /// Not for the query path: `steerdns diff` asks a question of every network.
+    pub fn each_network(&self) -> impl Iterator<Item = (IpAddr, Place)> + '_ {
+        let packed = &self.packed[..];
+        let v4 = self.v4.starts.as_slice().iter().enumerate().map(|(i, &s)| {
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(s));
+            (ip, self.v4.places.place(i, packed))
+        });
+        let v6 = self.v6.starts.as_slice().iter().enumerate().map(|(i, &s)| {
+            let ip = IpAddr::V6(std::net::Ipv6Addr::from(u128::from(s) << 64));
+            (ip, self.v6.places.place(i, packed))
+        });
+        let v6_long = self.v6_long.starts.as_slice().iter().enumerate();
+        let v6_long = v6_long.map(|(i, &s)| {
+            let ip = IpAddr::V6(std::net::Ipv6Addr::from(s));
+            (ip, self.v6_long.places.place(i, packed))
+        });
+        v4.chain(v6).chain(v6_long)
+    }
+
     /// `database_type` from the metadata, e.g. `GeoIP2-Country`.
     pub fn database_type(&self) -> &str {
         &self.database_type
@@ -601,6 +624,37 @@ mod tests {
             Packed::new(long, &ids, table.len()),
             Packed::Wide(_)
         ));
+    }
+
+    /// `each_network` lists the IPv4 space once, whole and without overlap, and each
+    /// network where `locate` finds it.
+    #[test]
+    fn each_network_covers_the_ipv4_space_once_and_locates_as_a_query_does() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for db in [
+            "geo/country.mmdb",
+            "tests/fixtures/geo/GeoIP2-Country-Test.mmdb",
+        ] {
+            let geo = GeoDb::open(&root.join(db)).unwrap();
+            let (mut v4, mut next, mut v6) = (0u64, 0u64, 0usize);
+            for (ip, place) in geo.each_network() {
+                let located = Place {
+                    start: Start::default(),
+                    ..geo.locate(ip)
+                };
+                assert_eq!(located, place, "{db}: {ip}");
+                match ip {
+                    IpAddr::V4(a) => {
+                        assert_eq!(u64::from(u32::from(a)), next, "{db}: {ip} gap or overlap");
+                        next += 1 << (32 - place.prefix_len);
+                        v4 += 1;
+                    }
+                    IpAddr::V6(_) => v6 += 1,
+                }
+            }
+            assert_eq!(next, 1 << 32, "{db}");
+            assert!(v4 > 0 && v6 > 0, "{db}: {v4} {v6}");
+        }
     }
 
     /// The flat tables against the tree walk, on random addresses and on the edges of

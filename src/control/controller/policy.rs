@@ -118,6 +118,7 @@ impl Controller {
             .unwrap_or_default();
         PolicyStatus {
             version: self.loaded.policy.version.clone(),
+            yaml: self.loaded.policy.source.clone(),
             history,
             rollout: None,
             node: self.policy_doc(),
