@@ -288,7 +288,7 @@ fn verb_list(verbs: &[Verb]) -> String {
 }
 
 /// The tokens of a file, plus the one with every right given on the command line.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tokens {
     pub list: Vec<Arc<Token>>,
 }

@@ -3,6 +3,9 @@
 //! A reload loads and validates *everything* off the query path and hands the result
 //! to the controller, which swaps it in as one snapshot; a broken edit changes nothing
 //! and is logged with its file, line and field, and the last good input keeps serving.
+//! The API tokens file is the exception: when the whole load fails it is loaded again on
+//! its own ([`Reloaded::tokens`]), so that a token removed from it stops working even
+//! while another input is broken.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,6 +14,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::tokens::{self, Tokens};
 use crate::error::Issues;
 use crate::inputs::{self, fingerprint_with, Inputs, Loaded};
 
@@ -34,6 +38,10 @@ impl std::fmt::Display for Trigger {
 pub struct Reloaded {
     pub trigger: Trigger,
     pub result: Result<Loaded, Issues>,
+    /// The tokens file (`--api-tokens`) loaded on its own, when `result` is an error
+    /// and there is such a file: a revocation must not wait for a broken zone or policy
+    /// to be repaired. `None` when `result` holds the tokens (or there is no file).
+    pub tokens: Option<Result<Tokens, Issues>>,
 }
 
 /// Watches `inputs` every `poll` (never when zero) and on SIGHUP, until `stop`; reuses
@@ -88,9 +96,14 @@ pub(crate) fn spawn(
             // Walking a geo database takes tens of milliseconds: not on a runtime worker.
             let load = move || {
                 let mut cache = cache2.lock().unwrap_or_else(|p| p.into_inner());
-                inputs::load_cached(&inputs2, &mut cache)
+                let result = inputs::load_cached(&inputs2, &mut cache);
+                let tokens = match (&result, &inputs2.api_tokens) {
+                    (Err(_), Some(path)) => Some(tokens::load(path)),
+                    _ => None,
+                };
+                (result, tokens)
             };
-            let result = match tokio::task::spawn_blocking(load).await {
+            let (result, tokens) = match tokio::task::spawn_blocking(load).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(error = %e, "reload task failed");
@@ -104,7 +117,12 @@ pub(crate) fn spawn(
                     seen = fingerprint_with(&inputs, keys.as_deref());
                 }
             }
-            if out.send(Reloaded { trigger, result }).await.is_err() {
+            let reloaded = Reloaded {
+                trigger,
+                result,
+                tokens,
+            };
+            if out.send(reloaded).await.is_err() {
                 return;
             }
         }
