@@ -755,3 +755,92 @@ async fn a_token_removed_while_a_zone_is_broken_stops_working_at_the_next_reload
         "{metrics}"
     );
 }
+
+/// Whether `text` holds any 12 characters in a row of `secret`.
+fn quotes(text: &str, secret: &str) -> bool {
+    let s = secret.as_bytes();
+    s.windows(12.min(s.len()))
+        .any(|w| text.contains(std::str::from_utf8(w).unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_file_is_never_quoted_by_check_the_log_or_the_audit_log() {
+    // A key file holding only the bare key (its `private_key:` line without the rest),
+    // and a tokens file with a secret pasted on a line of its own.
+    const PASTED: &str = "pasted-raw-token-9f8e7d6c5b4a";
+    let demo = common::demo::Demo::start(
+        "secrets",
+        &repo(TEST_GEO),
+        &["--api-tokens", "tokens.yaml", "--reload-poll-ms", "20"],
+        |dir| {
+            tokens_file(&dir.join("tokens.yaml"), &[("keep", KEEP, "drain")]);
+            let now = steerdns::clock::now_secs();
+            steerdns::dnssec::keygen(&dir.join("keys"), "example.com", 13, now).unwrap();
+            let policy = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+            std::fs::write(
+                dir.join("steering.yaml"),
+                format!("{policy}\ndnssec:\n  keys: keys\n"),
+            )
+            .unwrap();
+        },
+    );
+    let api = SocketAddr::from(([127, 0, 0, 1], demo.api));
+    let http = reqwest::Client::new();
+    let key = std::fs::read_dir(demo.dir.join("keys"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "key"))
+        .unwrap();
+    let text = std::fs::read_to_string(&key).unwrap();
+    let bare = text
+        .lines()
+        .find_map(|l| l.strip_prefix("private_key: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(bare.len() > 100, "{bare}");
+
+    write_secret(&key, &format!("{bare}\n"));
+    write_secret(
+        &demo.dir.join("tokens.yaml"),
+        &format!("tokens:\n  - {PASTED}\n"),
+    );
+    let state = refused_with(&http, api, "tokens.yaml:2").await;
+    let (_, errors) = last_reload(&state);
+    let key_name = key.file_name().unwrap().to_string_lossy().to_string();
+    assert!(errors.contains(&format!("{key_name}:1")), "{errors}");
+
+    // `steerdns check` on the same files refuses them, saying where, quoting nothing.
+    let out = steerdns(&["check", "--config", "steering.yaml", "--zones", "zones"])
+        .current_dir(&demo.dir)
+        .args(["--probes", "probes", "--api-tokens", "tokens.yaml", "--geo"])
+        .arg(repo(TEST_GEO))
+        .output()
+        .unwrap();
+    let printed = printed(&out);
+    assert!(!out.status.success(), "{printed}");
+    assert!(
+        printed.contains(&format!("{key_name}:1")) && printed.contains("tokens.yaml:2"),
+        "{printed}"
+    );
+
+    // Neither secret in what check printed, the server's log, the audit log on disk,
+    // GET /v1/audit or /v1/state.
+    let log = std::fs::read_to_string(demo.dir.join("server.log")).unwrap();
+    assert!(log.contains("reload refused"), "{log}");
+    let audit_file = std::fs::read_to_string(demo.dir.join("state/audit.jsonl")).unwrap();
+    let audit = get_text(&http, api, "/v1/audit?limit=1000").await;
+    assert!(audit.contains("tokens.yaml:2"), "{audit}");
+    let state = get_text(&http, api, "/v1/state").await;
+    for (what, text) in [
+        ("steerdns check", &printed),
+        ("the log", &log),
+        ("audit.jsonl", &audit_file),
+        ("GET /v1/audit", &audit),
+        ("/v1/state", &state),
+    ] {
+        for secret in [&bare, PASTED] {
+            assert!(!quotes(text, secret), "{what} quotes a secret:\n{text}");
+        }
+    }
+}
