@@ -298,7 +298,10 @@ pub struct DnsArgs {
     /// already read (0: no limit).
     #[arg(long, value_name = "N", default_value_t = 0)]
     tcp_max_queries: u32,
-    /// Response rate limit: UDP responses per second per client prefix (0: off).
+    /// Response rate limit: UDP answers per second per client prefix (0: off), counted
+    /// by size: an answer of up to 512 bytes costs one, a larger one (DNSSEC with DO=1,
+    /// an NXDOMAIN with its denial proofs) one more per started 512 bytes, so at most
+    /// N × 512 bytes a second reach a prefix.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     rrl_rate: u32,
     /// Every Nth rate-limited query is answered truncated (TC) so that real clients
