@@ -844,3 +844,63 @@ async fn a_secret_file_is_never_quoted_by_check_the_log_or_the_audit_log() {
         }
     }
 }
+
+/// `GET /v1/audit` from the local address `from` with `token`: the status.
+async fn audit_from(api: SocketAddr, from: &str, token: Option<&str>) -> u16 {
+    let http = reqwest::Client::builder()
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let mut get = http.get(format!("http://{api}/v1/audit"));
+    if let Some(t) = token {
+        get = get.bearer_auth(t);
+    }
+    get.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_log_needs_a_token_of_its_verb_outside_the_open_sources() {
+    // Every address of 127/8 is loopback: --api-audit-open narrows the open sources
+    // to 127.0.0.2, so that 127.0.0.3 is a source from elsewhere.
+    let demo = common::demo::Demo::start(
+        "audit-readers",
+        &repo(TEST_GEO),
+        &[
+            "--api-tokens",
+            "tokens.yaml",
+            "--api-audit-open",
+            "127.0.0.2/32",
+        ],
+        |dir| {
+            tokens_file(
+                &dir.join("tokens.yaml"),
+                &[
+                    ("drainer", KEEP, "drain, undrain"),
+                    ("reader", READER, "audit"),
+                ],
+            )
+        },
+    );
+    let api = SocketAddr::from(([127, 0, 0, 1], demo.api));
+    assert_eq!(audit_from(api, "127.0.0.3", None).await, 401);
+    assert_eq!(audit_from(api, "127.0.0.3", Some(GONE)).await, 401);
+    assert_eq!(audit_from(api, "127.0.0.3", Some(KEEP)).await, 403);
+    assert_eq!(audit_from(api, "127.0.0.3", Some(READER)).await, 200);
+    assert_eq!(
+        audit_from(api, "127.0.0.3", Some(TOKEN)).await,
+        200,
+        "every right"
+    );
+    assert_eq!(audit_from(api, "127.0.0.2", None).await, 200);
+    // The other reads stay open.
+    let http = reqwest::Client::builder()
+        .local_address("127.0.0.3".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let state = http
+        .get(format!("http://{api}/v1/state"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(state.status().as_u16(), 200);
+}

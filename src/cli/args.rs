@@ -196,9 +196,10 @@ pub struct InputArgs {
     #[arg(long = "asn-db", value_name = "FILE")]
     pub asn: Option<PathBuf>,
     /// Scoped API tokens (YAML, owner-only mode): each a `name`, the `sha256` of its
-    /// secret, its `verbs` (drain, undrain, freeze, resume, usage), and optionally the
-    /// `names`, `tenants` and `regions` it may touch and `require_ticket`. Reloaded with
-    /// the policy; see the book, docs/book/src/user/admin-api.md (tokens).
+    /// secret, its `verbs` (drain, undrain, freeze, resume, usage, audit), and optionally
+    /// the `names`, `tenants` and `regions` it may touch and `require_ticket`. Reloaded
+    /// with the policy, and on its own when another input is broken (a removed token
+    /// stops working at once); see the book, docs/book/src/user/admin-api.md (tokens).
     #[arg(long = "api-tokens", value_name = "FILE")]
     pub api_tokens: Option<PathBuf>,
 }

@@ -4,7 +4,7 @@
 //! tokens:
 //!   - name: oncall-acme                 # shown as the author of what it does
 //!     sha256: 5e8848…42d8               # SHA-256 of the token, 64 hex digits
-//!     verbs: [drain, undrain, freeze, resume, usage]
+//!     verbs: [drain, undrain, freeze, resume, usage, audit]
 //!     names: [a.example.com]            # optional: these names…
 //!     tenants: [acme]                   # optional: …and the names of these tenants
 //!     regions: [europe, GB]             # optional: drains only with these `where:` entries
@@ -45,6 +45,9 @@ pub enum Verb {
     Resume,
     /// Usage records (`POST /v1/usage`).
     Usage,
+    /// Reading the audit log (`GET /v1/audit`) from a source outside `--api-audit-open`
+    /// (loopback by default).
+    Audit,
 }
 
 impl Verb {
@@ -55,15 +58,17 @@ impl Verb {
             Verb::Freeze => "freeze",
             Verb::Resume => "resume",
             Verb::Usage => "usage",
+            Verb::Audit => "audit",
         }
     }
 
-    const ALL: [Verb; 5] = [
+    const ALL: [Verb; 6] = [
         Verb::Drain,
         Verb::Undrain,
         Verb::Freeze,
         Verb::Resume,
         Verb::Usage,
+        Verb::Audit,
     ];
 }
 
@@ -397,7 +402,7 @@ pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
         if t.verbs.is_empty() {
             error(
                 at("verbs"),
-                "no verb: give some of drain, undrain, freeze, resume, usage".into(),
+                "no verb: give some of drain, undrain, freeze, resume, usage, audit".into(),
             );
         }
         let names = t.names.map(|ns| {
