@@ -247,6 +247,8 @@ pub struct ServeOptions {
     /// Names a read's `Host` may carry besides the API's address and `localhost`
     /// (`--api-host`).
     pub api_hosts: Vec<String>,
+    /// Sources that read `GET /v1/audit` without a token (`--api-audit-open`).
+    pub api_audit_open: Vec<ipnet::IpNet>,
     /// Where the status page's links to the manual lead (`--book`).
     pub book: Book,
     /// Where health and failover progress are saved; `None` to keep nothing.
@@ -406,6 +408,7 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
             };
             let limits = ApiLimits {
                 hosts: opts.api_hosts.clone(),
+                audit_open: opts.api_audit_open.clone(),
                 ..ApiLimits::default()
             };
             Some(

@@ -1,6 +1,12 @@
-//! Secrets read from files (the etcd password, a TLS private key, the API token): one
-//! check for all of them. A secret file must be readable by its owner only: a file
-//! its group or every user may read (or write) is refused, with the mode and the fix.
+//! Secrets read from files (the etcd password, a TLS private key, the API token, the
+//! API tokens file, DNSSEC keys, DNS cookie secrets): one check for all of them. A
+//! secret file must be readable by its owner only: a file its group or every user may
+//! read (or write) is refused, with the mode and the fix.
+//!
+//! No message about a secret file quotes what is in it: a key file holding only the
+//! bare key would otherwise print the key into the log, the audit log and
+//! `GET /v1/audit`. A parser's message goes through [`unquoted`]; our own messages
+//! name the file, the line and the field, and say what is wrong without the bytes.
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +32,25 @@ impl From<SecretError> for String {
     fn from(e: SecretError) -> String {
         e.to_string()
     }
+}
+
+/// What marks the left-out part of a message about a secret file.
+pub(crate) const NOT_SHOWN: &str = "(not shown: a secret file)";
+
+/// A parser's message about a secret file without what it quotes of the file. serde's
+/// messages (YAML, JSON) put a value they did not expect in quotes (`invalid type:
+/// string "…", expected …`, ``unknown variant `…`, expected one of …``, ``unknown
+/// field `…` ``); everything from the first quote up to serde's own `, expected …` (or
+/// to the end, without one) is left out. What is left says what is wrong and what was
+/// expected, never the bytes.
+pub(crate) fn unquoted(message: &str) -> String {
+    let Some(open) = message.find(['"', '`', '\'']) else {
+        return message.to_string();
+    };
+    let tail = message[open..]
+        .rfind(", expected")
+        .map_or("", |i| &message[open + i..]);
+    format!("{}{NOT_SHOWN}{tail}", &message[..open])
 }
 
 /// The bytes of the secret file `path`, or why it is refused: unreadable, or a mode
@@ -60,6 +85,35 @@ pub(crate) fn read_secret_text(path: &Path) -> Result<String, SecretError> {
         path: path.to_path_buf(),
     })?;
     Ok(text.trim_end_matches(['\n', '\r']).to_string())
+}
+
+#[cfg(test)]
+mod quoting {
+    use super::*;
+
+    #[test]
+    fn a_parsers_quotes_are_left_out_and_its_expectation_kept() {
+        for (message, want) in [
+            (
+                "invalid type: string \"MIGHAgEAMBMG\", expected struct KeyFile at line 1 column 1",
+                "invalid type: string (not shown: a secret file), expected struct KeyFile at line 1 column 1",
+            ),
+            (
+                "tokens[0].verbs[0]: unknown variant `s3cret, expected x`, expected one of `drain`, `undrain`",
+                "tokens[0].verbs[0]: unknown variant (not shown: a secret file), expected one of `drain`, `undrain`",
+            ),
+            (
+                "invalid type: string \"a\\\"b\"",
+                "invalid type: string (not shown: a secret file)",
+            ),
+            (
+                "did not find expected key at line 3 column 1",
+                "did not find expected key at line 3 column 1",
+            ),
+        ] {
+            assert_eq!(unquoted(message), want);
+        }
+    }
 }
 
 #[cfg(all(test, unix))]

@@ -22,7 +22,7 @@ use rand::SeedableRng;
 use steerdns::control::decide::planner;
 use steerdns::dns::cache::{AnswerCache, Lookup};
 use steerdns::dns::cookie::{self, Secrets};
-use steerdns::dns::rrl::{Rrl, RrlConfig, Verdict};
+use steerdns::dns::rrl::{self, Rrl, RrlConfig, Verdict};
 use steerdns::dns::{wire, Handler};
 use steerdns::metrics::Metrics;
 
@@ -124,6 +124,14 @@ fn secrets() -> Secrets {
 fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
     let snap = planner::snapshot(&load_fixture(DEMO_POLICY, TEST_ZONES, TEST_GEO));
     let rrl = Rrl::new(RrlConfig::default()).unwrap();
+    // Loopback is exempt by default: a limiter that exempts nothing, for the charge of
+    // a large answer to take its path.
+    let charged = Rrl::new(RrlConfig {
+        rate: 65_535,
+        exempt: Vec::new(),
+        ..RrlConfig::default()
+    })
+    .unwrap();
     let mut rng = SmallRng::seed_from_u64(7);
     let mut out = Vec::new();
     let sources: Vec<IpAddr> = (0..64).map(resolver).collect();
@@ -158,6 +166,11 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
                     judged.reply(),
                 );
                 assert!(steer.is_some(), "{what}: not taken by the fast path");
+                // A steered answer costs the limiter exactly the one unit it counted;
+                // a large answer's charge allocates nothing either.
+                assert!(out.len() <= rrl::UNIT, "{what}: {} bytes", out.len());
+                rrl.charge(*src, false, out.len());
+                charged.charge(*src, false, 1400);
             }
         });
         assert_eq!(n, 0, "{what}: {n} allocations in 64 answers");
@@ -185,6 +198,7 @@ fn the_fast_path_allocates_nothing_once_its_buffers_have_grown() {
                 judged.reply(),
             );
             assert!(steer.is_some(), "valid cookie: not taken by the fast path");
+            charged.charge(sources[0], true, 1400);
         }
     });
     assert_eq!(n, 0, "valid cookie: {n} allocations in 64 answers");

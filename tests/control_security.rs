@@ -595,8 +595,8 @@ async fn nothing_from_the_network_writes_outside_the_state_directory() {
         .await;
     assert!(status == 400 || status == 404, "{status}");
 
-    // The audit thread has appended what came before: a page of the log is read by
-    // the same thread, after every append queued ahead of it.
+    // The audit thread has appended what came before: a page of the log, read on
+    // another thread, waits for the entries handed over before it was asked.
     let audit = stack.get("/v1/audit").await;
     assert!(audit.to_string().contains("freeze"), "{audit}");
     // The state is saved, in its one file, with the hostile text inside it as data.
@@ -619,4 +619,288 @@ async fn nothing_from_the_network_writes_outside_the_state_directory() {
     }
     let s: Value = stack.state().await;
     assert_eq!(s["failover_frozen"], hostile.as_str());
+}
+
+// === The tokens file on its own, secrets never quoted, the audit log's readers ===
+
+/// Secrets of the scoped tokens of the tests below (16 characters and more).
+const KEEP: &str = "keep-secret-0123456789";
+const GONE: &str = "gone-secret-0123456789";
+const READER: &str = "reader-secret-0123456789";
+
+/// Writes `text` to `path` owner-only, whole (a temporary file renamed over it), so that
+/// the reload poller never reads half of it.
+fn write_secret(path: &Path, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    drop(f);
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A tokens file of `(name, secret, verbs)`.
+fn tokens_file(path: &Path, tokens: &[(&str, &str, &str)]) {
+    let mut text = String::from("tokens:\n");
+    for (name, secret, verbs) in tokens {
+        let hash = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+        let hex: String = hash.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        text.push_str(&format!(
+            "  - name: {name}\n    sha256: {hex}\n    verbs: [{verbs}]\n"
+        ));
+    }
+    write_secret(path, &text);
+}
+
+/// A drain of `cdn` from www.example.com posted with `token`: the status.
+async fn drain_with(http: &reqwest::Client, api: SocketAddr, token: &str, cdn: &str) -> u16 {
+    http.post(format!("http://{api}/v1/drains"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(json!({"name": "www.example.com", "cdn": cdn, "reason": "test"}).to_string())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Waits until `/v1/state` says the last reload was refused with errors holding `what`.
+async fn refused_with(http: &reqwest::Client, api: SocketAddr, what: &str) -> Value {
+    wait_state(http, api, &format!("a refused reload naming {what}"), |s| {
+        let (result, errors) = last_reload(s);
+        result == "refused" && errors.contains(what)
+    })
+    .await
+}
+
+/// The first line of the demo's zone file, as served: its MX host's address.
+async fn mail_address(dns: u16) -> String {
+    let addr = SocketAddr::from(([127, 0, 0, 1], dns));
+    let m = ask(addr, Proto::Udp, &query("mail.example.com.", RecordType::A)).await;
+    m.answers
+        .iter()
+        .map(|r| r.data.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_removed_while_a_zone_is_broken_stops_working_at_the_next_reload() {
+    let demo = common::demo::Demo::start(
+        "tokens-alone",
+        &repo(TEST_GEO),
+        &["--api-tokens", "tokens.yaml", "--reload-poll-ms", "20"],
+        |dir| {
+            tokens_file(
+                &dir.join("tokens.yaml"),
+                &[("keep", KEEP, "drain"), ("gone", GONE, "drain")],
+            )
+        },
+    );
+    let api = SocketAddr::from(([127, 0, 0, 1], demo.api));
+    let http = reqwest::Client::new();
+    assert_eq!(drain_with(&http, api, GONE, "fastly").await, 201);
+    assert_eq!(mail_address(demo.dns).await, "192.0.2.25");
+
+    // One edit: the zone file broken, and `gone` removed from the tokens file.
+    let zone = demo.dir.join("zones/example.com.zone");
+    let text = std::fs::read_to_string(&zone).unwrap();
+    std::fs::write(
+        &zone,
+        text.replace("mail    IN A    192.0.2.25", "mail    IN A    192.0.2.999"),
+    )
+    .unwrap();
+    tokens_file(&demo.dir.join("tokens.yaml"), &[("keep", KEEP, "drain")]);
+    refused_with(&http, api, "example.com.zone").await;
+    // The reload is refused, the last good zone still answers, and the removed token
+    // is refused at once.
+    assert_eq!(drain_with(&http, api, GONE, "fastly").await, 401);
+    assert_eq!(drain_with(&http, api, KEEP, "fastly").await, 201);
+    assert_eq!(mail_address(demo.dns).await, "192.0.2.25");
+    let metrics = get_text(&http, api, "/metrics").await;
+    assert!(
+        metrics.contains("steerdns_api_tokens_reloads_total{result=\"applied\"} 1"),
+        "{metrics}"
+    );
+    // Audited: a reload that applied the tokens alone, naming the one removed (the
+    // audit log is open to loopback without a token).
+    let audit = get_json(&http, api, "/v1/audit?limit=1000").await;
+    let entry = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["result"] == "tokens applied")
+        .unwrap_or_else(|| panic!("no `tokens applied` entry: {audit:#}"));
+    assert_eq!(entry["diff"]["tokens_removed"], json!(["gone"]), "{entry}");
+
+    // A broken tokens file: the last good tokens stay, counted.
+    write_secret(
+        &demo.dir.join("tokens.yaml"),
+        "tokens:\n  - name: keep\n    verbs: [drian]\n",
+    );
+    refused_with(&http, api, "tokens.yaml").await;
+    assert_eq!(drain_with(&http, api, KEEP, "fastly").await, 201);
+    assert_eq!(drain_with(&http, api, GONE, "fastly").await, 401);
+    let metrics = get_text(&http, api, "/metrics").await;
+    assert!(
+        metrics.contains("steerdns_api_tokens_reloads_total{result=\"refused\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// Whether `text` holds any 12 characters in a row of `secret`.
+fn quotes(text: &str, secret: &str) -> bool {
+    let s = secret.as_bytes();
+    s.windows(12.min(s.len()))
+        .any(|w| text.contains(std::str::from_utf8(w).unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_file_is_never_quoted_by_check_the_log_or_the_audit_log() {
+    // A key file holding only the bare key (its `private_key:` line without the rest),
+    // and a tokens file with a secret pasted on a line of its own.
+    const PASTED: &str = "pasted-raw-token-9f8e7d6c5b4a";
+    let demo = common::demo::Demo::start(
+        "secrets",
+        &repo(TEST_GEO),
+        &["--api-tokens", "tokens.yaml", "--reload-poll-ms", "20"],
+        |dir| {
+            tokens_file(&dir.join("tokens.yaml"), &[("keep", KEEP, "drain")]);
+            let now = steerdns::clock::now_secs();
+            steerdns::dnssec::keygen(&dir.join("keys"), "example.com", 13, now).unwrap();
+            let policy = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+            std::fs::write(
+                dir.join("steering.yaml"),
+                format!("{policy}\ndnssec:\n  keys: keys\n"),
+            )
+            .unwrap();
+        },
+    );
+    let api = SocketAddr::from(([127, 0, 0, 1], demo.api));
+    let http = reqwest::Client::new();
+    let key = std::fs::read_dir(demo.dir.join("keys"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "key"))
+        .unwrap();
+    let text = std::fs::read_to_string(&key).unwrap();
+    let bare = text
+        .lines()
+        .find_map(|l| l.strip_prefix("private_key: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(bare.len() > 100, "{bare}");
+
+    write_secret(&key, &format!("{bare}\n"));
+    write_secret(
+        &demo.dir.join("tokens.yaml"),
+        &format!("tokens:\n  - {PASTED}\n"),
+    );
+    let state = refused_with(&http, api, "tokens.yaml:2").await;
+    let (_, errors) = last_reload(&state);
+    let key_name = key.file_name().unwrap().to_string_lossy().to_string();
+    assert!(errors.contains(&format!("{key_name}:1")), "{errors}");
+
+    // `steerdns check` on the same files refuses them, saying where, quoting nothing.
+    let out = steerdns(&["check", "--config", "steering.yaml", "--zones", "zones"])
+        .current_dir(&demo.dir)
+        .args(["--probes", "probes", "--api-tokens", "tokens.yaml", "--geo"])
+        .arg(repo(TEST_GEO))
+        .output()
+        .unwrap();
+    let printed = printed(&out);
+    assert!(!out.status.success(), "{printed}");
+    assert!(
+        printed.contains(&format!("{key_name}:1")) && printed.contains("tokens.yaml:2"),
+        "{printed}"
+    );
+
+    // Neither secret in what check printed, the server's log, the audit log on disk,
+    // GET /v1/audit or /v1/state.
+    let log = std::fs::read_to_string(demo.dir.join("server.log")).unwrap();
+    assert!(log.contains("reload refused"), "{log}");
+    let audit_file = std::fs::read_to_string(demo.dir.join("state/audit.jsonl")).unwrap();
+    let audit = get_text(&http, api, "/v1/audit?limit=1000").await;
+    assert!(audit.contains("tokens.yaml:2"), "{audit}");
+    let state = get_text(&http, api, "/v1/state").await;
+    for (what, text) in [
+        ("steerdns check", &printed),
+        ("the log", &log),
+        ("audit.jsonl", &audit_file),
+        ("GET /v1/audit", &audit),
+        ("/v1/state", &state),
+    ] {
+        for secret in [&bare, PASTED] {
+            assert!(!quotes(text, secret), "{what} quotes a secret:\n{text}");
+        }
+    }
+}
+
+/// `GET /v1/audit` from the local address `from` with `token`: the status.
+async fn audit_from(api: SocketAddr, from: &str, token: Option<&str>) -> u16 {
+    let http = reqwest::Client::builder()
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let mut get = http.get(format!("http://{api}/v1/audit"));
+    if let Some(t) = token {
+        get = get.bearer_auth(t);
+    }
+    get.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_log_needs_a_token_of_its_verb_outside_the_open_sources() {
+    // Every address of 127/8 is loopback: --api-audit-open narrows the open sources
+    // to 127.0.0.2, so that 127.0.0.3 is a source from elsewhere.
+    let demo = common::demo::Demo::start(
+        "audit-readers",
+        &repo(TEST_GEO),
+        &[
+            "--api-tokens",
+            "tokens.yaml",
+            "--api-audit-open",
+            "127.0.0.2/32",
+        ],
+        |dir| {
+            tokens_file(
+                &dir.join("tokens.yaml"),
+                &[
+                    ("drainer", KEEP, "drain, undrain"),
+                    ("reader", READER, "audit"),
+                ],
+            )
+        },
+    );
+    let api = SocketAddr::from(([127, 0, 0, 1], demo.api));
+    assert_eq!(audit_from(api, "127.0.0.3", None).await, 401);
+    assert_eq!(audit_from(api, "127.0.0.3", Some(GONE)).await, 401);
+    assert_eq!(audit_from(api, "127.0.0.3", Some(KEEP)).await, 403);
+    assert_eq!(audit_from(api, "127.0.0.3", Some(READER)).await, 200);
+    assert_eq!(
+        audit_from(api, "127.0.0.3", Some(TOKEN)).await,
+        200,
+        "every right"
+    );
+    assert_eq!(audit_from(api, "127.0.0.2", None).await, 200);
+    // The other reads stay open.
+    let http = reqwest::Client::builder()
+        .local_address("127.0.0.3".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let state = http
+        .get(format!("http://{api}/v1/state"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(state.status().as_u16(), 200);
 }

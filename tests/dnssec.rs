@@ -284,3 +284,89 @@ async fn aggressive_nsec_caching_never_hides_a_steered_name() {
     drop(unbound);
     running.stop().await.unwrap();
 }
+
+/// `count` copies of `query` (ids 0..count) sent back to back from a socket bound to
+/// `from`; the answers that came back (until none for 500 ms) and their largest size.
+async fn flood_with(server: SocketAddr, from: &str, query: &Message, count: u16) -> (usize, usize) {
+    let sock = UdpSocket::bind((from, 0)).await.unwrap();
+    let mut q = query.clone();
+    for id in 0..count {
+        q.metadata.id = id;
+        sock.send_to(&q.to_vec().unwrap(), server).await.unwrap();
+    }
+    let (mut answered, mut largest) = (0, 0);
+    let mut buf = vec![0u8; 4096];
+    while let Ok(Ok((n, _))) = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        sock.recv_from(&mut buf),
+    )
+    .await
+    {
+        let m = Message::from_vec(&buf[..n]).unwrap();
+        assert!(!m.metadata.truncation, "slip 0: no truncated answers");
+        answered += 1;
+        largest = largest.max(n);
+    }
+    (answered, largest)
+}
+
+/// Response rate limiting counts answers by their size: a DO=1 query for a name
+/// missing from a signed zone gets an NXDOMAIN with its NSEC proofs and signatures,
+/// several times the size of the plain NXDOMAIN, and a burst of them is limited after
+/// a fraction of the answers a burst of plain queries gets.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rate_limit_counts_large_signed_answers_by_their_size() {
+    use steerdns::dns::rrl::{RrlConfig, UNIT};
+    let s = signed_dir("rrl", 13, "");
+    let loaded = app::load(&signed_inputs(&s.dir)).unwrap_or_else(|e| panic!("{e}"));
+    const RATE: u32 = 30;
+    let opts = app::DnsOptions {
+        rrl: RrlConfig {
+            rate: RATE,
+            slip: 0,
+            exempt: vec![],
+            ..RrlConfig::default()
+        },
+        ..app::DnsOptions::default()
+    };
+    let running = app::start_with_options(
+        planner::snapshot(&loaded),
+        &["127.0.0.1:0".parse().unwrap()],
+        steerdns::metrics::Metrics::new(),
+        &opts,
+    )
+    .await
+    .unwrap();
+    let server = running.addrs()[0];
+    let missing = Name::from_str("no-such-name.example.com.").unwrap();
+    let mut plain = Message::new(1, MessageType::Query, OpCode::Query);
+    plain.add_query(Query::query(missing.clone(), RecordType::A));
+    let mut signed = plain.clone();
+    let mut edns = Edns::new();
+    edns.set_dnssec_ok(true);
+    edns.set_max_payload(1232);
+    signed.edns = Some(edns);
+    // Both floods at once, from two /24s: should a second begin during them, both get
+    // a new budget at the same moment.
+    let ((plain_answered, plain_size), (signed_answered, signed_size)) = tokio::join!(
+        flood_with(server, "127.0.30.1", &plain, 200),
+        flood_with(server, "127.0.31.1", &signed, 200),
+    );
+    assert!(plain_size <= UNIT, "a plain NXDOMAIN of {plain_size} bytes");
+    assert!(
+        signed_size > UNIT,
+        "a signed NXDOMAIN of {signed_size} bytes"
+    );
+    let cost = 1 + (signed_size - 1) / UNIT;
+    // The plain ones: one unit each, the whole budget (twice, at most, across a new
+    // second). The signed ones: `cost` units each.
+    assert!(
+        (RATE as usize..=2 * RATE as usize).contains(&plain_answered),
+        "plain: {plain_answered}"
+    );
+    assert!(
+        signed_answered <= plain_answered.div_ceil(cost) + 1,
+        "signed answers of {signed_size} bytes ({cost} units each): {signed_answered}, plain: {plain_answered}"
+    );
+    running.stop().await.unwrap();
+}

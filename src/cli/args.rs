@@ -186,9 +186,11 @@ pub struct InputArgs {
     #[command(flatten)]
     pub context: ContextArgs,
     /// Scoped API tokens (YAML, owner-only mode): each a `name`, the `sha256` of its
-    /// secret, its `verbs` (drain, undrain, freeze, resume, usage), and optionally the
-    /// `names`, `tenants` and `regions` it may touch and `require_ticket`. Reloaded with
-    /// the policy; see the book, docs/book/src/user/admin-api.md (tokens).
+    /// secret, its `verbs` (drain, undrain, freeze, resume, usage, policy, audit), and
+    /// optionally the `names`, `tenants` and `regions` it may touch and `require_ticket`.
+    /// Reloaded with the policy, and on its own when another input is broken (a removed
+    /// token stops working at once); see the book, docs/book/src/user/admin-api.md
+    /// (tokens).
     #[arg(long = "api-tokens", value_name = "FILE")]
     pub api_tokens: Option<PathBuf>,
 }
@@ -320,7 +322,10 @@ pub struct DnsArgs {
     /// already read (0: no limit).
     #[arg(long, value_name = "N", default_value_t = 0)]
     tcp_max_queries: u32,
-    /// Response rate limit: UDP responses per second per client prefix (0: off).
+    /// Response rate limit: UDP answers per second per client prefix (0: off), counted
+    /// by size: an answer of up to 512 bytes costs one, a larger one (DNSSEC with DO=1,
+    /// an NXDOMAIN with its denial proofs) one more per started 512 bytes, so at most
+    /// N × 512 bytes a second reach a prefix.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     rrl_rate: u32,
     /// Every Nth rate-limited query is answered truncated (TC) so that real clients

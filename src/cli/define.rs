@@ -66,6 +66,12 @@ pub enum Command {
         /// several.
         #[arg(long = "api-host", value_name = "NAME")]
         api_hosts: Vec<String>,
+        /// Sources that read the audit log (GET /v1/audit) without a token; repeat for
+        /// several. Any other source needs a token with the verb `audit`. Giving it
+        /// replaces the default (loopback); `--api-audit-open 0.0.0.0/32` (no source)
+        /// asks a token of every reader.
+        #[arg(long = "api-audit-open", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1/128"])]
+        api_audit_open: Vec<ipnet::IpNet>,
         /// Where the manual is, for the status page's links (`/book/…` on the API): a
         /// directory holding the built book, served read-only (`bash scripts/book.sh`
         /// builds it into docs/book/book), or the http(s) URL of a published copy, to
@@ -277,6 +283,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             dns,
             api,
             api_hosts,
+            api_audit_open,
             book,
             state_dir,
             state_max_age_seconds,
@@ -324,6 +331,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 dns,
                 api: api.0,
                 api_hosts,
+                api_audit_open,
                 book: Book::parse(&book),
                 state: Some(StateFile::new(
                     state_dir,

@@ -4,7 +4,7 @@
 //! tokens:
 //!   - name: oncall-acme                 # shown as the author of what it does
 //!     sha256: 5e8848…42d8               # SHA-256 of the token, 64 hex digits
-//!     verbs: [drain, undrain, freeze, resume, usage, policy]
+//!     verbs: [drain, undrain, freeze, resume, usage, policy, audit]
 //!     names: [a.example.com]            # optional: these names…
 //!     tenants: [acme]                   # optional: …and the names of these tenants
 //!     regions: [europe, GB]             # optional: drains only with these `where:` entries
@@ -48,6 +48,9 @@ pub enum Verb {
     /// A new policy version, a rollback, a halt (`POST /v1/policy`, `/rollback`,
     /// `/halt`); only for a token limited by neither names, tenants nor regions.
     Policy,
+    /// Reading the audit log (`GET /v1/audit`) from a source outside `--api-audit-open`
+    /// (loopback by default).
+    Audit,
 }
 
 impl Verb {
@@ -59,16 +62,18 @@ impl Verb {
             Verb::Resume => "resume",
             Verb::Usage => "usage",
             Verb::Policy => "policy",
+            Verb::Audit => "audit",
         }
     }
 
-    const ALL: [Verb; 6] = [
+    const ALL: [Verb; 7] = [
         Verb::Drain,
         Verb::Undrain,
         Verb::Freeze,
         Verb::Resume,
         Verb::Usage,
         Verb::Policy,
+        Verb::Audit,
     ];
 }
 
@@ -293,7 +298,7 @@ fn verb_list(verbs: &[Verb]) -> String {
 }
 
 /// The tokens of a file, plus the one with every right given on the command line.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tokens {
     pub list: Vec<Arc<Token>>,
 }
@@ -357,8 +362,13 @@ pub(crate) fn load(path: &Path) -> Result<Tokens, Issues> {
 
 /// Checks the text of a tokens file (`path` is only used in messages).
 pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
-    let raw: RawFile =
-        serde_yaml::from_str(source).map_err(|e| Issues(vec![yaml_issue(path, source, &e)]))?;
+    // The file is a secret (its hashes, and whatever was pasted into it by mistake):
+    // no message quotes it (`secret::unquoted`, and our own messages below).
+    let raw: RawFile = serde_yaml::from_str(source).map_err(|e| {
+        let mut issue = yaml_issue(path, source, &e);
+        issue.message = crate::secret::unquoted(&issue.message);
+        Issues(vec![issue])
+    })?;
     let mut issues = Issues::default();
     let mut error = |at: Vec<Seg>, msg: String| {
         issues.push(ConfigIssue::error(
@@ -378,13 +388,10 @@ pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'@'))
         {
-            error(
-                at("name"),
-                format!("`{}`: 1 to 64 of A-Z a-z 0-9 . - _ @", t.name),
-            );
+            error(at("name"), "1 to 64 of A-Z a-z 0-9 . - _ @".into());
         }
         if list.iter().any(|o| o.name == t.name) {
-            error(at("name"), format!("`{}` is listed twice", t.name));
+            error(at("name"), "the same name as another entry".into());
         }
         let hash = unhex::<32>(&t.sha256);
         match hash {
@@ -400,7 +407,7 @@ pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
         if t.verbs.is_empty() {
             error(
                 at("verbs"),
-                "no verb: give some of drain, undrain, freeze, resume, usage".into(),
+                "no verb: give some of drain, undrain, freeze, resume, usage, audit".into(),
             );
         }
         let names = t.names.map(|ns| {
@@ -416,7 +423,7 @@ pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
                         _ => {
                             let mut p = at("names");
                             p.push(Seg::Index(j));
-                            error(p, format!("`{n}` is not a host name"));
+                            error(p, "not a host name".into());
                             None
                         }
                     }
@@ -428,10 +435,7 @@ pub(crate) fn parse(path: &Path, source: &str) -> Result<Tokens, Issues> {
                 if !super::valid_tenant(tenant) {
                     let mut p = at("tenants");
                     p.push(Seg::Index(j));
-                    error(
-                        p,
-                        format!("`{tenant}`: a tenant is 1 to 64 of a-z 0-9 . - _"),
-                    );
+                    error(p, "a tenant is 1 to 64 of a-z 0-9 . - _".into());
                 }
             }
         }
@@ -521,7 +525,7 @@ mod tests {
         let e = parse(Path::new("t.yaml"), text).unwrap_err().to_string();
         for want in [
             "t.yaml:3: tokens[0].sha256",
-            "t.yaml:5: tokens[1].name: `a` is listed twice",
+            "t.yaml:5: tokens[1].name: the same name as another entry",
             "t.yaml:7: tokens[1].verbs",
             "t.yaml:8: tokens[1].tenants[0]",
         ] {
@@ -533,6 +537,20 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("t.yaml:4") && e.contains("drian"), "{e}");
+        assert!(
+            e.contains("t.yaml:4") && e.contains("unknown variant"),
+            "{e}"
+        );
+        // A secret pasted where it does not belong is never quoted back.
+        for text in [
+            "tokens:\n  - s3cret-pasted-token\n",
+            "tokens:\n  - name: s3cret-pasted-token!\n    sha256: s3cret-pasted-token\n    verbs: [s3cret-pasted-token]\n    tenants: [S3cret-pasted-token]\n    names: ['s3cret-pasted-token..']\n",
+            "s3cret-pasted-token\n",
+            "tokens: s3cret-pasted-token\n",
+        ] {
+            let e = parse(Path::new("t.yaml"), text).unwrap_err().to_string();
+            assert!(e.contains("t.yaml:"), "{e}");
+            assert!(!e.contains("s3cret"), "the secret is quoted: {e}");
+        }
     }
 }

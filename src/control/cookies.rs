@@ -85,7 +85,9 @@ impl SharedSecrets {
     }
 
     fn parse(bytes: &[u8]) -> Result<SharedSecrets, String> {
-        let s: SharedSecrets = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        // A secret file: serde's message without what it quotes of it.
+        let s: SharedSecrets =
+            serde_json::from_slice(bytes).map_err(|e| crate::secret::unquoted(&e.to_string()))?;
         s.secrets()?;
         Ok(s)
     }

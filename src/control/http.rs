@@ -54,6 +54,9 @@ pub struct ApiLimits {
     /// Sources that `max_per_source` does not apply to (the content steering server's
     /// trusted proxies, which carry many clients each).
     pub unlimited_sources: Vec<ipnet::IpNet>,
+    /// Sources that read `GET /v1/audit` without a token (`--api-audit-open`; admin API
+    /// only): loopback by default. Any other needs a token with the verb `audit`.
+    pub audit_open: Vec<ipnet::IpNet>,
 }
 
 /// How long a connection on a reserved slot has to send its request.
@@ -72,8 +75,17 @@ impl Default for ApiLimits {
             reserved_for_loopback: 4,
             hosts: Vec::new(),
             unlimited_sources: Vec::new(),
+            audit_open: loopback(),
         }
     }
+}
+
+/// 127.0.0.0/8 and ::1: the sources on the host itself.
+pub(crate) fn loopback() -> Vec<ipnet::IpNet> {
+    ["127.0.0.0/8", "::1/128"]
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect()
 }
 
 /// One accepted connection, as a request handler of [`serve_http`] sees it.

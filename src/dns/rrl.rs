@@ -2,8 +2,13 @@
 //! a spoofed source turns steerdns into an amplifier aimed at the owner of that source;
 //! RRL bounds what any one client prefix receives.
 //!
-//! Each client prefix (IPv4 /24 and IPv6 /56 by default) may receive `rate` responses
-//! per second. Past that, every `slip`-th limited query gets a truncated answer (TC=1,
+//! Each client prefix (IPv4 /24 and IPv6 /56 by default) may receive `rate` units of
+//! response per second. An answer of up to [`UNIT`] (512) bytes costs one unit, and a
+//! larger one one more per started 512 bytes ([`Rrl::charge`], once it is written): a
+//! DNSSEC answer (DO=1, 11 times the query's size and more) or an NXDOMAIN with its
+//! denial proofs spends the budget faster than a plain steered answer, which costs
+//! exactly one. So the budget is in bytes: at most `rate` × 512 bytes a second reach a
+//! prefix, whatever the answers' size. Past that, every `slip`-th limited query gets a truncated answer (TC=1,
 //! no records: a real client retries over TCP, which cannot be spoofed) and the others
 //! are dropped. TCP is never limited. Exempt sources (by default loopback, which the
 //! kernel never accepts from the network) are never limited.
@@ -31,13 +36,17 @@ use crate::slots::prefix_key;
 
 /// Slots in the table (512 KiB).
 const SLOTS: usize = 1 << 17;
+/// Bytes of answer one unit of the budget pays for: an answer costs one unit per
+/// started `UNIT` bytes (so one for every answer of at most 512 bytes).
+pub const UNIT: usize = 512;
 /// Mixed into the key of a full address counted by [`Rrl::check_own`].
 const OWN_DOMAIN: u128 = 0x636f_6f6b_6965 << 64;
 
 /// How response rate limiting is set up (`--rrl-*` flags).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RrlConfig {
-    /// Responses per second per prefix; 0 turns rate limiting off. At most 65,535.
+    /// Units of response per second per prefix (an answer costs one per started
+    /// [`UNIT`] bytes); 0 turns rate limiting off. At most 65,535.
     pub rate: u32,
     /// Every `slip`-th limited query gets a truncated answer; 0: none do.
     pub slip: u32,
@@ -130,9 +139,7 @@ impl Rrl {
         if self.cfg.exempt.iter().any(|n| n.contains(&ip)) {
             return Verdict::Answer;
         }
-        // Another hash domain than the prefixes': an address is not its /24's slot.
-        let slot = self.hash(prefix_key(ip, 32, 128) ^ OWN_DOMAIN) as usize & (SLOTS - 1);
-        if self.count(slot, second) {
+        if self.count(self.own_slot(ip), second) {
             Verdict::Answer
         } else {
             self.limited.fetch_add(1, Ordering::Relaxed);
@@ -153,6 +160,43 @@ impl Rrl {
             Verdict::Slip
         } else {
             Verdict::Drop
+        }
+    }
+
+    /// Charges the answer of `bytes` just written for `ip` (let through by
+    /// [`Rrl::check`], or by [`Rrl::check_own`] when `own`) what it costs beyond the
+    /// unit the check counted: one more unit per started [`UNIT`] bytes past the first
+    /// 512. It is not taken back: the budget of the rest of the second shrinks.
+    ///
+    /// # Hot path
+    /// Nothing for an answer of at most 512 bytes (every plain steered answer); else a
+    /// hash and one compare-and-swap on one slot. No allocation.
+    pub fn charge(&self, ip: IpAddr, own: bool, bytes: usize) {
+        let extra = extra_units(bytes);
+        if extra > 0 {
+            self.charge_at(ip, own, extra, self.epoch.elapsed().as_secs());
+        }
+    }
+
+    fn charge_at(&self, ip: IpAddr, own: bool, extra: u32, second: u64) {
+        if self.cfg.exempt.iter().any(|n| n.contains(&ip)) {
+            return;
+        }
+        let slot = if own {
+            self.own_slot(ip)
+        } else {
+            self.slot(ip)
+        };
+        let slot = &self.table[slot];
+        let second = (second & 0xffff) as u32;
+        let mut cur = slot.load(Ordering::Relaxed);
+        loop {
+            let count = if cur >> 16 == second { cur & 0xffff } else { 0 };
+            let new = second << 16 | (count + extra).min(0xffff);
+            match slot.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
         }
     }
 
@@ -177,6 +221,12 @@ impl Rrl {
         false
     }
 
+    /// The table index of `ip`'s own budget (a valid cookie): another hash domain than
+    /// the prefixes', so that an address is not its /24's slot.
+    fn own_slot(&self, ip: IpAddr) -> usize {
+        self.hash(prefix_key(ip, 32, 128) ^ OWN_DOMAIN) as usize & (SLOTS - 1)
+    }
+
     /// The table index of `ip`'s prefix.
     fn slot(&self, ip: IpAddr) -> usize {
         (self.hash(self.prefix(ip)) as usize) & (SLOTS - 1)
@@ -197,9 +247,75 @@ impl Rrl {
     }
 }
 
+/// Units an answer of `bytes` costs beyond the first: one per started [`UNIT`] bytes
+/// past the first 512 (at most 65,535).
+fn extra_units(bytes: usize) -> u32 {
+    (bytes.saturating_sub(1) / UNIT).min(0xffff) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_costs_one_unit_per_started_512_bytes() {
+        for (bytes, extra) in [(0, 0), (60, 0), (512, 0), (513, 1), (1024, 1), (1025, 2)] {
+            assert_eq!(extra_units(bytes), extra, "{bytes} bytes");
+        }
+        assert_eq!(extra_units(usize::MAX), 0xffff);
+        let r = rrl(10, 0);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "198.51.100.1".parse().unwrap();
+        // Plain answers (at most 512 bytes): ten in the second.
+        let plain = (0..20)
+            .filter(|_| {
+                let ok = r.check_at(a, 4) == Verdict::Answer;
+                if ok {
+                    r.charge_at(a, false, extra_units(300), 4);
+                }
+                ok
+            })
+            .count();
+        assert_eq!(plain, 10);
+        // Answers of 1,100 bytes cost three units each: four in the second (after
+        // three, 9 units are spent and the fourth still finds the budget open).
+        let large = (0..20)
+            .filter(|_| {
+                let ok = r.check_at(b, 4) == Verdict::Answer;
+                if ok {
+                    r.charge_at(b, false, extra_units(1100), 4);
+                }
+                ok
+            })
+            .count();
+        assert_eq!(large, 4);
+        assert_eq!(r.check_at(b, 5), Verdict::Answer, "a new second");
+        // A charge past the budget saturates, and starts a new second's count.
+        r.charge_at(b, false, 0xffff, 5);
+        assert_eq!(r.check_at(b, 5), Verdict::Drop);
+        r.charge_at(a, false, 3, 9);
+        assert_eq!(
+            (0..10)
+                .filter(|_| r.check_at(a, 9) == Verdict::Answer)
+                .count(),
+            7
+        );
+        // A client's own budget is charged, not its /24's.
+        let r = rrl(10, 0);
+        r.charge_at(a, true, 9, 2);
+        assert_eq!(r.check_own_at(a, 2), Verdict::Answer);
+        assert_eq!(r.check_own_at(a, 2), Verdict::Drop);
+        assert_eq!(r.check_at(a, 2), Verdict::Answer);
+        // Exempt sources are never charged.
+        let r = Rrl::new(RrlConfig {
+            rate: 1,
+            ..RrlConfig::default()
+        })
+        .unwrap();
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        r.charge_at(lo, false, 100, 1);
+        assert_eq!(r.check_at(lo, 1), Verdict::Answer);
+    }
 
     fn rrl(rate: u32, slip: u32) -> Rrl {
         Rrl::new(RrlConfig {

@@ -20,7 +20,7 @@
 //! the query takes the full path, which runs on the tokio runtime's handle.
 
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -214,9 +214,10 @@ fn serve(
             handler.metrics().cookie(judged.label());
             let cookie = judged.reply();
             let event = Event::new(false, src, server, received, packet);
+            // A valid server cookie: the client's own budget, never a slip.
+            let own = judged.is_valid();
             if let Some(rrl) = rrl {
-                // A valid server cookie: the client's own budget, never a slip.
-                let verdict = if judged.is_valid() {
+                let verdict = if own {
                     rrl.check_own(src.ip())
                 } else {
                     rrl.check(src.ip())
@@ -258,6 +259,7 @@ fn serve(
             if let Some(steer) = wire::answer(&snap, packet, src.ip(), reply, now, &mut rng, cookie)
             {
                 handler.count_steered(&steer);
+                charge(rrl, src.ip(), own, reply);
                 replies.push(i);
                 fast += 1;
                 // The decision's text is looked up only for answers written.
@@ -272,6 +274,7 @@ fn serve(
             let cached = match cache.lookup(&snap, packet, reply, &mut stripped, cookie) {
                 Lookup::Hit(rcode) => {
                     handler.metrics().answered(rcode.into());
+                    charge(rrl, src.ip(), own, reply);
                     replies.push(i);
                     fast += 1;
                     if let Some(tap) = &mut tap {
@@ -287,6 +290,7 @@ fn serve(
             // Not cacheable (or, rarely, an answer of another shape, then counted twice):
             // the full path answers the query as received.
             if cached {
+                charge(rrl, src.ip(), own, reply);
                 replies.push(i);
                 if let Some(tap) = &mut tap {
                     tap.log(&event.answer(reply));
@@ -295,6 +299,7 @@ fn serve(
                 runtime.block_on(handler.respond_decided(packet, src, Protocol::Udp))
             {
                 *reply = bytes;
+                charge(rrl, src.ip(), own, reply);
                 replies.push(i);
                 if let Some(tap) = &mut tap {
                     let event = event.answer(reply);
@@ -313,6 +318,18 @@ fn serve(
         let fast_time = started.elapsed().saturating_sub(full_time);
         handler.metrics().observe_batch(fast_time, fast);
         send_all(socket, &mut batch, &out, &replies, handler);
+    }
+}
+
+/// Charges the rate limiter for an answer larger than the unit its check counted
+/// (`Rrl::charge`: a DNSSEC answer, an NXDOMAIN with its proofs).
+///
+/// # Hot path
+/// Nothing for an answer of at most 512 bytes.
+#[inline]
+fn charge(rrl: Option<&Rrl>, ip: IpAddr, own: bool, reply: &[u8]) {
+    if let Some(rrl) = rrl {
+        rrl.charge(ip, own, reply.len());
     }
 }
 

@@ -31,8 +31,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ConfigIssue, Issues};
 use crate::secret::{read_secret_file, SecretError};
 
-/// Why a key cannot be made, read or used. The private key is never part of the
-/// message.
+/// Why a key cannot be made, read or used. Nothing of a key file is part of the
+/// message (a file holding only the bare key must not print it): it names the file,
+/// the line and the field, and what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// An algorithm `keygen` does not make.
@@ -47,8 +48,8 @@ pub enum KeyError {
     /// The key file is not UTF-8.
     #[error("{}: not UTF-8", path.display())]
     NotUtf8 { path: PathBuf },
-    /// The key file is not the YAML of a key.
-    #[error("{}: {source}", path.display())]
+    /// The key file is not the YAML of a key (serde's message without what it quotes).
+    #[error("{}: {}", path.display(), crate::secret::unquoted(&source.to_string()))]
     Malformed {
         path: PathBuf,
         source: serde_yaml::Error,
@@ -57,11 +58,11 @@ pub enum KeyError {
     #[error("{0}")]
     Encode(serde_yaml::Error),
     /// `zone:` is not a domain name.
-    #[error("zone `{zone}`: {error}")]
-    Zone { zone: String, error: String },
-    /// `private_key:` is not base64 (the decoder names the offset of the first
-    /// character outside the alphabet, and that character).
-    #[error("private_key: not base64: {0}")]
+    #[error("zone: not a domain name")]
+    Zone,
+    /// `private_key:` is not base64: where (the decoder's own message names the
+    /// character too, a piece of the key).
+    #[error("private_key: not base64: {}", base64_problem(.0))]
     NotBase64(base64::DecodeError),
     /// `private_key:` is not a PKCS#8 document of the file's algorithm.
     #[error("private_key: not a PKCS#8 key of algorithm {algorithm}: {error}")]
@@ -159,6 +160,47 @@ struct KeyFile {
     times: Times,
 }
 
+/// What is wrong with the base64 of a key, without its characters.
+fn base64_problem(e: &base64::DecodeError) -> String {
+    use base64::DecodeError as D;
+    match e {
+        D::InvalidByte(at, _) => format!("a character outside the alphabet at offset {at}"),
+        D::InvalidLength(n) => format!("{n} symbols, not a whole number of bytes"),
+        D::InvalidLastSymbol { offset, .. } => {
+            format!("a last symbol with extra bits at offset {offset}")
+        }
+        D::InvalidPadding => "wrong padding".into(),
+    }
+}
+
+impl KeyError {
+    /// The line of the key file the problem is on, when the parser knows it.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            KeyError::Malformed { source, .. } => source.location().map(|l| l.line()),
+            KeyError::InFile { source, .. } => source.line(),
+            _ => None,
+        }
+    }
+
+    /// The message without the file's path, for a report that names the file itself;
+    /// never quoting the file either.
+    pub fn detail(&self) -> String {
+        match self {
+            KeyError::Malformed { source, .. } => {
+                let message = source.to_string();
+                let message = match message.rfind(" at line ") {
+                    Some(i) => &message[..i],
+                    None => &message,
+                };
+                crate::secret::unquoted(message)
+            }
+            KeyError::InFile { source, .. } => source.detail(),
+            other => other.to_string(),
+        }
+    }
+}
+
 /// The algorithms `keygen` makes: ECDSA P-256 with SHA-256 (13) and Ed25519 (15).
 pub fn algorithm(number: u8) -> Result<Algorithm, KeyError> {
     match number {
@@ -235,10 +277,7 @@ pub fn load(path: &Path) -> Result<Key, KeyError> {
 
 fn from_file(path: &Path, file: &KeyFile) -> Result<Key, KeyError> {
     let zone = Name::from_str(&file.zone)
-        .map_err(|e| KeyError::Zone {
-            zone: file.zone.clone(),
-            error: e.to_string(),
-        })?
+        .map_err(|_| KeyError::Zone)?
         .to_lowercase();
     let mut zone = zone;
     zone.set_fqdn(true);
@@ -292,7 +331,7 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Key>, Issues> {
     for f in files {
         match load(&f) {
             Ok(k) => keys.push(k),
-            Err(e) => issues.push(ConfigIssue::error(&f, None, "", e.to_string())),
+            Err(e) => issues.push(ConfigIssue::error(&f, e.line(), "", e.detail())),
         }
     }
     if issues.has_errors() {

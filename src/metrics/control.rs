@@ -82,6 +82,15 @@ impl Metrics {
         }
     }
 
+    /// A change of the API tokens file: the tokens in force changed, or the file was
+    /// refused (the last good tokens kept).
+    pub fn tokens_reload(&self, applied: bool) {
+        match applied {
+            true => self.inner.tokens_applied.inc(),
+            false => self.inner.tokens_refused.inc(),
+        }
+    }
+
     /// The version of the configuration being served; the only `config_info` series.
     pub fn config_version(&self, version: &str) {
         self.inner.config_info.reset();

@@ -20,6 +20,7 @@
 //! | `fail_open_events_total` | name, region | times the region started failing open |
 //! | `vantage_unhappy` | vantage | 1 while a vantage point is unhappy (not a demotion) |
 //! | `config_reloads_total` | result | `applied` or `refused` |
+//! | `api_tokens_reloads_total` | result | changes of the tokens file: `applied` (with the reload, or on its own while the rest was refused) or `refused` (the last good tokens kept) |
 //! | `config_info` | version | 1 for the configuration being served |
 //! | `policy_info` | version | 1 for the policy version in force |
 //! | `policy_refused` | | 1 while this node cannot load the set's policy version |

@@ -68,6 +68,9 @@ pub(super) struct Inner {
     pub(super) vantage_unhappy: IntGaugeVec,
     pub(super) reloads_applied: IntCounter,
     pub(super) reloads_refused: IntCounter,
+    /// `api_tokens_reloads_total{result}`: `applied`, `refused`.
+    pub(super) tokens_applied: IntCounter,
+    pub(super) tokens_refused: IntCounter,
     pub(super) config_info: IntGaugeVec,
     pub(super) drains: IntGaugeVec,
     /// `udp_dropped_total{reason}` for each of `UDP_DROP_REASONS`.
@@ -260,6 +263,11 @@ impl Metrics {
             "Configuration reloads by result (applied, or refused: the last good one keeps serving).",
             &["result"],
         );
+        let tokens_reloads = reg.counters(
+            "api_tokens_reloads_total",
+            "Changes of the API tokens file (--api-tokens) by result: applied (the tokens in force changed, with the reload or on their own while the rest of it was refused), or refused (a broken file: the last good tokens stay in force).",
+            &["result"],
+        );
 
         Metrics {
             inner: Arc::new(Inner {
@@ -305,6 +313,8 @@ impl Metrics {
                 ),
                 reloads_applied: reloads.with_label_values(&["applied"]),
                 reloads_refused: reloads.with_label_values(&["refused"]),
+                tokens_applied: tokens_reloads.with_label_values(&["applied"]),
+                tokens_refused: tokens_reloads.with_label_values(&["refused"]),
                 config_info: reg.gauges(
                     "config_info",
                     "1 for the version (hash of the input files) of the configuration being served.",

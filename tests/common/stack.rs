@@ -188,6 +188,7 @@ impl Stack {
         let loaded = app::load(&inputs).unwrap_or_else(|e| panic!("{e}"));
         let opts = ServeOptions {
             api_hosts: Vec::new(),
+            api_audit_open: steerdns::control::surfaces::api::ApiLimits::default().audit_open,
             book: steerdns::control::surfaces::book::Book::parse("docs/book/book"),
             inputs: inputs.clone(),
             reload_poll: o.reload_poll,

@@ -295,6 +295,11 @@ impl Controller {
         }
         match self.note_file(&r) {
             FileNote::Refused(issues) => {
+                // The rest loaded (with the set's version): a token removed meanwhile
+                // stops working all the same.
+                if let Ok(loaded) = &r.result {
+                    self.tokens_alone(Ok(loaded.tokens.clone()), r.trigger);
+                }
                 self.refuse_reload(r.trigger, &issues);
                 return false;
             }

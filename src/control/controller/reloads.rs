@@ -1,5 +1,8 @@
 //! Control plane: a reload of the configuration, swapped in with its diff audited,
-//! or refused with the last good configuration serving.
+//! or refused with the last good configuration serving. The API tokens go on their
+//! own: a refused reload still takes a tokens file that loads (a revoked token stops
+//! working while a broken zone is repaired), and a broken tokens file keeps the last
+//! good tokens.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,6 +12,7 @@ use tracing::{error, info, warn};
 
 use super::Controller;
 use crate::clock::now_ms;
+use crate::config::tokens::Tokens;
 use crate::control::state_doc::ReloadOutcome;
 use crate::control::tasks::reload::{Reloaded, Trigger};
 use crate::error::Issues;
@@ -45,7 +49,20 @@ impl Controller {
     pub(super) fn apply_reload(&mut self, reloaded: Reloaded) -> bool {
         let trigger = reloaded.trigger;
         match reloaded.result {
-            Err(issues) => {
+            Err(mut issues) => {
+                // The tokens file's own problems, when the load stopped before it (a
+                // zone that does not parse): said with the rest.
+                if let Some(Err(tokens)) = &reloaded.tokens {
+                    for issue in tokens.errors() {
+                        let said = issue.to_string();
+                        if !issues.errors().any(|i| i.to_string() == said) {
+                            issues.push(issue.clone());
+                        }
+                    }
+                }
+                if let Some(tokens) = reloaded.tokens {
+                    self.tokens_alone(tokens, trigger);
+                }
                 self.refuse_reload(trigger, &issues);
                 false
             }
@@ -75,7 +92,10 @@ impl Controller {
                         "diff": diff,
                     }),
                 );
-                self.tokens.store(Arc::new(loaded.tokens.clone()));
+                if **self.tokens.load() != loaded.tokens {
+                    self.metrics.tokens_reload(true);
+                    self.tokens.store(Arc::new(loaded.tokens.clone()));
+                }
                 self.loaded = Arc::new(loaded);
                 self.set.rescope(&self.loaded);
                 // Health and failover progress carry over for the CDNs and names that remain.
@@ -101,6 +121,41 @@ impl Controller {
                 probes_changed
             }
         }
+    }
+}
+
+impl Controller {
+    /// The tokens file loaded on its own while the rest of a reload was refused: its
+    /// tokens take over if they changed (audited); a broken file keeps the last good
+    /// ones (its errors are among the reload's, logged there), counted.
+    pub(super) fn tokens_alone(&mut self, tokens: Result<Tokens, Issues>, trigger: Trigger) {
+        let tokens = match tokens {
+            Ok(t) => t,
+            Err(_) => {
+                self.metrics.tokens_reload(false);
+                warn!(trigger = %trigger, "the API tokens file is refused: the last good tokens stay in force");
+                return;
+            }
+        };
+        let old = self.tokens.load_full();
+        if *old == tokens {
+            return;
+        }
+        let names = |t: &Tokens| t.list.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        let (was, now) = (names(&old), names(&tokens));
+        let removed: Vec<&String> = was.iter().filter(|n| !now.contains(n)).collect();
+        self.metrics.tokens_reload(true);
+        info!(trigger = %trigger, tokens = now.len(), removed = ?removed, "API tokens reloaded on their own (the rest of the reload was refused)");
+        self.audit(
+            "reload",
+            serde_json::json!({
+                "trigger": trigger.to_string(),
+                "result": "tokens applied",
+                "serving_version": self.loaded.version,
+                "diff": { "tokens": now, "tokens_removed": removed },
+            }),
+        );
+        self.tokens.store(Arc::new(tokens));
     }
 }
 

@@ -9,16 +9,21 @@
 //! ```
 //!
 //! Lines are written by one thread, so that no async worker waits on the disk; the
-//! controller hands entries over a channel and goes on. The log is bounded: past
+//! controller hands entries over a channel and goes on. Pages of `GET /v1/audit` are
+//! read elsewhere ([`Reader`], on a blocking thread of the runtime), never on the
+//! thread that appends: the append thread keeps an [`Index`] as it writes (the place
+//! of the first line of each file and of every [`INDEX_EVERY`]th entry), so a page
+//! after any seq seeks to at most 256 entries before it instead of reading the whole
+//! log (80 MB at most). The log is bounded: past
 //! [`MAX_BYTES`] the file becomes `audit.jsonl.1` (older ones `.2` … `.`[`KEEP`], the
 //! oldest dropped) and the new file's first line carries the hash of the last line of
 //! the old one, so the chain runs on across files.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -38,6 +43,8 @@ pub const KEEP: usize = 4;
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Entries a page of `GET /v1/audit` holds at most.
 pub const MAX_PAGE: usize = 1000;
+/// Every this many seqs, the index keeps an entry's place.
+pub const INDEX_EVERY: u64 = 256;
 const HASH_MARK: &str = ",\"hash\":\"";
 
 /// The controller's end of the audit thread.
@@ -50,6 +57,8 @@ pub struct Audit {
     pub start_rev: i64,
     /// Whether the latest append reached the disk, the head of the chain, and why not.
     health: Arc<Health>,
+    /// Reads pages, off the append thread.
+    reader: Reader,
 }
 
 /// What the audit thread last managed (shared with the controller).
@@ -59,6 +68,44 @@ struct Health {
     head: Mutex<(u64, String, Option<String>)>,
     /// `steerdns_audit_failing`.
     metrics: Option<crate::metrics::Metrics>,
+    /// Entries handed to the thread so far.
+    handed: AtomicU64,
+    /// Entries the thread has dealt with (appended, or dropped past [`MAX_PENDING`]):
+    /// a page waits for those handed before it was asked.
+    dealt: Mutex<u64>,
+    more_dealt: Condvar,
+}
+
+/// How long a page waits for the entries handed before it was asked (while the log
+/// takes entries; not at all while it fails).
+const PAGE_WAIT: Duration = Duration::from_secs(2);
+
+impl Health {
+    fn handed(&self) {
+        self.handed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn dealt(&self) {
+        *self.dealt.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.more_dealt.notify_all();
+    }
+
+    /// Waits until the thread has dealt with `upto` entries, or the log fails, or
+    /// [`PAGE_WAIT`] has passed: a client reads the entries of what it just did.
+    fn wait_dealt(&self, upto: u64) {
+        let deadline = std::time::Instant::now() + PAGE_WAIT;
+        let mut dealt = self.dealt.lock().unwrap_or_else(|e| e.into_inner());
+        while *dealt < upto && !self.failing.load(Ordering::Relaxed) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            dealt = match self.more_dealt.wait_timeout(dealt, left) {
+                Ok((d, _)) => d,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
 }
 
 /// Entries kept in memory while the disk refuses them (appended in order once it
@@ -67,7 +114,215 @@ const MAX_PENDING: usize = 10_000;
 
 enum Job {
     Append(Map<String, Value>),
-    Page(u64, usize, oneshot::Sender<Result<Page, String>>),
+}
+
+/// Where the entries are in the files, kept by the append thread as it writes and read
+/// by the pages ([`Reader`]) under a lock held only to look and to open the files.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    /// The current file `audit.jsonl` is generation `gen`, the rotated `audit.jsonl.k`
+    /// generation `gen - k` (it starts at [`KEEP`], so that none is below 0).
+    gen: u64,
+    /// Bytes of whole lines in the current file: a page reads no further (a line
+    /// being appended is not whole yet).
+    size: u64,
+    /// The place of the first entry of each file and of every entry whose seq is a
+    /// multiple of [`INDEX_EVERY`], in order.
+    points: Vec<Point>,
+    /// The points cannot be trusted (not built yet, or a rotation failed half way):
+    /// pages read every file until the append thread has rebuilt them.
+    stale: bool,
+}
+
+/// Where one entry's line starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Point {
+    seq: u64,
+    gen: u64,
+    offset: u64,
+}
+
+/// Just the seq of a line (the rest skipped, not built).
+#[derive(serde::Deserialize)]
+struct SeqOf {
+    seq: u64,
+}
+
+impl Index {
+    /// The index of the files of the log at `path`, read once (at start, and after a
+    /// rotation that failed half way).
+    fn build(path: &Path) -> std::io::Result<Index> {
+        let gen = KEEP as u64;
+        let mut index = Index {
+            gen,
+            ..Index::default()
+        };
+        for k in (0..=KEEP).rev() {
+            let file = numbered(path, k);
+            let f = match File::open(&file) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            let (g, mut offset, mut first) = (gen - k as u64, 0u64, true);
+            let mut r = BufReader::new(f);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let n = r.read_until(b'\n', &mut line)?;
+                if n == 0 || line.last() != Some(&b'\n') {
+                    break;
+                }
+                if let Ok(SeqOf { seq }) = serde_json::from_slice(&line) {
+                    index.note(seq, g, offset, first);
+                    first = false;
+                }
+                offset += n as u64;
+            }
+            if k == 0 {
+                index.size = offset;
+            }
+        }
+        Ok(index)
+    }
+
+    /// Keeps the place of the entry `seq` at `offset` of generation `gen` if it is the
+    /// first of its file or its seq is a multiple of [`INDEX_EVERY`].
+    fn note(&mut self, seq: u64, gen: u64, offset: u64, first_of_file: bool) {
+        if first_of_file || seq.is_multiple_of(INDEX_EVERY) {
+            self.points.push(Point { seq, gen, offset });
+        }
+    }
+
+    /// The files were rotated: the current one is a new generation, and the places in
+    /// the file dropped are forgotten.
+    fn rotated(&mut self) {
+        self.gen += 1;
+        self.size = 0;
+        let oldest = self.gen - KEEP as u64;
+        self.points.retain(|p| p.gen >= oldest);
+    }
+
+    /// The place to start reading for the entries after `after`: the last point at or
+    /// before `after + 1`, else the first point; `None` for an empty log.
+    fn start(&self, after: u64) -> Option<Point> {
+        let i = self
+            .points
+            .partition_point(|p| p.seq <= after.saturating_add(1));
+        self.points.get(i.saturating_sub(1)).copied()
+    }
+}
+
+/// `path` for `k` = 0, else `path.k`.
+fn numbered(path: &Path, k: usize) -> PathBuf {
+    match k {
+        0 => path.to_path_buf(),
+        k => PathBuf::from(format!("{}.{k}", path.display())),
+    }
+}
+
+/// Reads pages of the log through its [`Index`]; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Reader {
+    path: PathBuf,
+    index: Arc<RwLock<Index>>,
+}
+
+impl Reader {
+    /// Entries with `seq` above `after`, at most `limit` (1 to [`MAX_PAGE`]).
+    pub(crate) fn page(&self, after: u64, limit: usize) -> std::io::Result<Page> {
+        let limit = limit.clamp(1, MAX_PAGE);
+        // Under the lock: where to start, and the files from there opened (a rotation
+        // renames them, the open files stay what they were), and where the current one
+        // ends. The reading is done without it.
+        let (start, files, size) = {
+            let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+            if index.stale {
+                drop(index);
+                return page(&self.path, after, limit);
+            }
+            let Some(start) = index.start(after) else {
+                return Ok(Collect::new(after, limit).page());
+            };
+            let mut files = Vec::new();
+            for gen in start.gen..=index.gen {
+                match File::open(numbered(&self.path, (index.gen - gen) as usize)) {
+                    Ok(f) => files.push((gen == start.gen, gen == index.gen, f)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            (start, files, index.size)
+        };
+        let mut collected = Collect::new(after, limit);
+        for (first, current, mut f) in files {
+            let from = if first { start.offset } else { 0 };
+            f.seek(SeekFrom::Start(from))?;
+            let lines: Box<dyn Read> = match current {
+                true => Box::new(f.take(size.saturating_sub(from))),
+                false => Box::new(f),
+            };
+            if collected.lines(BufReader::new(lines))? {
+                break;
+            }
+        }
+        Ok(collected.page())
+    }
+}
+
+/// A page being collected from lines in order.
+struct Collect {
+    after: u64,
+    limit: usize,
+    entries: Vec<Value>,
+    more: bool,
+    lines_read: usize,
+}
+
+impl Collect {
+    fn new(after: u64, limit: usize) -> Collect {
+        Collect {
+            after,
+            limit: limit.clamp(1, MAX_PAGE),
+            entries: Vec::new(),
+            more: false,
+            lines_read: 0,
+        }
+    }
+
+    /// Takes the entries of `lines` after `after`; `true` once the page is full and
+    /// another entry follows.
+    fn lines(&mut self, lines: impl BufRead) -> std::io::Result<bool> {
+        for line in lines.lines() {
+            self.lines_read += 1;
+            let Ok(v) = serde_json::from_str::<Value>(&line?) else {
+                continue;
+            };
+            if v["seq"].as_u64().is_none_or(|s| s <= self.after) {
+                continue;
+            }
+            if self.entries.len() == self.limit {
+                self.more = true;
+                return Ok(true);
+            }
+            self.entries.push(v);
+        }
+        Ok(false)
+    }
+
+    fn page(self) -> Page {
+        let next_after = self
+            .entries
+            .last()
+            .and_then(|v| v["seq"].as_u64())
+            .unwrap_or(self.after);
+        Page {
+            entries: self.entries,
+            next_after,
+            more: self.more,
+            lines_read: self.lines_read,
+        }
+    }
 }
 
 /// A page of `GET /v1/audit`.
@@ -78,6 +333,9 @@ pub struct Page {
     pub next_after: u64,
     /// More entries follow.
     pub more: bool,
+    /// Lines read to make it (not served): what the index saves.
+    #[serde(skip)]
+    pub lines_read: usize,
 }
 
 /// The file and the end of its chain.
@@ -88,6 +346,8 @@ struct Log {
     seq: u64,
     prev: String,
     size: u64,
+    /// The places of the entries, for the pages.
+    index: Arc<RwLock<Index>>,
 }
 
 impl Audit {
@@ -106,10 +366,23 @@ impl Audit {
             failing: AtomicBool::new(false),
             head: Mutex::new((seq, prev.clone(), None)),
             metrics,
+            handed: AtomicU64::new(0),
+            dealt: Mutex::new(0),
+            more_dealt: Condvar::new(),
         });
         if let Some(m) = &health.metrics {
             m.audit_failing(false);
         }
+        // Built by the thread before it appends anything; pages read every file
+        // until then.
+        let index = Arc::new(RwLock::new(Index {
+            stale: true,
+            ..Index::default()
+        }));
+        let reader = Reader {
+            path: path.clone(),
+            index: index.clone(),
+        };
         let mut log = Log {
             path,
             node,
@@ -117,6 +390,7 @@ impl Audit {
             seq,
             prev,
             size,
+            index,
         };
         let (tx, rx) = mpsc::channel::<Job>();
         let (alive, exited) = writers::pair();
@@ -125,6 +399,7 @@ impl Audit {
             .name("audit".into())
             .spawn(move || {
                 let _alive = alive;
+                log.reindex();
                 let mut pending = std::collections::VecDeque::new();
                 loop {
                     // While failing, the disk is tried again every second.
@@ -137,12 +412,10 @@ impl Audit {
                         Some(Job::Append(fields)) => {
                             if pending.len() == MAX_PENDING {
                                 pending.pop_front();
+                                shared.dealt();
                                 error!(file = %log.path.display(), "the audit log has refused {MAX_PENDING} entries: the oldest is dropped");
                             }
                             pending.push_back(fields);
-                        }
-                        Some(Job::Page(after, limit, reply)) => {
-                            let _ = reply.send(page(&log.path, after, limit).map_err(|e| e.to_string()));
                         }
                         None if pending.is_empty() && shared.failing.load(Ordering::Relaxed) => {
                             // Nothing to append: see whether the file takes writes again.
@@ -156,6 +429,8 @@ impl Audit {
                             Ok(()) => {
                                 pending.pop_front();
                                 log.noted(&shared, None);
+                                log.reindex();
+                                shared.dealt();
                             }
                             Err(e) => {
                                 log.noted(&shared, Some(e));
@@ -174,6 +449,7 @@ impl Audit {
             exited,
             start_rev,
             health,
+            reader,
         })
     }
 
@@ -225,8 +501,9 @@ impl Audit {
             return;
         };
         map.insert("rev".into(), Value::from(rev));
-        if self.tx.send(Job::Append(map)).is_err() {
-            warn!(rev, "the audit thread is gone: an entry is lost");
+        match self.tx.send(Job::Append(map)) {
+            Ok(()) => self.health.handed(),
+            Err(_) => warn!(rev, "the audit thread is gone: an entry is lost"),
         }
     }
 
@@ -249,22 +526,45 @@ impl Audit {
             other => Map::from_iter([("detail".to_string(), other)]),
         };
         map.insert("kind".into(), Value::from(kind));
-        if self.tx.send(Job::Append(map)).is_err() {
-            warn!(kind, "the audit thread is gone: an entry is lost");
+        match self.tx.send(Job::Append(map)) {
+            Ok(()) => self.health.handed(),
+            Err(_) => warn!(kind, "the audit thread is gone: an entry is lost"),
         }
     }
 
-    /// Asks the thread for a page of entries with `seq` above `after`.
+    /// Reads a page of entries with `seq` above `after` on a blocking thread of the
+    /// runtime (never the append thread's, which goes on appending), and sends it. The
+    /// entries handed over before it was asked are in it (it waits for them, while the
+    /// log takes entries, at most 2 s): a client reads the entry of what it just did.
     pub fn page(&self, after: u64, limit: usize, reply: oneshot::Sender<Result<Page, String>>) {
-        if let Err(mpsc::SendError(Job::Page(_, _, reply))) =
-            self.tx.send(Job::Page(after, limit, reply))
-        {
-            let _ = reply.send(Err("the audit thread is gone".into()));
+        let (reader, health) = (self.reader.clone(), self.health.clone());
+        let upto = health.handed.load(Ordering::Relaxed);
+        let read = move || {
+            health.wait_dealt(upto);
+            let _ = reply.send(reader.page(after, limit).map_err(|e| e.to_string()));
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(read)),
+            Err(_) => read(),
         }
     }
 }
 
 impl Log {
+    /// Builds the index again when it cannot be trusted (at start, after a rotation
+    /// that failed half way); until it is, pages read every file.
+    fn reindex(&self) {
+        if !self.index.read().unwrap_or_else(|e| e.into_inner()).stale {
+            return;
+        }
+        match Index::build(&self.path) {
+            Ok(built) => *self.index.write().unwrap_or_else(|e| e.into_inner()) = built,
+            Err(e) => {
+                warn!(error = %e, file = %self.path.display(), "cannot index the audit log: its pages read every file")
+            }
+        }
+    }
+
     /// Shares the outcome of a write: the head, and whether (and why) it failed; the
     /// change is logged once.
     fn noted(&self, health: &Health, error: Option<std::io::Error>) {
@@ -303,18 +603,31 @@ impl Log {
             .or_insert_with(|| Value::from(self.node.clone()));
         let (line, hash) = seal(&fields);
         if self.size > 0 && self.size + line.len() as u64 > self.max_bytes {
-            rotate(&self.path)?;
+            // Renamed under the index's lock: a page opens the files of one generation.
+            let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = rotate(&self.path) {
+                index.stale = true;
+                return Err(e);
+            }
+            index.rotated();
             self.size = 0;
         }
         let mut f = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.path)?;
+        // Where the line starts: the file's end (a line cut short by a failed write
+        // before it is not the previous size).
+        let offset = f.metadata()?.len();
         f.write_all(line.as_bytes())?;
         f.sync_data()?;
-        self.size += line.len() as u64;
+        self.size = offset + line.len() as u64;
         self.seq += 1;
         self.prev = hash;
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        let gen = index.gen;
+        index.note(self.seq, gen, offset, offset == 0);
+        index.size = self.size;
         Ok(())
     }
 }
@@ -329,7 +642,7 @@ fn seal(fields: &Map<String, Value>) -> (String, String) {
 
 /// `audit.jsonl` → `audit.jsonl.1` → … → `.KEEP` (dropped past it).
 fn rotate(path: &Path) -> std::io::Result<()> {
-    let numbered = |n: usize| PathBuf::from(format!("{}.{n}", path.display()));
+    let numbered = |n: usize| numbered(path, n);
     let _ = std::fs::remove_file(numbered(KEEP));
     for n in (1..KEEP).rev() {
         if numbered(n).exists() {
@@ -398,35 +711,16 @@ fn tail_of(path: &Path) -> std::io::Result<(u64, String, i64)> {
     Ok((0, GENESIS.to_string(), 0))
 }
 
-/// Entries with `seq` above `after`, at most `limit`.
+/// Entries with `seq` above `after`, at most `limit`, read from the first line of the
+/// oldest file on (while the index cannot be trusted).
 fn page(path: &Path, after: u64, limit: usize) -> std::io::Result<Page> {
-    let limit = limit.clamp(1, MAX_PAGE);
-    let mut entries = Vec::new();
-    let mut more = false;
-    'files: for file in files(path) {
-        for line in BufReader::new(File::open(file)?).lines() {
-            let Ok(v) = serde_json::from_str::<Value>(&line?) else {
-                continue;
-            };
-            if v["seq"].as_u64().is_none_or(|s| s <= after) {
-                continue;
-            }
-            if entries.len() == limit {
-                more = true;
-                break 'files;
-            }
-            entries.push(v);
+    let mut collected = Collect::new(after, limit);
+    for file in files(path) {
+        if collected.lines(BufReader::new(File::open(file)?))? {
+            break;
         }
     }
-    let next_after = entries
-        .last()
-        .and_then(|v| v["seq"].as_u64())
-        .unwrap_or(after);
-    Ok(Page {
-        entries,
-        next_after,
-        more,
-    })
+    Ok(collected.page())
 }
 
 /// What a line says of its place in the chain.
@@ -647,7 +941,8 @@ mod tests {
         d
     }
 
-    fn write(path: &Path, max: u64, n: u64) {
+    fn write(path: &Path, max: u64, n: u64) -> Reader {
+        let index = Arc::new(RwLock::new(Index::build(path).unwrap()));
         let mut log = Log {
             path: path.to_path_buf(),
             node: "t".into(),
@@ -655,6 +950,7 @@ mod tests {
             seq: 0,
             prev: GENESIS.into(),
             size: 0,
+            index: index.clone(),
         };
         let (seq, prev, _) = tail_of(path).unwrap();
         (log.seq, log.prev) = (seq, prev);
@@ -665,6 +961,131 @@ mod tests {
             };
             log.append(m).unwrap();
         }
+        Reader {
+            path: path.to_path_buf(),
+            index,
+        }
+    }
+
+    /// The seqs of a page.
+    fn seqs(p: &Page) -> Vec<u64> {
+        p.entries
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn pages_seek_through_the_index_of_a_large_log() {
+        // 100,000 entries written as the append thread writes them (sealed, chained),
+        // without a sync per line, in one file; then indexed as at start.
+        let d = dir("index");
+        let path = d.join("audit.jsonl");
+        let mut text = String::new();
+        let mut prev = GENESIS.to_string();
+        for seq in 1..=100_000u64 {
+            let Value::Object(mut m) =
+                json!({"kind": "test", "node": "t", "at_unix_ms": seq, "seq": seq, "prev": prev})
+            else {
+                unreachable!()
+            };
+            m.insert("detail".into(), json!({"seq": 7, "i": seq}));
+            let (line, hash) = seal(&m);
+            text.push_str(&line);
+            prev = hash;
+        }
+        std::fs::write(&path, &text).unwrap();
+        let index = Index::build(&path).unwrap();
+        // The first entry, and every 256th: 1 + 390 places.
+        assert_eq!(index.points.len(), 1 + 100_000 / INDEX_EVERY as usize);
+        assert_eq!(
+            index.points[0],
+            Point {
+                seq: 1,
+                gen: KEEP as u64,
+                offset: 0
+            }
+        );
+        assert_eq!(index.size, text.len() as u64);
+        let reader = Reader {
+            path: path.clone(),
+            index: Arc::new(RwLock::new(index)),
+        };
+        for after in [
+            0, 1, 254, 255, 256, 257, 511, 512, 767, 1000, 4095, 4096, 50_000, 99_743, 99_744,
+            99_999, 100_000, 250_000,
+        ] {
+            for limit in [1, 100, 256, 257, 1000] {
+                let p = reader.page(after, limit).unwrap();
+                let want: Vec<u64> = (after + 1..=100_000).take(limit).collect();
+                assert_eq!(seqs(&p), want, "after={after} limit={limit}");
+                assert_eq!(
+                    p.more,
+                    after + (limit as u64) < 100_000,
+                    "after={after} limit={limit}"
+                );
+                assert_eq!(p.next_after, want.last().copied().unwrap_or(after));
+                // Sought, not scanned: at most the 256 entries before the first one
+                // wanted are read, plus the page and the one after it.
+                assert!(
+                    p.lines_read <= INDEX_EVERY as usize + limit + 1,
+                    "after={after} limit={limit}: {} lines read",
+                    p.lines_read
+                );
+                // The same page as a scan of the whole log.
+                let scanned = page(&path, after, limit).unwrap();
+                assert_eq!(seqs(&scanned), seqs(&p));
+            }
+        }
+        // Following `next_after` from 0 walks every entry once, across the places.
+        let (mut after, mut seen) = (0, 0u64);
+        loop {
+            let p = reader.page(after, 1000).unwrap();
+            for s in seqs(&p) {
+                seen += 1;
+                assert_eq!(s, seen);
+            }
+            after = p.next_after;
+            if !p.more {
+                break;
+            }
+        }
+        assert_eq!(seen, 100_000);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_index_kept_while_appending_and_rotating_is_the_index_read_at_start() {
+        let d = dir("index-rotate");
+        let path = d.join("audit.jsonl");
+        // Small files: entries rotate through every file kept and out of the oldest.
+        let reader = write(&path, 4_000, 300);
+        let kept = reader.index.read().unwrap().points.clone();
+        let gen = reader.index.read().unwrap().gen;
+        assert!(gen > 2 * KEEP as u64, "rotated {gen} times");
+        let built = Index::build(&path).unwrap();
+        let shift = gen - built.gen;
+        let rebased: Vec<Point> = built
+            .points
+            .iter()
+            .map(|p| Point {
+                gen: p.gen + shift,
+                ..*p
+            })
+            .collect();
+        assert_eq!(kept, rebased, "kept while appending vs read at start");
+        let first = verify(&files(&path)).unwrap().first_seq;
+        assert!(first < 256, "seq 256 is in a file kept: {first}");
+        assert!(
+            kept.iter().any(|p| p.seq == 256 && p.offset > 0),
+            "{kept:?}"
+        );
+        for after in [0, first - 1, first, 255, 256, 257, 280, 299, 300] {
+            let p = reader.page(after, 50).unwrap();
+            let want: Vec<u64> = (after.max(first - 1) + 1..=300).take(50).collect();
+            assert_eq!(seqs(&p), want, "after={after}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! `--api-token-file` (every right) or one of `--api-tokens` (scoped: its verbs are
 //! checked here, the names, tenants and regions it may touch by the controller, with the
 //! policy); a request outside its scope gets `403` saying what it lacks.
-//! `GET /v1/audit?after=SEQ&limit=N` pages the audit log (`STATE_DIR/audit.jsonl`).
+//! `GET /v1/audit?after=SEQ&limit=N` pages the audit log (`STATE_DIR/audit.jsonl`): open
+//! to the sources of `--api-audit-open` (loopback by default), from anywhere else with a
+//! token of the verb `audit` (`401` without one, `403` for a token without the verb).
 //! Drains (`"tenant"` instead of `"name"`) and freezes (`"tenant"`) may target a tenant;
 //! mutations may carry `"ticket"`.
 //!
@@ -94,12 +96,13 @@ pub async fn spawn_with(
     let bound = listener.local_addr()?;
     let body_timeout = limits.body_timeout;
     let hosts = Arc::new(limits.hosts.clone());
+    let audit_open = Arc::new(limits.audit_open.clone());
     serve_http(
         listener,
         limits,
         stop,
         move |req: Request<Incoming>, conn: Conn| {
-            let (state, hosts) = (state.clone(), hosts.clone());
+            let (state, hosts, audit_open) = (state.clone(), hosts.clone(), audit_open.clone());
             async move {
                 if let Some(refusal) = misdirected(&req, bound, &hosts) {
                     return Ok(refusal);
@@ -110,7 +113,10 @@ pub async fn spawn_with(
                     "the API is at its connection limit: this connection, kept for loopback mutations, serves no reads",
                 ));
                 }
-                route(req, state, body_timeout).await
+                // Whether this source reads the audit log without a token.
+                let ip = conn.peer.ip().to_canonical();
+                let open = audit_open.iter().any(|n| n.contains(&ip));
+                route(req, state, body_timeout, open).await
             }
         },
     );
@@ -246,6 +252,7 @@ async fn route(
     req: Request<Incoming>,
     state: ApiState,
     body_timeout: std::time::Duration,
+    audit_open: bool,
 ) -> Result<Reply, Infallible> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
@@ -273,7 +280,18 @@ async fn route(
             json_reply(StatusCode::OK, &doc)
         }
         Op::Explain => explain(&state, &query).await,
-        Op::Audit => audit_page(&state, &query).await,
+        Op::Audit => {
+            if !audit_open {
+                let token = match authenticate(&req, &state) {
+                    Ok(t) => t,
+                    Err(refusal) => return Ok(*refusal),
+                };
+                if let Err(lacks) = token.may(Verb::Audit) {
+                    return Ok(error(StatusCode::FORBIDDEN, &lacks));
+                }
+            }
+            audit_page(&state, &query).await
+        }
         Op::Policy => super::policy::status(state.commands.as_ref()).await,
         Op::Book => match &state.status {
             Some(status) => status.book.get(&path["/book/".len()..]).await,
@@ -292,12 +310,13 @@ async fn route(
     })
 }
 
-/// The token of a mutation's bearer, or its refusal: `403` when no token is
-/// configured, `401` for a missing or unknown one.
+/// The token of a request's bearer (a mutation, or an audit read from a source outside
+/// `--api-audit-open`), or its refusal: `403` when no token is configured, `401` for a
+/// missing or unknown one.
 fn authenticate(req: &Request<Incoming>, state: &ApiState) -> Result<Arc<Token>, Box<Reply>> {
     let scoped = state.tokens.load();
     if state.token.is_none() && scoped.is_empty() {
-        return Err(Box::new(error(StatusCode::FORBIDDEN, "mutations are disabled: no API token is configured (--api-token-file, STEERDNS_API_TOKEN or --api-tokens)")));
+        return Err(Box::new(error(StatusCode::FORBIDDEN, "mutations (and audit reads from outside --api-audit-open) are disabled: no API token is configured (--api-token-file, STEERDNS_API_TOKEN or --api-tokens)")));
     }
     let given = req
         .headers()

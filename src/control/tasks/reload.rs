@@ -8,6 +8,10 @@
 //! controller): the other inputs are this node's own, and the policy file, when it
 //! differs from that version, is loaded on its own too, so that the controller can
 //! propose a valid edit to the set (`controller/policy.rs`).
+//!
+//! The API tokens file is the exception: when the whole load fails it is loaded again on
+//! its own ([`Reloaded::tokens`]), so that a token removed from it stops working even
+//! while another input is broken.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +20,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::tokens::{self, Tokens};
 use crate::error::{ConfigIssue, Issues};
 use crate::inputs::{fingerprint_with, Checker, Loaded, PolicyText};
 
@@ -55,6 +60,10 @@ pub struct Reloaded {
     pub set: Option<String>,
     /// The policy file now.
     pub file: FilePolicy,
+    /// The tokens file (`--api-tokens`) loaded on its own, when `result` is an error
+    /// and there is such a file: a revocation must not wait for a broken zone or policy
+    /// to be repaired. `None` when `result` holds the tokens (or there is no file).
+    pub tokens: Option<Result<Tokens, Issues>>,
 }
 
 /// The policy file as a reload found it.
@@ -133,6 +142,12 @@ pub(crate) fn spawn(
             let wanted = set.borrow_and_update().clone();
             let mut file = read_file(&inputs.config);
             let result = checker.load(wanted.as_ref().map(|w| w.text.clone())).await;
+            // The tokens file alone when the whole load failed: a revocation never
+            // waits for a broken zone or policy to be repaired.
+            let tokens = match (&result, &inputs.api_tokens) {
+                (Err(_), Some(path)) => Some(tokens::load(path)),
+                _ => None,
+            };
             if let (Some(w), Some(v)) = (&wanted, &file.version) {
                 if *v != w.version {
                     let check = match &checked {
@@ -156,6 +171,7 @@ pub(crate) fn spawn(
                 result,
                 set,
                 file,
+                tokens,
             };
             if out.send(reloaded).await.is_err() {
                 return;
