@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -134,8 +135,8 @@ fn players_from(s: &Stack, conditions: Conditions, first: u32) -> tokio::task::J
         loop {
             let (f, c, nets) = *conditions.lock().unwrap();
             for i in first..first + nets {
-                if !tickets.contains_key(&i) {
-                    tickets.insert(i, fetch_ticket(&http, addr, &player(i)).await);
+                if let Entry::Vacant(e) = tickets.entry(i) {
+                    e.insert(fetch_ticket(&http, addr, &player(i)).await);
                 }
                 let r = http
                     .post(format!("http://{addr}/rum/www.example.com"))
@@ -906,8 +907,8 @@ fn steered_players(s: &Stack, networks: u32) -> Vec<tokio::task::JoinHandle<()>>
                 let mut tickets: HashMap<u32, String> = HashMap::new();
                 loop {
                     for i in (t..networks).step_by(10) {
-                        if !tickets.contains_key(&i) {
-                            tickets.insert(i, fetch_ticket(&http, steering, &player(i)).await);
+                        if let Entry::Vacant(e) = tickets.entry(i) {
+                            e.insert(fetch_ticket(&http, steering, &player(i)).await);
                         }
                         let q = common::query_edns(
                             "www.example.com.",
