@@ -12,7 +12,8 @@
 //! 4. The page posted performance beacons all along, from the browser, across origins
 //!    (its origin is `--beacon-origin`, so the preflight passes): hls.js's with the
 //!    ticket of its steering manifest, dash.js's with one of `GET /rum/{name}/ticket`;
-//!    every one was taken (204), and none was refused for its ticket.
+//!    every one was taken (204); of the steering polls' throughput, only each player's
+//!    first poll (no ticket yet) was refused for its ticket.
 //! 5. A screenshot of the playing page is kept in `<target>/artifacts/players.png`.
 //!
 //! Needs `chromium`, `node` (with `npm ci` run in `tests/players/`), `ffmpeg` and
@@ -676,10 +677,10 @@ http://127.0.0.1:{pb}/hls/media.m3u8
     };
     let taken = value(r#"steerdns_rum_samples_total{result="unused"}"#);
     assert!(taken >= 4.0, "samples taken: {taken}");
-    assert_eq!(
-        value(r#"steerdns_rum_samples_total{result="refused_ticket"}"#),
-        0.0
-    );
+    // Only each player's first steering poll comes without a ticket (its URL is the
+    // playlist's or the MPD's); every later one carries its manifest's.
+    let unticketed = value(r#"steerdns_rum_samples_total{result="refused_ticket"}"#);
+    assert!(unticketed <= 2.0, "samples without a ticket: {unticketed}");
     drop(driver);
     let _ = std::fs::remove_dir_all(&dir);
 }
