@@ -426,6 +426,8 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
             content::spawn(
                 content::SteeringOptions {
                     perf: controller.perf_store(),
+                    // Tickets are signed with the kept (or the set's) cookie secret.
+                    secrets: dns.cookies().clone(),
                     ..s.clone()
                 },
                 dns.live().clone(),

@@ -162,13 +162,16 @@ async fn both_formats_serve_a_manifest_with_cors_and_cache_control() {
         let mut o = order(&m, key);
         o.sort();
         assert_eq!(o, ["b", "c", "cdn-a"], "every pathway, a mapped to cdn-a");
+        // The beacon ticket: in RELOAD-URI (the next poll carries it) and on its own.
+        let ticket = m["STEERDNS-TICKET"].as_str().unwrap();
+        assert!(uri.ends_with(&format!("&ticket={ticket}")), "{uri}");
         if format == "hls" {
             assert!(m.get("SERVICE-LOCATION-PRIORITY").is_none());
-            assert_eq!(m.as_object().unwrap().len(), 4, "{m}");
+            assert_eq!(m.as_object().unwrap().len(), 5, "{m}");
         } else {
             // Also under the key dash.js reads.
             assert_eq!(order(&m, "PATHWAY-PRIORITY"), order(&m, key));
-            assert_eq!(m.as_object().unwrap().len(), 5, "{m}");
+            assert_eq!(m.as_object().unwrap().len(), 6, "{m}");
         }
     }
     // No content_steering block: the CDN names, the DNS TTL; any case, trailing dot.
@@ -317,7 +320,7 @@ async fn a_throughput_below_the_floor_demotes_the_pathway_for_the_session() {
     assert_eq!(demoted[2], "cdn-a", "{demoted:?}");
     assert_eq!(&demoted[..2], &[o[1].clone(), o[2].clone()]);
     let uri = m["RELOAD-URI"].as_str().unwrap().to_string();
-    assert!(uri.ends_with("&demoted=cdn-a"), "{uri}");
+    assert!(uri.contains("&demoted=cdn-a&ticket="), "{uri}");
     let m = s
         .get(&format!(
             "/steer/hls/{uri}&_HLS_pathway={}&_HLS_throughput=9000000",

@@ -373,9 +373,23 @@ fn every_documented_operation_answers_as_documented() {
         }
     }
 
-    // Content steering.
+    // Content steering: a beacon carries the ticket the server issued.
     sent.clear();
     let name = "www.example.com";
+    let ticket = http(
+        "GET",
+        demo.steering,
+        &format!("/rum/{name}/ticket"),
+        None,
+        None,
+    )
+    .ok()
+    .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.body).ok())
+    .and_then(|v| v["ticket"].as_str().map(str::to_string))
+    .unwrap_or_default();
+    let beacon = format!(
+        r#"{{"ticket":"{ticket}","samples":[{{"cdn":"fastly","ttfb_ms":80,"throughput_bps":5000000,"ok":true}}]}}"#
+    );
     let samples = vec![
         sample("GET", "/steer/hls/{name}", &format!("/steer/hls/{name}?_HLS_pathway=fastly&_HLS_throughput=5000000"), None, 200),
         sample("HEAD", "/steer/hls/{name}", &format!("/steer/hls/{name}"), None, 200),
@@ -383,14 +397,16 @@ fn every_documented_operation_answers_as_documented() {
         sample("GET", "/steer/dash/{name}", &format!("/steer/dash/{name}?_DASH_pathway=%22fastly,cloudflare%22&_DASH_throughput=%225000,3000%22"), None, 200),
         sample("HEAD", "/steer/dash/{name}", &format!("/steer/dash/{name}"), None, 200),
         sample("OPTIONS", "/steer/dash/{name}", &format!("/steer/dash/{name}"), None, 204),
+        sample("POST", "/rum/{name}", &format!("/rum/{name}"), Some(&beacon), 204),
+        // No `Origin` of --beacon-origin (the demo lists none): refused.
+        sample("OPTIONS", "/rum/{name}", &format!("/rum/{name}"), None, 403),
         sample(
-            "POST",
-            "/rum/{name}",
-            &format!("/rum/{name}"),
-            Some(r#"{"samples":[{"cdn":"fastly","ttfb_ms":80,"throughput_bps":5000000,"ok":true}]}"#),
-            204,
+            "GET",
+            "/rum/{name}/ticket",
+            &format!("/rum/{name}/ticket?session=00000000c0ffee00"),
+            None,
+            200,
         ),
-        sample("OPTIONS", "/rum/{name}", &format!("/rum/{name}"), None, 204),
     ];
     for s in &samples {
         sent.insert((s.method.to_string(), s.template.to_string()));

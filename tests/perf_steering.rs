@@ -1,19 +1,21 @@
 //! Performance steering over real sockets: beacons posted to `POST /rum/{name}` on
 //! the content steering server through a trusted proxy (127.0.0.1, with
-//! `X-Forwarded-For`), the shares they move read from `/v1/state`, and measured over
-//! DNS with ECS from many client networks. Short periods (a few hundred ms) so that
+//! `X-Forwarded-For`), each with the ticket its player fetched
+//! (`GET /rum/{name}/ticket`), the shares they move read from `/v1/state`, and
+//! measured over DNS with ECS from many client networks. Short periods (a few hundred ms) so that
 //! the whole timeline runs in seconds; nothing sleeps for a fixed time to decide,
 //! every wait polls for a state.
 
 mod common;
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::etcd::{require_etcd, EtcdSet};
 use common::mock_cdn::{MockCdn, Mode};
-use common::stack::{scratch, Stack};
+use common::stack::{scratch, Stack, PLAYER_ORIGIN};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -69,13 +71,15 @@ fn player(i: u32) -> String {
     format!("100.{}.{}.7", 64 + i / 256, i % 256)
 }
 
-/// Posts `body` as a beacon from `client` (through the trusted proxy); status, body.
+/// Posts `body` as a beacon from `client` (through the trusted proxy), as a page of
+/// the stack's beacon origin does; status, body.
 async fn post(s: &Stack, name: &str, client: &str, body: impl Into<String>) -> (u16, String) {
     let r = s
         .http
         .post(format!("http://{}/rum/{name}", s.steering))
         .header("x-forwarded-for", client)
         .header("content-type", "application/json")
+        .header("origin", PLAYER_ORIGIN)
         .body(body.into())
         .send()
         .await
@@ -85,14 +89,32 @@ async fn post(s: &Stack, name: &str, client: &str, body: impl Into<String>) -> (
         .headers()
         .get("access-control-allow-origin")
         .map(|v| v.to_str().unwrap().to_string());
-    assert_eq!(cors.as_deref(), Some("*"), "CORS on every answer");
+    assert_eq!(
+        cors.as_deref(),
+        Some(PLAYER_ORIGIN),
+        "CORS for the beacon origin on every answer"
+    );
     (status, r.text().await.unwrap())
 }
 
-fn beacon(fastly_ms: u64, cloudflare_ms: u64) -> String {
+/// A beacon with `ticket`: fastly and cloudflare measured at these times.
+fn beacon(ticket: &str, fastly_ms: u64, cloudflare_ms: u64) -> String {
     format!(
-        r#"{{"samples":[{{"cdn":"fastly","ttfb_ms":{fastly_ms},"ok":true}},{{"cdn":"fastly","ttfb_ms":{fastly_ms}}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms},"ok":true}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms}}}]}}"#
+        r#"{{"ticket":"{ticket}","samples":[{{"cdn":"fastly","ttfb_ms":{fastly_ms},"ok":true}},{{"cdn":"fastly","ttfb_ms":{fastly_ms}}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms},"ok":true}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms}}}]}}"#
     )
+}
+
+/// The DNS cookie secret a stack keeps in its state directory (tickets are signed
+/// with a key derived from it).
+fn kept_secret(s: &Stack) -> [u8; 16] {
+    let text = std::fs::read_to_string(s.dir.join("state/cookie-secret")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let hex = v["current"].as_str().unwrap();
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    out
 }
 
 /// What the players measure now: (fastly ms, cloudflare ms, networks); 0 networks:
@@ -109,13 +131,18 @@ fn players(s: &Stack, conditions: Conditions) -> tokio::task::JoinHandle<()> {
 fn players_from(s: &Stack, conditions: Conditions, first: u32) -> tokio::task::JoinHandle<()> {
     let (http, addr) = (s.http.clone(), s.steering);
     tokio::spawn(async move {
+        let mut tickets: HashMap<u32, String> = HashMap::new();
         loop {
             let (f, c, nets) = *conditions.lock().unwrap();
             for i in first..first + nets {
+                if let Entry::Vacant(e) = tickets.entry(i) {
+                    e.insert(fetch_ticket(&http, addr, &player(i)).await);
+                }
                 let r = http
                     .post(format!("http://{addr}/rum/www.example.com"))
                     .header("x-forwarded-for", player(i))
-                    .body(beacon(f, c))
+                    .header("content-type", "application/json")
+                    .body(beacon(&tickets[&i], f, c))
                     .send()
                     .await
                     .unwrap();
@@ -124,6 +151,20 @@ fn players_from(s: &Stack, conditions: Conditions, first: u32) -> tokio::task::J
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
+}
+
+/// A ticket for www.example.com to a player at `client`, from the steering server at
+/// `addr`.
+async fn fetch_ticket(http: &reqwest::Client, addr: std::net::SocketAddr, client: &str) -> String {
+    let r = http
+        .get(format!("http://{addr}/rum/www.example.com/ticket"))
+        .header("x-forwarded-for", client)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    v["ticket"].as_str().unwrap().to_string()
 }
 
 /// The GB region's performance document.
@@ -196,16 +237,22 @@ async fn beacons_are_checked_located_and_limited() {
     let s = start("perf-beacons", 0.2, 300.0).await;
     let name = "www.example.com";
     // Accepted: 204, no body, counted for the client's region (the forwarded one).
-    let (status, body) = post(&s, name, &player(1), beacon(80, 78)).await;
+    let t1 = s.ticket(name, &player(1)).await;
+    let (status, body) = post(&s, name, &player(1), beacon(&t1, 80, 78)).await;
     assert_eq!((status, body.as_str()), (204, ""));
     // A client outside the GB region: accepted, unused (its region has no block).
-    assert_eq!(post(&s, name, "192.0.2.1", beacon(80, 78)).await.0, 204);
+    let other = s.ticket(name, "192.0.2.1").await;
+    assert_eq!(
+        post(&s, name, "192.0.2.1", beacon(&other, 80, 78)).await.0,
+        204
+    );
+    let t2 = s.ticket(name, &player(2)).await;
     let bad: &[(&str, String, u16, &str)] = &[
         (name, "{".into(), 400, "bad beacon"),
         (name, r#"{"samples":[]}"#.into(), 400, "no samples"),
         (
             name,
-            r#"{"samples":[{"cdn":"akamai","ttfb_ms":3}]}"#.into(),
+            format!(r#"{{"ticket":"{t2}","samples":[{{"cdn":"akamai","ttfb_ms":3}}]}}"#),
             400,
             "unknown CDN `akamai`",
         ),
@@ -217,7 +264,7 @@ async fn beacons_are_checked_located_and_limited() {
         ),
         (
             "nope.example.com",
-            beacon(80, 78),
+            beacon(&t2, 80, 78),
             400,
             "nope.example.com. is not a steered name",
         ),
@@ -236,13 +283,16 @@ async fn beacons_are_checked_located_and_limited() {
         .await;
     assert_eq!(gb(&state)["cdns"][0]["window"]["networks"], 1);
     assert_eq!(gb(&state)["metric"], "ttfb_p75");
-    // A CORS preflight allows the POST.
+    // A CORS preflight from the beacon origin allows the POST of JSON.
     let r = s
         .http
         .request(
             reqwest::Method::OPTIONS,
             format!("http://{}/rum/{name}", s.steering),
         )
+        .header("origin", PLAYER_ORIGIN)
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "content-type")
         .send()
         .await
         .unwrap();
@@ -251,11 +301,14 @@ async fn beacons_are_checked_located_and_limited() {
         .to_str()
         .unwrap();
     assert!(allowed.contains("POST"), "{allowed}");
+    assert_eq!(r.headers()["access-control-allow-origin"], PLAYER_ORIGIN);
+    assert_eq!(r.headers()["access-control-allow-headers"], "content-type");
     // One network over its rate: 429 (the burst is 100 beacons).
+    let t3 = s.ticket(name, &player(3)).await;
     let mut statuses = HashMap::new();
     for _ in 0..150 {
         *statuses
-            .entry(post(&s, name, &player(3), beacon(80, 78)).await.0)
+            .entry(post(&s, name, &player(3), beacon(&t3, 80, 78)).await.0)
             .or_insert(0) += 1;
     }
     assert!(
@@ -270,6 +323,267 @@ async fn beacons_are_checked_located_and_limited() {
     assert!(s.metric(&series("refused_rate")).await.unwrap_or(0.0) >= 40.0);
     assert_eq!(s.metric(&series("unused")).await, Some(4.0));
     assert!(s.metric(&series("invalid")).await.unwrap_or(0.0) >= 6.0);
+}
+
+/// A ticket of `name`'s `region` for `session` until `expires`, signed with `secret`
+/// (the server's, to test what it checks besides the signature; another, to forge).
+fn signed(secret: &[u8; 16], session: u64, name: &str, region: &str, expires: u64) -> String {
+    steerdns::control::content::ticket::issue(secret, session, name, region, expires)
+}
+
+/// A beacon counts only as `application/json` with a ticket the server signed for its
+/// name and the client's region, unexpired; every other is 403 (415 for the type),
+/// counted, and adds nothing to the window. CORS is answered for the beacon origin
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_beacon_needs_json_and_a_ticket_for_its_name_and_region() {
+    let s = start("perf-tickets", 0.2, 300.0).await;
+    let name = "www.example.com";
+    let gb = player(1);
+    let good = s.ticket(name, &gb).await;
+    let mut parts = good.split('.');
+    let (session, expires, mac) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let session_n = u64::from_str_radix(session, 16).unwrap();
+    let expires_n: u64 = expires.parse().unwrap();
+    let now = steerdns::clock::now_secs();
+    assert!(
+        (now + 590..=now + 610).contains(&expires_n),
+        "ten minutes: {good}"
+    );
+    let secret = kept_secret(&s);
+    let fqdn = "www.example.com.";
+    let samples = r#"[{"cdn":"fastly","ttfb_ms":80,"ok":true}]"#;
+    let body = |t: &str| format!(r#"{{"ticket":"{t}","samples":{samples}}}"#);
+    let refused = [
+        (
+            "no ticket",
+            format!(r#"{{"samples":{samples}}}"#),
+            "no ticket",
+        ),
+        ("malformed", body("hello"), "not a ticket"),
+        (
+            "forged: signed with another secret",
+            body(&signed(&[0x42; 16], session_n, fqdn, "gb", expires_n)),
+            "not valid",
+        ),
+        (
+            "forged: a real MAC with a later expiry",
+            body(&format!("{session}.{}.{mac}", expires_n + 3600)),
+            "not valid",
+        ),
+        (
+            "expired",
+            body(&signed(&secret, session_n, fqdn, "gb", now - 1)),
+            "expired",
+        ),
+        (
+            "another name",
+            body(&signed(
+                &secret,
+                session_n,
+                "dl.example.com.",
+                "gb",
+                expires_n,
+            )),
+            "not valid",
+        ),
+        (
+            "another region's, fetched there",
+            body(&s.ticket(name, "192.0.2.1").await),
+            "not valid",
+        ),
+    ];
+    for (what, b, says) in &refused {
+        let (status, text) = post(&s, name, &gb, b.clone()).await;
+        assert_eq!(status, 403, "{what}: {text}");
+        assert!(text.contains(says), "{what}: {text} should say {says}");
+    }
+    // The server's own, and one the test signs with the server's secret as it does.
+    assert_eq!(post(&s, name, &gb, body(&good)).await.0, 204);
+    let same = signed(&secret, session_n, fqdn, "gb", expires_n);
+    assert_eq!(same, good, "the ticket is the HMAC the docs describe");
+    // Not application/json: 415, whatever the ticket.
+    for ct in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let mut req = s
+            .http
+            .post(format!("http://{}/rum/{name}", s.steering))
+            .header("x-forwarded-for", &gb)
+            .header("origin", PLAYER_ORIGIN)
+            .body(body(&good));
+        if let Some(ct) = ct {
+            req = req.header("content-type", ct);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 415, "{ct:?}");
+        assert!(r.text().await.unwrap().contains("application/json"));
+    }
+    // One sample from the good beacon in the window; the refused ones counted.
+    s.wait_for("the accepted beacon counted", |st| {
+        gb_window_samples(st, 0) == Some(1)
+    })
+    .await;
+    let series = |r: &str| format!(r#"steerdns_rum_samples_total{{result="{r}"}}"#);
+    assert_eq!(s.metric(&series("refused_ticket")).await, Some(7.0));
+    assert_eq!(s.metric(&series("accepted")).await, Some(1.0));
+    assert_eq!(gb_window_samples(&s.state().await, 0), Some(1));
+
+    // Another web origin: its preflight is refused and nothing it is answered says
+    // CORS; the manifests stay open to all.
+    let evil = "https://evil.example.net";
+    for (method, path) in [
+        (reqwest::Method::OPTIONS, format!("/rum/{name}")),
+        (reqwest::Method::POST, format!("/rum/{name}")),
+        (reqwest::Method::GET, format!("/rum/{name}/ticket")),
+    ] {
+        let r = s
+            .http
+            .request(method.clone(), format!("http://{}{path}", s.steering))
+            .header("origin", evil)
+            .header("x-forwarded-for", &gb)
+            .header("content-type", "application/json")
+            .body(body(&good))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.headers().get("access-control-allow-origin").is_none(),
+            "{method} {path}: {:?}",
+            r.headers()
+        );
+        if method == reqwest::Method::OPTIONS {
+            assert_eq!(r.status(), 403);
+        }
+    }
+    let r = s
+        .http
+        .get(format!("http://{}/rum/{name}/ticket", s.steering))
+        .header("origin", PLAYER_ORIGIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["access-control-allow-origin"], PLAYER_ORIGIN);
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    let r = s
+        .http
+        .get(format!("http://{}/steer/hls/{name}", s.steering))
+        .header("origin", evil)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    s.stop().await;
+}
+
+/// Samples in the window of the GB region's CDN `cdn` (0: fastly).
+fn gb_window_samples(st: &Value, cdn: usize) -> Option<u64> {
+    gb(st)["cdns"][cdn]["window"]["samples"].as_u64()
+}
+
+/// The throughput a steering poll reports counts as a beacon does: with the ticket
+/// the previous manifest carried in `RELOAD-URI` (for this session), within the rate
+/// of the poll's network; the manifest is served all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_samples_need_the_manifests_ticket_and_keep_to_the_rate() {
+    let s = start("perf-polls", 0.2, 300.0).await;
+    let poll = |query: String| {
+        let (http, addr) = (s.http.clone(), s.steering);
+        async move {
+            let r = http
+                .get(format!("http://{addr}/steer/hls/www.example.com?{query}"))
+                .header("x-forwarded-for", player(4))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            serde_json::from_str::<Value>(&r.text().await.unwrap()).unwrap()
+        }
+    };
+    let series = |r: &str| format!(r#"steerdns_rum_samples_total{{result="{r}"}}"#);
+    let report = "_HLS_pathway=fastly&_HLS_throughput=5000000";
+    // A session's first poll has no ticket: its throughput is refused.
+    let m = poll(format!("session=00000000000000aa&{report}")).await;
+    assert_eq!(s.metric(&series("refused_ticket")).await, Some(1.0));
+    let uri = m["RELOAD-URI"].as_str().unwrap().to_string();
+    let ticket = m["STEERDNS-TICKET"].as_str().unwrap();
+    assert!(uri.ends_with(&format!("&ticket={ticket}")), "{uri}");
+    let query = uri.split_once('?').unwrap().1.to_string();
+    // The next one, as hls.js makes it from RELOAD-URI: counted.
+    poll(format!("{query}&{report}")).await;
+    assert_eq!(s.metric(&series("accepted")).await, Some(1.0));
+    s.wait_for("the poll's sample in the window", |st| {
+        gb_window_samples(st, 0) == Some(1)
+    })
+    .await;
+    // Another session's ticket, a forged one: refused.
+    poll(format!("session=00000000000000ab&ticket={ticket}&{report}")).await;
+    let forged = signed(&[0x42; 16], 0xaa, "www.example.com.", "gb", u64::MAX / 2);
+    poll(format!("session=00000000000000aa&ticket={forged}&{report}")).await;
+    assert_eq!(s.metric(&series("refused_ticket")).await, Some(3.0));
+    // One network polling with throughput as fast as it can: past the burst of 100,
+    // its samples are refused for the rate; every manifest is served.
+    for _ in 0..200 {
+        poll(format!("{query}&{report}")).await;
+    }
+    let rate = s.metric(&series("refused_rate")).await.unwrap_or(0.0);
+    assert!(rate >= 40.0, "{rate} poll samples refused for the rate");
+    s.stop().await;
+}
+
+/// The 40-network attack: 40 /24s posting beacons that say fastly takes 300 ms, as
+/// fast as the honest players of `shares_follow_measurements_within_the_bounds`, with
+/// tickets of the right form, name, region and expiry but not signed by the server:
+/// every one is 403 and the shares stay at the policy's weights for six periods. The
+/// same players with the tickets the server hands them do move fastly (the attack
+/// would have worked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_networks_with_forged_tickets_move_nothing() {
+    let s = start("perf-forged", 0.3, 0.6).await;
+    let attack = {
+        let (http, addr) = (s.http.clone(), s.steering);
+        let expires = steerdns::clock::now_secs() + 600;
+        tokio::spawn(async move {
+            loop {
+                for i in 0..40u32 {
+                    let forged =
+                        signed(&[0x42; 16], u64::from(i), "www.example.com.", "gb", expires);
+                    let r = http
+                        .post(format!("http://{addr}/rum/www.example.com"))
+                        .header("x-forwarded-for", player(i))
+                        .header("content-type", "application/json")
+                        .body(beacon(&forged, 300, 80))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 403);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let t = Instant::now();
+    let seen = watch(&s, |_, _| t.elapsed() > Duration::from_millis(1800)).await;
+    assert!(!attack.is_finished(), "the attack stopped early");
+    attack.abort();
+    assert_eq!(seen, [90.0], "forged tickets moved the shares");
+    let series = |r: &str| format!(r#"steerdns_rum_samples_total{{result="{r}"}}"#);
+    let refused = s.metric(&series("refused_ticket")).await.unwrap_or(0.0);
+    assert!(refused >= 40.0 * 4.0, "{refused} samples refused");
+    assert_eq!(s.metric(&series("accepted")).await.unwrap_or(0.0), 0.0);
+    assert_eq!(gb_window_samples(&s.state().await, 0), Some(0));
+
+    let conditions: Conditions = Arc::new(Mutex::new((300, 80, 40)));
+    let feeder = players(&s, conditions);
+    watch(&s, |f, _| f < 90.0).await;
+    feeder.abort();
+    s.stop().await;
 }
 
 /// Near tie, then fastly degrades, then the data stops: the shares stay at the
@@ -389,13 +703,18 @@ async fn sparse_or_poisoned_data_moves_nothing() {
     // as it can post.
     let poisoner = {
         let (http, addr) = (s.http.clone(), s.steering);
+        // A real ticket of that /24 (tickets are per region, not per address).
+        let ticket = s.ticket("www.example.com", "100.100.100.1").await;
         tokio::spawn(async move {
-            let body = r#"{"samples":[{"cdn":"fastly","ttfb_ms":5000,"ok":false}]}"#;
+            let body = format!(
+                r#"{{"ticket":"{ticket}","samples":[{{"cdn":"fastly","ttfb_ms":5000,"ok":false}}]}}"#
+            );
             for i in 0..10_000u32 {
                 let r = http
                     .post(format!("http://{addr}/rum/www.example.com"))
                     .header("x-forwarded-for", format!("100.100.100.{}", i % 250))
-                    .body(body)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
                     .send()
                     .await
                     .unwrap();
@@ -585,8 +904,12 @@ fn steered_players(s: &Stack, networks: u32) -> Vec<tokio::task::JoinHandle<()>>
         .map(|t| {
             let (http, steering, dns) = (s.http.clone(), s.steering, s.dns);
             tokio::spawn(async move {
+                let mut tickets: HashMap<u32, String> = HashMap::new();
                 loop {
                     for i in (t..networks).step_by(10) {
+                        if let Entry::Vacant(e) = tickets.entry(i) {
+                            e.insert(fetch_ticket(&http, steering, &player(i)).await);
+                        }
                         let q = common::query_edns(
                             "www.example.com.",
                             hickory_proto::rr::RecordType::A,
@@ -601,11 +924,13 @@ fn steered_players(s: &Stack, networks: u32) -> Vec<tokio::task::JoinHandle<()>>
                             ("cloudflare", 80)
                         };
                         let body = format!(
-                            r#"{{"samples":[{{"cdn":"{cdn}","ttfb_ms":{ms},"ok":true}},{{"cdn":"{cdn}","ttfb_ms":{ms}}}]}}"#
+                            r#"{{"ticket":"{}","samples":[{{"cdn":"{cdn}","ttfb_ms":{ms},"ok":true}},{{"cdn":"{cdn}","ttfb_ms":{ms}}}]}}"#,
+                            tickets[&i]
                         );
                         let r = http
                             .post(format!("http://{steering}/rum/www.example.com"))
                             .header("x-forwarded-for", player(i))
+                            .header("content-type", "application/json")
                             .body(body)
                             .send()
                             .await

@@ -9,7 +9,12 @@
 //! 2. A drain of `a` posted to the admin API: both fetch their segments from B within
 //!    one steering TTL (1 s) plus one segment (1 s), plus [`SLACK`].
 //! 3. The drain deleted: both come back to A within the same bound.
-//! 4. A screenshot of the playing page is kept in `<target>/artifacts/players.png`.
+//! 4. The page posted performance beacons all along, from the browser, across origins
+//!    (its origin is `--beacon-origin`, so the preflight passes): hls.js's with the
+//!    ticket of its steering manifest, dash.js's with one of `GET /rum/{name}/ticket`;
+//!    every one was taken (204); of the steering polls' throughput, only each player's
+//!    first poll (no ticket yet) was refused for its ticket.
+//! 5. A screenshot of the playing page is kept in `<target>/artifacts/players.png`.
 //!
 //! Needs `chromium`, `node` (with `npm ci` run in `tests/players/`), `ffmpeg` and
 //! `python3`; without them the test is skipped with a message, except under CI
@@ -398,8 +403,10 @@ fn hls_js_and_dash_js_follow_a_drain_in_chromium() {
     std::fs::create_dir_all(site.join("lib")).unwrap();
     make_stream(&media);
 
-    // steerdns: www.example.com on a and b, 50/50, drains in one step, TTL 1.
+    // steerdns: www.example.com on a and b, 50/50, drains in one step, TTL 1; the
+    // page's origin may post beacons.
     let (dns, api, steer) = (free_port(), free_port(), free_port());
+    let (pa, pb, pp) = (free_port(), free_port(), free_port());
     std::fs::create_dir_all(dir.join("probes")).unwrap();
     std::fs::create_dir_all(dir.join("zones")).unwrap();
     std::fs::copy(
@@ -449,6 +456,7 @@ content_steering:
             .args(["--listen", &format!("127.0.0.1:{dns}")])
             .args(["--api", &format!("127.0.0.1:{api}")])
             .args(["--steering-http", &format!("127.0.0.1:{steer}")])
+            .args(["--beacon-origin", &format!("http://127.0.0.1:{pp}")])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("steerdns.log")).unwrap()),
     );
@@ -473,7 +481,6 @@ content_steering:
     };
 
     // The CDNs, and the page's server.
-    let (pa, pb, pp) = (free_port(), free_port(), free_port());
     let (log_a, log_b) = (dir.join("a.log"), dir.join("b.log"));
     let cdn = |name: &'static str, port: u16, root: &Path, log: &Path| {
         spawn(
@@ -533,7 +540,7 @@ http://127.0.0.1:{pb}/hls/media.m3u8
 
     // Chromium.
     let page = format!(
-        "http://127.0.0.1:{pp}/index.html?hls=http://127.0.0.1:{pp}/main.m3u8&dash=http://127.0.0.1:{pp}/main.mpd"
+        "http://127.0.0.1:{pp}/index.html?hls=http://127.0.0.1:{pp}/main.m3u8&dash=http://127.0.0.1:{pp}/main.mpd&rum=http://127.0.0.1:{steer}/rum/www.example.com&cdns={pa}:a,{pb}:b"
     );
     let mut child = Command::new("node")
         .arg(repo("tests/players/play.mjs"))
@@ -644,6 +651,36 @@ http://127.0.0.1:{pb}/hls/media.m3u8
         );
     }
     assert!(state.contains("\"errors\":[]"), "player errors: {state}");
+    // The beacons: every one taken, from both players, and counted (the region has no
+    // `performance:` block: `unused`), none refused for its ticket.
+    let s: serde_json::Value =
+        serde_json::from_str(state.trim_start_matches("STATE ")).expect("STATE is JSON");
+    let b = &s["beacons"];
+    assert_eq!(
+        b["refused"],
+        serde_json::json!([]),
+        "beacons refused: {state}"
+    );
+    assert!(
+        b["ok"].as_u64() >= Some(4) && b["ok"] == b["posted"],
+        "beacons: {state}"
+    );
+    let (status, metrics) = http(api, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let value = |series: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let taken = value(r#"steerdns_rum_samples_total{result="unused"}"#);
+    assert!(taken >= 4.0, "samples taken: {taken}");
+    // Only each player's first steering poll comes without a ticket (its URL is the
+    // playlist's or the MPD's); every later one carries its manifest's.
+    let unticketed = value(r#"steerdns_rum_samples_total{result="refused_ticket"}"#);
+    assert!(unticketed <= 2.0, "samples without a ticket: {unticketed}");
     drop(driver);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -114,9 +114,9 @@ fn player(i: u32) -> String {
     format!("100.{}.{}.7", 64 + i / 256, i % 256)
 }
 
-fn beacon(fastly_ms: u64, cloudflare_ms: u64) -> String {
+fn beacon(ticket: &str, fastly_ms: u64, cloudflare_ms: u64) -> String {
     format!(
-        r#"{{"samples":[{{"cdn":"fastly","ttfb_ms":{fastly_ms},"ok":true}},{{"cdn":"fastly","ttfb_ms":{fastly_ms}}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms},"ok":true}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms}}}]}}"#
+        r#"{{"ticket":"{ticket}","samples":[{{"cdn":"fastly","ttfb_ms":{fastly_ms},"ok":true}},{{"cdn":"fastly","ttfb_ms":{fastly_ms}}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms},"ok":true}},{{"cdn":"cloudflare","ttfb_ms":{cloudflare_ms}}}]}}"#
     )
 }
 
@@ -209,13 +209,18 @@ async fn make_fixture() {
     // Players in GB find fastly slow: its share falls to the floor.
     let conditions = Arc::new(Mutex::new(true));
     let (http, steering, go) = (s.http.clone(), s.steering, conditions.clone());
+    let mut tickets = Vec::new();
+    for i in 0..30 {
+        tickets.push(s.ticket("perf.example.com", &player(i)).await);
+    }
     let feeder = tokio::spawn(async move {
         while *go.lock().unwrap() {
             for i in 0..30 {
                 let r = http
                     .post(format!("http://{steering}/rum/perf.example.com"))
                     .header("x-forwarded-for", player(i))
-                    .body(beacon(300, 80))
+                    .header("content-type", "application/json")
+                    .body(beacon(&tickets[i as usize], 300, 80))
                     .send()
                     .await
                     .unwrap();

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::app::{self, Inputs, ServeOptions};
+use crate::control::content::server::parse_origin;
 use crate::control::content::SteeringOptions;
 use crate::control::controller::StateFile;
 use crate::control::decide::state::SAVED_MAX_AGE;
@@ -111,6 +112,12 @@ pub enum Command {
         /// --steering-http; repeat for several. Default: none, the peer is the client.
         #[arg(long, value_name = "CIDR", num_args = 1..)]
         trusted_proxies: Vec<ipnet::IpNet>,
+        /// A web origin (`https://player.example.com`) whose pages may post beacons
+        /// (`POST /rum/{name}`) and fetch tickets on --steering-http: CORS is answered
+        /// for it alone; repeat for several. Default: none, only players that are not
+        /// web pages (or pages of the steering server's own origin) can post.
+        #[arg(long = "beacon-origin", value_name = "ORIGIN", value_parser = parse_origin)]
+        beacon_origins: Vec<String>,
         /// Read usage records for commit steering from this URL (what `POST
         /// /v1/usage` takes: one record or an array) every --usage-poll-ms.
         #[arg(long, value_name = "URL")]
@@ -294,6 +301,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             api_token_file,
             steering_http,
             trusted_proxies,
+            beacon_origins,
             usage_url,
             usage_poll_ms,
         } => {
@@ -340,9 +348,10 @@ pub async fn run(cli: Cli) -> ExitCode {
                 vantage,
                 vantage_address,
                 cluster,
-                steering: steering_http
-                    .0
-                    .map(|addr| SteeringOptions::new(addr, trusted_proxies)),
+                steering: steering_http.0.map(|addr| SteeringOptions {
+                    beacon_origins,
+                    ..SteeringOptions::new(addr, trusted_proxies)
+                }),
                 usage_url,
                 usage_poll: Duration::from_millis(usage_poll_ms.max(100)),
             };

@@ -43,7 +43,7 @@
 //! | `steering_responses_total` | name, region, pathway | content steering manifests served, by the pathway listed first |
 //! | `steering_refused_total` | status | content steering requests refused: 400, 404 or 405 |
 //! | `dnssec_signature_expiry_seconds` | | seconds until the DNSSEC signatures served expire (signed zones only; read from the snapshot at scrape time) |
-//! | `rum_samples_total` | result | performance samples (beacons, steering polls): `accepted`, `refused_share` (one network over 5 % of a cell, or a new network in a bucket already keeping 4,096), `refused_rate` (beacons over a network's rate), `invalid` (beacons refused 400/413), `unused` (a region without `performance:`), `probe` (probe rounds with `--vantage-address`) |
+//! | `rum_samples_total` | result | performance samples (beacons, steering polls): `accepted`, `refused_share` (one network over 5 % of a cell, or a new network in a bucket already keeping 4,096), `refused_rate` (beacons or polls' samples over a network's rate), `refused_ticket` (no valid ticket: beacons 403, polls' samples dropped), `refused_budget` (the process-wide budget of sample memory spent), `invalid` (beacons refused 400/413/415), `unused` (a region without `performance:`), `probe` (probe rounds with `--vantage-address`) |
 //! | `perf_measured` | name, region, cdn, metric | the measured value a region's shift uses (ms, bit/s or a ratio); absent without enough fresh samples |
 //! | `perf_reason` | name, region, cdn, reason | 1 for the reason of the CDN's target share: `perf_band`, `perf_penalty`, `perf_floor`, `perf_stale` |
 //! | `commit_month_to_date_bytes` | name, cdn | bytes a CDN with a contract or a capacity carried this calendar month, from the usage records (`POST /v1/usage`) |

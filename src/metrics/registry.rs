@@ -418,8 +418,11 @@ impl Metrics {
                     "rum_samples_total",
                     "Performance samples (beacons on POST /rum/{name}, steering polls' throughput) \
                      by result: accepted, refused_share (one network over its share of a cell), \
-                     refused_rate (beacons over a network's rate, 429), invalid (beacons refused \
-                     400 or 413), unused (the client's region has no performance block).",
+                     refused_rate (beacons or polls over a network's rate), refused_ticket \
+                     (no valid ticket for the name and region: beacons 403), refused_budget \
+                     (the process-wide budget of sample memory is spent), invalid (beacons \
+                     refused 400, 413 or 415), unused (the client's region has no \
+                     performance block).",
                     &["result"],
                 ),
                 perf_measured: {

@@ -32,6 +32,9 @@ pub struct Stack {
     pub http: reqwest::Client,
 }
 
+/// The web origin whose pages may post beacons to a stack (`--beacon-origin`).
+pub const PLAYER_ORIGIN: &str = "https://player.example.com";
+
 pub fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("steerdns-stack-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -207,11 +210,15 @@ impl Stack {
             vantage: o.vantage,
             vantage_address: o.vantage_address,
             cluster: o.cluster,
-            // 127.0.0.1 is a trusted proxy: tests place players with X-Forwarded-For.
-            steering: Some(steerdns::control::content::SteeringOptions::new(
-                "127.0.0.1:0".parse().unwrap(),
-                vec!["127.0.0.1/32".parse().unwrap()],
-            )),
+            // 127.0.0.1 is a trusted proxy: tests place players with X-Forwarded-For;
+            // pages of PLAYER_ORIGIN may post beacons.
+            steering: Some(steerdns::control::content::SteeringOptions {
+                beacon_origins: vec![PLAYER_ORIGIN.into()],
+                ..steerdns::control::content::SteeringOptions::new(
+                    "127.0.0.1:0".parse().unwrap(),
+                    vec!["127.0.0.1/32".parse().unwrap()],
+                )
+            }),
             usage_poll: o.usage.as_ref().map_or(Duration::from_secs(30), |u| u.1),
             usage_url: o.usage.map(|u| u.0),
         };
@@ -229,6 +236,21 @@ impl Stack {
     /// Stops the service and waits until its state saver and audit log have written
     /// what they were handed (`Service::stop`): a stack started next on the same
     /// directory has nothing of this one writing behind it.
+    /// A beacon ticket for `name` to a client at `client` (placed with
+    /// X-Forwarded-For), from `GET /rum/{name}/ticket`.
+    pub async fn ticket(&self, name: &str, client: &str) -> String {
+        let r = self
+            .http
+            .get(format!("http://{}/rum/{name}/ticket", self.steering))
+            .header("x-forwarded-for", client)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "a ticket for {client}");
+        let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        v["ticket"].as_str().unwrap().to_string()
+    }
+
     pub async fn stop(self) {
         self.svc.stop().await
     }

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A stand-in CDN for tests/players.rs: serves DIR on 127.0.0.1:PORT with CORS, and
+"""A stand-in CDN for tests/players.rs: serves DIR on 127.0.0.1:PORT with CORS (and
+Timing-Allow-Origin), and
 writes one access-log line per request to LOG ("<unix time> <method> <path> <status>"),
 flushed at once so that the test can poll it.
 
@@ -14,6 +15,8 @@ import time
 class Handler(http.server.SimpleHTTPRequestHandler):
     def end_headers(self):
         self.send_header("Access-Control-Allow-Origin", "*")
+        # The page's beacons read each segment's time to first byte.
+        self.send_header("Timing-Allow-Origin", "*")
         self.send_header("Cache-Control", "no-store")
         super().end_headers()
 

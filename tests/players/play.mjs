@@ -1,6 +1,7 @@
 // tests/players.rs drives this: headless Chromium (puppeteer-core, no browser
 // download) plays PAGE; prints "PLAYING" once both videos advance; then obeys stdin:
-// "shot FILE" takes a screenshot, "state" prints the players' times, "quit" ends.
+// "shot FILE" takes a screenshot, "state" prints the players' times and beacons, "quit"
+// ends.
 //
 //     node play.mjs CHROMIUM PAGE_URL
 import puppeteer from 'puppeteer-core';
@@ -34,6 +35,7 @@ const times = () => page.evaluate(() => ({
   hls: document.getElementById('hls').currentTime,
   dash: document.getElementById('dash').currentTime,
   errors: window.errors,
+  beacons: window.beacons,
 }));
 const deadline = Date.now() + 60000;
 for (;;) {

@@ -85,6 +85,9 @@ pub struct Params {
     pub reported: Vec<(String, Option<u64>)>,
     /// Pathway ids demoted earlier in the session (`demoted=`, from `RELOAD-URI`).
     pub demoted: Vec<String>,
+    /// The beacon ticket carried in `RELOAD-URI` (`ticket=`, see `ticket.rs`): what
+    /// makes the reported throughput count as performance samples.
+    pub ticket: Option<String>,
 }
 
 /// Why a request's query string is refused: the text is the 400's message.
@@ -137,6 +140,9 @@ pub(crate) fn parse_query(format: Format, query: &str) -> Result<Params, Manifes
         if key == "session" {
             once(params.session.is_some())?;
             params.session = Some(parse_session(value)?);
+        } else if key == "ticket" {
+            once(params.ticket.is_some())?;
+            params.ticket = Some(decode(key, value)?.into_owned());
         } else if key == "demoted" {
             once(seen_demoted)?;
             seen_demoted = true;
@@ -363,13 +369,16 @@ pub(crate) fn first_shares<'p>(steered: Steered<'p>, choice: &'p Choice) -> Vec<
 /// ignores the key it does not know.
 ///
 /// `RELOAD-URI` is relative (to the manifest's own URL, so it survives a proxy that
-/// mounts the server under another path): the name, the session key, and the
-/// session's demotions.
+/// mounts the server under another path): the name, the session key, the session's
+/// demotions and the beacon `ticket` (so that the next poll's throughput counts).
+/// The ticket is given as `STEERDNS-TICKET` too, for the page's own beacons; a player
+/// ignores the keys it does not know.
 pub(crate) fn write(
     format: Format,
     steered: Steered,
     order: &Order,
     session: u64,
+    ticket: &str,
     out: &mut String,
 ) {
     let name = steered.text();
@@ -381,8 +390,12 @@ pub(crate) fn write(
         uri.push_str(if i == 0 { "&demoted=" } else { "," });
         url_component(pathway(steered, t), &mut uri);
     }
+    uri.push_str("&ticket=");
+    url_component(ticket, &mut uri);
     let _ = write!(out, "{{\"VERSION\":1,\"TTL\":{},\"RELOAD-URI\":", order.ttl);
     json_string(&uri, out);
+    out.push_str(",\"STEERDNS-TICKET\":");
+    json_string(ticket, out);
     let keys: &[&str] = match format {
         Format::Hls => &["PATHWAY-PRIORITY"],
         // DASH: the DASH-IF name, and the HLS one, which is what dash.js (4.7 and 5.2
@@ -439,10 +452,11 @@ mod tests {
     fn hls_parameters() {
         let p = parse_query(
             Format::Hls,
-            "session=00000000000000ff&_HLS_pathway=cdn-a&_HLS_throughput=1500000.5&x=1&demoted=b%2Cc",
+            "session=00000000000000ff&_HLS_pathway=cdn-a&_HLS_throughput=1500000.5&x=1&demoted=b%2Cc&ticket=00000000000000ff.9.AB-_",
         )
         .unwrap();
         assert_eq!(p.session, Some(255));
+        assert_eq!(p.ticket.as_deref(), Some("00000000000000ff.9.AB-_"));
         assert_eq!(p.reported, vec![("cdn-a".to_string(), Some(1_500_000))]);
         assert_eq!(p.demoted, vec!["b".to_string(), "c".to_string()]);
         // The other format's parameters are not ours.
@@ -487,6 +501,7 @@ mod tests {
             (Format::Dash, "_DASH_throughput=1,x"),
             (Format::Dash, "_DASH_pathway=%22a,b c%22"),
             (Format::Hls, "demoted=a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q"),
+            (Format::Hls, "ticket=a&ticket=b"),
         ] {
             assert!(parse_query(f, q).is_err(), "{q} accepted");
         }

@@ -8,12 +8,18 @@
 //!    --trusted-proxies only)
 //!      ─▶ manifest.rs: parse the query ─▶ where the client lands (Steered::situate, as DNS)
 //!      ─▶ weighted order of the pathways for the session ─▶ demotions ─▶ JSON
-//! ◀── {"VERSION":1,"TTL":15,"RELOAD-URI":"www.example.com?session=…","PATHWAY-PRIORITY":["a","b"]}
+//! ◀── {"VERSION":1,"TTL":15,"RELOAD-URI":"www.example.com?session=…&ticket=…",
+//!      "STEERDNS-TICKET":"…","PATHWAY-PRIORITY":["a","b"]}
+//!
+//! player ── POST /rum/{name} {"ticket":"…","samples":[…]} (application/json) ──▶ server.rs
+//!    CORS for --beacon-origin only, rate per network, the ticket checked for the name and
+//!    the client's region (ticket.rs) ─▶ control/modifiers/perf/ (Samples::record)
 //! ```
 //!
 //! - [`manifest`]: pure: the request's parameters, the order of the pathways and the
 //!   manifest's bytes. `explain` uses it too, so that it says what a player gets.
 //! - [`server`]: the HTTP server: routes, CORS, `Cache-Control`, errors, metrics.
+//! - [`ticket`]: beacon tickets, the HMAC that makes a beacon count.
 //!
 //! A DASH manifest carries its list under both `SERVICE-LOCATION-PRIORITY` (DASH-IF)
 //! and `PATHWAY-PRIORITY`, which is the key dash.js reads for DASH.
@@ -25,6 +31,7 @@
 
 pub(crate) mod manifest;
 pub mod server;
+pub mod ticket;
 
 pub use manifest::{Format, Order, Params};
 pub use server::{spawn, SteeringOptions};

@@ -5,18 +5,27 @@
 //! | `GET /steer/hls/{name}` | 200, the HLS steering manifest (`PATHWAY-PRIORITY`) |
 //! | `GET /steer/dash/{name}` | 200, the DASH steering manifest (`SERVICE-LOCATION-PRIORITY`) |
 //! | `HEAD` of either | 200, the same headers, no body |
-//! | `POST /rum/{name}` | 204, a beacon's samples recorded (performance steering) |
-//! | `OPTIONS` of any of these | 204, CORS preflight (`GET, HEAD, POST, OPTIONS`, any header) |
+//! | `POST /rum/{name}` | 204, a beacon's samples recorded (performance steering); 403 without a valid ticket, 415 unless `application/json` |
+//! | `GET /rum/{name}/ticket` | 200, `{"ticket": …, "expires": …}`: a beacon ticket for players that use DNS steering alone |
+//! | `OPTIONS` of a manifest | 204, CORS preflight (`GET, HEAD, OPTIONS`, any header) |
+//! | `OPTIONS /rum/{name}` | 204, CORS preflight (`POST, OPTIONS`, `Content-Type`) for an origin of `--beacon-origin`; 403 for any other |
 //! | a name that is not a DNS name, a malformed parameter | 400, `{"error": …}` |
 //! | a name that is not steered, another path | 404, `{"error": …}` |
-//! | another method | 405, `Allow: GET, HEAD, OPTIONS` (`POST, OPTIONS` on `/rum/{name}`) |
+//! | another method | 405, `Allow: GET, HEAD, OPTIONS` (`POST, OPTIONS` on `/rum/{name}`, `GET` on `/rum/{name}/ticket`) |
 //!
 //! [`ROUTES`] lists them; `docs/openapi/steering.yaml` describes them.
 //!
-//! Every answer carries `Access-Control-Allow-Origin: *` (players fetch cross-origin);
-//! a manifest carries `Cache-Control: private, max-age=TTL` (its order is for one client
-//! region and one session: a shared cache must not hand it to others), an error
-//! `no-store`.
+//! Manifests and their errors carry `Access-Control-Allow-Origin: *` (players fetch
+//! cross-origin); beacons and tickets carry it only for an `Origin` listed by
+//! `--beacon-origin` (echoed, with `Vary: Origin`), so that no other web page can make
+//! its visitors post beacons (a beacon is `application/json`, which needs a preflight).
+//! A manifest carries `Cache-Control: private, max-age=TTL` (its order is for one client
+//! region and one session: a shared cache must not hand it to others), an error and a
+//! ticket `no-store`.
+//!
+//! Beacons and the throughput a poll reports count only with a ticket
+//! ([`super::ticket`]) for the name and the client's region, and both go through the
+//! same rate per source network.
 //!
 //! The client is the connection's peer, or, when the peer is one of
 //! `--trusted-proxies`, the last address of `X-Forwarded-For` that is not one of them
@@ -44,7 +53,8 @@ use tokio_util::sync::CancellationToken;
 use http_body_util::{BodyExt, Limited};
 
 use super::manifest::{self, Format};
-use crate::control::http::{empty, error, serve_http, ApiLimits, Conn, Reply};
+use super::ticket::{self, Tickets};
+use crate::control::http::{empty, error, json_reply, serve_http, ApiLimits, Conn, Reply};
 use crate::control::modifiers::perf::{self, beacon, Samples};
 use crate::metrics::Metrics;
 use crate::plan::Live;
@@ -59,6 +69,13 @@ pub struct SteeringOptions {
     /// Where beacons (`POST /rum/{name}`) and the throughput of steering polls go
     /// (the controller's, `Controller::perf_store`).
     pub perf: Arc<Samples>,
+    /// The secrets beacon tickets are signed with: the DNS cookie secrets
+    /// (`control/cookies.rs`: kept in the state directory, shared by a set), from which
+    /// the ticket key is derived.
+    pub secrets: Arc<crate::dns::cookie::Jar>,
+    /// The web origins (`https://player.example.com`) whose pages may post beacons
+    /// and fetch tickets (`--beacon-origin`): CORS is answered for them alone.
+    pub beacon_origins: Vec<String>,
 }
 
 impl SteeringOptions {
@@ -77,8 +94,27 @@ impl SteeringOptions {
             trusted_proxies,
             limits,
             perf: Arc::default(),
+            secrets: Arc::new(crate::dns::cookie::random_jar()),
+            beacon_origins: Vec::new(),
         }
     }
+}
+
+/// Checks a `--beacon-origin`: `scheme://host[:port]`, as a browser sends `Origin`
+/// (no path, no trailing slash, no `*`).
+pub fn parse_origin(text: &str) -> Result<String, String> {
+    let bad = || {
+        format!("`{text}` is not an origin: scheme://host[:port], e.g. https://player.example.com")
+    };
+    let (scheme, rest) = text.split_once("://").ok_or_else(bad)?;
+    let host_ok = !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'));
+    if !matches!(scheme, "http" | "https") || !host_ok {
+        return Err(bad());
+    }
+    Ok(text.to_ascii_lowercase())
 }
 
 struct Shared {
@@ -86,6 +122,9 @@ struct Shared {
     metrics: Metrics,
     trusted: Vec<IpNet>,
     perf: Arc<Samples>,
+    tickets: Tickets,
+    /// `--beacon-origin`, lowercase.
+    origins: Vec<String>,
     /// Time to send a beacon's body.
     body_timeout: std::time::Duration,
 }
@@ -105,17 +144,21 @@ pub async fn spawn(
         metrics,
         trusted: opts.trusted_proxies,
         perf: opts.perf,
+        tickets: Tickets::new(opts.secrets),
+        origins: opts.beacon_origins,
         body_timeout: opts.limits.body_timeout,
     });
     serve_http(listener, opts.limits, stop, move |req, conn: Conn| {
         let shared = shared.clone();
         async move {
             let peer = conn.peer.ip().to_canonical();
-            let reply = match route(req.method(), req.uri().path()) {
+            let route = route(req.method(), req.uri().path());
+            let cors = cors_of(&shared, route, req.headers());
+            let reply = match route {
                 Route::Beacon => rum(&shared, req, peer).await,
-                other => answer(&shared, other, &req, peer),
+                other => answer(&shared, other, &req, peer, &cors),
             };
-            Ok::<_, Infallible>(finish(&shared, reply))
+            Ok::<_, Infallible>(finish(&shared, reply, cors))
         }
     });
     Ok(bound)
@@ -124,8 +167,10 @@ pub async fn spawn(
 const ALLOW: &str = "GET, HEAD, OPTIONS";
 /// What a beacon's path allows.
 const ALLOW_RUM: &str = "POST, OPTIONS";
-/// What a preflight allows: beacons are posted.
-const ALLOW_CORS: &str = "GET, HEAD, POST, OPTIONS";
+/// What a ticket's path allows.
+const ALLOW_TICKET: &str = "GET";
+/// What a manifest's preflight allows.
+const ALLOW_CORS: &str = "GET, HEAD, OPTIONS";
 
 /// What the steering server serves: one row per (method, path) its router ([`route`])
 /// knows, `{name}` being one path segment. `tests/openapi.rs` holds it against
@@ -139,6 +184,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("OPTIONS", "/steer/dash/{name}"),
     ("POST", "/rum/{name}"),
     ("OPTIONS", "/rum/{name}"),
+    ("GET", "/rum/{name}/ticket"),
 ];
 
 /// What a request asks for, by its method and path alone.
@@ -148,8 +194,10 @@ enum Route<'a> {
     Manifest(Format, &'a str),
     /// `POST /rum/{name}`.
     Beacon,
-    /// `OPTIONS` of a path of [`ROUTES`].
-    Preflight,
+    /// `GET /rum/{name}/ticket`.
+    Ticket(&'a str),
+    /// `OPTIONS` of a path of [`ROUTES`]: a manifest's, or a beacon's (`beacon`).
+    Preflight { beacon: bool },
     /// `405`, with the methods the path allows (`Allow`) and the message saying so.
     NotAllowed(&'static str, &'static str),
     /// `404`.
@@ -158,6 +206,16 @@ enum Route<'a> {
 
 /// The router: [`ROUTES`], on the request path without allocating.
 fn route<'a>(method: &Method, path: &'a str) -> Route<'a> {
+    let ticket = path
+        .strip_prefix("/rum/")
+        .and_then(|rest| rest.strip_suffix("/ticket"))
+        .filter(|name| !name.is_empty() && !name.contains('/'));
+    if let Some(name) = ticket {
+        return match *method {
+            Method::GET => Route::Ticket(name),
+            _ => Route::NotAllowed(ALLOW_TICKET, "GET only"),
+        };
+    }
     let target = match path.strip_prefix("/steer/") {
         Some(rest) => rest
             .split_once('/')
@@ -166,7 +224,9 @@ fn route<'a>(method: &Method, path: &'a str) -> Route<'a> {
     }
     .filter(|(_, name)| !name.is_empty() && !name.contains('/'));
     match (method, target) {
-        (&Method::OPTIONS, Some(_)) => Route::Preflight,
+        (&Method::OPTIONS, Some((format, _))) => Route::Preflight {
+            beacon: format.is_none(),
+        },
         (&Method::GET | &Method::HEAD, Some((Some(format), name))) => Route::Manifest(format, name),
         (&Method::POST, Some((None, _))) => Route::Beacon,
         (_, Some((None, _))) => Route::NotAllowed(ALLOW_RUM, "POST or OPTIONS only"),
@@ -179,11 +239,24 @@ fn route<'a>(method: &Method, path: &'a str) -> Route<'a> {
 /// region (located here, as for manifests); 400, 413 or 429 with a message.
 async fn rum(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply {
     let reply = beacon(shared, req, peer).await;
-    if reply.status() == StatusCode::BAD_REQUEST || reply.status() == StatusCode::PAYLOAD_TOO_LARGE
-    {
+    if matches!(
+        reply.status(),
+        StatusCode::BAD_REQUEST
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::UNSUPPORTED_MEDIA_TYPE
+    ) {
         shared.metrics.rum_samples("invalid", 1);
     }
     reply
+}
+
+/// Whether a request's body is declared JSON (`application/json`, parameters allowed).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
 async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply {
@@ -192,6 +265,12 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
         return error(StatusCode::BAD_REQUEST, "the name is not a DNS name");
     };
     dns_name.set_fqdn(true);
+    if !is_json(req.headers()) {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a beacon is application/json",
+        );
+    }
     let client = match client_of(peer, req.headers(), &shared.trusted) {
         Ok(ip) => ip,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
@@ -216,8 +295,8 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
         }
         Err(_) => return error(StatusCode::REQUEST_TIMEOUT, "body not sent in time"),
     };
-    let samples = match beacon::parse(&body) {
-        Ok(s) => s,
+    let beacon = match beacon::parse(&body) {
+        Ok(b) => b,
         Err(why) => return error(StatusCode::BAD_REQUEST, &why),
     };
     let snapshot = shared.live.load();
@@ -231,9 +310,21 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
         .situate(&snapshot.geo, client, false)
         .decision
         .region;
+    let checked = shared.tickets.check(
+        beacon.ticket,
+        steered.text(),
+        steered.region_name(region),
+        now_ms / 1000,
+    );
+    if let Err(why) = checked {
+        shared
+            .metrics
+            .rum_samples("refused_ticket", beacon.samples.len() as u64);
+        return error(StatusCode::FORBIDDEN, &why.to_string());
+    }
     match shared
         .perf
-        .record(&dns_name.to_string(), region, net, &samples, now_ms)
+        .record(&dns_name.to_string(), region, net, &beacon.samples, now_ms)
     {
         Ok(recorded) => {
             recorded.count(&shared.metrics);
@@ -244,19 +335,37 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
 }
 
 /// The answer to one request but a beacon. Never panics, never waits.
-fn answer(shared: &Shared, route: Route, req: &Request<Incoming>, peer: IpAddr) -> Reply {
+fn answer(
+    shared: &Shared,
+    route: Route,
+    req: &Request<Incoming>,
+    peer: IpAddr,
+    cors: &Cors,
+) -> Reply {
     match route {
         Route::Manifest(format, name) => steer(shared, format, name, req, peer),
-        Route::Preflight => {
+        Route::Ticket(name) => issue_ticket(shared, name, req, peer),
+        Route::Preflight { beacon } => {
+            if beacon && matches!(cors, Cors::Refused) {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "this origin may not post beacons (--beacon-origin)",
+                );
+            }
+            let (methods, headers) = if beacon {
+                (ALLOW_RUM, "content-type")
+            } else {
+                (ALLOW_CORS, "*")
+            };
             let mut r = empty(StatusCode::NO_CONTENT);
             let h = r.headers_mut();
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_METHODS,
-                HeaderValue::from_static(ALLOW_CORS),
+                HeaderValue::from_static(methods),
             );
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
-                HeaderValue::from_static("*"),
+                HeaderValue::from_static(headers),
             );
             h.insert(
                 header::ACCESS_CONTROL_MAX_AGE,
@@ -277,8 +386,46 @@ fn answer(shared: &Shared, route: Route, req: &Request<Incoming>, peer: IpAddr) 
     }
 }
 
+/// What an answer says to CORS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Cors {
+    /// `Access-Control-Allow-Origin: *`: manifests, and paths that are not ours.
+    Any,
+    /// A beacon's or a ticket's path, from an origin of `--beacon-origin`: echoed.
+    Origin(HeaderValue),
+    /// A beacon's or a ticket's path, from no origin or another: no CORS header.
+    Refused,
+}
+
+/// The CORS of a request: `*` but on the paths of beacons and tickets, where only an
+/// `Origin` of `--beacon-origin` is allowed.
+fn cors_of(shared: &Shared, route: Route, headers: &HeaderMap) -> Cors {
+    let beacons = match route {
+        Route::Beacon | Route::Ticket(_) => true,
+        Route::Preflight { beacon } => beacon,
+        Route::NotAllowed(allow, _) => allow == ALLOW_RUM || allow == ALLOW_TICKET,
+        Route::Manifest(..) | Route::NotFound => false,
+    };
+    if !beacons {
+        return Cors::Any;
+    }
+    match headers.get(header::ORIGIN) {
+        Some(o)
+            if o.to_str().is_ok_and(|o| {
+                shared
+                    .origins
+                    .iter()
+                    .any(|allowed| allowed.eq_ignore_ascii_case(o))
+            }) =>
+        {
+            Cors::Origin(o.clone())
+        }
+        _ => Cors::Refused,
+    }
+}
+
 /// Every answer's last touch: CORS, and `no-store` and a count for refusals.
-fn finish(shared: &Shared, mut reply: Reply) -> Reply {
+fn finish(shared: &Shared, mut reply: Reply, cors: Cors) -> Reply {
     let status = reply.status();
     if status.is_client_error() {
         shared.metrics.steering_refused(status.as_u16());
@@ -286,11 +433,72 @@ fn finish(shared: &Shared, mut reply: Reply) -> Reply {
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
-    reply.headers_mut().insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
+    let h = reply.headers_mut();
+    match cors {
+        Cors::Any => {
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            );
+        }
+        Cors::Origin(origin) => {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            h.insert(header::VARY, HeaderValue::from_static("origin"));
+        }
+        Cors::Refused => {
+            h.insert(header::VARY, HeaderValue::from_static("origin"));
+        }
+    }
     reply
+}
+
+/// `GET /rum/{name}/ticket[?session=KEY]`: a beacon ticket for the client's region,
+/// for a player that uses DNS steering alone (one with content steering has one in
+/// every manifest).
+fn issue_ticket(shared: &Shared, name: &str, req: &Request<Incoming>, peer: IpAddr) -> Reply {
+    let Ok(mut dns_name) = hickory_proto::rr::Name::from_ascii(name) else {
+        return error(StatusCode::BAD_REQUEST, "the name is not a DNS name");
+    };
+    dns_name.set_fqdn(true);
+    let mut session = None;
+    for pair in req.uri().query().unwrap_or("").split('&') {
+        if let Some(v) = pair.strip_prefix("session=") {
+            match manifest::parse_session(v) {
+                Ok(s) if session.is_none() => session = Some(s),
+                Ok(_) => return error(StatusCode::BAD_REQUEST, "`session` is given twice"),
+                Err(why) => return error(StatusCode::BAD_REQUEST, &why.to_string()),
+            }
+        }
+    }
+    let client = match client_of(peer, req.headers(), &shared.trusted) {
+        Ok(ip) => ip,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let snapshot = shared.live.load();
+    let Some(steered) = snapshot.plan.get(&dns_name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("{dns_name} is not a steered name"),
+        );
+    };
+    let region = steered
+        .situate(&snapshot.geo, client, false)
+        .decision
+        .region;
+    let (ticket, expires) = shared.tickets.issue(
+        session.unwrap_or_else(rand::random),
+        steered.text(),
+        steered.region_name(region),
+        crate::clock::now_secs(),
+        ticket::lifetime(steered.ttl()),
+    );
+    let mut r = json_reply(
+        StatusCode::OK,
+        &serde_json::json!({ "ticket": ticket, "expires": expires }),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
 }
 
 /// A `GET` or `HEAD` of `/steer/{format}/{name}`.
@@ -323,9 +531,16 @@ fn steer(
     let session = params.session.unwrap_or_else(rand::random);
     let at = steered.situate(&snapshot.geo, client, false);
     let order = manifest::order(steered, &at, session, &params);
-    feed_throughput(shared, steered, order.region, client, &params);
-    let mut body = String::with_capacity(192);
-    manifest::write(format, steered, &order, session, &mut body);
+    feed_throughput(shared, steered, order.region, client, session, &params);
+    let (ticket, _) = shared.tickets.issue(
+        session,
+        steered.text(),
+        steered.region_name(order.region),
+        crate::clock::now_secs(),
+        ticket::lifetime(order.ttl),
+    );
+    let mut body = String::with_capacity(288);
+    manifest::write(format, steered, &order, session, &ticket, &mut body);
     if let Some(&first) = order.targets.first() {
         shared.metrics.steering_response(
             steered.text(),
@@ -346,12 +561,16 @@ fn steer(
 }
 
 /// The throughput a steering poll reports for its pathways, recorded as samples of
-/// their CDNs for the client's region (performance steering).
+/// their CDNs for the client's region (performance steering), as a beacon's are: with
+/// a ticket for the name, the region and the session (`ticket=` of `RELOAD-URI`), and
+/// within the same rate per source network. A poll without is answered all the same;
+/// only its samples are refused and counted.
 fn feed_throughput(
     shared: &Shared,
     steered: crate::plan::Steered,
     region: usize,
     client: IpAddr,
+    session: u64,
     params: &manifest::Params,
 ) {
     let n = steered.targets().len();
@@ -371,12 +590,28 @@ fn feed_throughput(
     if samples.is_empty() {
         return;
     }
-    let name = steered.name().to_string();
     let now_ms = crate::clock::now_ms();
-    if let Ok(recorded) = shared
-        .perf
-        .record(&name, region, perf::network(client), &samples, now_ms)
-    {
+    let ticket = shared.tickets.check(
+        params.ticket.as_deref().unwrap_or(""),
+        steered.text(),
+        steered.region_name(region),
+        now_ms / 1000,
+    );
+    if ticket != Ok(session) {
+        shared
+            .metrics
+            .rum_samples("refused_ticket", samples.len() as u64);
+        return;
+    }
+    let net = perf::network(client);
+    if !shared.perf.admit(net, now_ms) {
+        shared
+            .metrics
+            .rum_samples("refused_rate", samples.len() as u64);
+        return;
+    }
+    let name = steered.name().to_string();
+    if let Ok(recorded) = shared.perf.record(&name, region, net, &samples, now_ms) {
         recorded.count(&shared.metrics);
     }
 }
@@ -450,6 +685,9 @@ mod tests {
             "/rum/",
             "/rum",
             "/rum/a/b",
+            "/rum/www.example.com/ticket",
+            "/rum//ticket",
+            "/rum/a/b/ticket",
             "/",
             "/metrics",
             "",

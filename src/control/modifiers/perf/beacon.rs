@@ -2,10 +2,11 @@
 //! source network.
 //!
 //! ```json
-//! {"samples":[{"cdn":"fastly","ttfb_ms":80,"throughput_bps":5000000,"ok":true}]}
+//! {"ticket":"…","samples":[{"cdn":"fastly","ttfb_ms":80,"throughput_bps":5000000,"ok":true}]}
 //! ```
 //!
-//! Every field but `cdn` is optional; unknown fields, a sample without any
+//! `ticket` is the beacon ticket (`control/content/ticket.rs`), which the server checks;
+//! every sample field but `cdn` is optional; unknown fields, a sample without any
 //! measurement, and values out of range are refused with a message.
 
 use std::collections::HashMap;
@@ -30,8 +31,19 @@ pub(crate) const BURST: f64 = 100.0;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBeacon<'a> {
+    #[serde(borrow, default)]
+    ticket: Option<&'a str>,
     #[serde(borrow)]
     samples: Vec<RawSample<'a>>,
+}
+
+/// A beacon's body, checked.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Beacon<'a> {
+    /// The ticket, as sent (`""`: none).
+    pub ticket: &'a str,
+    /// (CDN name, sample) pairs.
+    pub samples: Vec<(&'a str, Sample)>,
 }
 
 #[derive(Deserialize)]
@@ -43,9 +55,10 @@ struct RawSample<'a> {
     ok: Option<bool>,
 }
 
-/// Parses a beacon: (CDN name, sample) pairs, or the 400's message.
-pub(crate) fn parse(body: &[u8]) -> Result<Vec<(&str, Sample)>, String> {
+/// Parses a beacon: its ticket and (CDN name, sample) pairs, or the 400's message.
+pub(crate) fn parse(body: &[u8]) -> Result<Beacon<'_>, String> {
     let raw: RawBeacon = serde_json::from_slice(body).map_err(|e| format!("bad beacon: {e}"))?;
+    let ticket = raw.ticket.unwrap_or("");
     if raw.samples.is_empty() {
         return Err("bad beacon: no samples".into());
     }
@@ -80,7 +93,8 @@ pub(crate) fn parse(body: &[u8]) -> Result<Vec<(&str, Sample)>, String> {
                 },
             ))
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(|samples| Beacon { ticket, samples })
 }
 
 /// Beacons per source network: a token bucket each ([`RATE_PER_SECOND`], [`BURST`]).
@@ -123,7 +137,9 @@ mod tests {
 
     #[test]
     fn beacons_parse_or_say_why_not() {
-        let s = parse(br#"{"samples":[{"cdn":"fastly","ttfb_ms":80,"throughput_bps":5000000,"ok":true},{"cdn":"cloudflare","ok":false}]}"#).unwrap();
+        let b = parse(br#"{"ticket":"t.1.x","samples":[{"cdn":"fastly","ttfb_ms":80,"throughput_bps":5000000,"ok":true},{"cdn":"cloudflare","ok":false}]}"#).unwrap();
+        assert_eq!(b.ticket, "t.1.x");
+        let s = b.samples;
         assert_eq!(s.len(), 2);
         assert_eq!(
             s[0],
@@ -135,6 +151,12 @@ mod tests {
                     ok: Some(true)
                 }
             )
+        );
+        assert_eq!(
+            parse(br#"{"samples":[{"cdn":"a","ok":true}]}"#)
+                .unwrap()
+                .ticket,
+            ""
         );
         let err = |b: &[u8]| parse(b).unwrap_err();
         assert!(err(b"{").starts_with("bad beacon: EOF"), "{}", err(b"{"));

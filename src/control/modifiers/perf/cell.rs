@@ -10,8 +10,17 @@
 //! One network may not make a cell: a sample is refused when its network already holds
 //! its share of the window, at most [`NETWORK_SHARE_PERCENT`] % of the cell's samples
 //! (and at least `ceil(min_samples × 5 %)`, so that a cell can start).
+//!
+//! Memory: a cell is bounded (ten buckets, each at most [`MAX_NETWORKS_PER_BUCKET`]
+//! networks and two histograms of at most `hist::BUCKETS` entries), and every cell of
+//! the process draws on one [`Budget`] of entries ([`BUDGET_ENTRIES`]): a cell taking
+//! its first sample costs [`CELL_ENTRIES`], a new network or histogram entry in a
+//! bucket one more, and a bucket that slides out of the window gives its entries back.
+//! Past the budget a sample that would need more is refused (`refused_budget`), so
+//! names × regions × CDNs cannot add up to more than the budget.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::hist::Hist;
 use crate::config::perf::{Metric, Performance};
@@ -23,6 +32,72 @@ pub(crate) const NETWORK_SHARE_PERCENT: u64 = 5;
 /// The most source networks one bucket keeps: a sample from another network is refused
 /// (counted as over its share), so a spread of source networks cannot grow memory.
 pub(crate) const MAX_NETWORKS_PER_BUCKET: usize = 4096;
+
+/// The entries all the cells of a process may hold: about 32 bytes each (a network's
+/// count in a bucket's map, a histogram's (bucket, count)), so about 128 MiB.
+pub(crate) const BUDGET_ENTRIES: u64 = 4 << 20;
+/// What a cell costs, in entries, once it takes its first sample (its ten buckets).
+pub(crate) const CELL_ENTRIES: u64 = SLOTS * 8;
+
+/// The process-wide budget of performance samples' memory, in entries, shared by every
+/// cell ([`Cell::record`] takes from it, a bucket reset gives back). Cells are changed
+/// under the `Samples` lock; the counter is atomic so that it can be read without it.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget::new(BUDGET_ENTRIES)
+    }
+}
+
+impl Budget {
+    pub(crate) fn new(limit: u64) -> Budget {
+        Budget {
+            limit,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes `n` entries; false (nothing taken) when they would go past the limit.
+    fn take(&self, n: u64) -> bool {
+        let used = self.used.load(Ordering::Relaxed);
+        if used.saturating_add(n) > self.limit {
+            return false;
+        }
+        self.used.store(used + n, Ordering::Relaxed);
+        true
+    }
+
+    fn give(&self, n: u64) {
+        let used = self.used.load(Ordering::Relaxed);
+        self.used.store(used.saturating_sub(n), Ordering::Relaxed);
+    }
+
+    /// Entries in use.
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Entries in use, counted anew (after cells were dropped or kept by a reload).
+    pub(crate) fn set(&self, n: u64) {
+        self.used.store(n, Ordering::Relaxed);
+    }
+}
+
+/// What became of one sample offered to a cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Accepted,
+    /// Its network already held its share of the window, or the bucket keeps its most
+    /// networks (counted in [`Cell::refused`]).
+    RefusedShare,
+    /// The process-wide [`Budget`] is spent.
+    RefusedBudget,
+}
 
 /// One measurement of one CDN by one client.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,6 +126,11 @@ pub struct Bucket {
 impl Bucket {
     fn samples(&self) -> u64 {
         u64::from(self.samples)
+    }
+
+    /// What the bucket holds of the [`Budget`].
+    fn entries(&self) -> u64 {
+        (self.nets.len() + self.ttfb.0.len() + self.throughput.0.len()) as u64
     }
 }
 
@@ -130,9 +210,25 @@ impl Cell {
             .filter(move |b| in_window(b, perf, now_ms))
     }
 
-    /// Adds a sample from network `net` at `now_ms`; false when the network already
-    /// holds its share of the window (the sample is refused and counted).
-    pub(crate) fn record(&mut self, perf: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
+    /// What the cell holds of the [`Budget`].
+    pub(crate) fn entries(&self) -> u64 {
+        if self.buckets.is_empty() {
+            return 0;
+        }
+        CELL_ENTRIES + self.buckets.iter().map(Bucket::entries).sum::<u64>()
+    }
+
+    /// Adds a sample from network `net` at `now_ms`, within `budget`; refused when the
+    /// network already holds its share of the window (counted in `refused`) or the
+    /// budget is spent.
+    pub(crate) fn record(
+        &mut self,
+        perf: &Performance,
+        net: u64,
+        s: &Sample,
+        now_ms: u64,
+        budget: &Budget,
+    ) -> Outcome {
         let (mut total, mut mine) = (0u64, 0u64);
         for b in self.window(perf, now_ms) {
             total += b.samples();
@@ -142,29 +238,52 @@ impl Cell {
         let share = (total + 1) * NETWORK_SHARE_PERCENT / 100;
         if mine + 1 > start.max(share) {
             self.refused += 1;
-            return false;
+            return Outcome::RefusedShare;
         }
-        self.add(perf, net, s, now_ms)
+        self.add(perf, net, s, now_ms, budget)
     }
 
     /// Adds a sample of this node's own prober (the vantage point's network `net`):
     /// the operator's measurement, not a client's claim, so not held to a network's
-    /// share. False only when the bucket already keeps its most networks.
+    /// share. Refused only when the bucket already keeps its most networks or the
+    /// budget is spent.
     pub(crate) fn record_own(
         &mut self,
         perf: &Performance,
         net: u64,
         s: &Sample,
         now_ms: u64,
-    ) -> bool {
-        self.add(perf, net, s, now_ms)
+        budget: &Budget,
+    ) -> Outcome {
+        self.add(perf, net, s, now_ms, budget)
     }
 
-    fn add(&mut self, perf: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
-        let b = self.bucket(perf, now_ms);
-        if b.nets.len() >= MAX_NETWORKS_PER_BUCKET && !b.nets.contains_key(&net) {
+    fn add(
+        &mut self,
+        perf: &Performance,
+        net: u64,
+        s: &Sample,
+        now_ms: u64,
+        budget: &Budget,
+    ) -> Outcome {
+        if self.buckets.is_empty() {
+            // A new cell: its buckets first.
+            if !budget.take(CELL_ENTRIES) {
+                return Outcome::RefusedBudget;
+            }
+            self.buckets = vec![Bucket::default(); SLOTS as usize];
+        }
+        let b = self.bucket(perf, now_ms, budget);
+        let new_net = !b.nets.contains_key(&net);
+        if b.nets.len() >= MAX_NETWORKS_PER_BUCKET && new_net {
             self.refused += 1;
-            return false;
+            return Outcome::RefusedShare;
+        }
+        let new_entries = u64::from(new_net)
+            + u64::from(s.ttfb_ms.is_some_and(|t| !b.ttfb.has(t)))
+            + u64::from(s.throughput_bps.is_some_and(|t| !b.throughput.has(t)));
+        if !budget.take(new_entries) {
+            return Outcome::RefusedBudget;
         }
         *b.nets.entry(net).or_default() += 1;
         b.samples += 1;
@@ -179,17 +298,16 @@ impl Cell {
             Some(false) => b.failed += 1,
             None => {}
         }
-        true
+        Outcome::Accepted
     }
 
-    /// The bucket of `now_ms`, emptied first when it held an older slot.
-    fn bucket(&mut self, perf: &Performance, now_ms: u64) -> &mut Bucket {
+    /// The bucket of `now_ms` (the buckets are laid out), emptied first when it held an
+    /// older slot, its entries given back to `budget`.
+    fn bucket(&mut self, perf: &Performance, now_ms: u64, budget: &Budget) -> &mut Bucket {
         let slot = now_ms / width_ms(perf);
-        if self.buckets.is_empty() {
-            self.buckets = vec![Bucket::default(); SLOTS as usize];
-        }
         let b = &mut self.buckets[(slot % SLOTS) as usize];
         if b.slot != slot {
+            budget.give(b.entries());
             *b = Bucket {
                 slot,
                 ..Bucket::default()
@@ -234,6 +352,11 @@ mod tests {
         Performance::defaults(Metric::TtfbP75)
     }
 
+    /// Whether `c` takes the sample, with no budget to speak of.
+    fn rec(c: &mut Cell, p: &Performance, net: u64, s: &Sample, now_ms: u64) -> bool {
+        c.record(p, net, s, now_ms, &Budget::new(u64::MAX)) == Outcome::Accepted
+    }
+
     fn ttfb(ms: u64) -> Sample {
         Sample {
             ttfb_ms: Some(ms),
@@ -256,7 +379,7 @@ mod tests {
                     throughput_bps: Some(1_000_000 * (i + 1)),
                     ok: Some(i % 8 != 0),
                 };
-                assert!(c.record(&p, net, &s, t0 + i));
+                assert!(rec(&mut c, &p, net, &s, t0 + i));
             }
         }
         let a = aggregate(c.window(&p, t0 + 100));
@@ -272,7 +395,7 @@ mod tests {
         assert_eq!(a.success_rate, Some(70.0 / 80.0));
         assert_eq!(a.usable(&p), Some(82.0));
         // One more at 300 ms: rank 61 → 296.
-        assert!(c.record(&p, 40, &ttfb(300), t0 + 200));
+        assert!(rec(&mut c, &p, 40, &ttfb(300), t0 + 200));
         assert_eq!(aggregate(c.window(&p, t0 + 200)).ttfb_p75_ms, Some(296));
 
         // The window slides: 9 buckets (270 s) later the samples still count, 10 later
@@ -280,7 +403,7 @@ mod tests {
         assert_eq!(aggregate(c.window(&p, t0 + 270_000)).samples, 81);
         assert_eq!(aggregate(c.window(&p, t0 + 300_000)).samples, 0);
         // A new sample in the old bucket's place replaces it (50 ms: [50, 52) → 51).
-        assert!(c.record(&p, 1, &ttfb(50), t0 + 300_000));
+        assert!(rec(&mut c, &p, 1, &ttfb(50), t0 + 300_000));
         let a = aggregate(c.window(&p, t0 + 300_000));
         assert_eq!((a.samples, a.ttfb_p75_ms, a.networks), (1, Some(51), 1));
     }
@@ -291,15 +414,15 @@ mod tests {
         let mut c = Cell::default();
         // 49 samples from 20 networks: one short.
         for i in 0..49u64 {
-            assert!(c.record(&p, i % 20, &ttfb(80), i));
+            assert!(rec(&mut c, &p, i % 20, &ttfb(80), i));
         }
         assert_eq!(aggregate(c.window(&p, 100)).usable(&p), None);
-        assert!(c.record(&p, 19, &ttfb(80), 100));
+        assert!(rec(&mut c, &p, 19, &ttfb(80), 100));
         assert_eq!(aggregate(c.window(&p, 100)).usable(&p), Some(82.0));
         // 60 samples from 4 networks (the start allowance is 3 each: 12 taken).
         let mut c = Cell::default();
         let taken = (0..60u64)
-            .filter(|&i| c.record(&p, i % 4, &ttfb(80), i))
+            .filter(|&i| rec(&mut c, &p, i % 4, &ttfb(80), i))
             .count();
         assert_eq!(taken, 12);
         assert_eq!(c.refused, 48);
@@ -312,12 +435,12 @@ mod tests {
         let mut c = Cell::default();
         // One sample from each of 5,000 networks in one bucket: the first 4,096 are kept.
         let taken = (0..5_000u64)
-            .filter(|&net| c.record(&p, net, &ttfb(80), 1000))
+            .filter(|&net| rec(&mut c, &p, net, &ttfb(80), 1000))
             .count();
         assert_eq!(taken, MAX_NETWORKS_PER_BUCKET);
         assert_eq!(c.refused, 5_000 - MAX_NETWORKS_PER_BUCKET as u64);
         // A network already kept still counts.
-        assert!(c.record(&p, 7, &ttfb(80), 1001));
+        assert!(rec(&mut c, &p, 7, &ttfb(80), 1001));
         assert_eq!(aggregate(c.window(&p, 1001)).networks, 4096);
     }
 
@@ -327,12 +450,12 @@ mod tests {
         let mut c = Cell::default();
         // 100 networks, 10 samples each: 1000 samples.
         for i in 0..1000u64 {
-            assert!(c.record(&p, 1000 + i % 100, &ttfb(80), i));
+            assert!(rec(&mut c, &p, 1000 + i % 100, &ttfb(80), i));
         }
         // One network floods: it gets 5 % of the total, (1000 + n + 1) × 5 / 100 ≥ n + 1
         // → n = 52; then all refused.
         let taken = (0..10_000u64)
-            .filter(|&i| c.record(&p, 7, &ttfb(300), 2000 + i))
+            .filter(|&i| rec(&mut c, &p, 7, &ttfb(300), 2000 + i))
             .count();
         assert_eq!(taken, 52);
         assert_eq!(c.refused, 10_000 - 52);
@@ -340,5 +463,52 @@ mod tests {
         assert_eq!(a.samples, 1052);
         // p75 stays where the honest samples put it.
         assert_eq!(a.ttfb_p75_ms, Some(82));
+    }
+
+    #[test]
+    fn every_cell_draws_on_one_budget() {
+        let p = perf();
+        // Room for two cells and a few entries more.
+        let budget = Budget::new(2 * CELL_ENTRIES + 10);
+        let (mut a, mut b, mut c) = (Cell::default(), Cell::default(), Cell::default());
+        // A cell's first sample: the cell, its network and its histogram entry.
+        assert_eq!(a.record(&p, 1, &ttfb(80), 0, &budget), Outcome::Accepted);
+        assert_eq!(budget.used(), CELL_ENTRIES + 2);
+        assert_eq!(a.entries(), budget.used());
+        // The same network and value again cost nothing.
+        assert_eq!(a.record(&p, 1, &ttfb(80), 1, &budget), Outcome::Accepted);
+        assert_eq!(budget.used(), CELL_ENTRIES + 2);
+        assert_eq!(b.record(&p, 1, &ttfb(80), 0, &budget), Outcome::Accepted);
+        // A third cell does not fit: refused, not counted as over a network's share.
+        assert_eq!(
+            c.record(&p, 1, &ttfb(80), 0, &budget),
+            Outcome::RefusedBudget
+        );
+        assert_eq!((c.entries(), c.refused), (0, 0));
+        // New networks in the cells fit until the budget is spent (2 entries each).
+        let taken = (10..100u64)
+            .filter(|&net| a.record(&p, net, &ttfb(1000 * net), 2, &budget) == Outcome::Accepted)
+            .count();
+        assert_eq!(taken, 3);
+        assert_eq!(budget.used(), 2 * CELL_ENTRIES + 10);
+        assert_eq!(a.entries() + b.entries(), budget.used());
+        // A known network with a known value still counts.
+        assert_eq!(a.record(&p, 1, &ttfb(80), 3, &budget), Outcome::Accepted);
+        // The window slides past the bucket: its entries come back (not a cell's worth:
+        // the third cell is still refused, a network more in a live cell is not).
+        let later = 10 * width_ms(&p);
+        assert_eq!(
+            a.record(&p, 1, &ttfb(80), later, &budget),
+            Outcome::Accepted
+        );
+        assert_eq!(a.entries() + b.entries(), budget.used());
+        assert_eq!(
+            c.record(&p, 1, &ttfb(80), later, &budget),
+            Outcome::RefusedBudget
+        );
+        assert_eq!(
+            b.record(&p, 5, &ttfb(90), later, &budget),
+            Outcome::Accepted
+        );
     }
 }

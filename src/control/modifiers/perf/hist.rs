@@ -47,6 +47,12 @@ pub(crate) fn value(i: usize) -> u64 {
 pub struct Hist(pub Vec<(u16, u32)>);
 
 impl Hist {
+    /// Whether `v`'s bucket already has a count (adding `v` takes no new entry).
+    pub fn has(&self, v: u64) -> bool {
+        let i = index(v).min(BUCKETS - 1) as u16;
+        self.0.binary_search_by_key(&i, |&(b, _)| b).is_ok()
+    }
+
     pub fn add(&mut self, v: u64) {
         self.add_count(index(v), 1);
     }

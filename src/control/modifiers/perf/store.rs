@@ -1,12 +1,14 @@
 //! Control plane: the store of performance samples: a `Cell` per (name, region, CDN)
 //! that beacons, steering polls and probe rounds record into (`Samples::record`,
 //! `Samples::record_probe`), and what it aggregates for an evaluation (`Samples::aggregates`).
+//! Every cell draws on one process-wide [`Budget`] of memory (`cell.rs`): past it,
+//! samples that need more are refused and counted (`refused_budget`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use super::cell::{Aggregate, Cell, Sample};
+use super::cell::{Aggregate, Budget, Cell, Outcome, Sample};
 use crate::config::perf::Performance;
 use crate::config::Policy;
 use crate::plan::Snapshot;
@@ -30,6 +32,8 @@ pub struct Recorded {
     pub refused_share: u64,
     /// Taken but unused: the client's region has no `performance:` block.
     pub unused: u64,
+    /// Refused: the process-wide budget of cells is spent.
+    pub refused_budget: u64,
 }
 
 impl Recorded {
@@ -38,6 +42,7 @@ impl Recorded {
         metrics.rum_samples("accepted", self.accepted);
         metrics.rum_samples("refused_share", self.refused_share);
         metrics.rum_samples("unused", self.unused);
+        metrics.rum_samples("refused_budget", self.refused_budget);
     }
 }
 
@@ -82,9 +87,25 @@ pub struct NodeCells {
 pub struct Samples {
     cells: Mutex<HashMap<String, NameCells>>,
     limiter: Mutex<beacon::Limiter>,
+    /// The memory every cell draws on, changed under `cells`' lock.
+    budget: Budget,
 }
 
 impl Samples {
+    /// Samples whose cells may hold `entries` in all (the default: `cell::BUDGET_ENTRIES`).
+    pub fn with_budget(entries: u64) -> Samples {
+        Samples {
+            budget: Budget::new(entries),
+            ..Samples::default()
+        }
+    }
+
+    /// The entries the cells hold now, of the budget.
+    pub fn budget_used(&self) -> u64 {
+        let _cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        self.budget.used()
+    }
+
     /// Lays the cells out for `policy`, keeping the samples of every (name, region
     /// name, CDN) whose window is unchanged.
     pub fn configure(&self, policy: &Policy) {
@@ -117,6 +138,14 @@ impl Samples {
             prev.cdns.clear();
             cells.insert(name, NameCells { cdns, regions });
         }
+        // The cells dropped give their entries back; those kept keep theirs.
+        let used = cells
+            .values()
+            .flat_map(|n| n.regions.iter().flatten())
+            .flat_map(|rc| &rc.cells)
+            .map(Cell::entries)
+            .sum();
+        self.budget.set(used);
     }
 
     /// The index of `cdn` among `name`'s CDNs; `Err` with why not.
@@ -158,10 +187,10 @@ impl Samples {
             return Ok(out);
         };
         for (&i, (_, s)) in idx.iter().zip(samples) {
-            if rc.cells[i].record(&rc.perf, net, s, now_ms) {
-                out.accepted += 1;
-            } else {
-                out.refused_share += 1;
+            match rc.cells[i].record(&rc.perf, net, s, now_ms, &self.budget) {
+                Outcome::Accepted => out.accepted += 1,
+                Outcome::RefusedShare => out.refused_share += 1,
+                Outcome::RefusedBudget => out.refused_budget += 1,
             }
         }
         rc.accepted += out.accepted;
@@ -191,7 +220,7 @@ impl Samples {
             let Some(Some(rc)) = n.regions.get_mut(*region) else {
                 continue;
             };
-            if rc.cells[i].record_own(&rc.perf, net, s, now_ms) {
+            if rc.cells[i].record_own(&rc.perf, net, s, now_ms, &self.budget) == Outcome::Accepted {
                 rc.accepted += 1;
                 taken += 1;
             }
@@ -322,5 +351,91 @@ impl Samples {
             .min()
             .unwrap_or(1000);
         std::time::Duration::from_millis(width.clamp(100, 5000))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::modifiers::perf::cell::CELL_ENTRIES;
+
+    /// Names × regions × CDNs: 3 names, 2 regions with a `performance:` block, 2 CDNs.
+    fn policy() -> Policy {
+        let host = "    cdns:
+      fastly: { cname: fastly.cdn.test. }
+      cloudflare: { cname: cloudflare.cdn.test. }
+    regions:
+      - name: gb
+        match: [GB]
+        weights: { fastly: 90, cloudflare: 10 }
+        performance: { metric: ttfb_p75 }
+      - name: us
+        match: [US]
+        weights: { fastly: 90, cloudflare: 10 }
+        performance: { metric: ttfb_p75 }
+      - match: [\"*\"]
+        weights: { fastly: 50, cloudflare: 50 }
+";
+        let text = format!(
+            "hostnames:\n  a.example.com:\n{host}  b.example.com:\n{host}  c.example.com:\n{host}"
+        );
+        crate::config::parse(std::path::Path::new("steering.yaml"), text)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn past_the_process_budget_new_cells_are_refused_and_counted() {
+        let policy = policy();
+        // Room for five of the twelve cells, each with its first network and value.
+        let samples = Samples::with_budget(5 * (CELL_ENTRIES + 2));
+        samples.configure(&policy);
+        let s = Sample {
+            ttfb_ms: Some(80),
+            ..Sample::default()
+        };
+        let mut total = Recorded::default();
+        for name in ["a.example.com.", "b.example.com.", "c.example.com."] {
+            for region in 0..2 {
+                for cdn in ["fastly", "cloudflare"] {
+                    let r = samples.record(name, region, 7, &[(cdn, s)], 1_000).unwrap();
+                    total.accepted += r.accepted;
+                    total.refused_budget += r.refused_budget;
+                    total.refused_share += r.refused_share;
+                }
+            }
+        }
+        assert_eq!(
+            (total.accepted, total.refused_budget, total.refused_share),
+            (5, 7, 0)
+        );
+        assert_eq!(samples.budget_used(), 5 * (CELL_ENTRIES + 2));
+        // A cell already there still takes what costs nothing more.
+        let r = samples
+            .record("a.example.com.", 0, 7, &[("fastly", s)], 1_001)
+            .unwrap();
+        assert_eq!(r.accepted, 1);
+        // A reload that drops a name gives its cells back.
+        let text = "hostname: a.example.com
+cdns:
+  fastly: { cname: fastly.cdn.test. }
+  cloudflare: { cname: cloudflare.cdn.test. }
+regions:
+  - name: gb
+    match: [GB]
+    weights: { fastly: 90, cloudflare: 10 }
+    performance: { metric: ttfb_p75 }
+  - name: us
+    match: [US]
+    weights: { fastly: 90, cloudflare: 10 }
+    performance: { metric: ttfb_p75 }
+  - match: [\"*\"]
+    weights: { fastly: 50, cloudflare: 50 }
+";
+        let one = crate::config::parse(std::path::Path::new("steering.yaml"), text.into())
+            .unwrap()
+            .0;
+        samples.configure(&one);
+        assert_eq!(samples.budget_used(), 4 * (CELL_ENTRIES + 2));
     }
 }
