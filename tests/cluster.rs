@@ -1832,16 +1832,16 @@ fn first_new(at: &std::sync::Mutex<Vec<Option<Instant>>>, i: usize) -> Option<In
     at.lock().unwrap()[i]
 }
 
+/// Per node, when it first answered from the new version.
+type Firsts = std::sync::Arc<std::sync::Mutex<Vec<Option<Instant>>>>;
+
 /// Polls every node's answer for 100 client networks (ECS) every 50 ms until `stop`:
 /// per node, when it first answered from the new version (`a2`), and how many answers
 /// from the old one came after that (a node flipping back).
 fn poll_versions(
     set: &Set,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> (
-    std::sync::Arc<std::sync::Mutex<Vec<Option<Instant>>>>,
-    tokio::task::JoinHandle<u64>,
-) {
+) -> (Firsts, tokio::task::JoinHandle<u64>) {
     let at = std::sync::Arc::new(std::sync::Mutex::new(vec![None; 3]));
     let dns: Vec<std::net::SocketAddr> = set.nodes.iter().map(|n| n.dns).collect();
     let seen = at.clone();
@@ -1889,7 +1889,10 @@ async fn post_policy(node: &Stack, body: String, if_match: &str) -> (u16, Value)
         .unwrap();
     let code = resp.status().as_u16();
     let bytes = resp.bytes().await.unwrap();
-    (code, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+    (
+        code,
+        serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

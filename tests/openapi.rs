@@ -90,7 +90,9 @@ fn every_mutation_names_its_verb_and_the_bearer_scheme() {
     let scheme = &doc["components"]["securitySchemes"]["bearerAuth"];
     assert_eq!(scheme["type"].as_str(), Some("http"));
     assert_eq!(scheme["scheme"].as_str(), Some("bearer"));
-    let verbs = ["drain", "undrain", "freeze", "resume", "usage", "policy", "audit"];
+    let verbs = [
+        "drain", "undrain", "freeze", "resume", "usage", "policy", "audit",
+    ];
     for (method, path) in operations(&doc) {
         let op = &doc["paths"][path.as_str()][method.to_ascii_lowercase().as_str()];
         // The audit log: open to loopback (`{}`), a token of `audit` from elsewhere.

@@ -162,7 +162,10 @@ async fn diff(
     inputs: &super::ContextArgs,
     api: &ApiClient,
 ) -> ExitCode {
-    let a = match api.call(reqwest::Method::GET, "/v1/policy", None, None).await {
+    let a = match api
+        .call(reqwest::Method::GET, "/v1/policy", None, None)
+        .await
+    {
         Ok(a) if a.status == 200 => a,
         Ok(a) => {
             eprintln!("error: GET /v1/policy answered {}: {}", a.status, a.body);
@@ -173,8 +176,7 @@ async fn diff(
             return ExitCode::from(2);
         }
     };
-    let (Some(version), Some(yaml)) = (a.body["version"].as_str(), a.body["yaml"].as_str())
-    else {
+    let (Some(version), Some(yaml)) = (a.body["version"].as_str(), a.body["yaml"].as_str()) else {
         eprintln!("error: GET /v1/policy has no version and YAML");
         return ExitCode::from(2);
     };

@@ -416,7 +416,7 @@ pub struct PendingDoc {
 
 /// `GET /v1/policy`.
 #[derive(Clone, Debug, Serialize)]
-pub struct PolicyStatus {
+pub(crate) struct PolicyStatus {
     pub version: String,
     /// The YAML of the version in force (for `steerdns policy diff`, or to put it back
     /// into the files).

@@ -89,7 +89,8 @@ impl Controller {
                 }
             }
             Command::PolicyStatus { reply } => {
-                let _ = reply.send(self.policy_status());
+                let doc = serde_json::to_value(self.policy_status()).unwrap_or_default();
+                let _ = reply.send(doc);
             }
             Command::PolicyApply {
                 yaml,

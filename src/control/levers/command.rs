@@ -55,9 +55,9 @@ pub enum Command {
         limit: usize,
         reply: oneshot::Sender<Result<audit::Page, String>>,
     },
-    /// `GET /v1/policy`.
+    /// `GET /v1/policy`: the document (`state_doc::PolicyStatus`) as JSON.
     PolicyStatus {
-        reply: oneshot::Sender<crate::control::state_doc::PolicyStatus>,
+        reply: oneshot::Sender<serde_json::Value>,
     },
     /// `POST /v1/policy`: a new version, based on the version in force `if_match`.
     PolicyApply {

@@ -39,7 +39,8 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::mutations::{ask, mutate};
+use super::ask::ask;
+use super::mutations::mutate;
 use crate::clock::now_ms;
 use crate::config::tokens::{Token, Tokens, Verb};
 use crate::control::http::{error, json_reply, path_matches, serve_http, text, Conn, Reply};

@@ -9,6 +9,7 @@
 //! | `policy` | the policy versions: `GET /v1/policy`, `POST /v1/policy`, `/rollback`, `/halt` |
 
 pub mod api;
+pub(crate) mod ask;
 pub mod book;
 pub(crate) mod history;
 pub(crate) mod mutations;

@@ -14,7 +14,9 @@ use hyper::{Method, Request, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
+
+use super::ask::ask;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -330,17 +332,3 @@ pub(super) async fn usage(commands: &mpsc::Sender<Command>, token: &Token, body:
 }
 
 pub(super) const MAX_BODY: usize = 64 * 1024;
-
-/// Sends a command to the controller and waits for its answer.
-pub(super) async fn ask<T>(
-    commands: &mpsc::Sender<Command>,
-    make: impl FnOnce(oneshot::Sender<T>) -> Command,
-) -> Result<T, Box<Reply>> {
-    let unavailable = |why: &str| Box::new(error(StatusCode::SERVICE_UNAVAILABLE, why));
-    let (tx, rx) = oneshot::channel();
-    if commands.send(make(tx)).await.is_err() {
-        return Err(unavailable("the controller is not running"));
-    }
-    rx.await
-        .map_err(|_| unavailable("the controller did not answer"))
-}

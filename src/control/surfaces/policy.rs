@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::mutations::ask;
+use super::ask::ask;
 use crate::clock::rfc3339;
 use crate::config::tokens::Token;
 use crate::control::http::{error, json_reply, Reply};
