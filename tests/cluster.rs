@@ -2060,3 +2060,57 @@ async fn a_policy_version_moves_every_node_at_one_instant_and_rolls_back() {
     assert_eq!(p["version"], v2.as_str(), "{p:#}");
     drop(set.etcd);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_cannot_load_the_sets_version_keeps_the_last_good_one_and_says_so() {
+    if !require_etcd("a_node_that_cannot_load_the_sets_version…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up("policy-refused", SetUp::default()).await;
+    let original = std::fs::read_to_string(set.nodes[0].dir.join("steering.yaml")).unwrap();
+    let v0 = steerdns::config::version_of(&original);
+    // ns1 and ns2 serve example.net; ns3 does not have the zone.
+    let zone = "$ORIGIN example.net.\n$TTL 3600\n@ IN SOA ns1.example.net. hostmaster.example.net. 1 7200 900 1209600 300\n  IN NS ns1.example.net.\nns1 IN A 192.0.2.53\n";
+    for n in &set.nodes[..2] {
+        std::fs::write(n.dir.join("zones/example.net.zone"), zone).unwrap();
+    }
+    for n in &set.nodes[..2] {
+        n.wait_for("the new zone loaded", |s| {
+            last_reload(s).0 == "applied" && s["config_version"] != "?"
+        })
+        .await;
+    }
+    let edited = original.replace(
+        "  other.example.com:",
+        "  www.example.net:\n    cdns:\n      c: { cname: c.cdn.test. }\n    regions:\n      - match: [\"*\"]\n        weights: { c: 1 }\n  other.example.com:",
+    );
+    assert_ne!(edited, original);
+    let v1 = steerdns::config::version_of(&edited);
+    let (code, body) = post_policy(&set.nodes[0], edited, &v0).await;
+    assert_eq!(code, 202, "{body}");
+    for n in &set.nodes[..2] {
+        n.wait_for("v1 in force", |s| s["policy_version"] == v1.as_str())
+            .await;
+    }
+    // ns3 refuses it, says why, and keeps answering from v0.
+    let s = set.nodes[2]
+        .wait_for("ns3 refuses v1", |s| s["policy"]["refused"]["version"] == v1.as_str())
+        .await;
+    assert_eq!(s["policy_version"], v0.as_str(), "{s:#}");
+    let errors = s["policy"]["refused"]["errors"].to_string();
+    assert!(errors.contains("www.example.net"), "{errors}");
+    assert_eq!(set.nodes[2].metric("steerdns_policy_refused").await, Some(1.0));
+    answers_until(&set, 2, Instant::now(), "ns3 still answers", |c| {
+        c == ["a", "b"]
+    })
+    .await;
+    // Given the zone, ns3 loads the set's version at its next reload.
+    std::fs::write(set.nodes[2].dir.join("zones/example.net.zone"), zone).unwrap();
+    let s = set.nodes[2]
+        .wait_for("ns3 on v1", |s| s["policy_version"] == v1.as_str())
+        .await;
+    assert!(s["policy"]["refused"].is_null(), "{s:#}");
+    assert_eq!(set.nodes[2].metric("steerdns_policy_refused").await, Some(0.0));
+    drop(set.etcd);
+}
