@@ -2095,12 +2095,17 @@ async fn a_node_that_cannot_load_the_sets_version_keeps_the_last_good_one_and_sa
     }
     // ns3 refuses it, says why, and keeps answering from v0.
     let s = set.nodes[2]
-        .wait_for("ns3 refuses v1", |s| s["policy"]["refused"]["version"] == v1.as_str())
+        .wait_for("ns3 refuses v1", |s| {
+            s["policy"]["refused"]["version"] == v1.as_str()
+        })
         .await;
     assert_eq!(s["policy_version"], v0.as_str(), "{s:#}");
     let errors = s["policy"]["refused"]["errors"].to_string();
     assert!(errors.contains("www.example.net"), "{errors}");
-    assert_eq!(set.nodes[2].metric("steerdns_policy_refused").await, Some(1.0));
+    assert_eq!(
+        set.nodes[2].metric("steerdns_policy_refused").await,
+        Some(1.0)
+    );
     answers_until(&set, 2, Instant::now(), "ns3 still answers", |c| {
         c == ["a", "b"]
     })
@@ -2111,6 +2116,9 @@ async fn a_node_that_cannot_load_the_sets_version_keeps_the_last_good_one_and_sa
         .wait_for("ns3 on v1", |s| s["policy_version"] == v1.as_str())
         .await;
     assert!(s["policy"]["refused"].is_null(), "{s:#}");
-    assert_eq!(set.nodes[2].metric("steerdns_policy_refused").await, Some(0.0));
+    assert_eq!(
+        set.nodes[2].metric("steerdns_policy_refused").await,
+        Some(0.0)
+    );
     drop(set.etcd);
 }

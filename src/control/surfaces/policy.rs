@@ -66,12 +66,24 @@ pub(super) async fn mutate(
                     "staged rollouts are not built yet: apply the whole version (without stages)",
                 );
             }
+            if asked.body.iter().all(u8::is_ascii_whitespace) {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "the body is the policy's YAML: empty",
+                );
+            }
             let Some(if_match) = asked.if_match.map(entity_tag) else {
                 return error(
                     StatusCode::PRECONDITION_FAILED,
                     "If-Match: \"<version>\" is required: the version in force this change is based on (GET /v1/policy)",
                 );
             };
+            if !crate::config::is_version(&if_match) {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "If-Match: not a policy version (\"<12 hex digits>\", as GET /v1/policy names it)",
+                );
+            }
             let ticket = param("ticket");
             if let Err(e) = token.ticket_ok(ticket.as_deref()) {
                 return error(StatusCode::BAD_REQUEST, &e);
