@@ -179,8 +179,8 @@ pub(super) fn serve_http<F, Fut>(
 pub(super) type Reply = Response<Full<Bytes>>;
 
 /// `body` as `text/plain`.
-pub(super) fn text(status: StatusCode, body: &'static str) -> Reply {
-    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+pub(super) fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
+    let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -224,29 +224,27 @@ const TABLE: &[(&str, &str, Op)] = &[
 /// The operation `method` and `path` ask for ([`TABLE`]), or the fallback: `405` with
 /// the method the path takes, or `404`.
 fn op_of(method: &Method, path: &str) -> Result<Op, Box<Reply>> {
-    let mut allowed = None;
+    let mut allowed: Vec<&str> = Vec::new();
     for &(m, template, op) in TABLE {
         if path_matches(template, path) {
             if m == method.as_str() {
                 return Ok(op);
             }
-            allowed = Some(m);
+            if !allowed.contains(&m) {
+                allowed.push(m);
+            }
         }
     }
-    Err(Box::new(match allowed {
-        Some(m) => {
-            let (only, allow) = match m {
-                "GET" => ("GET only\n", "GET"),
-                "DELETE" => ("DELETE only\n", "DELETE"),
-                _ => ("POST only\n", "POST"),
-            };
-            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, only);
-            r.headers_mut()
-                .insert(header::ALLOW, header::HeaderValue::from_static(allow));
-            r
-        }
-        None => text(StatusCode::NOT_FOUND, "not found\n"),
-    }))
+    if allowed.is_empty() {
+        return Err(Box::new(text(StatusCode::NOT_FOUND, "not found\n")));
+    }
+    // Every method the path takes (`/v1/policy`: GET and POST).
+    let only = format!("{} only\n", allowed.join(" or "));
+    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, only);
+    if let Ok(allow) = header::HeaderValue::from_str(&allowed.join(", ")) {
+        r.headers_mut().insert(header::ALLOW, allow);
+    }
+    Err(Box::new(r))
 }
 
 async fn route(
@@ -585,11 +583,16 @@ mod tests {
                             known,
                             "{method} {path:?}"
                         );
+                        // Allow lists every method the path takes, and no other.
                         if known {
                             let allow = fallback.headers()[header::ALLOW].to_str().unwrap();
-                            assert!(ROUTES
+                            let mut takes: Vec<&str> = ROUTES
                                 .iter()
-                                .any(|(m, t)| *m == allow && path_matches(t, path)));
+                                .filter(|(_, t)| path_matches(t, path))
+                                .map(|(m, _)| *m)
+                                .collect();
+                            takes.dedup();
+                            assert_eq!(allow, takes.join(", "), "{method} {path:?}");
                         }
                     }
                 }
