@@ -359,8 +359,8 @@ mod tests {
     use super::*;
     use crate::control::modifiers::perf::cell::CELL_ENTRIES;
 
-    /// Names × regions × CDNs: 3 names, 2 regions with a `performance:` block, 2 CDNs.
-    fn policy() -> Policy {
+    /// `names` × 2 regions with a `performance:` block × 2 CDNs.
+    fn named(names: &[&str]) -> Policy {
         let host = "    cdns:
       fastly: { cname: fastly.cdn.test. }
       cloudflare: { cname: cloudflare.cdn.test. }
@@ -376,9 +376,10 @@ mod tests {
       - match: [\"*\"]
         weights: { fastly: 50, cloudflare: 50 }
 ";
-        let text = format!(
-            "hostnames:\n  a.example.com:\n{host}  b.example.com:\n{host}  c.example.com:\n{host}"
-        );
+        let mut text = String::from("hostnames:\n");
+        for n in names {
+            text += &format!("  {n}:\n{host}");
+        }
         crate::config::parse(std::path::Path::new("steering.yaml"), text)
             .unwrap()
             .0
@@ -386,7 +387,7 @@ mod tests {
 
     #[test]
     fn past_the_process_budget_new_cells_are_refused_and_counted() {
-        let policy = policy();
+        let policy = named(&["a.example.com", "b.example.com", "c.example.com"]);
         // Room for five of the twelve cells, each with its first network and value.
         let samples = Samples::with_budget(5 * (CELL_ENTRIES + 2));
         samples.configure(&policy);
@@ -416,25 +417,7 @@ mod tests {
             .unwrap();
         assert_eq!(r.accepted, 1);
         // A reload that drops a name gives its cells back.
-        let text = "hostname: a.example.com
-cdns:
-  fastly: { cname: fastly.cdn.test. }
-  cloudflare: { cname: cloudflare.cdn.test. }
-regions:
-  - name: gb
-    match: [GB]
-    weights: { fastly: 90, cloudflare: 10 }
-    performance: { metric: ttfb_p75 }
-  - name: us
-    match: [US]
-    weights: { fastly: 90, cloudflare: 10 }
-    performance: { metric: ttfb_p75 }
-  - match: [\"*\"]
-    weights: { fastly: 50, cloudflare: 50 }
-";
-        let one = crate::config::parse(std::path::Path::new("steering.yaml"), text.into())
-            .unwrap()
-            .0;
+        let one = named(&["a.example.com"]);
         samples.configure(&one);
         assert_eq!(samples.budget_used(), 4 * (CELL_ENTRIES + 2));
     }
