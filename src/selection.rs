@@ -53,6 +53,36 @@ pub fn key(resolver: IpAddr, client: IpAddr, prefix: u8, now: u64) -> u64 {
     mix(base ^ mix(window ^ 0x9e37_79b9_7f4a_7c15))
 }
 
+/// How many parts the client networks are cut into for a staged rollout: a stage's
+/// share is a number of them ([`cohort`]).
+pub const COHORT_PARTS: u16 = 10_000;
+
+/// Where a query's network falls among [`COHORT_PARTS`] for a staged rollout
+/// (`plan::Canary`), and the ECS scope its answer must then echo at least. A tailored
+/// query (ECS source above 0) is placed by its client network cut to `/24` (IPv4) or
+/// `/48` (IPv6), or to the source prefix when shorter, and its answer's scope is at
+/// least that, so that no resolver caches one cohort's answer for another's network;
+/// any other query by its resolver's `/24` or `/48`, scope unchanged (0). No time
+/// window: a network stays in its cohort for the whole rollout, and a larger share
+/// keeps every network a smaller one had.
+///
+/// # Hot path
+/// A few multiplies; no allocation.
+pub fn cohort(resolver: IpAddr, client: IpAddr, source: Option<u8>) -> (u16, u8) {
+    let wide = |ip: IpAddr| if ip.is_ipv4() { 24 } else { 48 };
+    let (ip, prefix, floor) = match source {
+        Some(s) if s > 0 => {
+            let p = s.min(wide(client));
+            (client, p, p)
+        }
+        _ => (resolver, wide(resolver), 0),
+    };
+    let n = network(ip, prefix);
+    // Its own salt: a network's cohort says nothing of the CDN its key picks.
+    let h = mix(n as u64 ^ mix((n >> 64) as u64 ^ 0x5eed_c040_0000_0001) ^ u64::from(prefix));
+    ((h % u64::from(COHORT_PARTS)) as u16, floor)
+}
+
 /// When the window of `(resolver, client / prefix)` that holds `now` ends (Unix seconds).
 pub fn window_end(resolver: IpAddr, client: IpAddr, prefix: u8, now: u64) -> u64 {
     let offset = base(resolver, client, prefix) % WINDOW_SECONDS;

@@ -323,6 +323,7 @@ pub(super) fn explain(
         removed: &state.removed(&loaded),
         drains: state.drains.report(&loaded.policy, now_ms),
         frozen: state.frozen_for(&loaded, name),
+        canary: None,
         state: match &saved {
             Some(s) => format!(
                 "saved by `serve` {} s ago in {}",

@@ -37,7 +37,7 @@ pub enum PolicyCommand {
         /// A staged rollout's stages, in percent of client networks (e.g. 5,25,100).
         #[arg(long, value_name = "PERCENTS")]
         stages: Option<String>,
-        /// Seconds per stage.
+        /// Seconds per stage (with --stages; default 300).
         #[arg(long, value_name = "SECONDS", requires = "stages")]
         stage_seconds: Option<u64>,
         #[command(flatten)]
@@ -70,6 +70,9 @@ pub enum PolicyCommand {
     },
     /// Halt a staged rollout: every client network back to the version before it.
     Halt {
+        /// The ticket of the halt, recorded in the history and the audit log.
+        #[arg(long)]
+        ticket: Option<String>,
         #[command(flatten)]
         api: ApiClient,
     },
@@ -234,9 +237,7 @@ async fn ask(command: PolicyCommand) -> Result<bool, String> {
             }
             if let Some(s) = stages {
                 query.push(format!("stages={}", encode(&s)));
-            }
-            if let Some(s) = stage_seconds {
-                query.push(format!("stage_seconds={s}"));
+                query.push(format!("stage_seconds={}", stage_seconds.unwrap_or(300)));
             }
             let path = match query.is_empty() {
                 true => "/v1/policy".to_string(),
@@ -259,15 +260,13 @@ async fn ask(command: PolicyCommand) -> Result<bool, String> {
             written(&a, "rolled back")
         }
         PolicyCommand::Diff { .. } => Err("`policy diff` is answered by `run`".into()),
-        PolicyCommand::Halt { api } => {
+        PolicyCommand::Halt { ticket, api } => {
+            let body = serde_json::json!({ "ticket": ticket });
+            let body = Some(("application/json", body.to_string().into_bytes()));
             let a = api
-                .call(Method::POST, "/v1/policy/halt", None, None)
+                .call(Method::POST, "/v1/policy/halt", body, None)
                 .await?;
-            if a.status / 100 == 2 {
-                println!("halted");
-                return Ok(true);
-            }
-            refused(&a)
+            written(&a, "halted: back to the version before the rollout")
         }
     }
 }
@@ -339,6 +338,27 @@ fn status_text(p: &Value) -> String {
             crate::clock::rfc3339(pending["activate_at_unix_ms"].as_u64().unwrap_or(0))
         );
     }
+    if let Some(r) = p["rollout"].as_object() {
+        let counts = |c: &Value| {
+            format!(
+                "{} answers, {} errors",
+                c["answers"].as_u64().unwrap_or(0),
+                c["errors"].as_u64().unwrap_or(0)
+            )
+        };
+        out += &format!(
+            "staged rollout: {} (from {}), stages {} of {} s, stage {} now: {}% of client networks; ends {}\n  new version: {}; version before: {}\n",
+            s(&r["version"]),
+            s(&r["from"]),
+            r["stages"],
+            r["stage_seconds"],
+            r["stage"],
+            r["share_percent"],
+            crate::clock::rfc3339(r["end_unix_ms"].as_u64().unwrap_or(0)),
+            counts(&r["canary"]),
+            counts(&r["control"]),
+        );
+    }
     out += "history (newest first):\n";
     for a in p["history"].as_array().into_iter().flatten() {
         out += &format!(
@@ -356,6 +376,9 @@ fn status_text(p: &Value) -> String {
                 .map(|b| format!(", after {b}"))
                 .unwrap_or_default(),
         );
+        if let Some(why) = a["why"].as_str() {
+            out += &format!("      why: {why}\n");
+        }
     }
     out
 }

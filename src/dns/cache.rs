@@ -127,7 +127,7 @@ impl AnswerCache {
         let Some((query, name_len)) = wire::parse(packet, &mut lower) else {
             return Lookup::Bypass;
         };
-        if snap.plan.get_wire(&lower[..name_len]).is_some() {
+        if snap.steers_wire(&lower[..name_len]) {
             return Lookup::Bypass;
         }
         let cookie = match &query.opt {

@@ -359,8 +359,16 @@ pub(super) async fn answer<'s, R: ResponseHandler, T: Time>(
         let info = error_answer(request, why, true, untailored, response);
         return (info.await, None);
     }
-    let steered = snap.plan.get(query.name());
+    let asker = Asker::new(
+        request.src().ip(),
+        client.ecs.map(|e| (client.ip, e.source_prefix())),
+    );
+    // During a staged rollout, the plan of the asker's cohort; a name the other
+    // version steers and this one does not answer is counted against this cohort.
+    let route = snap.route(&asker);
+    let steered = route.plan.get(query.name());
     let Some(steered) = steered else {
+        let lost = route.other.is_some_and(|o| o.get(query.name()).is_some());
         // DO=1 for a name missing from a signed zone: the whole denial (both NSEC
         // proofs), which hickory's handler gives only in part (`zones/denial.rs`).
         let dnssec_ok = request.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok);
@@ -376,6 +384,9 @@ pub(super) async fn answer<'s, R: ResponseHandler, T: Time>(
                 iter::empty(),
             );
             let info = send(request, message_send(response, message).await);
+            if lost {
+                route.count(true);
+            }
             return (info, None);
         }
         // Outside every zone: hickory's catalog answers REFUSED; say why.
@@ -387,14 +398,14 @@ pub(super) async fn answer<'s, R: ResponseHandler, T: Time>(
             .zones
             .lookup(request, opt.as_ref(), T::current_time(), response)
             .await;
+        if lost {
+            route.count(info.response_code != ResponseCode::NoError);
+        }
         return (info, None);
     };
 
-    let asker = Asker::new(
-        request.src().ip(),
-        client.ecs.map(|e| (client.ip, e.source_prefix())),
-    );
     let Answer { pick, scope, .. } = steered.answer(&snap.geo, &asker, now, &mut rand::rng());
+    let scope = route.scope(scope);
     let opt = request
         .edns
         .as_ref()
@@ -426,6 +437,7 @@ pub(super) async fn answer<'s, R: ResponseHandler, T: Time>(
         iter::empty(),
     );
     let info = send(request, message_send(response, message).await);
+    route.count(info.response_code != ResponseCode::NoError);
     let ecs = client.ecs.map(|e| e.source_prefix());
     let steer = Steer {
         pick,

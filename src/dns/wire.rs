@@ -72,15 +72,18 @@ pub fn answer<'s, R: Rng + ?Sized>(
 ) -> Option<Steer<'s>> {
     let mut lower = [0u8; 255];
     let (query, name_len) = parse(packet, &mut lower)?;
-    let steered = snap.plan.get_wire(&lower[..name_len])?;
+    let ecs = query.opt.as_ref().and_then(|o| o.ecs.as_ref());
+    let asker = Asker::new(src, ecs.map(|e| (e.ip(), e.source)));
+    // During a staged rollout, the plan of the asker's cohort.
+    let route = snap.route(&asker);
+    let steered = route.plan.get_wire(&lower[..name_len])?;
     let cookie = match &query.opt {
         Some(o) if o.cookie => Some(cookie?),
         _ => None,
     };
 
-    let ecs = query.opt.as_ref().and_then(|o| o.ecs.as_ref());
-    let asker = Asker::new(src, ecs.map(|e| (e.ip(), e.source)));
     let Answer { pick, scope, .. } = steered.answer(&snap.geo, &asker, now, rng);
+    let scope = route.scope(scope);
 
     let h = query.packet;
     // DO=1 in a signed zone: the CNAME's pre-signed RRSIGs follow it.
@@ -142,7 +145,11 @@ pub fn answer<'s, R: Rng + ?Sized>(
         ecs: ecs.map(|e| e.source),
         scope,
     };
-    (out.len() <= limit).then_some(steer)
+    let fits = out.len() <= limit;
+    if fits {
+        route.count(false);
+    }
+    fits.then_some(steer)
 }
 
 /// The first of a run of pre-signed RRSIGs (`Plan::set_rrsigs`): its RDATA length and

@@ -139,6 +139,16 @@ impl Metrics {
         self.inner.policy_file_refused.inc();
     }
 
+    /// The percent of client networks a staged rollout's new version answers.
+    pub fn policy_rollout_percent(&self, percent: f64) {
+        self.inner.policy_rollout_percent.set(percent);
+    }
+
+    /// Counts a staged rollout this node halted by itself.
+    pub fn policy_rollout_halted(&self) {
+        self.inner.policy_rollout_halts.inc();
+    }
+
     /// Whether the audit log cannot be written.
     pub fn audit_failing(&self, on: bool) {
         self.inner.audit_failing.set(i64::from(on));

@@ -25,6 +25,8 @@
 //! | `policy_info` | version | 1 for the policy version in force |
 //! | `policy_refused` | | 1 while this node cannot load the set's policy version |
 //! | `policy_file_refused_total` | | edits of the policy file the set did not take |
+//! | `policy_rollout_percent` | | percent of client networks a staged rollout's new version answers |
+//! | `policy_rollout_halts_total` | | staged rollouts this node halted by itself |
 //! | `drains_active` | name, cdn | 1 while a drain applies |
 //! | `peer_errors_total` | peer, reason | peer readings refused: `timeout`, `connect`, `status`, `http`, `too_large`, `invalid` |
 //! | `state_save_errors_total` | | failed saves of the state file (each retried) |

@@ -92,6 +92,8 @@ pub(super) struct Inner {
     pub(super) policy_info: IntGaugeVec,
     pub(super) policy_refused: prometheus::IntGauge,
     pub(super) policy_file_refused: prometheus::IntCounter,
+    pub(super) policy_rollout_percent: prometheus::Gauge,
+    pub(super) policy_rollout_halts: prometheus::IntCounter,
     pub(super) etcd_refused: prometheus::IntGauge,
     pub(super) etcd_skew: prometheus::Gauge,
     pub(super) state_load_errors: IntCounterVec,
@@ -193,6 +195,20 @@ impl Metrics {
         )
         .expect("static counter");
         reg.add(policy_file_refused.clone());
+        let policy_rollout_percent = prometheus::Gauge::new(
+            "policy_rollout_percent",
+            "During a staged policy rollout, the percent of client networks the new version \
+             answers on this node (its stage); 0 without a rollout.",
+        )
+        .expect("static gauge");
+        reg.add(policy_rollout_percent.clone());
+        let policy_rollout_halts = prometheus::IntCounter::new(
+            "policy_rollout_halts_total",
+            "Staged policy rollouts this node halted by itself: it could not load the new \
+             version, or the new version's error answers rose above the old one's.",
+        )
+        .expect("static counter");
+        reg.add(policy_rollout_halts.clone());
         let etcd_fail_static = prometheus::IntGauge::new(
             "etcd_fail_static",
             "1 while this node of a set (--etcd) cannot reach etcd: it keeps the last shared \
@@ -388,6 +404,8 @@ impl Metrics {
                 audit_failing,
                 policy_refused,
                 policy_file_refused,
+                policy_rollout_percent,
+                policy_rollout_halts,
                 policy_info: reg.gauges(
                     "policy_info",
                     "1 for the policy version in force (the first 12 hex digits of the SHA-256 \

@@ -215,6 +215,7 @@ fn demo_with(fastly_out: bool) -> Snapshot {
         zones: Arc::new(hickory_server::zone_handler::Catalog::new()),
         signed_until: None,
         denials: None,
+        canary: None,
     }
 }
 

@@ -10,7 +10,9 @@
 //!   where the client lands ([`Steered::situate`]: locate, decide, choose) and answer
 //!   ([`Steered::answer`]: that, then the weighted pick);
 //! - `regions`: the region index of a name ([`RegionIndex`]: first region listing a
-//!   country, continent, network or AS) and the drains a client falls in by its place.
+//!   country, continent, network or AS) and the drains a client falls in by its place;
+//! - `cohort`: a staged rollout's second plan ([`Canary`]) and which of the two
+//!   answers a client ([`Snapshot::route`]).
 //!
 //! A query does one atomic load of the snapshot, one geo lookup, one region lookup in
 //! precomputed tables, and one weighted pick over at most a few CDNs (rendezvous
@@ -24,10 +26,12 @@ use hickory_server::zone_handler::Catalog;
 
 use crate::place::geo::GeoDb;
 
+mod cohort;
 mod layout;
 mod regions;
 mod steering;
 
+pub use cohort::{Canary, Cohort, CohortCounts, Counted, Route};
 pub use layout::{wire_name, Choice, ChoiceSpec, NameSpec, Plan, Reason, Target};
 pub use regions::{Decision, RegionIndex};
 pub use steering::{Answer, Asker, Pick, Situation, Steered};
@@ -44,6 +48,9 @@ pub struct Snapshot {
     /// The signed zones' denials (NXDOMAIN with both NSEC proofs); `None`: nothing is
     /// signed.
     pub denials: Option<Arc<crate::zones::denial::Denials>>,
+    /// A staged rollout's new version and the share of client networks it answers
+    /// (`None`: no rollout, [`Snapshot::plan`] answers everyone).
+    pub canary: Option<Canary>,
 }
 
 /// The live snapshot: the data plane loads it, the control plane stores a new one.

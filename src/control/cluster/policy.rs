@@ -17,6 +17,7 @@ use crate::clock::now_ms;
 use crate::config::{is_version, version_of};
 use crate::control::decide::times;
 use crate::control::levers::command::{PolicyRefused, Written};
+pub(crate) use crate::control::levers::stages::Stages;
 use crate::control::store::etcd::MAX_VALUE;
 
 /// At most this many applications in a version's history (the version in force first).
@@ -40,6 +41,32 @@ pub struct SharedPolicy {
     pub activate_at_unix_ms: u64,
     /// What was applied, newest first: this version's application, then earlier ones.
     pub history: Vec<Applied>,
+    /// A staged rollout of this version: until its last stage, the client networks
+    /// outside the stage's share keep the version it replaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+/// A staged rollout (`POST /v1/policy?stages=…`): stage `k` starts at the version's
+/// activation plus `k` × `stage_seconds` and gives the new version to `stages[k]`
+/// percent of the client networks; the last stage (100) ends it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rollout {
+    /// The version the rest of the clients keep, and its YAML.
+    pub from: String,
+    pub from_yaml: String,
+    pub plan: Stages,
+}
+
+impl SharedPolicy {
+    /// The rollout of this version while it runs at `now` (the store's ms): before its
+    /// last stage.
+    pub fn running(&self, now: u64) -> Option<&Rollout> {
+        self.rollout
+            .as_ref()
+            .filter(|r| now < r.plan.end_ms(self.activate_at_unix_ms))
+    }
 }
 
 /// One application of a version.
@@ -56,10 +83,14 @@ pub struct Applied {
     pub at_unix_ms: u64,
     #[serde(deserialize_with = "times::bounded")]
     pub activate_at_unix_ms: u64,
-    /// How: `api`, `file`, `rollback`, `first` (the first version of a set).
+    /// How: `api`, `file`, `rollback`, `first` (the first version of a set), `staged`
+    /// (a staged rollout), `halt` (a rollout halted: back to the version before it).
     pub how: String,
     /// The version it replaced (`None`: the first).
     pub based_on: Option<String>,
+    /// Why (a halt's reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 impl SharedPolicy {
@@ -82,18 +113,32 @@ impl SharedPolicy {
         if self.history.len() > MAX_POLICY_HISTORY {
             return Err(format!("more than {MAX_POLICY_HISTORY} entries of history"));
         }
+        if let Some(r) = &self.rollout {
+            r.plan.check()?;
+            if self.yaml.len() + r.from_yaml.len() > MAX_POLICY_BYTES {
+                return Err(format!(
+                    "a rollout's two policies over {MAX_POLICY_BYTES} bytes"
+                ));
+            }
+            if version_of(&r.from_yaml) != r.from || r.from == self.version {
+                return Err("a rollout's version before is not its YAML's: forged".into());
+            }
+        }
         for a in &self.history {
             let versions = std::iter::once(&a.version).chain(&a.based_on);
             if !versions.into_iter().all(|v| is_version(v)) {
                 return Err("a version in the history is not 12 hex digits".into());
             }
-            let long = [Some(&a.author), a.ticket.as_ref()]
+            let long = [Some(&a.author), a.ticket.as_ref(), a.why.as_ref()]
                 .into_iter()
                 .flatten()
                 .any(|s| s.len() > MAX_REASON);
             if long
                 || !sane_name(&a.node)
-                || !matches!(a.how.as_str(), "api" | "file" | "rollback" | "first")
+                || !matches!(
+                    a.how.as_str(),
+                    "api" | "file" | "rollback" | "first" | "staged" | "halt"
+                )
             {
                 return Err("a history entry with a field too long or unknown".into());
             }
@@ -114,6 +159,10 @@ pub(crate) struct Proposal {
     pub author: String,
     pub ticket: Option<String>,
     pub how: &'static str,
+    /// Rolled out in stages (`None`: at once).
+    pub stages: Option<Stages>,
+    /// Why (a halt's reason).
+    pub why: Option<String>,
 }
 
 /// The YAML of a proposal.
@@ -177,7 +226,8 @@ impl ClusterLink {
             return;
         }
         let (store, prefix, node) = (self.store.clone(), self.prefix.clone(), self.node.clone());
-        let activate = self.store_ms(now_ms()) + self.allowance_ms();
+        let store_now = self.store_ms(now_ms());
+        let activate = store_now + self.allowance_ms();
         let version = proposal.source.version();
         let (audit_key, entry) = self.audit_entry(
             "policy",
@@ -187,6 +237,8 @@ impl ClusterLink {
                 "author": proposal.author,
                 "ticket": proposal.ticket,
                 "how": proposal.how,
+                "why": proposal.why,
+                "stages": proposal.stages,
                 "activate_at_unix_ms": activate,
             }),
         );
@@ -213,7 +265,15 @@ impl ClusterLink {
                         ));
                     }
                 }
-                put_policy(&store, &prefix, &node, activate, yaml, proposal).await
+                put_policy(
+                    &store,
+                    &prefix,
+                    &node,
+                    (activate, store_now),
+                    yaml,
+                    proposal,
+                )
+                .await
             }
             .await;
             let written = matches!(&r, Ok(w) if !w.unchanged);
@@ -264,7 +324,7 @@ async fn put_policy(
     store: &crate::control::store::Store,
     prefix: &str,
     node: &str,
-    activate: u64,
+    (activate, store_now): (u64, u64),
     yaml: String,
     p: Proposal,
 ) -> Result<Written, PolicyRefused> {
@@ -287,6 +347,28 @@ async fn put_policy(
     };
     let version = version_of(&yaml);
     let in_force = current.as_ref().and_then(|(r, _)| r.as_ref());
+    let running = in_force.and_then(|r| r.running(store_now));
+    match (p.how, running) {
+        ("halt", None) => {
+            return Err(PolicyRefused::Conflict(
+                "no staged rollout is in progress".into(),
+            ))
+        }
+        ("halt", Some(r)) if r.from != version => {
+            return Err(PolicyRefused::Conflict(format!(
+                "the rollout in progress is from {}: not halted to {version}",
+                r.from
+            )))
+        }
+        ("halt", Some(_)) => {}
+        (_, Some(_)) => {
+            return Err(PolicyRefused::Conflict(format!(
+                "a staged rollout of {} is in progress: halt it first (POST /v1/policy/halt) or wait for its last stage",
+                in_force.map_or("", |r| r.version.as_str())
+            )))
+        }
+        (_, None) => {}
+    }
     if let Some(r) = in_force {
         if r.version == version {
             return Ok(Written {
@@ -312,6 +394,7 @@ async fn put_policy(
         activate_at_unix_ms: activate,
         how: p.how.to_string(),
         based_on: in_force.map(|r| r.version.clone()),
+        why: p.why.map(|t| t.chars().take(MAX_REASON / 4).collect()),
     }];
     history.extend(in_force.map_or(&[][..], |r| &r.history[..]).iter().cloned());
     let dropped: Vec<String> = history
@@ -319,11 +402,35 @@ async fn put_policy(
         .into_iter()
         .map(|a| a.version)
         .collect();
+    let rollout = match (p.stages, in_force) {
+        (Some(stages), Some(r)) => {
+            stages.check().map_err(PolicyRefused::Bad)?;
+            if yaml.len() + r.yaml.len() > MAX_POLICY_BYTES {
+                return Err(PolicyRefused::Bad(format!(
+                    "a staged rollout keeps both versions in the set's store: {} + {} bytes, over {MAX_POLICY_BYTES}; apply it without stages",
+                    yaml.len(),
+                    r.yaml.len()
+                )));
+            }
+            Some(Rollout {
+                from: r.version.clone(),
+                from_yaml: r.yaml.clone(),
+                plan: stages,
+            })
+        }
+        (Some(_), None) => {
+            return Err(PolicyRefused::Bad(
+                "the set has no version yet to roll out from".into(),
+            ))
+        }
+        (None, _) => None,
+    };
     let record = SharedPolicy {
         version: version.clone(),
         yaml,
         activate_at_unix_ms: activate,
         history,
+        rollout,
     };
     let value = serde_json::to_vec(&record).unwrap_or_default();
     if value.len() > MAX_VALUE {

@@ -522,7 +522,10 @@ fn steer(
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let snapshot = shared.live.load();
-    let Some(steered) = snapshot.plan.get(&dns_name) else {
+    // During a staged rollout, the version of the player's network's cohort (the one
+    // its resolver's answers come from when it asks with ECS).
+    let route = snapshot.route(&crate::plan::Asker::new(client, None));
+    let Some(steered) = route.plan.get(&dns_name) else {
         return error(
             StatusCode::NOT_FOUND,
             &format!("{dns_name} is not a steered name"),

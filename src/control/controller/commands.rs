@@ -97,11 +97,17 @@ impl Controller {
                 if_match,
                 author,
                 ticket,
+                stages,
                 reply,
             } => {
                 let source = crate::control::cluster::policy::Source::Text(yaml);
-                self.apply_policy(source, if_match, author, ticket, reply);
+                self.apply_policy(source, if_match, author, ticket, stages, reply);
             }
+            Command::PolicyHalt {
+                author,
+                ticket,
+                reply,
+            } => self.halt_policy(author, ticket, reply),
             Command::PolicyRollback {
                 version,
                 author,
@@ -183,6 +189,7 @@ impl Controller {
             drains: self.state.drains.report(&self.loaded.policy, now_ms()),
             frozen: self.state.frozen_for(&self.loaded, name),
             state: "live".into(),
+            canary: self.canary_loaded(),
         };
         let question = explain::Question {
             name,

@@ -347,6 +347,7 @@ impl Controller {
                         .into_iter()
                         .chain(self.commit.next_due_ms())
                         .chain(self.version_due())
+                        .chain(self.rollout_due())
                         .map(|due| now + Duration::from_millis(due.saturating_sub(now_ms()))),
                 )
                 .min();
@@ -408,6 +409,7 @@ impl Controller {
                     }
                     let now = Instant::now();
                     let mut changed = self.tick_steps(now);
+                    changed |= self.tick_rollout();
                     changed |= self.state.drains.tick(&self.loaded.policy, now);
                     changed |= self.state.drains.sync(&self.loaded.policy, now, now_ms());
                     changed |= self.resign();

@@ -31,6 +31,7 @@ mod modifiers;
 mod policy;
 mod publish;
 mod reloads;
+mod rollout;
 mod rounds;
 mod set;
 mod upgrade;

@@ -51,6 +51,10 @@ pub(crate) struct Versions {
     /// The file's latest proposal the set refused: its version and why (set by the
     /// task that waits for the write).
     pub file_refused: Arc<std::sync::Mutex<Option<(String, String)>>>,
+    /// A staged rollout running here (`controller/rollout.rs`).
+    pub staged: Option<super::rollout::Staged>,
+    /// The rollout (its version) this node asked the set to halt.
+    pub halting: Option<String>,
 }
 
 /// What a reload's policy file brings.
@@ -120,7 +124,7 @@ impl Controller {
             version: self.loaded.policy.version.clone(),
             yaml: self.loaded.policy.source.clone(),
             history,
-            rollout: None,
+            rollout: self.rollout_doc(),
             node: self.policy_doc(),
         }
     }
@@ -134,6 +138,7 @@ impl Controller {
         if_match: String,
         author: String,
         ticket: Option<String>,
+        stages: Option<crate::control::cluster::policy::Stages>,
         reply: oneshot::Sender<Result<Written, PolicyRefused>>,
     ) {
         if let Some(why) = self.unaudited() {
@@ -148,9 +153,10 @@ impl Controller {
             }));
             return;
         }
-        let how = match source {
-            Source::Text(_) => "api",
-            Source::Kept(_) => "rollback",
+        let how = match (&source, &stages) {
+            (Source::Text(_), Some(_)) => "staged",
+            (Source::Text(_), None) => "api",
+            (Source::Kept(_), _) => "rollback",
         };
         let proposal = Proposal {
             source,
@@ -159,6 +165,8 @@ impl Controller {
             author,
             ticket,
             how,
+            stages,
+            why: None,
         };
         self.set.write_policy(proposal, reply);
     }
@@ -197,7 +205,7 @@ impl Controller {
             return;
         }
         let in_force = self.in_force();
-        self.apply_policy(Source::Kept(target), in_force, author, ticket, reply);
+        self.apply_policy(Source::Kept(target), in_force, author, ticket, None, reply);
     }
 
     /// Proposes `yaml` (the policy file's, or the version served when the set has
@@ -218,6 +226,8 @@ impl Controller {
             author: format!("file on {}", self.vantage),
             ticket: None,
             how,
+            stages: None,
+            why: None,
         };
         let version = crate::config::version_of(&yaml);
         info!(version = %version, how, "policy: proposing a version to the set");
@@ -287,6 +297,10 @@ impl Controller {
     /// A reload: the file's edit proposed, then the set's version switched to (at its
     /// instant) or refused, or the other inputs applied. Whether the probes changed.
     pub(super) fn on_reload(&mut self, mut r: Reloaded) -> bool {
+        if r.trigger == Trigger::Canary {
+            self.on_canary(r);
+            return false;
+        }
         if let (Some(v), Some((proposed, trigger))) = (&r.set, &self.versions.proposed) {
             if r.trigger == Trigger::SetVersion && v == proposed {
                 // This node's own edit, back from the set.
@@ -345,6 +359,14 @@ impl Controller {
             }
         }
         self.versions.pending = None;
+        let rolled_out = self.versions.staged.as_ref().is_some_and(|s| {
+            r.result.is_ok() && r.set.as_ref() == Some(&s.version) && s.ends_ms.is_none()
+        });
+        if rolled_out {
+            // The last stage reached: the new version is the one in force.
+            info!(version = ?r.set, "policy: the staged rollout is complete");
+            self.versions.staged = None;
+        }
         let probes_changed = self.apply_reload(r);
         // The load's temporaries, and the configuration replaced, back to the system.
         crate::huge::give_back();
@@ -364,7 +386,7 @@ impl Controller {
         }
     }
 
-    fn refuse_version(&mut self, version: &str, issues: &Issues) {
+    pub(super) fn refuse_version(&mut self, version: &str, issues: &Issues) {
         let errors: Vec<String> = issues.errors().map(ToString::to_string).collect();
         for e in &errors {
             error!(version = %version, error = %e, "policy: the set's version does not load on this node: the last good one keeps serving");
@@ -401,21 +423,23 @@ impl Controller {
             return;
         };
         self.versions.proposed_first = false;
+        // During a staged rollout, the version before it stays the one in force.
+        let (version, yaml) = self.follow_rollout(&set);
         let Some(to) = &self.versions.to_load else {
             return;
         };
         let asked = to.borrow().as_ref().map(|s| s.version.clone());
-        if asked.as_deref() == Some(set.version.as_str()) {
+        if asked.as_deref() == Some(version.as_str()) {
             return;
         }
         let wanted = SetPolicy {
-            version: set.version.clone(),
+            version: version.clone(),
             text: PolicyText {
-                origin: std::path::PathBuf::from(format!("policy version {}", set.version)),
-                text: Arc::from(set.yaml.as_str()),
+                origin: std::path::PathBuf::from(format!("policy version {version}")),
+                text: yaml,
             },
         };
-        if set.version == self.loaded.policy.version {
+        if version == self.loaded.policy.version {
             // Served already (its file's): the next reloads load it, none now; a set
             // of one saves its store with the new key.
             to.send_if_modified(|s| {
@@ -434,7 +458,7 @@ impl Controller {
             self.versions.refused = None;
             self.metrics.policy_refused(false);
         }
-        info!(version = %set.version, serving = %self.loaded.policy.version, "policy: the set's version, loading it");
+        info!(version = %version, serving = %self.loaded.policy.version, "policy: the set's version, loading it");
         to.send_replace(Some(wanted));
     }
 

@@ -29,8 +29,14 @@ impl Controller {
 
     pub(super) fn plan(&mut self) -> Snapshot {
         let chain = Chain::new(&self.perf);
-        let (snapshot, fail_open) = chain.snapshot(&self.commit, &self.state, &self.loaded);
+        let (mut snapshot, fail_open) = chain.snapshot(&self.commit, &self.state, &self.loaded);
         self.note_fail_open(fail_open);
+        // A staged rollout's new version, for its share of the client networks.
+        snapshot.canary = self.canary();
+        let share = snapshot.canary.as_ref().map_or(0, |c| c.share);
+        self.metrics.policy_rollout_percent(
+            f64::from(share) * 100.0 / f64::from(crate::selection::COHORT_PARTS),
+        );
         snapshot
     }
 

@@ -91,8 +91,27 @@ pub fn snapshot_for(
         zones,
         signed_until: signed.as_ref().map(|s| s.window.expiration),
         denials: signed.map(|s| s.denials.clone()),
+        canary: None,
     };
     (snapshot, planned.fail_open)
+}
+
+/// The plan of `loaded`'s own policy (a staged rollout's new version) for the geo
+/// database whose places are `places` (the one the version in force serves with), with
+/// the CNAMEs' RRSIGs when its policy signs.
+pub fn plan_alone(
+    loaded: &Loaded,
+    removed: &Removed,
+    drains: &[DrainCut],
+    places: &[Place],
+) -> Plan {
+    let mut planned = plan(&loaded.policy, removed, drains, places);
+    if let Some(signed) = loaded.dnssec.as_ref().map(|d| d.signed()) {
+        planned
+            .plan
+            .set_rrsigs(|name, target| signed.cname(name, target));
+    }
+    planned.plan
 }
 
 /// Builds the plan for a validated policy, the failover state and the drains in force,

@@ -65,6 +65,15 @@ pub enum Command {
         if_match: String,
         author: String,
         ticket: Option<String>,
+        /// In stages (`?stages=…&stage_seconds=…`); `None`: at once.
+        stages: Option<super::stages::Stages>,
+        reply: oneshot::Sender<Result<Written, PolicyRefused>>,
+    },
+    /// `POST /v1/policy/halt`: the staged rollout in progress stops, every client back
+    /// to the version before it.
+    PolicyHalt {
+        author: String,
+        ticket: Option<String>,
         reply: oneshot::Sender<Result<Written, PolicyRefused>>,
     },
     /// `POST /v1/policy/rollback`: to `version`, or the one before the version in force.
@@ -274,4 +283,7 @@ pub enum PolicyRefused {
     /// The audit log cannot be written (`503`).
     #[error("{0}")]
     NotAudited(String),
+    /// Not now (`409`): a staged rollout is in progress, or none is to halt.
+    #[error("{0}")]
+    Conflict(String),
 }

@@ -22,7 +22,7 @@ use crate::control::decide::planner::{removed_of, Removed};
 use crate::control::decide::times;
 use crate::inputs::Loaded;
 use crate::place::geo::Place;
-use crate::plan::{Asker, Reason, Snapshot};
+use crate::plan::{Asker, Cohort, Reason, Snapshot};
 
 /// What explain reads besides the question: the inputs, the snapshot served, and the
 /// failover state behind it.
@@ -38,6 +38,8 @@ pub(crate) struct Facts<'a> {
     pub frozen: Option<String>,
     /// Where the failover state comes from (`live`, or the saved file and its age).
     pub state: String,
+    /// A staged rollout's new version, loaded (`None`: no rollout).
+    pub canary: Option<&'a Loaded>,
 }
 
 /// The question: a name, a client, and who asks.
@@ -112,6 +114,9 @@ pub struct Explanation {
     /// The policy version that decided the answer (the first 12 hex digits of the
     /// SHA-256 of its YAML).
     pub policy_version: String,
+    /// During a staged rollout: the client's cohort and the version it gets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<CohortFound>,
     /// The region's performance shift (`performance:`), when the server has one
     /// (live only: `steerdns explain` offline has no measurements).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,6 +124,19 @@ pub struct Explanation {
     /// The name's CDNs with a contract or a capacity (live only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub commit: Vec<crate::control::modifiers::commit::CdnView>,
+}
+
+/// Which version of a staged rollout answers the client.
+#[derive(Debug, Serialize)]
+pub struct CohortFound {
+    /// `canary` (the new version) or `control` (the version in force).
+    pub cohort: &'static str,
+    /// The version that answers the client.
+    pub version: String,
+    /// The version rolling out.
+    pub new_version: String,
+    /// The percent of client networks the new version answers now.
+    pub share_percent: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -189,10 +207,33 @@ pub(crate) fn explain(facts: &Facts, q: &Question) -> Result<Explanation, Explai
         .map_err(|e| ExplainError::NotAName(q.name.to_string(), e.to_string()))?;
     name.set_fqdn(true);
     let lower = LowerName::new(&name);
+    // The query the answer is for: the resolver sends the client's network (host bits
+    // cleared, as on the wire), or the client asks itself without ECS.
+    let asker = match q.resolver {
+        Some((r, source)) => {
+            let net = crate::net::cut(q.client, source);
+            Asker::new(r, Some((net, source)))
+        }
+        None => Asker::new(q.client, None),
+    };
+    // During a staged rollout, the version of the asker's cohort.
+    let route = facts.snapshot.route(&asker);
+    let loaded = match (route.cohort, facts.canary) {
+        (Cohort::Canary, Some(canary)) => canary,
+        _ => facts.loaded,
+    };
+    let rollout = facts.snapshot.canary.as_ref().map(|c| CohortFound {
+        cohort: route.cohort.as_str(),
+        version: match route.cohort {
+            Cohort::Canary => c.version.to_string(),
+            _ => c.from.to_string(),
+        },
+        new_version: c.version.to_string(),
+        share_percent: f64::from(c.share) * 100.0 / f64::from(crate::selection::COHORT_PARTS),
+    });
     let (Some(steered), Some(host)) = (
-        facts.snapshot.plan.get(&lower),
-        facts
-            .loaded
+        route.plan.get(&lower),
+        loaded
             .policy
             .hosts
             .iter()
@@ -244,15 +285,6 @@ pub(crate) fn explain(facts: &Facts, q: &Question) -> Result<Explanation, Explai
             }
         })
         .collect();
-    // The query the answer is for: the resolver sends the client's network (host bits
-    // cleared, as on the wire), or the client asks itself without ECS.
-    let asker = match q.resolver {
-        Some((r, source)) => {
-            let net = crate::net::cut(q.client, source);
-            Asker::new(r, Some((net, source)))
-        }
-        None => Asker::new(q.client, None),
-    };
     let answer = match steered.consistent_answer(&facts.snapshot.geo, &asker, q.now) {
         Some((target, until)) => Answer {
             selection: "consistent",
@@ -315,7 +347,10 @@ pub(crate) fn explain(facts: &Facts, q: &Question) -> Result<Explanation, Explai
             why,
         },
         ttl: steered.ttl(),
-        ecs_scope: d.scope,
+        ecs_scope: match q.resolver {
+            Some(_) => route.scope(d.scope),
+            None => d.scope,
+        },
         reason: choice.reason.to_string(),
         reason_text: reason_text(choice.reason),
         cdns,
@@ -333,8 +368,9 @@ pub(crate) fn explain(facts: &Facts, q: &Question) -> Result<Explanation, Explai
             .signed_until
             .filter(|_| !steered.rrsigs(0).is_empty()),
         state: facts.state.clone(),
-        config_version: facts.loaded.version.clone(),
-        policy_version: facts.loaded.policy.version.clone(),
+        config_version: loaded.version.clone(),
+        policy_version: loaded.policy.version.clone(),
+        rollout,
         performance: None,
         commit: Vec::new(),
     })

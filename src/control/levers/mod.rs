@@ -5,6 +5,8 @@
 //! |---|---|
 //! | `command` | `Command`, what the API asks the controller, and the checks each lever passes |
 //! | `explain` | `explain`: one typed explanation for the API and the command line |
+//! | `stages` | `Stages`, a staged policy rollout's stages, and where it is at an instant |
 
 pub mod command;
 pub(crate) mod explain;
+pub mod stages;

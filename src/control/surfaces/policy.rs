@@ -2,7 +2,8 @@
 //! force, the set's history, a rollout), `POST /v1/policy` (a new version: the body is
 //! the policy's YAML, `If-Match: "<version in force>"` required), `POST
 //! /v1/policy/rollback` (`{"version": …}`, default the one before the version in force)
-//! and `POST /v1/policy/halt` (a staged rollout). The controller checks and writes them
+//! and `POST /v1/policy/halt` (a staged rollout: back to the version before it). A new
+//! version rolls out in stages with `?stages=5,25,100&stage_seconds=300`. The controller checks and writes them
 //! (`controller/policy.rs`).
 
 use hyper::StatusCode;
@@ -13,6 +14,7 @@ use tokio::sync::mpsc;
 use super::ask::ask;
 use crate::clock::rfc3339;
 use crate::config::tokens::Token;
+use crate::control::cluster::policy::Stages;
 use crate::control::http::{error, json_reply, Reply};
 use crate::control::levers::command::{Command, PolicyRefused, Written};
 
@@ -60,12 +62,10 @@ pub(super) async fn mutate(
     };
     match asked.path {
         "/v1/policy" => {
-            if param("stages").is_some() || param("stage_seconds").is_some() {
-                return error(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "staged rollouts are not built yet: apply the whole version (without stages)",
-                );
-            }
+            let stages = match stages_of(param("stages"), param("stage_seconds")) {
+                Ok(s) => s,
+                Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+            };
             if asked.body.iter().all(u8::is_ascii_whitespace) {
                 return error(
                     StatusCode::BAD_REQUEST,
@@ -99,6 +99,7 @@ pub(super) async fn mutate(
                 if_match,
                 author: token.name.clone(),
                 ticket,
+                stages,
                 reply,
             })
             .await;
@@ -125,9 +126,64 @@ pub(super) async fn mutate(
             .await;
             answer(sent)
         }
-        "/v1/policy/halt" => error(StatusCode::CONFLICT, "no staged rollout is in progress"),
+        "/v1/policy/halt" => {
+            let r: RollbackRequest = if asked.body.iter().all(u8::is_ascii_whitespace) {
+                RollbackRequest::default()
+            } else {
+                match serde_json::from_slice(asked.body) {
+                    Ok(r) => r,
+                    Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad request: {e}")),
+                }
+            };
+            if r.version.is_some() {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "a halt takes no version: the rollout in progress goes back to the version before it",
+                );
+            }
+            if let Err(e) = token.ticket_ok(r.ticket.as_deref()) {
+                return error(StatusCode::BAD_REQUEST, &e);
+            }
+            let sent = ask(commands, |reply| Command::PolicyHalt {
+                author: token.name.clone(),
+                ticket: r.ticket,
+                reply,
+            })
+            .await;
+            answer(sent)
+        }
         _ => error(StatusCode::NOT_FOUND, "not found"),
     }
+}
+
+/// `?stages=5,25,100&stage_seconds=300`: both or neither (`None`: at once).
+fn stages_of(stages: Option<String>, seconds: Option<String>) -> Result<Option<Stages>, String> {
+    let (stages, seconds) = match (stages, seconds) {
+        (None, None) => return Ok(None),
+        (Some(s), Some(t)) => (s, t),
+        _ => {
+            return Err(
+                "stages and stage_seconds go together: ?stages=5,25,100&stage_seconds=300".into(),
+            )
+        }
+    };
+    let stages = stages
+        .split(',')
+        .map(|p| p.trim().parse::<u8>())
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|_| {
+            format!("stages: {stages:?} is not percents separated by commas, as 5,25,100")
+        })?;
+    let stage_seconds = seconds
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("stage_seconds: {seconds:?} is not a number of seconds"))?;
+    let s = Stages {
+        stages,
+        stage_seconds,
+    };
+    s.check()?;
+    Ok(Some(s))
 }
 
 /// A query value, percent-decoded (`+` is a space); a bad escape is kept as it is.
@@ -180,6 +236,7 @@ fn answer(sent: Result<Result<Written, PolicyRefused>, Box<Reply>>) -> Reply {
             &json!({ "error": "the policy does not load on this node", "errors": errors }),
         ),
         Ok(Err(e @ PolicyRefused::Bad(_))) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Ok(Err(e @ PolicyRefused::Conflict(_))) => error(StatusCode::CONFLICT, &e.to_string()),
         Ok(Err(e @ (PolicyRefused::Unavailable(_) | PolicyRefused::NotAudited(_)))) => {
             error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
         }

@@ -31,6 +31,9 @@ pub enum Trigger {
     Sighup,
     /// The set's policy version changed.
     SetVersion,
+    /// A staged rollout's new version, loaded beside the version in force (its result
+    /// is the canary's, never served alone).
+    Canary,
 }
 
 impl std::fmt::Display for Trigger {
@@ -39,6 +42,7 @@ impl std::fmt::Display for Trigger {
             Trigger::FileChange => "file change",
             Trigger::Sighup => "SIGHUP",
             Trigger::SetVersion => "set version",
+            Trigger::Canary => "staged rollout",
         })
     }
 }
