@@ -2122,3 +2122,191 @@ async fn a_node_that_cannot_load_the_sets_version_keeps_the_last_good_one_and_sa
     );
     drop(set.etcd);
 }
+
+/// Which of 400 client networks (ECS /24, one resolver) node `addr` answers from the
+/// new version (`a2`).
+async fn a2_networks(addr: std::net::SocketAddr) -> Vec<usize> {
+    use common::*;
+    let mut out = Vec::new();
+    for net in 0..400usize {
+        let client = format!("10.{}.{}.0", net / 200, net % 200);
+        let q = query_edns(
+            "www.example.com.",
+            hickory_proto::rr::RecordType::A,
+            Some((client.as_str(), 24)),
+        );
+        let m = ask_from(addr, resolver(0), Proto::Udp, &q).await;
+        if cname_of(&m).starts_with("a2.") {
+            out.push(net);
+        }
+    }
+    out
+}
+
+/// POST `body` to `node`'s `/v1/policy?{query}` based on `if_match`.
+async fn post_staged(node: &Stack, body: String, if_match: &str, query: &str) -> (u16, Value) {
+    let resp = node
+        .http
+        .post(format!("http://{}/v1/policy?{query}", node.api))
+        .bearer_auth(TOKEN)
+        .header("if-match", format!("\"{if_match}\""))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    let bytes = resp.bytes().await.unwrap();
+    (
+        code,
+        serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_rollout_gives_every_node_the_same_networks_and_halts_when_a_node_refuses() {
+    if !require_etcd("a_staged_rollout_gives_every_node_the_same_networks…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "policy-stages",
+        SetUp {
+            member_roles: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let original = std::fs::read_to_string(set.nodes[0].dir.join("steering.yaml")).unwrap();
+    let v0 = steerdns::config::version_of(&original);
+    for n in &set.nodes {
+        n.wait_for_path("/v1/policy", "the set's first version", |p| {
+            p["history"][0]["version"] == v0.as_str()
+        })
+        .await;
+    }
+    // The new version answers `a2` everywhere; the old one `a` or `b`.
+    let edited = original
+        .replace("a: { cname: a.cdn.test. }", "a: { cname: a2.cdn.test. }")
+        .replace("weights: { a: 50, b: 50 }", "weights: { a: 100 }");
+    let v1 = steerdns::config::version_of(&edited);
+    let (code, body) = post_staged(
+        &set.nodes[0],
+        edited.clone(),
+        &v0,
+        "stages=10,100&stage_seconds=4",
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    // Each node's instants of the stages, on its own clock (the writer's instant, by
+    // each node's estimate of its offset to etcd's clock).
+    let mut starts = Vec::new();
+    for n in &set.nodes {
+        let p = n
+            .wait_for_path("/v1/policy", "the rollout loaded", |p| {
+                p["rollout"]["loaded"] == true
+            })
+            .await;
+        starts.push(p["rollout"]["start_unix_ms"].as_u64().unwrap());
+    }
+    let (start, last) = (
+        *starts.iter().max().unwrap(),
+        *starts.iter().min().unwrap() + 4_000,
+    );
+    // Polls of the first stage, away from both instants: every node gives the new
+    // version to the same 5-15 % of the networks, at every poll.
+    let mut seen: Vec<Vec<usize>> = Vec::new();
+    while steerdns::clock::now_ms() + 1_000 < last {
+        for n in &set.nodes {
+            let before = steerdns::clock::now_ms();
+            let nets = a2_networks(n.dns).await;
+            let after = steerdns::clock::now_ms();
+            if before > start + 100 && after + 100 < last {
+                seen.push(nets);
+            }
+        }
+    }
+    assert!(seen.len() >= 3, "polls of the first stage: {}", seen.len());
+    let canary = seen[0].clone();
+    assert!(
+        (20..=60).contains(&canary.len()),
+        "5-15 % of 400 networks: {}",
+        canary.len()
+    );
+    for nets in &seen {
+        assert_eq!(*nets, canary, "the same networks on every node and poll");
+    }
+    eprintln!(
+        "staged rollout: {} of 400 networks on the new version in the first stage, {} polls over 3 nodes agreed; the nodes' stage instants {} ms apart",
+        canary.len(),
+        seen.len(),
+        start - starts.iter().min().unwrap()
+    );
+    for n in &set.nodes {
+        let p = n.get("/v1/policy").await;
+        assert_eq!(p["rollout"]["version"], v1.as_str(), "{p:#}");
+        assert_eq!(p["rollout"]["share_percent"], 10.0, "{p:#}");
+    }
+    // After the stage: every network on every node; the new version is in force.
+    for n in &set.nodes {
+        let t = Instant::now();
+        loop {
+            if a2_networks(n.dns).await.len() == 400 {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(8), "not all on a2");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        n.wait_for_path("/v1/policy", "the rollout done", |p| {
+            p["rollout"].is_null() && p["version"] == v1.as_str()
+        })
+        .await;
+    }
+
+    // ns3 lacks a zone the next version needs: it cannot load it, and halts the
+    // rollout by itself; every node goes back to v1.
+    let zone = "$ORIGIN example.net.\n$TTL 3600\n@ IN SOA ns1.example.net. hostmaster.example.net. 1 7200 900 1209600 300\n  IN NS ns1.example.net.\nns1 IN A 192.0.2.53\n";
+    for n in &set.nodes[..2] {
+        std::fs::write(n.dir.join("zones/example.net.zone"), zone).unwrap();
+    }
+    for n in &set.nodes[..2] {
+        n.wait_for("the new zone loaded", |s| last_reload(s).0 == "applied")
+            .await;
+    }
+    let next = edited
+        .replace("weights: { a: 100 }", "weights: { a: 50, b: 50 }")
+        .replace(
+            "  other.example.com:",
+            "  www.example.net:\n    cdns:\n      c: { cname: c.cdn.test. }\n    regions:\n      - match: [\"*\"]\n        weights: { c: 1 }\n  other.example.com:",
+        );
+    let v2 = steerdns::config::version_of(&next);
+    let (code, body) =
+        post_staged(&set.nodes[0], next, &v1, "stages=50,100&stage_seconds=60").await;
+    assert_eq!(code, 202, "{body}");
+    for n in &set.nodes {
+        let p = n
+            .wait_for_path("/v1/policy", "the rollout halted", |p| {
+                p["history"][0]["how"] == "halt" && p["rollout"].is_null()
+            })
+            .await;
+        assert_eq!(p["version"], v1.as_str(), "{p:#}");
+        assert_eq!(p["history"][1]["version"], v2.as_str(), "{p:#}");
+        assert_eq!(p["history"][0]["node"], "ns3", "{p:#}");
+        let why = p["history"][0]["why"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("cannot load") && why.contains("www.example.net"),
+            "{p:#}"
+        );
+        let t = Instant::now();
+        while a2_networks(n.dns).await.len() != 400 {
+            assert!(t.elapsed() < Duration::from_secs(5), "not all back on v1");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(
+        set.nodes[2]
+            .metric("steerdns_policy_rollout_halts_total")
+            .await,
+        Some(1.0)
+    );
+    drop(set.etcd);
+}

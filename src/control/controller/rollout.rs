@@ -229,6 +229,10 @@ impl Controller {
     pub(super) fn rollout_due(&self) -> Option<u64> {
         let s = self.versions.staged.as_ref()?;
         let now = now_ms();
+        // A stage not served yet (a timer that woke a millisecond early): at once.
+        if s.loaded.is_some() && s.plan.stage_at(s.start_ms, now) != s.stage {
+            return Some(now);
+        }
         let check = (s.loaded.is_some() && s.ends_ms.is_none())
             .then_some(s.checked_ms.max(s.start_ms) + CHECK_MS);
         s.next_ms(now).into_iter().chain(check).min()
@@ -378,6 +382,11 @@ impl Controller {
             "end_unix_ms": s.plan.end_ms(s.start_ms),
             "stage": stage.map(|k| k + 1),
             "share_percent": f64::from(s.share(now)) * 100.0 / f64::from(COHORT_PARTS),
+            "serving_percent": self.live.as_ref().map(|l| {
+                let share = l.load().canary.as_ref().map_or(0, |c| c.share);
+                f64::from(share) * 100.0 / f64::from(COHORT_PARTS)
+            }),
+            "stage_served": s.stage.map(|k| k + 1),
             "loaded": s.loaded.is_some(),
             "refused": s.refused,
             "ending_unix_ms": s.ends_ms,
