@@ -54,7 +54,8 @@
 //! takes each kind on its own ([`Key::parts`]), a page at a time at one revision; a
 //! kind of the set's decisions past [`MAX_KIND_KEYS`] is not a view: the node fails
 //! static. A value over [`etcd::MAX_VALUE`] is refused without being decoded; a watch
-//! batch parses only the keys it changes.
+//! batch parses only the keys it changes, and the view it publishes shares every kind
+//! it did not change with the view before (each kind is an `Arc`).
 //!
 //! | file | holds |
 //! |---|---|
@@ -78,6 +79,6 @@ pub use crate::control::store::etcd::{self, Etcd, EtcdError, EtcdOptions};
 pub use crate::control::store::{Key, Store};
 pub use records::{Freeze, SharedDrain, SharedObservation, Timeline};
 pub use session::{spawn_session, Publisher};
-pub use view::{Link, Shared, SharedView};
+pub use view::{Link, Observed, Shared, SharedView};
 mod options;
 pub use options::*;

@@ -282,7 +282,7 @@ impl ClusterLink {
         self.latest = Some(shared.clone());
         if let Some(a) = audit {
             for (rev, entry) in shared.view.audit.range(self.audit_rev + 1..) {
-                a.append_shared(*rev, entry.clone());
+                a.append_shared(*rev, (**entry).clone());
                 self.audit_rev = *rev;
             }
         }
@@ -652,7 +652,7 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded, lone: Opt
         None => wall,
     };
     let mut steps = BTreeMap::new();
-    for (key, (tl, _)) in &view.timelines {
+    for (key, (tl, _)) in view.timelines.iter() {
         let NameCdn { name, cdn } = key;
         let Some(host) = policy.host(name).filter(|h| h.has_cdn(cdn)) else {
             continue;
