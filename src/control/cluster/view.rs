@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::scope::Scope;
-use super::{etcd, performance, usage};
+use super::{etcd, heads, performance, usage};
 use super::{
     sane_name, Freeze, SharedDrain, SharedObservation, Timeline, MAX_AUDIT_PER_MEMBER,
     MAX_AUDIT_VALUE, MAX_DRAINS, MAX_REASON, MAX_REFUSED_KEPT, MAX_VANTAGES,
@@ -54,6 +54,8 @@ pub struct SharedView {
     /// Per (name, region index): the set's latest performance evaluation, and its
     /// revision.
     pub shifts: Arc<BTreeMap<(String, usize), (performance::SharedShift, i64)>>,
+    /// Per member: the head of its audit log, as it published it.
+    pub heads: Arc<BTreeMap<String, heads::SharedHead>>,
     /// Keys refused (bad form), and the last one with why.
     pub refused: u64,
     pub last_refused: Option<String>,
@@ -399,6 +401,15 @@ impl SharedView {
                 s.check()?;
                 Arc::make_mut(&mut self.shifts).insert((name.to_string(), region), (s, rev));
             }
+            Key::AuditHead { node } => {
+                if !sane_name(node) {
+                    return Err("node not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                scope.member(node, "audit head is not kept")?;
+                let h: heads::SharedHead = parse_json(value)?;
+                h.check()?;
+                Arc::make_mut(&mut self.heads).insert(node.to_string(), h);
+            }
             Key::Policy => {
                 let p: super::policy::SharedPolicy = parse_json(value)?;
                 p.check()?;
@@ -453,6 +464,7 @@ impl SharedView {
                 forget(&mut self.perf_cells, &(node, name, region));
             }
             Key::Shift { name, region } => forget(&mut self.shifts, &(name, region)),
+            Key::AuditHead { node } => forget(&mut self.heads, &node),
             Key::Policy => self.policy = None,
             Key::Cookie | Key::PolicyVersion { .. } => {}
         }

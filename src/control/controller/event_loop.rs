@@ -289,6 +289,11 @@ impl Controller {
         self.perf.store()
     }
 
+    /// The audit log's head and health (`None`: no log), for its publisher in a set.
+    pub fn audit_watch(&self) -> Option<crate::control::disk::audit::Watch> {
+        self.audit.as_ref().map(Audit::watch)
+    }
+
     /// Appends an entry to the audit log (when there is one); in a set, writes it to
     /// etcd, from where every node appends it.
     pub(super) fn audit(&mut self, kind: &str, fields: serde_json::Value) {

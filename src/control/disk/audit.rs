@@ -66,7 +66,7 @@ struct Health {
     failing: AtomicBool,
     /// (seq, hash) of the last line written, and the last error.
     head: Mutex<(u64, String, Option<String>)>,
-    /// `steerdns_audit_failing`.
+    /// `steerdns_audit_failing` and `steerdns_audit_head_seq`.
     metrics: Option<crate::metrics::Metrics>,
     /// Entries handed to the thread so far.
     handed: AtomicU64,
@@ -372,6 +372,7 @@ impl Audit {
         });
         if let Some(m) = &health.metrics {
             m.audit_failing(false);
+            m.audit_head(seq);
         }
         // Built by the thread before it appends anything; pages read every file
         // until then.
@@ -572,6 +573,7 @@ impl Log {
         let was = health.failing.swap(failing, Ordering::Relaxed);
         if let Some(m) = &health.metrics {
             m.audit_failing(failing);
+            m.audit_head(self.seq);
         }
         let mut head = health.head.lock().unwrap_or_else(|e| e.into_inner());
         *head = (
