@@ -1449,6 +1449,16 @@ async fn every_node_appends_the_same_audit_chain() {
     }
 }
 
+/// The entries of node `i`'s audit log.
+fn audit_entries(set: &Set, i: usize) -> Vec<Value> {
+    let log = set.nodes[i].dir.join("state/audit.jsonl");
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Each node publishes the head of its audit log in the set's store, under its own
 /// key (the book's roles let it write no other node's), and every node shows every
 /// member's head in `/v1/state`: an operator checks a copy of a node's log against
@@ -1527,6 +1537,87 @@ async fn every_node_publishes_its_audit_head_and_shows_the_others() {
     std::fs::write(&cut, kept).unwrap();
     let (ok, said) = verify(&cut);
     assert!(!ok && said.contains("cut short"), "{said}");
+}
+
+/// An override written straight to etcd by a member holding a node's credentials,
+/// not through a node's API, comes without its writer's audit entry: every node
+/// appends an `override_seen` entry to its own log once it waited for one in vain. A
+/// drain through a node's API, which that node audits for the set, adds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_written_straight_to_etcd_is_audited_by_every_node_an_api_drain_once() {
+    if !require_etcd("a_drain_written_straight_to_etcd_is_audited_by_every_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "unaudited",
+        SetUp {
+            member_roles: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let drain = json!({"name": "www.example.com", "cdn": "b", "reason": "through the api", "where": ["GB"]});
+    let (status, body) = set.nodes[0].post("/v1/drains", drain).await;
+    assert_eq!(status, 201, "{body}");
+    let api_id = body["id"].as_str().unwrap().to_string();
+    for n in &set.nodes {
+        n.wait_for("the API drain", |s| {
+            s["drains"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["id"] == api_id.as_str()))
+        })
+        .await;
+    }
+    // With ns2's credentials, straight to etcd: the record names ns2, no entry says so.
+    let record = json!({
+        "rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": "by hand"},
+        "node": "ns2", "at_unix_ms": unix_ms(),
+    });
+    let (ok, said) = set.etcd.put_as(
+        Some(("ns2", "pw-ns2")),
+        &format!("{PREFIX}drain/hand-1"),
+        &record.to_string(),
+    );
+    assert!(ok, "{said}");
+    let seen = |e: &Value| e["kind"] == "override_seen";
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let entries = loop {
+            let entries = audit_entries(&set, i);
+            if entries
+                .iter()
+                .any(|e| seen(e) && e["key"] == "drain/hand-1")
+            {
+                break entries;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ns{}: no override_seen entry",
+                i + 1
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // The API drain (seen first, its wait over first) has its writer's entry only.
+        let unaudited: Vec<&Value> = entries.iter().filter(|e| seen(e)).collect();
+        assert_eq!(unaudited.len(), 1, "ns{}: {unaudited:?}", i + 1);
+        let e = unaudited[0];
+        assert_eq!(e["key"], "drain/hand-1");
+        assert_eq!(e["record_node"], "ns2");
+        assert_eq!(e["node"], format!("ns{}", i + 1), "in its own name");
+        assert_eq!(e["record"]["rule"]["reason"], "by hand");
+        assert!(e["why"]
+            .as_str()
+            .unwrap()
+            .contains("no audit entry from the writer"));
+        let api_entries = entries
+            .iter()
+            .filter(|e| e["kind"] == "drain" && e["id"] == api_id.as_str())
+            .count();
+        assert_eq!(api_entries, 1, "ns{}", i + 1);
+        let log = set.nodes[i].dir.join("state/audit.jsonl");
+        steerdns::control::disk::audit::verify(&[log]).unwrap();
+    }
 }
 
 /// www.example.com with `a` behind a 200,000 GB commit at 30 % (`b` 70 %), evaluated

@@ -69,6 +69,7 @@
 //! | `policy.rs` | the policy version of the set: its record, `write_policy` (compare-and-swap on the version it is based on), `fetch_version` |
 //! | `usage.rs`, `performance.rs` | the usage records, commit biases and performance cells of the set |
 //! | `heads.rs` | the audit heads of the members: the record, and the `HeadPublisher` of this node's |
+//! | `unaudited.rs` | overrides seen without their writer's audit entry, appended to this node's log (`override_seen`) |
 
 pub(crate) mod heads;
 pub(crate) mod node;
@@ -77,6 +78,7 @@ pub(crate) mod policy;
 mod records;
 mod scope;
 mod session;
+mod unaudited;
 pub(crate) mod usage;
 mod view;
 pub use crate::control::store::etcd::{self, Etcd, EtcdError, EtcdOptions};

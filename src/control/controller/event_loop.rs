@@ -346,6 +346,7 @@ impl Controller {
                 )
                 .chain(self.resign_due())
                 .chain(self.waiting.iter().map(|(_, at, _)| *at))
+                .chain(self.set.unaudited_due())
                 .chain(
                     self.perf
                         .next_due_ms()
@@ -419,6 +420,7 @@ impl Controller {
                     changed |= self.evaluate_perf();
                     changed |= self.evaluate_commit();
                     self.state.drains.prune(now_ms());
+                    self.set.audit_unaudited(self.audit.as_ref());
                     self.answer_waiting(None);
                     if changed {
                         self.publish();
