@@ -364,6 +364,15 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
             ttl: observation_ttl(&loaded.probes),
         }
         .spawn(controller.rounds(), stop.clone());
+        if let Some(audit) = controller.audit_watch() {
+            cluster::heads::HeadPublisher {
+                store: store.clone(),
+                prefix: prefix.clone(),
+                node: opts.vantage.clone(),
+                audit,
+            }
+            .spawn(stop.clone());
+        }
         cluster::performance::CellsPublisher {
             store: store.clone(),
             prefix,

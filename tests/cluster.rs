@@ -967,6 +967,7 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
     let agent = Some(("agent1", "pw-agent1"));
     let node = Some(("ns1", "pw-ns1"));
     let drain = json!({"rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": "x"}, "node": "ns1", "at_unix_ms": 1}).to_string();
+    let head = json!({"seq": 0, "hash": "0".repeat(64), "at_unix_ms": 1}).to_string();
     // The roles the book gives: an agent writes its own observations only...
     let cases = [
         (
@@ -1002,6 +1003,16 @@ async fn each_member_writes_only_its_own_keys_and_outsiders_do_not_count() {
             false,
         ),
         (node, format!("{PREFIX}freeze/acme"), "{}".to_string(), true),
+        // ...and its own audit head: that one key, not another member's.
+        (node, format!("{PREFIX}audit-head/ns1"), head.clone(), true),
+        (node, format!("{PREFIX}audit-head/ns2"), head.clone(), false),
+        (
+            node,
+            format!("{PREFIX}audit-head/ns10"),
+            head.clone(),
+            false,
+        ),
+        (agent, format!("{PREFIX}audit-head/agent1"), head, false),
     ];
     for (user, key, value, allowed) in &cases {
         let (ok, said) = set.etcd.put_as(*user, key, value);
@@ -1435,6 +1446,177 @@ async fn every_node_appends_the_same_audit_chain() {
             texts.join("\n---\n")
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The entries of node `i`'s audit log.
+fn audit_entries(set: &Set, i: usize) -> Vec<Value> {
+    let log = set.nodes[i].dir.join("state/audit.jsonl");
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Each node publishes the head of its audit log in the set's store, under its own
+/// key (the book's roles let it write no other node's), and every node shows every
+/// member's head in `/v1/state`: an operator checks a copy of a node's log against
+/// the head that node published (`audit verify --expect-head`), which a copy cut short
+/// fails. The head's seq is a metric too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_publishes_its_audit_head_and_shows_the_others() {
+    if !require_etcd("every_node_publishes_its_audit_head_and_shows_the_others") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "heads",
+        SetUp {
+            member_roles: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let drain = json!({"name": "www.example.com", "cdn": "b", "reason": "heads", "where": ["GB"]});
+    let (status, body) = set.nodes[0].post("/v1/drains", drain).await;
+    assert_eq!(status, 201, "{body}");
+    // Every node's own head, as every node shows it from the store.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let states = loop {
+        let mut states = Vec::new();
+        for n in &set.nodes {
+            states.push(n.state().await);
+        }
+        let published = |i: usize, j: usize| {
+            let own = &states[i]["audit"]["head"];
+            own.as_str().is_some_and(|h| !h.starts_with("0:"))
+                && states[j]["cluster"]["audit_heads"][format!("ns{}", i + 1)]["head"] == *own
+        };
+        if (0..3).all(|i| (0..3).all(|j| published(i, j))) {
+            break states;
+        }
+        let shown: Vec<Value> = states
+            .iter()
+            .map(|s| json!({"own": s["audit"]["head"], "shown": s["cluster"]["audit_heads"]}))
+            .collect();
+        assert!(
+            Instant::now() < deadline,
+            "the heads never published and shown: {shown:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // ns2's log holds the head ns2 published (as ns1 shows it); a copy without its last
+    // line does not.
+    let head = states[0]["cluster"]["audit_heads"]["ns2"]["head"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let seq: f64 = head.split(':').next().unwrap().parse().unwrap();
+    assert!(set.nodes[1].metric("steerdns_audit_head_seq").await >= Some(seq));
+    let log = set.nodes[1].dir.join("state/audit.jsonl");
+    let verify = |p: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_steerdns"))
+            .args(["audit", "verify", "--expect-head", &head])
+            .arg(p)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), said)
+    };
+    let (ok, said) = verify(&log);
+    assert!(ok, "{said}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let cut = set.nodes[1].dir.join("audit-cut.jsonl");
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).unwrap()["seq"].as_f64() < Some(seq))
+        .collect();
+    let kept: String = kept.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&cut, kept).unwrap();
+    let (ok, said) = verify(&cut);
+    assert!(!ok && said.contains("cut short"), "{said}");
+}
+
+/// An override written straight to etcd by a member holding a node's credentials,
+/// not through a node's API, comes without its writer's audit entry: every node
+/// appends an `override_seen` entry to its own log once it waited for one in vain. A
+/// drain through a node's API, which that node audits for the set, adds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_written_straight_to_etcd_is_audited_by_every_node_an_api_drain_once() {
+    if !require_etcd("a_drain_written_straight_to_etcd_is_audited_by_every_node…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "unaudited",
+        SetUp {
+            member_roles: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let drain = json!({"name": "www.example.com", "cdn": "b", "reason": "through the api", "where": ["GB"]});
+    let (status, body) = set.nodes[0].post("/v1/drains", drain).await;
+    assert_eq!(status, 201, "{body}");
+    let api_id = body["id"].as_str().unwrap().to_string();
+    for n in &set.nodes {
+        n.wait_for("the API drain", |s| {
+            s["drains"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["id"] == api_id.as_str()))
+        })
+        .await;
+    }
+    // With ns2's credentials, straight to etcd: the record names ns2, no entry says so.
+    let record = json!({
+        "rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": "by hand"},
+        "node": "ns2", "at_unix_ms": unix_ms(),
+    });
+    let (ok, said) = set.etcd.put_as(
+        Some(("ns2", "pw-ns2")),
+        &format!("{PREFIX}drain/hand-1"),
+        &record.to_string(),
+    );
+    assert!(ok, "{said}");
+    let seen = |e: &Value| e["kind"] == "override_seen";
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let entries = loop {
+            let entries = audit_entries(&set, i);
+            if entries
+                .iter()
+                .any(|e| seen(e) && e["key"] == "drain/hand-1")
+            {
+                break entries;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ns{}: no override_seen entry",
+                i + 1
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // The API drain (seen first, its wait over first) has its writer's entry only.
+        let unaudited: Vec<&Value> = entries.iter().filter(|e| seen(e)).collect();
+        assert_eq!(unaudited.len(), 1, "ns{}: {unaudited:?}", i + 1);
+        let e = unaudited[0];
+        assert_eq!(e["key"], "drain/hand-1");
+        assert_eq!(e["record_node"], "ns2");
+        assert_eq!(e["node"], format!("ns{}", i + 1), "in its own name");
+        assert_eq!(e["record"]["rule"]["reason"], "by hand");
+        assert!(e["why"]
+            .as_str()
+            .unwrap()
+            .contains("no audit entry from the writer"));
+        let api_entries = entries
+            .iter()
+            .filter(|e| e["kind"] == "drain" && e["id"] == api_id.as_str())
+            .count();
+        assert_eq!(api_entries, 1, "ns{}", i + 1);
+        let log = set.nodes[i].dir.join("state/audit.jsonl");
+        steerdns::control::disk::audit::verify(&[log]).unwrap();
     }
 }
 

@@ -101,6 +101,19 @@ pub struct ClusterDoc {
     /// location-scope cap): they do not count.
     pub refused_keys: u64,
     pub last_refused: Option<String>,
+    /// Per member: the head of its audit log as it published it in the set's store
+    /// (`SEQ:HASH`, and when), to check a copy of that node's log against
+    /// (`steerdns audit verify --expect-head`).
+    pub audit_heads: BTreeMap<String, AuditHeadDoc>,
+}
+
+/// A member's audit head, as the set's store holds it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AuditHeadDoc {
+    /// `SEQ:HASH` of the last entry of its log.
+    pub head: String,
+    /// When it published it (Unix ms).
+    pub at_unix_ms: u64,
 }
 
 /// A shared failover timeline and who started it.
@@ -376,6 +389,17 @@ pub(crate) fn cluster_doc(c: &ClusterLink) -> ClusterDoc {
         freeze: view.freeze.clone(),
         refused_keys: c.refused(),
         last_refused: view.last_refused.clone(),
+        audit_heads: view
+            .heads
+            .iter()
+            .map(|(node, h)| {
+                let doc = AuditHeadDoc {
+                    head: h.shown(),
+                    at_unix_ms: h.at_unix_ms,
+                };
+                (node.clone(), doc)
+            })
+            .collect(),
         members: {
             let mut m: Vec<String> = c.members.clone();
             m.sort();

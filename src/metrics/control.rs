@@ -154,6 +154,13 @@ impl Metrics {
         self.inner.audit_failing.set(i64::from(on));
     }
 
+    /// The seq of the last entry of the audit log (its head).
+    pub fn audit_head(&self, seq: u64) {
+        self.inner
+            .audit_head_seq
+            .set(i64::try_from(seq).unwrap_or(i64::MAX));
+    }
+
     pub fn etcd_fail_static(&self, on: bool) {
         self.inner.etcd_fail_static.set(i64::from(on));
     }

@@ -39,6 +39,7 @@
 //! | `dnstap_dropped_total` | | dnstap frames dropped: the queue was full, or the collector went away with them |
 //! | `dnstap_connected` | | 1 while the dnstap writer is connected to its collector |
 //! | `audit_failing` | | 1 while the audit log cannot be written or opened: every mutation is refused (503) |
+//! | `audit_head_seq` | | the seq of the last entry of the audit log (its head; the hash is in `/v1/state` and the set's store, not a label) |
 //! | `etcd_fail_static` | | 1 while a node of a set (`--etcd`) cannot reach etcd: it serves the last shared state, starts no demotion |
 //! | `etcd_refused_keys` | | keys under the prefix refused (bad form, unknown CDN or name, a writer outside `--members`, over a size or count cap, a drain over the scope cap): they do not count |
 //! | `etcd_clock_skew_seconds` | | this node's clock against etcd's, as etcd's answers date them (positive: etcd is ahead); a set needs NTP |

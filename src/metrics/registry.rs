@@ -89,6 +89,7 @@ pub(super) struct Inner {
     pub(super) state_save_failing: prometheus::IntGauge,
     pub(super) etcd_fail_static: prometheus::IntGauge,
     pub(super) audit_failing: prometheus::IntGauge,
+    pub(super) audit_head_seq: prometheus::IntGauge,
     pub(super) policy_info: IntGaugeVec,
     pub(super) policy_refused: prometheus::IntGauge,
     pub(super) policy_file_refused: prometheus::IntCounter,
@@ -181,6 +182,14 @@ impl Metrics {
         )
         .expect("static gauge");
         reg.add(audit_failing.clone());
+        let audit_head_seq = prometheus::IntGauge::new(
+            "audit_head_seq",
+            "The seq of the last entry of this node's audit log (its head; 0 without one). \
+             The head's hash is in /v1/state (audit.head) and, in a set, in the store under \
+             audit-head/{node}: not a label, which would make a new series per entry.",
+        )
+        .expect("static gauge");
+        reg.add(audit_head_seq.clone());
         let policy_refused = prometheus::IntGauge::new(
             "policy_refused",
             "1 while this node cannot load the set's policy version against its own zones, geo \
@@ -402,6 +411,7 @@ impl Metrics {
                 state_save_failing,
                 etcd_fail_static,
                 audit_failing,
+                audit_head_seq,
                 policy_refused,
                 policy_file_refused,
                 policy_rollout_percent,

@@ -87,6 +87,7 @@ fn encode_contains_every_family() {
         "steerdns_state_load_errors_total",
         "steerdns_etcd_fail_static",
         "steerdns_audit_failing",
+        "steerdns_audit_head_seq",
         "steerdns_etcd_refused_keys",
         "steerdns_build_info",
     ] {

@@ -295,7 +295,7 @@ impl EtcdSet {
 
     /// Turns authentication on with one user per member of the set, each with the
     /// role the book gives it: a node (`nodes`) reads the prefix and writes its own
-    /// observations, its own audit entries and the shared keys; an agent (`agents`) writes its own
+    /// observations, its own audit entries and audit head, and the shared keys; an agent (`agents`) writes its own
     /// observations only. Passwords are `pw-{name}`.
     pub fn enable_member_roles(&mut self, prefix: &str, nodes: &[&str], agents: &[&str]) {
         let root = self.add_root();
@@ -332,6 +332,9 @@ impl EtcdSet {
                 grant("readwrite", &format!("{prefix}cookie"));
                 grant("readwrite", &format!("{prefix}policy"));
                 grant("readwrite", &format!("{prefix}versions/"));
+                // Its audit head: that one key (not a prefix: `ns1` would cover `ns10`).
+                let head = format!("{prefix}audit-head/{name}");
+                self.etcdctl(&["role", "grant-permission", &role, "readwrite", &head]);
             }
             self.etcdctl(&[
                 "user",

@@ -28,6 +28,7 @@
 //! | `policy` | [`policy::SharedPolicy`]: the policy version in force (its YAML), the instant every node serves it, the last 20 applications | the node whose API or policy file gave a new version (create-if-absent, or compare-and-swap on the version it was based on) |
 //! | `versions/{version}` | the YAML of a version of the history, for a rollback (not read whole) | the node that wrote the version |
 //! | `audit/{node}/{serial}` | an audit entry (an hour's lease) | the node where it happened; every node appends them to its `audit.jsonl` in revision order, so all hold the same chain |
+//! | `audit-head/{node}` | [`heads::SharedHead`]: the seq and hash of the last entry of that node's `audit.jsonl` (no lease), shown by every node in `/v1/state` | that node, each second its head moved (`heads.rs`) |
 //!
 //! A timeline is a pure function of time ([`Timeline::at`]): every node derives the same
 //! step at the same moment from the same record, so the set moves together without a
@@ -45,8 +46,9 @@
 //!
 //! **Writers.** Only the members named by the operator (`--members`: nodes and agents)
 //! are vantage points; an observation under any other name is refused and counted.
-//! etcd's roles make each member write only its own `obs/{name}/` (and a node the
-//! shared keys): see the book, `docs/book/src/user/set/security.md`.
+//! etcd's roles make each member write only its own `obs/{name}/` (and a node its own
+//! `audit/{name}/`, `perf/{name}/` and `audit-head/{name}`, and the shared keys): see
+//! the book, `docs/book/src/user/set/security.md`.
 //!
 //! **Bounds.** Every key is checked against the policy in force before it counts
 //! toward any cap (`scope.rs`): junk outside the policy never takes the place of a real
@@ -54,7 +56,8 @@
 //! takes each kind on its own ([`Key::parts`]), a page at a time at one revision; a
 //! kind of the set's decisions past [`MAX_KIND_KEYS`] is not a view: the node fails
 //! static. A value over [`etcd::MAX_VALUE`] is refused without being decoded; a watch
-//! batch parses only the keys it changes.
+//! batch parses only the keys it changes, and the view it publishes shares every kind
+//! it did not change with the view before (each kind is an `Arc`).
 //!
 //! | file | holds |
 //! |---|---|
@@ -65,19 +68,23 @@
 //! | `node.rs` | `ClusterLink`: the controller's side (writes, `on_shared`, proposals) |
 //! | `policy.rs` | the policy version of the set: its record, `write_policy` (compare-and-swap on the version it is based on), `fetch_version` |
 //! | `usage.rs`, `performance.rs` | the usage records, commit biases and performance cells of the set |
+//! | `heads.rs` | the audit heads of the members: the record, and the `HeadPublisher` of this node's |
+//! | `unaudited.rs` | overrides seen without their writer's audit entry, appended to this node's log (`override_seen`) |
 
+pub(crate) mod heads;
 pub(crate) mod node;
 pub(crate) mod performance;
 pub(crate) mod policy;
 mod records;
 mod scope;
 mod session;
+mod unaudited;
 pub(crate) mod usage;
 mod view;
 pub use crate::control::store::etcd::{self, Etcd, EtcdError, EtcdOptions};
 pub use crate::control::store::{Key, Store};
 pub use records::{Freeze, SharedDrain, SharedObservation, Timeline};
 pub use session::{spawn_session, Publisher};
-pub use view::{Link, Shared, SharedView};
+pub use view::{Link, Observed, Shared, SharedView};
 mod options;
 pub use options::*;

@@ -74,6 +74,8 @@ pub(crate) struct ClusterLink {
     done_rx: Option<mpsc::UnboundedReceiver<Done>>,
     /// The policy in force, to the session (which checks every key against it).
     pub policy: Option<watch::Sender<Arc<Loaded>>>,
+    /// Overrides seen without their writer's audit entry (`unaudited.rs`).
+    unaudited: super::unaudited::Unaudited,
 }
 
 /// The answer to an API call that wrote to the store, given once this node's view
@@ -152,6 +154,7 @@ impl ClusterLink {
             done,
             done_rx: Some(done_rx),
             policy: None,
+            unaudited: Default::default(),
         }
     }
 
@@ -282,9 +285,15 @@ impl ClusterLink {
         self.latest = Some(shared.clone());
         if let Some(a) = audit {
             for (rev, entry) in shared.view.audit.range(self.audit_rev + 1..) {
-                a.append_shared(*rev, entry.clone());
+                a.append_shared(*rev, (**entry).clone());
                 self.audit_rev = *rev;
             }
+        }
+        if !self.store.is_memory() {
+            let (view, serving) = (&shared.view, &loaded.policy.version);
+            self.unaudited
+                .follow(view, shared.revision, serving, Instant::now());
+            self.audit_unaudited(audit);
         }
         let shown = self.note_refused(&shared.view, state, loaded, metrics);
         if same {
@@ -301,6 +310,28 @@ impl ClusterLink {
         } else {
             std::mem::take(&mut self.pending)
         })
+    }
+
+    /// Appends to this node's own log each override of the view whose writer's audit
+    /// entry did not come in time (`unaudited.rs`); only while in touch with the store
+    /// (the entry may be there).
+    pub(crate) fn audit_unaudited(&mut self, audit: Option<&Audit>) {
+        let Some(view) = self.latest.as_ref().filter(|s| s.link.connected) else {
+            return;
+        };
+        for e in self.unaudited.due(&view.view, Instant::now()) {
+            warn!(key = %e["key"], record_node = %e["record_node"], "an override of the set came without its writer's audit entry (written straight to the store?): audited here");
+            if let Some(a) = audit {
+                a.record("override_seen", e);
+            }
+        }
+    }
+
+    /// When an override's wait for its writer's audit entry ends (while in touch).
+    pub(crate) fn unaudited_due(&self) -> Option<Instant> {
+        self.connected()
+            .then(|| self.unaudited.next_due())
+            .flatten()
     }
 
     /// Counts, logs and shows the keys of `view` that do not count, and the drains
@@ -652,7 +683,7 @@ fn apply(view: &SharedView, state: &mut ControlState, loaded: &Loaded, lone: Opt
         None => wall,
     };
     let mut steps = BTreeMap::new();
-    for (key, (tl, _)) in &view.timelines {
+    for (key, (tl, _)) in view.timelines.iter() {
         let NameCdn { name, cdn } = key;
         let Some(host) = policy.host(name).filter(|h| h.has_cdn(cdn)) else {
             continue;

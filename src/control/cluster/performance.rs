@@ -346,7 +346,7 @@ impl ClusterLink {
                 .collect(),
         );
         let mut changed = false;
-        for ((name, region), (s, _)) in &view.shifts {
+        for ((name, region), (s, _)) in view.shifts.iter() {
             if !perf.takes(name, *region, s.at_unix_ms, now_ms) {
                 continue;
             }

@@ -241,7 +241,7 @@ impl ClusterLink {
             return false;
         };
         let mut took = false;
-        for (key, (u, rev)) in &view.usage {
+        for (key, (u, rev)) in view.usage.iter() {
             if self.usage_seen.get(key) == Some(rev) {
                 continue;
             }

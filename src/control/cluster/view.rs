@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::scope::Scope;
-use super::{etcd, performance, usage};
+use super::{etcd, heads, performance, usage};
 use super::{
     sane_name, Freeze, SharedDrain, SharedObservation, Timeline, MAX_AUDIT_PER_MEMBER,
     MAX_AUDIT_VALUE, MAX_DRAINS, MAX_REASON, MAX_REFUSED_KEPT, MAX_VANTAGES,
@@ -18,35 +18,44 @@ use crate::control::decide::health::{Observation, VantageView};
 use crate::control::decide::keys::{CdnDay, NameCdn};
 use crate::control::store::{BadKey, Key};
 
+/// One vantage point's observations: per CDN, the observation and when this node
+/// received it.
+pub type Observed = BTreeMap<String, (SharedObservation, Instant)>;
+
 /// Everything read from etcd, parsed and checked for form (not yet against the policy).
+/// Each kind is shared (`Arc`): a view published per watch batch copies only the
+/// kinds the batch changed (`Arc::make_mut`), never the audit entries or performance
+/// cells of a batch that changed a drain.
 #[derive(Clone, Debug, Default)]
 pub struct SharedView {
     /// The policy version in force in the set, and its revision.
     pub policy: Option<(Arc<super::policy::SharedPolicy>, i64)>,
     /// Per vantage point, per CDN: the observation and when this node received it.
-    pub observations: BTreeMap<String, BTreeMap<String, (SharedObservation, Instant)>>,
+    pub observations: Arc<BTreeMap<String, Observed>>,
     /// Per (name, CDN): the timeline and its revision (for compare-and-swap).
-    pub timelines: BTreeMap<NameCdn, (Timeline, i64)>,
+    pub timelines: Arc<BTreeMap<NameCdn, (Timeline, i64)>>,
     /// Per override id.
-    pub drains: BTreeMap<String, SharedDrain>,
+    pub drains: Arc<BTreeMap<String, SharedDrain>>,
     pub freeze: Option<Freeze>,
     /// Per tenant: the freeze of its names.
-    pub freeze_tenants: BTreeMap<String, Freeze>,
+    pub freeze_tenants: Arc<BTreeMap<String, Freeze>>,
     /// Audit entries by revision: every node appends them in this order.
-    pub audit: BTreeMap<i64, serde_json::Value>,
+    pub audit: Arc<BTreeMap<i64, Arc<serde_json::Value>>>,
     /// The revisions of each member's audit entries kept (at most
     /// [`MAX_AUDIT_PER_MEMBER`]: one member's volume never pushes out another's).
-    pub audit_of: BTreeMap<String, std::collections::BTreeSet<i64>>,
+    pub audit_of: Arc<BTreeMap<String, std::collections::BTreeSet<i64>>>,
     /// Per (CDN, day): its usage records and their revision.
-    pub usage: BTreeMap<CdnDay, (Arc<usage::SharedUsage>, i64)>,
+    pub usage: Arc<BTreeMap<CdnDay, (Arc<usage::SharedUsage>, i64)>>,
     /// Per name: the biases of the set's latest evaluation, and their revision.
-    pub commits: BTreeMap<String, (usage::SharedBiases, i64)>,
+    pub commits: Arc<BTreeMap<String, (usage::SharedBiases, i64)>>,
     /// Per (node, name, region index): that node's performance buckets.
     pub perf_cells:
-        BTreeMap<(String, String, usize), Arc<crate::control::modifiers::perf::NodeCells>>,
+        Arc<BTreeMap<(String, String, usize), Arc<crate::control::modifiers::perf::NodeCells>>>,
     /// Per (name, region index): the set's latest performance evaluation, and its
     /// revision.
-    pub shifts: BTreeMap<(String, usize), (performance::SharedShift, i64)>,
+    pub shifts: Arc<BTreeMap<(String, usize), (performance::SharedShift, i64)>>,
+    /// Per member: the head of its audit log, as it published it.
+    pub heads: Arc<BTreeMap<String, heads::SharedHead>>,
     /// Keys refused (bad form), and the last one with why.
     pub refused: u64,
     pub last_refused: Option<String>,
@@ -293,7 +302,7 @@ impl SharedView {
                 scope.probed(cdn)?;
                 let o: SharedObservation = parse_json(value)?;
                 check_reason(&o.reason)?;
-                self.observations
+                Arc::make_mut(&mut self.observations)
                     .entry(vantage.to_string())
                     .or_default()
                     .insert(cdn.to_string(), (o, at));
@@ -302,7 +311,7 @@ impl SharedView {
                 scope.host_cdn(name, cdn)?;
                 let t: Timeline = parse_json(value)?;
                 check_reason(&t.reason)?;
-                self.timelines
+                Arc::make_mut(&mut self.timelines)
                     .insert(NameCdn::new(name.as_str(), cdn.as_str()), (t, rev));
             }
             Key::Drain { id } => {
@@ -317,7 +326,7 @@ impl SharedView {
                 if self.drains.len() >= MAX_DRAINS {
                     return Err(format!("more than {MAX_DRAINS} drains"));
                 }
-                self.drains.insert(id.to_string(), d);
+                Arc::make_mut(&mut self.drains).insert(id.to_string(), d);
             }
             Key::Audit { node, .. } => {
                 if !sane_name(node) || value.len() > MAX_AUDIT_VALUE {
@@ -334,12 +343,15 @@ impl SharedView {
                         v["node"]
                     ));
                 }
-                self.audit.insert(rev, v);
-                let revs = self.audit_of.entry(node.to_string()).or_default();
+                let audit = Arc::make_mut(&mut self.audit);
+                audit.insert(rev, Arc::new(v));
+                let revs = Arc::make_mut(&mut self.audit_of)
+                    .entry(node.to_string())
+                    .or_default();
                 revs.insert(rev);
                 while revs.len() > MAX_AUDIT_PER_MEMBER {
                     if let Some(oldest) = revs.pop_first() {
-                        self.audit.remove(&oldest);
+                        audit.remove(&oldest);
                     }
                 }
             }
@@ -347,7 +359,7 @@ impl SharedView {
                 scope.tenant(tenant)?;
                 let f: Freeze = parse_json(value)?;
                 check_reason(&f.reason)?;
-                self.freeze_tenants.insert(tenant.to_string(), f);
+                Arc::make_mut(&mut self.freeze_tenants).insert(tenant.to_string(), f);
             }
             Key::Freeze => {
                 let f: Freeze = parse_json(value)?;
@@ -359,14 +371,14 @@ impl SharedView {
                 let u: usage::SharedUsage = parse_json(value)?;
                 let start = u.check(day)?;
                 scope.usage_day(start, day, crate::clock::now_ms())?;
-                self.usage
+                Arc::make_mut(&mut self.usage)
                     .insert(CdnDay::new(cdn.as_str(), day.as_str()), (Arc::new(u), rev));
             }
             Key::Commit { name } => {
                 scope.host(name)?;
                 let b: usage::SharedBiases = parse_json(value)?;
                 b.check()?;
-                self.commits.insert(name.to_string(), (b, rev));
+                Arc::make_mut(&mut self.commits).insert(name.to_string(), (b, rev));
             }
             Key::Perf { node, name, region } => {
                 if !sane_name(node) {
@@ -377,7 +389,7 @@ impl SharedView {
                 scope.region(name, region)?;
                 let c: performance::SharedCells = parse_json(value)?;
                 let cells = c.check(node, name, region)?;
-                self.perf_cells.insert(
+                Arc::make_mut(&mut self.perf_cells).insert(
                     (node.to_string(), name.to_string(), region),
                     Arc::new(cells),
                 );
@@ -387,7 +399,16 @@ impl SharedView {
                 scope.region(name, region)?;
                 let s: performance::SharedShift = parse_json(value)?;
                 s.check()?;
-                self.shifts.insert((name.to_string(), region), (s, rev));
+                Arc::make_mut(&mut self.shifts).insert((name.to_string(), region), (s, rev));
+            }
+            Key::AuditHead { node } => {
+                if !sane_name(node) {
+                    return Err("node not 1 to 128 of letters, digits, ._-:@".into());
+                }
+                scope.member(node, "audit head is not kept")?;
+                let h: heads::SharedHead = parse_json(value)?;
+                h.check()?;
+                Arc::make_mut(&mut self.heads).insert(node.to_string(), h);
             }
             Key::Policy => {
                 let p: super::policy::SharedPolicy = parse_json(value)?;
@@ -401,52 +422,60 @@ impl SharedView {
         Ok(())
     }
 
-    /// Forgets what the key `rest` (under the prefix, last written at `rev`) added.
+    /// Forgets what the key `rest` (under the prefix, last written at `rev`) added. A
+    /// kind is copied (when a published view shares it) only if the key is in it.
     fn remove(&mut self, rest: &str, rev: i64) {
         let Ok(key) = rest.parse::<Key>() else { return };
         match key {
             Key::Obs { vantage, cdn } => {
-                if let Some(cdns) = self.observations.get_mut(&vantage) {
+                if let Some(cdns) = self.observations.get(&vantage) {
+                    if !cdns.contains_key(&cdn) {
+                        return;
+                    }
+                    let all = Arc::make_mut(&mut self.observations);
+                    let cdns = all.entry(vantage.clone()).or_default();
                     cdns.remove(&cdn);
                     if cdns.is_empty() {
-                        self.observations.remove(&vantage);
+                        all.remove(&vantage);
                     }
                 }
             }
             Key::Timeline { name, cdn } => {
-                self.timelines.remove(&NameCdn { name, cdn });
+                forget(&mut self.timelines, &NameCdn { name, cdn });
             }
-            Key::Drain { id } => {
-                self.drains.remove(&id);
-            }
+            Key::Drain { id } => forget(&mut self.drains, &id),
             Key::Audit { node, .. } => {
-                self.audit.remove(&rev);
-                if let Some(revs) = self.audit_of.get_mut(&node) {
-                    revs.remove(&rev);
-                    if revs.is_empty() {
-                        self.audit_of.remove(&node);
+                forget(&mut self.audit, &rev);
+                if self.audit_of.get(&node).is_some_and(|r| r.contains(&rev)) {
+                    let of = Arc::make_mut(&mut self.audit_of);
+                    if let Some(revs) = of.get_mut(&node) {
+                        revs.remove(&rev);
+                        if revs.is_empty() {
+                            of.remove(&node);
+                        }
                     }
                 }
             }
-            Key::TenantFreeze { tenant } => {
-                self.freeze_tenants.remove(&tenant);
-            }
+            Key::TenantFreeze { tenant } => forget(&mut self.freeze_tenants, &tenant),
             Key::Freeze => self.freeze = None,
-            Key::Usage { cdn, day } => {
-                self.usage.remove(&CdnDay { cdn, day });
-            }
-            Key::Commit { name } => {
-                self.commits.remove(&name);
-            }
+            Key::Usage { cdn, day } => forget(&mut self.usage, &CdnDay { cdn, day }),
+            Key::Commit { name } => forget(&mut self.commits, &name),
             Key::Perf { node, name, region } => {
-                self.perf_cells.remove(&(node, name, region));
+                forget(&mut self.perf_cells, &(node, name, region));
             }
-            Key::Shift { name, region } => {
-                self.shifts.remove(&(name, region));
-            }
+            Key::Shift { name, region } => forget(&mut self.shifts, &(name, region)),
+            Key::AuditHead { node } => forget(&mut self.heads, &node),
             Key::Policy => self.policy = None,
             Key::Cookie | Key::PolicyVersion { .. } => {}
         }
+    }
+}
+
+/// Removes `key` from a kind shared with the views published, copying the kind only
+/// when the key is in it.
+fn forget<K: Ord + Clone, V: Clone>(kind: &mut Arc<BTreeMap<K, V>>, key: &K) {
+    if kind.contains_key(key) {
+        Arc::make_mut(kind).remove(key);
     }
 }
 
@@ -519,12 +548,12 @@ mod tests {
             settled: true,
         };
         for i in 0..MAX_VANTAGES {
-            v.observations
+            Arc::make_mut(&mut v.observations)
                 .entry(format!("a{i:03}"))
                 .or_default()
                 .insert("junk".into(), (o.clone(), at));
         }
-        v.observations
+        Arc::make_mut(&mut v.observations)
             .entry("z-real".into())
             .or_default()
             .insert("a".into(), (o, at));
@@ -579,5 +608,92 @@ mod tests {
             "{:?}",
             m.refused
         );
+    }
+}
+
+#[cfg(test)]
+mod cost {
+    use super::*;
+
+    /// A view published per watch batch (as the session publishes it) shares every
+    /// kind the batch did not change with the view before: with 6,000 audit entries of
+    /// 1 KiB in the view, a drain put or deleted copies none of them (the whole view
+    /// was copied before: 4.7 ms per event on a 2-core machine; about 1 µs now).
+    #[test]
+    fn a_watch_batch_copies_only_the_kinds_it_changes() {
+        let members = ["ns2", "ns3", "ns4", "ns5", "ns6", "ns7"];
+        let mut m = Mirror::new(
+            "/s/",
+            crate::control::cluster::scope::tests::scope(&members),
+        );
+        let at = Instant::now();
+        let kv = |k: String, v: Vec<u8>, rev| etcd::Kv {
+            key: k,
+            value: v,
+            mod_revision: rev,
+            too_big: false,
+        };
+        let pad = "x".repeat(1024);
+        let entry = |node: &str, i: i64| {
+            let e = serde_json::json!({"node": node, "kind": "step", "pad": pad, "i": i});
+            e.to_string().into_bytes()
+        };
+        let mut rev = 0;
+        let mut kvs = Vec::new();
+        for node in members {
+            for i in 0..1000 {
+                rev += 1;
+                kvs.push(kv(format!("/s/audit/{node}/{i}"), entry(node, i), rev));
+            }
+        }
+        m.replace(kvs, at);
+        assert_eq!(m.view.audit.len(), 6000);
+        let drain = serde_json::json!({
+            "rule": {"id": "api-1", "name": "www.example.com.", "cdn": "a", "reason": "x",
+                     "until_unix_ms": 5_000},
+            "node": "ns2", "at_unix_ms": 1_000
+        })
+        .to_string()
+        .into_bytes();
+        let event = |i: u32, rev: i64| match i % 2 {
+            0 => etcd::Event::Put(kv("/s/drain/api-1".into(), drain.clone(), rev)),
+            _ => etcd::Event::Delete("/s/drain/api-1".into()),
+        };
+        let before = Arc::new(m.view.clone());
+        rev += 1;
+        m.apply(vec![event(0, rev)], Instant::now());
+        let after = Arc::new(m.view.clone());
+        assert_eq!((before.drains.len(), after.drains.len()), (0, 1));
+        assert!(Arc::ptr_eq(&before.audit, &after.audit));
+        assert!(Arc::ptr_eq(&before.audit_of, &after.audit_of));
+        assert!(Arc::ptr_eq(&before.perf_cells, &after.perf_cells));
+        assert!(Arc::ptr_eq(&before.observations, &after.observations));
+        // The view before is as it was (the kind changed was copied, not shared).
+        assert!(!Arc::ptr_eq(&before.drains, &after.drains));
+        // A delete of a key not in a kind copies nothing either.
+        m.apply(
+            vec![etcd::Event::Delete("/s/audit/ns2/none".into())],
+            Instant::now(),
+        );
+        assert!(Arc::ptr_eq(&after.audit, &m.view.audit));
+        let mut published = after;
+        let (n, t) = (200, std::time::Instant::now());
+        for i in 1..=n {
+            rev += 1;
+            m.apply(vec![event(i, rev)], Instant::now());
+            published = Arc::new(m.view.clone());
+        }
+        let per_drain = t.elapsed() / n;
+        // A batch of one audit entry copies the map of entries (not the entries).
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            rev += 1;
+            let key = format!("/s/audit/ns3/{}", 1000 + i);
+            m.apply(vec![etcd::Event::Put(kv(key, entry("ns3", 0), rev))], at);
+            published = Arc::new(m.view.clone());
+        }
+        let per_audit = t.elapsed() / n;
+        assert_eq!(published.audit.len(), 6000 + MAX_AUDIT_PER_MEMBER - 1000);
+        eprintln!("per watch event, 6,000 audit entries of 1 KiB in the view: a drain {per_drain:?}, an audit entry {per_audit:?}");
     }
 }

@@ -289,6 +289,11 @@ impl Controller {
         self.perf.store()
     }
 
+    /// The audit log's head and health (`None`: no log), for its publisher in a set.
+    pub fn audit_watch(&self) -> Option<crate::control::disk::audit::Watch> {
+        self.audit.as_ref().map(Audit::watch)
+    }
+
     /// Appends an entry to the audit log (when there is one); in a set, writes it to
     /// etcd, from where every node appends it.
     pub(super) fn audit(&mut self, kind: &str, fields: serde_json::Value) {
@@ -341,6 +346,7 @@ impl Controller {
                 )
                 .chain(self.resign_due())
                 .chain(self.waiting.iter().map(|(_, at, _)| *at))
+                .chain(self.set.unaudited_due())
                 .chain(
                     self.perf
                         .next_due_ms()
@@ -416,6 +422,7 @@ impl Controller {
                     changed |= self.evaluate_perf();
                     changed |= self.evaluate_commit();
                     self.state.drains.prune(now_ms());
+                    self.set.audit_unaudited(self.audit.as_ref());
                     self.answer_waiting(None);
                     if changed {
                         self.publish();

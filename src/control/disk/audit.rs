@@ -66,7 +66,7 @@ struct Health {
     failing: AtomicBool,
     /// (seq, hash) of the last line written, and the last error.
     head: Mutex<(u64, String, Option<String>)>,
-    /// `steerdns_audit_failing`.
+    /// `steerdns_audit_failing` and `steerdns_audit_head_seq`.
     metrics: Option<crate::metrics::Metrics>,
     /// Entries handed to the thread so far.
     handed: AtomicU64,
@@ -372,6 +372,7 @@ impl Audit {
         });
         if let Some(m) = &health.metrics {
             m.audit_failing(false);
+            m.audit_head(seq);
         }
         // Built by the thread before it appends anything; pages read every file
         // until then.
@@ -572,6 +573,7 @@ impl Log {
         let was = health.failing.swap(failing, Ordering::Relaxed);
         if let Some(m) = &health.metrics {
             m.audit_failing(failing);
+            m.audit_head(self.seq);
         }
         let mut head = health.head.lock().unwrap_or_else(|e| e.into_inner());
         *head = (
@@ -687,28 +689,41 @@ fn cut_torn_tail(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The seq, hash and etcd revision of the last line of the log (0, [`GENESIS`], 0 when
-/// empty).
+/// The seq and hash of the last line of the log, and the etcd revision of its last
+/// shared entry (a node's own entries carry none: one appended last must not make a
+/// restarted node append the set's entries again); 0, [`GENESIS`], 0 when empty.
 fn tail_of(path: &Path) -> std::io::Result<(u64, String, i64)> {
+    let mut head: Option<(u64, String)> = None;
     for file in files(path).iter().rev() {
-        let mut last = None;
+        let (mut last, mut rev) = (None, 0);
         for line in BufReader::new(File::open(file)?).lines() {
             let line = line?;
-            if !line.trim().is_empty() {
-                last = Some(line);
+            if line.trim().is_empty() {
+                continue;
             }
+            let link = Link::of(&line);
+            if let Some(r) = link.as_ref().map(|l| l.rev).filter(|r| *r != 0) {
+                rev = r;
+            }
+            last = Some(link);
         }
-        if let Some(line) = last {
-            let Some(link) = Link::of(&line) else {
+        let Some(link) = last else { continue };
+        if head.is_none() {
+            let Some(link) = link else {
                 return Err(std::io::Error::other(format!(
                     "{}: the last line is not an audit entry: not continuing a broken chain (move the file aside)",
                     file.display()
                 )));
             };
-            return Ok((link.seq, link.hash, link.rev));
+            head = Some((link.seq, link.hash));
+        }
+        if rev != 0 {
+            let (seq, hash) = head.unwrap_or((0, GENESIS.to_string()));
+            return Ok((seq, hash, rev));
         }
     }
-    Ok((0, GENESIS.to_string(), 0))
+    let (seq, hash) = head.unwrap_or((0, GENESIS.to_string()));
+    Ok((seq, hash, 0))
 }
 
 /// Entries with `seq` above `after`, at most `limit`, read from the first line of the
@@ -1109,6 +1124,34 @@ mod tests {
         wrong.swap(1, 2);
         let e = verify(&wrong).unwrap_err();
         assert_eq!((e.file.clone(), e.line), (wrong[1].clone(), 1), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_revision_to_go_on_from_is_the_last_shared_entrys() {
+        let d = dir("tail-rev");
+        let path = d.join("audit.jsonl");
+        let index = Arc::new(RwLock::new(Index::default()));
+        let mut log = Log {
+            path: path.clone(),
+            node: "ns1".into(),
+            max_bytes: MAX_BYTES,
+            seq: 0,
+            prev: GENESIS.into(),
+            size: 0,
+            index,
+        };
+        let obj = |v: Value| match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        log.append(obj(json!({"kind": "drain", "rev": 41})))
+            .unwrap();
+        log.append(obj(json!({"kind": "step", "rev": 42}))).unwrap();
+        // This node's own entry (an override seen without its writer's entry) last.
+        log.append(obj(json!({"kind": "override_seen"}))).unwrap();
+        let (seq, hash, rev) = tail_of(&path).unwrap();
+        assert_eq!((seq, hash, rev), (3, log.prev.clone(), 42));
         let _ = std::fs::remove_dir_all(&d);
     }
 

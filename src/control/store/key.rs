@@ -36,6 +36,8 @@ pub enum Key {
     Cookie,
     /// An audit entry of a node.
     Audit { node: String, serial: String },
+    /// The head (seq and hash of the last entry) of a node's audit log.
+    AuditHead { node: String },
     /// The policy version in force in the set, with its YAML and its history.
     Policy,
     /// The YAML of a version of the policy (kept for a rollback), by its version.
@@ -63,6 +65,7 @@ impl fmt::Display for Key {
             Key::Shift { name, region } => write!(f, "shift/{name}/{region}"),
             Key::Cookie => f.write_str("cookie"),
             Key::Audit { node, serial } => write!(f, "audit/{node}/{serial}"),
+            Key::AuditHead { node } => write!(f, "audit-head/{node}"),
             Key::Policy => f.write_str("policy"),
             Key::PolicyVersion { version } => write!(f, "versions/{version}"),
         }
@@ -85,8 +88,8 @@ pub struct Part {
 impl Key {
     /// The parts of a whole read, in order: the set's decisions first, each kind on its
     /// own (the policy in force, freezes, drains, timelines, commit biases, performance
-    /// shifts, usage), then each member's observations, performance cells and audit
-    /// entries. Keys of no part (the cookie secrets, the policy versions kept for a
+    /// shifts, usage), then each member's observations, performance cells, audit
+    /// entries and audit head. Keys of no part (the cookie secrets, the policy versions kept for a
     /// rollback, unknown keys) are not read.
     pub fn parts<'a>(members: impl IntoIterator<Item = &'a str>) -> Vec<Part> {
         let shared = |under: &str| Part {
@@ -114,6 +117,11 @@ impl Key {
                     newest_first,
                 });
             }
+            parts.push(Part {
+                under: format!("audit-head/{m}"),
+                member: Some(m.to_string()),
+                newest_first: false,
+            });
         }
         parts
     }
@@ -165,6 +173,7 @@ impl FromStr for Key {
                 node: s(node),
                 serial: s(serial),
             },
+            ["audit-head", node] => Key::AuditHead { node: s(node) },
             ["policy"] => Key::Policy,
             ["versions", v] => Key::PolicyVersion { version: s(v) },
             _ => return Err(BadKey::Unknown),
@@ -221,6 +230,7 @@ mod tests {
                 node: "ns1".into(),
                 serial: "17".into(),
             },
+            Key::AuditHead { node: "ns1".into() },
             Key::Policy,
             Key::PolicyVersion {
                 version: "0123456789ab".into(),
@@ -249,6 +259,7 @@ mod tests {
                 node: "ns1".into(),
                 serial: "1".into(),
             },
+            Key::AuditHead { node: "ns1".into() },
         ] {
             let text = k.to_string();
             assert_eq!(
