@@ -1123,3 +1123,68 @@ regions:
     s.stop().await;
     plain.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_rollout_halts_when_its_clients_measure_worse() {
+    // A long shift period: the shares stay as the policy says, only the cohorts are
+    // compared.
+    let dir = scratch("perf-rollout");
+    policy(&dir, 3600.0, 60.0);
+    let original = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+    let v0 = steerdns::config::version_of(&original);
+    let s = Stack::start(&dir).await;
+    s.wait_for_path("/v1/policy", "the first version", |p| {
+        p["history"][0]["version"] == v0.as_str()
+    })
+    .await;
+    let edited = original.replace(
+        "weights: { fastly: 90, cloudflare: 10 }",
+        "weights: { fastly: 10, cloudflare: 90 }",
+    );
+    let r = s
+        .http
+        .post(format!(
+            "http://{}/v1/policy?stages=50,100&stage_seconds=600",
+            s.api
+        ))
+        .bearer_auth(common::stack::TOKEN)
+        .header("if-match", format!("\"{v0}\""))
+        .body(edited.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    s.wait_for_path("/v1/policy", "the new version serving half", |p| {
+        p["rollout"]["serving_percent"] == 50.0
+    })
+    .await;
+    // Players of the new version's cohort measure 400 ms, the others 100 ms.
+    let mut canary = 0;
+    for i in 0..120 {
+        let e = s
+            .get(&format!(
+                "/v1/explain?name=www.example.com&client={}",
+                player(i)
+            ))
+            .await;
+        let is_canary = e["rollout"]["cohort"] == "canary";
+        canary += usize::from(is_canary);
+        let ms = if is_canary { 400 } else { 100 };
+        let ticket = fetch_ticket(&s.http, s.steering, &player(i)).await;
+        let (code, body) = post(&s, "www.example.com", &player(i), beacon(&ticket, ms, ms)).await;
+        assert_eq!(code, 204, "{body}");
+    }
+    assert!((30..=90).contains(&canary), "about half: {canary}");
+    let p = s
+        .wait_for_path("/v1/policy", "the rollout halted by itself", |p| {
+            p["history"][0]["how"] == "halt"
+        })
+        .await;
+    let why = p["history"][0]["why"].as_str().unwrap();
+    assert!(
+        why.contains("measure ttfb_p75") && why.contains("region gb"),
+        "{p:#}"
+    );
+    assert_eq!(p["version"], v0.as_str());
+    s.stop().await;
+}

@@ -322,12 +322,25 @@ async fn beacon(shared: &Shared, req: Request<Incoming>, peer: IpAddr) -> Reply 
             .rum_samples("refused_ticket", beacon.samples.len() as u64);
         return error(StatusCode::FORBIDDEN, &why.to_string());
     }
+    let name = dns_name.to_string();
     match shared
         .perf
-        .record(&dns_name.to_string(), region, net, &beacon.samples, now_ms)
+        .record(&name, region, net, &beacon.samples, now_ms)
     {
         Ok(recorded) => {
             recorded.count(&shared.metrics);
+            // During a staged rollout, the samples of the client's cohort too.
+            if let Some(canary) = &snapshot.canary {
+                let route = snapshot.route(&crate::plan::Asker::new(client, None));
+                let is_canary = route.cohort == crate::plan::Cohort::Canary;
+                shared.perf.record_cohort(
+                    &canary.version,
+                    (&name, region),
+                    is_canary,
+                    net,
+                    &beacon.samples,
+                );
+            }
             empty(StatusCode::NO_CONTENT)
         }
         Err(why) => error(StatusCode::BAD_REQUEST, &why),

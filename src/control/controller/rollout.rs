@@ -286,9 +286,40 @@ impl Controller {
         }
         s.checked_ms = now;
         let (control, canary) = s.counts.read();
-        if let Some(why) = errors_rose(control, canary) {
+        let version = s.version.clone();
+        if let Some(why) = errors_rose(control, canary).or_else(|| self.measured_worse(&version)) {
             self.halt_rollout(why);
         }
+    }
+
+    /// Why the new version's clients measure worse than the old one's, in a region
+    /// whose performance steering measures it: by more than its `band_percent`, both
+    /// cohorts with its `min_samples` and `min_networks`.
+    fn measured_worse(&self, version: &str) -> Option<String> {
+        let store = self.perf.store();
+        store.cohort_aggregates(version).into_iter().find_map(|c| {
+            let host = self
+                .loaded
+                .policy
+                .hosts
+                .iter()
+                .find(|h| h.name.to_string() == c.name)?;
+            let region = host.regions.get(c.region)?;
+            let perf = region.performance.as_ref()?;
+            let (new, old) = (c.canary.usable(perf)?, c.control.usable(perf)?);
+            let gap = crate::control::modifiers::perf::modifier::gap(perf.metric, new, old);
+            (gap > perf.band_percent).then(|| {
+                format!(
+                    "the new version's clients measure {} {new:.3} against {old:.3} for the version before in {} region {} ({gap:.1} worse, band {}): {} and {} samples",
+                    perf.metric.as_str(),
+                    c.name,
+                    region.name,
+                    perf.band_percent,
+                    c.canary.samples,
+                    c.control.samples
+                )
+            })
+        })
     }
 
     /// Asks the set to halt the rollout in progress, for `why` (once per rollout).

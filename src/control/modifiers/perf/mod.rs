@@ -26,6 +26,7 @@
 
 pub(crate) mod beacon;
 pub(crate) mod cell;
+pub(crate) mod cohorts;
 pub(crate) mod hist;
 pub(crate) mod modifier;
 pub(crate) mod page;

@@ -55,7 +55,7 @@ pub(crate) fn policy_shares(weights: &[u32]) -> Vec<f64> {
 }
 
 /// How far `value` is from `best`, in percent (percentage points for `error_rate`).
-fn gap(metric: Metric, value: f64, best: f64) -> f64 {
+pub(crate) fn gap(metric: Metric, value: f64, best: f64) -> f64 {
     match metric {
         Metric::TtfbP75 => 100.0 * (value - best) / best.max(1.0),
         Metric::ThroughputP25 => 100.0 * (best - value) / best.max(1.0),

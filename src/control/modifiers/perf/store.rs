@@ -89,6 +89,8 @@ pub struct Samples {
     limiter: Mutex<beacon::Limiter>,
     /// The memory every cell draws on, changed under `cells`' lock.
     budget: Budget,
+    /// During a staged policy rollout, the samples of each cohort.
+    cohorts: Mutex<super::cohorts::Cohorts>,
 }
 
 impl Samples {
@@ -195,6 +197,32 @@ impl Samples {
         }
         rc.accepted += out.accepted;
         Ok(out)
+    }
+
+    /// Adds the `samples` of a client of `region` of `name` in network `net` to its
+    /// cohort of the staged rollout of `version` (`canary`: the new version's).
+    pub(crate) fn record_cohort(
+        &self,
+        version: &str,
+        (name, region): (&str, usize),
+        canary: bool,
+        net: u64,
+        samples: &[(&str, Sample)],
+    ) {
+        let samples: Vec<Sample> = samples.iter().map(|(_, s)| *s).collect();
+        let key = (name.to_string(), region);
+        self.cohorts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(version, key, canary, net, &samples);
+    }
+
+    /// The cohorts of the staged rollout of `version`, per (name, region).
+    pub(crate) fn cohort_aggregates(&self, version: &str) -> Vec<super::cohorts::CohortAggregates> {
+        self.cohorts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .aggregates(version)
     }
 
     /// Adds a round of this node's prober for `cdn` as a sample of each of `regions`
