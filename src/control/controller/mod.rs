@@ -20,6 +20,7 @@
 //! | `commands.rs` | API commands: `on_command`, `explain` |
 //! | `reloads.rs` | configuration reloads: `apply_reload`, `refuse_reload`, `reload_diff` |
 //! | `policy.rs` | the policy as the set's version: `on_reload` (a file edit proposed, the set's version switched to at its instant or refused), `follow_policy`, `apply_policy` (`POST /v1/policy`) |
+//! | `rollout.rs` | a staged rollout: `follow_rollout` (the version before kept in force, the new one loaded beside it), `on_canary`, `canary` (the snapshot's second plan), `tick_rollout` (stages, errors), `halt_rollout`, `halt_policy` (`POST /v1/policy/halt`) |
 //! | `modifiers.rs` | what the clock brings due: `resign`, `evaluate_perf`, `evaluate_commit` |
 //! | `set.rs` | the set's view: `peer_views`, `on_shared`, `follow_commit`, the answers of writes (`on_written`) |
 //! | `publish.rs` | serving and showing: `plan`, `publish`, `persist`, `show`, `answer` |
