@@ -206,12 +206,12 @@ pub fn save_to(dir: &Path, saved: &Saved, disk: &DiskFaults) -> std::io::Result<
 
 /// Makes a rename in `dir` durable.
 #[cfg(unix)]
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+pub(super) fn sync_dir(_dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
