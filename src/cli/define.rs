@@ -79,7 +79,8 @@ pub enum Command {
         /// which `/book/PAGE` redirects.
         #[arg(long, value_name = "DIR|URL", default_value = "docs/book/book")]
         book: String,
-        /// Where health and failover progress are saved across restarts.
+        /// Where health and failover progress are saved across restarts (and the
+        /// beacon samples by source network, for `steerdns diff`).
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
         /// A saved state older than this is ignored at startup.

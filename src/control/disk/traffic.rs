@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::control::modifiers::perf::{network_prefix, RegionTraffic, Samples};
 
-const FILE: &str = "steerdns-traffic.json";
+use super::persist::TRAFFIC_FILE as FILE;
 
 /// The recorded traffic, as saved.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
