@@ -381,6 +381,14 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
         }
         .spawn(stop.clone());
     }
+    // The beacon samples by source network, for `steerdns diff` to weigh by.
+    if let Some(state) = &opts.state {
+        crate::control::disk::traffic::spawn(
+            state.dir.clone(),
+            controller.perf_store(),
+            stop.clone(),
+        );
+    }
     let dns = start_with_options(
         controller.snapshot(),
         &opts.listen,

@@ -79,7 +79,8 @@ pub enum Command {
         /// which `/book/PAGE` redirects.
         #[arg(long, value_name = "DIR|URL", default_value = "docs/book/book")]
         book: String,
-        /// Where health and failover progress are saved across restarts.
+        /// Where health and failover progress are saved across restarts (and the
+        /// beacon samples by source network, for `steerdns diff`).
         #[arg(long, value_name = "DIR", default_value = "state/")]
         state_dir: PathBuf,
         /// A saved state older than this is ignored at startup.
@@ -162,10 +163,12 @@ pub enum Command {
     /// both plans at one instant, as dig would ask: through --resolver, with ECS /24
     /// (IPv4) or /56 (IPv6) of the network. A network counts in the region it is in
     /// before and in the one it is in after. The share is weighted by address space,
-    /// IPv4 and IPv6 apart (not by recorded traffic: usage and beacons in a state
-    /// directory are not read). Every CDN is taken as healthy, drains written in the
-    /// policies at their last step, and performance and commit modifiers are not
-    /// applied.
+    /// IPv4 and IPv6 apart, and, where --state-dir holds recorded traffic (the beacon
+    /// samples `serve` saves by source network, for regions with a `performance:`
+    /// block), by traffic too: the share of a region's samples whose answer changes,
+    /// next to it. Usage records are per CDN, not per network, and weigh nothing.
+    /// Every CDN is taken as healthy, drains written in the policies at their last
+    /// step, and performance and commit modifiers are not applied.
     ///
     /// Exit status: 0 when both policies give every answer alike, 1 when an answer
     /// changes (a CNAME for some network, a TTL, the selection, a name added or
@@ -189,6 +192,11 @@ pub enum Command {
         resolver: IpAddr,
         #[command(flatten)]
         inputs: ContextArgs,
+        /// Where `serve` saves its state: the beacon samples it recorded there
+        /// (steerdns-traffic.json) weigh the networks by traffic as well; without
+        /// any, by address space alone.
+        #[arg(long, value_name = "DIR", default_value = "state/")]
+        state_dir: PathBuf,
     },
     /// Replay five-minute demand (CSV `start,region,mbps` or `start,region,bytes`)
     /// through the commit and capacity controller at full speed, with the same code
@@ -382,9 +390,10 @@ pub async fn run(cli: Cli) -> ExitCode {
             json,
             resolver,
             inputs,
+            state_dir,
         } => {
             end_quietly_on_a_closed_pipe();
-            diff(&inputs, old, new, resolver, json)
+            diff(&inputs, old, new, resolver, json, Some(&state_dir))
         }
         Command::Explain {
             name,

@@ -13,7 +13,9 @@ use super::args::{AuditCommand, ContextArgs, DnssecCommand};
 use super::serve::load_or_report;
 use super::Cli;
 use crate::app::Inputs;
+use crate::control::decide::diff::{Traffic, TrafficFrom};
 use crate::control::decide::state::ControlState;
+use std::collections::HashMap;
 
 /// Prints what `audit verify` found; the exit code.
 pub(super) fn verify_report(files: &[PathBuf]) -> ExitCode {
@@ -186,13 +188,15 @@ pub(super) fn check(inputs: Inputs) -> ExitCode {
 
 /// `diff OLD NEW`: both policies loaded against one set of files (one geo database
 /// read once), compared, printed; 0 when every answer is alike, 1 when one changes, 2
-/// when either does not load.
+/// when either does not load. The recorded traffic in `state_dir`, if any, weighs the
+/// networks a second time.
 pub(super) fn diff(
     context: &ContextArgs,
     old: PathBuf,
     new: PathBuf,
     resolver: IpAddr,
     json: bool,
+    state_dir: Option<&std::path::Path>,
 ) -> ExitCode {
     const ERROR: u8 = 2;
     let mut cache = crate::app::GeoCache::default();
@@ -223,12 +227,23 @@ pub(super) fn diff(
         eprintln!("steerdns: cannot compare: fix the errors above (`steerdns check` lists them)");
         return ExitCode::from(ERROR);
     };
+    let traffic = match state_dir {
+        Some(dir) => recorded_traffic(dir),
+        None => Traffic {
+            from: TrafficFrom {
+                note: "no state directory given".into(),
+                ..TrafficFrom::default()
+            },
+            ..Traffic::default()
+        },
+    };
     let d = crate::control::decide::diff::diff(
         &old,
         &new,
         resolver,
         tokio::time::Instant::now(),
         crate::clock::now_ms(),
+        &traffic,
     );
     if json {
         match serde_json::to_string_pretty(&d) {
@@ -242,6 +257,76 @@ pub(super) fn diff(
         print!("{d}");
     }
     ExitCode::from(u8::from(d.changes_answers))
+}
+
+/// The beacon samples `serve` saved in `dir` by source network (`steerdns-traffic.json`),
+/// for `diff` to weigh networks by; none (and why) when there are none. Usage records
+/// are per CDN and interval, so they cannot weigh networks: said when `dir` has some.
+fn recorded_traffic(dir: &std::path::Path) -> Traffic {
+    use crate::control::disk::traffic;
+    let usage = crate::control::disk::persist::saved_usage(dir)
+        .is_some_and(|l| l.cdns.values().any(|r| !r.is_empty()));
+    let usage_note = if usage {
+        "; the usage records there are per CDN, not per network, and weigh nothing"
+    } else {
+        ""
+    };
+    let none = |why: String| Traffic {
+        from: TrafficFrom {
+            note: format!("{why}{usage_note}"),
+            ..TrafficFrom::default()
+        },
+        ..Traffic::default()
+    };
+    let saved = match traffic::load(dir) {
+        Ok(Some(saved)) if saved.samples() > 0 => saved,
+        Ok(Some(_)) => return none(format!("{} holds no samples", traffic::path(dir).display())),
+        Ok(None) => {
+            return none(format!(
+                "no beacon samples saved in {} (serve --state-dir; regions with a `performance:` block)",
+                dir.display()
+            ))
+        }
+        Err(e) => {
+            eprintln!("warning: {e}: weighing by address space alone");
+            return none(format!("{e} cannot be read"));
+        }
+    };
+    let mut names: HashMap<String, Vec<(IpAddr, u64)>> = HashMap::new();
+    let mut unreadable = 0;
+    for r in &saved.regions {
+        let list = names.entry(r.name.clone()).or_default();
+        for (net, n) in &r.networks {
+            match net.parse::<ipnet::IpNet>() {
+                Ok(net) => list.push((net.network(), *n)),
+                Err(_) => unreadable += 1,
+            }
+        }
+    }
+    if unreadable > 0 {
+        eprintln!(
+            "warning: {}: {unreadable} network(s) that are not prefixes left out",
+            traffic::path(dir).display()
+        );
+    }
+    let windows: std::collections::BTreeSet<String> = saved
+        .regions
+        .iter()
+        .map(|r| format!("{} s", r.window_seconds))
+        .collect();
+    Traffic {
+        from: TrafficFrom {
+            file: Some(traffic::path(dir).display().to_string()),
+            saved_unix_ms: Some(saved.saved_unix_ms),
+            samples: saved.samples(),
+            note: format!(
+                "beacon samples of {} region(s) with a `performance:` block, over a window of {}{usage_note}",
+                saved.regions.len(),
+                windows.into_iter().collect::<Vec<_>>().join(", "),
+            ),
+        },
+        names,
+    }
 }
 
 /// One token of `--api-tokens` as `check` lists it.

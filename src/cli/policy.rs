@@ -65,6 +65,10 @@ pub enum PolicyCommand {
         resolver: std::net::IpAddr,
         #[command(flatten)]
         inputs: super::ContextArgs,
+        /// This host's state directory: the beacon samples saved there weigh the
+        /// networks by traffic too (as `steerdns diff --state-dir`).
+        #[arg(long, value_name = "DIR", default_value = "state/")]
+        state_dir: PathBuf,
         #[command(flatten)]
         api: ApiClient,
     },
@@ -141,10 +145,11 @@ pub(super) async fn run(command: PolicyCommand) -> ExitCode {
         json,
         resolver,
         inputs,
+        state_dir,
         api,
     } = command
     {
-        return diff(file, json, resolver, &inputs, &api).await;
+        return diff(file, json, resolver, &inputs, &state_dir, &api).await;
     }
     match ask(command).await {
         Ok(true) => ExitCode::SUCCESS,
@@ -163,6 +168,7 @@ async fn diff(
     json: bool,
     resolver: std::net::IpAddr,
     inputs: &super::ContextArgs,
+    state_dir: &std::path::Path,
     api: &ApiClient,
 ) -> ExitCode {
     let a = match api
@@ -191,7 +197,7 @@ async fn diff(
         eprintln!("error: {}: {e}", old.display());
         return ExitCode::from(2);
     }
-    let code = super::offline::diff(inputs, old.clone(), file, resolver, json);
+    let code = super::offline::diff(inputs, old.clone(), file, resolver, json, Some(state_dir));
     let _ = std::fs::remove_file(&old);
     code
 }

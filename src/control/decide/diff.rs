@@ -27,8 +27,16 @@
 //!   that resolver at that instant; another resolver draws its own keys and sees about
 //!   the same share. For `selection: random` a network counts as changed when the
 //!   weights it draws from change.
+//! - Recorded traffic ([`Traffic`], the beacon samples a `serve` saved in its state
+//!   directory, by source /24 or /48), when given, weighs the same networks a second
+//!   time: each geo network by the samples of the source networks that start in it,
+//!   instead of by its addresses. A network's samples count in the regions it counts
+//!   in, wherever `serve` placed it when it recorded them; samples from networks the
+//!   database places nowhere are left out. Only regions with a `performance:` block
+//!   record samples, and a network holds at most a share of a window
+//!   (`perf/cell.rs`): the figure weighs by measured clients, not by bytes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -59,6 +67,67 @@ pub struct PolicyDiff {
     /// Whether some answer differs: a CNAME for some network, a TTL, a name added or
     /// removed, a change of selection.
     pub changes_answers: bool,
+    /// Where the traffic the networks are also weighed by came from, or why none.
+    pub traffic: TrafficFrom,
+}
+
+/// The recorded traffic of the steered names: samples by source network (an input).
+#[derive(Clone, Debug, Default)]
+pub struct Traffic {
+    pub from: TrafficFrom,
+    /// Steered name (`www.example.com.`) → the first address of a source network →
+    /// its samples.
+    pub names: HashMap<String, Vec<(IpAddr, u64)>>,
+}
+
+/// Where recorded traffic came from.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TrafficFrom {
+    /// The file read; `None`: no recorded traffic, the networks are weighed by address
+    /// space alone.
+    pub file: Option<String>,
+    /// When `serve` saved it (Unix ms).
+    pub saved_unix_ms: Option<u64>,
+    /// Samples in the file.
+    pub samples: u64,
+    /// What the samples are, or why there are none.
+    pub note: String,
+}
+
+/// A name's source networks by (IPv6, first address) → samples.
+type Sources = BTreeMap<(bool, u128), u64>;
+
+fn sources(list: &[(IpAddr, u64)]) -> Sources {
+    let mut out = Sources::new();
+    for (ip, n) in list {
+        *out.entry(address_key(*ip)).or_default() += n;
+    }
+    out
+}
+
+fn address_key(ip: IpAddr) -> (bool, u128) {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => (false, u128::from(u32::from(a))),
+        IpAddr::V6(a) => (true, u128::from(a)),
+    }
+}
+
+/// The samples of the source networks that start in the network at `ip` of `prefix`
+/// bits.
+fn samples_in(sources: &Sources, ip: IpAddr, prefix: u8) -> u64 {
+    if sources.is_empty() {
+        return 0;
+    }
+    let (v6, start) = address_key(ip);
+    let bits = if v6 { 128 } else { 32 };
+    let last = match 1u128.checked_shl(u32::from(bits - prefix.min(bits))) {
+        Some(size) => start.saturating_add(size - 1),
+        None => u128::MAX,
+    };
+    sources
+        .range((v6, start)..=(v6, last))
+        .map(|(_, n)| n)
+        .sum()
 }
 
 /// One of the two policies.
@@ -82,6 +151,11 @@ pub struct NameDiff {
     /// Over every network placed by the database.
     pub ipv4: Moved,
     pub ipv6: Moved,
+    /// Recorded traffic (samples) in those networks, and of it where the answer
+    /// changes; `traffic_changed_percent` is `None` without any.
+    pub traffic_samples: u64,
+    pub traffic_changed_samples: u64,
+    pub traffic_changed_percent: Option<f64>,
     pub changes_answers: bool,
 }
 
@@ -108,6 +182,12 @@ pub struct RegionDiff {
     pub shares: Vec<Share>,
     pub ipv4: Moved,
     pub ipv6: Moved,
+    /// The recorded traffic (samples) of the region's networks, and of it where the
+    /// answer changes: the share of its traffic whose answer changes, `None` when it
+    /// has none recorded.
+    pub traffic_samples: u64,
+    pub traffic_changed_samples: u64,
+    pub traffic_changed_percent: Option<f64>,
     /// A few networks of the region whose answer changes and a few whose answer stays
     /// (up to three of each, in address order), as a resolver asks about them: to
     /// check with dig. None for `selection: random`.
@@ -177,6 +257,28 @@ impl Moved {
     }
 }
 
+/// Samples, and those whose answer changes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Weighed {
+    samples: u64,
+    changed: u64,
+}
+
+impl Weighed {
+    fn add(&mut self, samples: u64, changed: bool) {
+        self.samples += samples;
+        if changed {
+            self.changed += samples;
+        }
+    }
+
+    /// (samples, changed, percent changed).
+    fn figures(self) -> (u64, u64, Option<f64>) {
+        let pct = (self.samples > 0).then(|| 100.0 * self.changed as f64 / self.samples as f64);
+        (self.samples, self.changed, pct)
+    }
+}
+
 /// The ECS source prefixes public resolvers send: how each network is asked about.
 const SOURCE_V4: u8 = 24;
 const SOURCE_V6: u8 = 56;
@@ -184,13 +286,14 @@ const SOURCE_V6: u8 = 56;
 /// Compares `old` and `new`, which must have been loaded against the same geo
 /// database (the networks are `new`'s), asking through `resolver` at `now` (`now_ms`
 /// the same instant as Unix milliseconds, `clock` as the monotonic clock the drains'
-/// steps run on).
+/// steps run on); the networks weighed by address space, and by `traffic` too.
 pub fn diff(
     old: &Loaded,
     new: &Loaded,
     resolver: IpAddr,
     clock: Instant,
     now_ms: u64,
+    traffic: &Traffic,
 ) -> PolicyDiff {
     let at = now_ms / 1000;
     let plan_old = settled_plan(old, clock, now_ms);
@@ -225,7 +328,12 @@ pub fn diff(
             old: (old, s_old),
             new: (new, s_new),
         };
-        names.push(name_diff(before, host, &sides, resolver, at));
+        let name = host.name.to_string();
+        let recorded = traffic
+            .names
+            .get(&name)
+            .map_or_else(Sources::new, |l| sources(l));
+        names.push(name_diff(before, host, &sides, resolver, at, &recorded));
     }
     let changes_answers = !names_added.is_empty()
         || !names_removed.is_empty()
@@ -239,6 +347,7 @@ pub fn diff(
         names_removed,
         names,
         changes_answers,
+        traffic: traffic.from.clone(),
     }
 }
 
@@ -312,6 +421,7 @@ fn name_diff<'a>(
     sides: &Pair<'a>,
     resolver: IpAddr,
     at: u64,
+    recorded: &Sources,
 ) -> NameDiff {
     let (s_old, s_new) = (sides.old.1, sides.new.1);
     let cdn_names = |h: &HostPolicy| h.cdns.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
@@ -378,6 +488,8 @@ fn name_diff<'a>(
         (got, a.pick.choice, a.pick.target)
     };
     let (mut v4, mut v6) = (Moved::default(), Moved::default());
+    let mut weighed = vec![Weighed::default(); regions.len()];
+    let mut weighed_all = Weighed::default();
     for (ip, place) in sides.new.0.geo.each_network() {
         if place.country.is_none() && place.continent.is_none() {
             continue;
@@ -397,8 +509,11 @@ fn name_diff<'a>(
             _ => true,
         };
         let size = 2f64.powi(i32::from(bits - place.prefix_len.min(bits)));
+        let samples = samples_in(recorded, ip, place.prefix_len);
+        weighed_all.add(samples, changed);
         let (a, b) = (row_old[got_old.region], row_new[got_new.region]);
         for row in [a, b].into_iter().take(if a == b { 1 } else { 2 }) {
+            weighed[row].add(samples, changed);
             let row = &mut regions[row];
             family(row, ip).add(size, changed);
             let kind = row.examples.iter().filter(|e| e.changed == changed).count();
@@ -416,10 +531,16 @@ fn name_diff<'a>(
             IpAddr::V6(_) => v6.add(size, changed),
         }
     }
-    for row in &mut regions {
+    for (row, w) in regions.iter_mut().zip(weighed) {
         row.ipv4.finish();
         row.ipv6.finish();
+        (
+            row.traffic_samples,
+            row.traffic_changed_samples,
+            row.traffic_changed_percent,
+        ) = w.figures();
     }
+    let (traffic_samples, traffic_changed_samples, traffic_changed_percent) = weighed_all.figures();
     v4.finish();
     v6.finish();
     let changes_answers = v4.changed_networks > 0
@@ -433,6 +554,9 @@ fn name_diff<'a>(
         regions,
         ipv4: v4,
         ipv6: v6,
+        traffic_samples,
+        traffic_changed_samples,
+        traffic_changed_percent,
         changes_answers,
     }
 }
@@ -466,6 +590,9 @@ fn region_row(name: &str, presence: Presence) -> RegionDiff {
         shares: Vec::new(),
         ipv4: Moved::default(),
         ipv6: Moved::default(),
+        traffic_samples: 0,
+        traffic_changed_samples: 0,
+        traffic_changed_percent: None,
         examples: Vec::new(),
     }
 }
@@ -639,6 +766,21 @@ impl std::fmt::Display for PolicyDiff {
             self.resolver,
             crate::clock::rfc3339(self.at.saturating_mul(1000)),
         )?;
+        let recorded = self.traffic.file.is_some();
+        match (&self.traffic.file, self.traffic.saved_unix_ms) {
+            (Some(file), Some(ms)) => writeln!(
+                f,
+                "recorded traffic: {} samples by source network ({}), saved {} in {file}; answers change also weighed by it",
+                self.traffic.samples,
+                self.traffic.note,
+                crate::clock::rfc3339(ms),
+            )?,
+            _ => writeln!(
+                f,
+                "recorded traffic: none: {}; networks weighed by address space alone",
+                self.traffic.note
+            )?,
+        }
         for n in &self.names_added {
             writeln!(f, "name added: {n}")?;
         }
@@ -646,7 +788,7 @@ impl std::fmt::Display for PolicyDiff {
             writeln!(f, "name removed: {n}")?;
         }
         for n in &self.names {
-            write!(f, "{n}")?;
+            write!(f, "{}", Lines(n, recorded))?;
         }
         if self.changes_answers {
             writeln!(f, "answers change")
@@ -656,23 +798,51 @@ impl std::fmt::Display for PolicyDiff {
     }
 }
 
+/// The traffic figure of a line: `; traffic 50 % (12 of 24 samples)`, `; no recorded
+/// traffic`, or nothing when no traffic was read at all.
+fn traffic(samples: u64, changed: u64, percent: Option<f64>, recorded: bool) -> String {
+    match percent {
+        Some(p) => format!("; traffic {} ({changed} of {samples} samples)", pct(p)),
+        None if recorded => "; no recorded traffic".to_string(),
+        None => String::new(),
+    }
+}
+
+/// A name's lines, saying whether recorded traffic was read.
+struct Lines<'a>(&'a NameDiff, bool);
+
 impl std::fmt::Display for NameDiff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", Lines(self, self.traffic_samples > 0))
+    }
+}
+
+impl std::fmt::Display for Lines<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Lines(n, recorded) = *self;
         writeln!(
             f,
-            "{}: answers change: IPv4 {}, IPv6 {}",
-            self.name, self.ipv4, self.ipv6
+            "{}: answers change: IPv4 {}, IPv6 {}{}",
+            n.name,
+            n.ipv4,
+            n.ipv6,
+            traffic(
+                n.traffic_samples,
+                n.traffic_changed_samples,
+                n.traffic_changed_percent,
+                recorded
+            ),
         )?;
-        for c in &self.cdns_added {
+        for c in &n.cdns_added {
             writeln!(f, "  cdn added: {c}")?;
         }
-        for c in &self.cdns_removed {
+        for c in &n.cdns_removed {
             writeln!(f, "  cdn removed: {c}")?;
         }
-        for s in &self.settings {
+        for s in &n.settings {
             writeln!(f, "  {}: {} → {}", s.field, s.before, s.after)?;
         }
-        for r in &self.regions {
+        for r in &n.regions {
             let shares: Vec<String> = r
                 .shares
                 .iter()
@@ -691,11 +861,17 @@ impl std::fmt::Display for NameDiff {
             };
             writeln!(
                 f,
-                "  region {}{presence}: {}; answers change: IPv4 {}, IPv6 {}",
+                "  region {}{presence}: {}; answers change: IPv4 {}, IPv6 {}{}",
                 r.region,
                 shares.join(", "),
                 r.ipv4,
                 r.ipv6,
+                traffic(
+                    r.traffic_samples,
+                    r.traffic_changed_samples,
+                    r.traffic_changed_percent,
+                    recorded
+                ),
             )?;
             if let Some(e) = r.examples.iter().find(|e| e.changed) {
                 writeln!(f, "    e.g. {}: {} → {}", e.network, e.before, e.after)?;

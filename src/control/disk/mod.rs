@@ -3,9 +3,11 @@
 //! | room | holds |
 //! |---|---|
 //! | `persist` | `Saved`: the state file, written atomically and durably, restored at start |
+//! | `traffic` | the recorded traffic `steerdns-traffic.json`: beacon samples by source network, for `diff` |
 //! | `audit` | the hash-chained audit log `audit.jsonl`, and `verify` |
 //! | `writers` | the threads that write here, and waiting until they finish |
 
 pub mod audit;
 pub mod persist;
+pub mod traffic;
 pub(crate) mod writers;

@@ -33,6 +33,9 @@ use crate::control::decide::stepper::{Direction, Stepper};
 use crate::inputs::Loaded;
 
 const FILE: &str = "steerdns-state.json";
+/// The recorded traffic's file (`traffic.rs`), named here so that its temporaries are
+/// cleaned with the state's.
+pub(super) const TRAFFIC_FILE: &str = "steerdns-traffic.json";
 
 /// The saved state.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -206,16 +209,16 @@ pub fn save_to(dir: &Path, saved: &Saved, disk: &DiskFaults) -> std::io::Result<
 
 /// Makes a rename in `dir` durable.
 #[cfg(unix)]
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+pub(super) fn sync_dir(_dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Removes the temporary files of [`save_to`] left in `dir` by processes that are no
+/// Removes the temporary files of [`save_to`] (and of `traffic::save`) left in `dir` by processes that are no
 /// longer running (a crash between create and rename); returns how many. A file of a
 /// running process (a restart overlapping the old one) is left alone.
 fn clean_temporaries(dir: &Path) -> usize {
@@ -228,7 +231,9 @@ fn clean_temporaries(dir: &Path) -> usize {
         let Some(pid) = name
             .to_str()
             .and_then(|n| {
-                n.strip_prefix(FILE)?
+                [FILE, TRAFFIC_FILE]
+                    .iter()
+                    .find_map(|f| n.strip_prefix(f))?
                     .strip_prefix('.')?
                     .strip_suffix(".tmp")
             })
@@ -542,9 +547,11 @@ mod tests {
         // A crash between create and rename (a pid above any pid_max: not running), a
         // write in flight by a running process (pid 1), and files that are not ours.
         let dead = format!("{FILE}.999999999.3.tmp");
+        let dead_traffic = "steerdns-traffic.json.999999999.4.tmp".to_string();
         let live = format!("{FILE}.1.0.tmp");
         for f in [
             &dead,
+            &dead_traffic,
             &live,
             &format!("{FILE}.x.tmp"),
             &"other.1.tmp".to_string(),
@@ -554,6 +561,7 @@ mod tests {
         assert!(restore(&dir, Duration::from_secs(60)).unwrap().is_some());
         let left = files(&dir);
         assert!(!left.contains(&dead), "{left:?}");
+        assert!(!left.contains(&dead_traffic), "{left:?}");
         assert!(left.contains(&live), "{left:?}");
         assert_eq!(left.len(), 4, "{left:?}");
     }

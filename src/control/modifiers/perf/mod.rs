@@ -31,6 +31,6 @@ pub(crate) mod hist;
 pub(crate) mod modifier;
 pub(crate) mod page;
 mod store;
-pub(crate) use store::{network, NodeCells, Samples};
+pub(crate) use store::{network, network_prefix, NodeCells, RegionTraffic, Samples};
 mod shifts;
 pub(crate) use shifts::*;

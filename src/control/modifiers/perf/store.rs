@@ -23,6 +23,27 @@ pub(crate) fn network(ip: IpAddr) -> u64 {
     }
 }
 
+/// The network [`network`] numbered, as an address and prefix (`2.16.0.0`, 24).
+pub(crate) fn network_prefix(net: u64) -> (IpAddr, u8) {
+    if net & 1 << 63 == 0 {
+        (IpAddr::V4(std::net::Ipv4Addr::from(net as u32)), 24)
+    } else {
+        let bits = u128::from(net & !(1 << 63)) << 80;
+        (IpAddr::V6(std::net::Ipv6Addr::from(bits)), 48)
+    }
+}
+
+/// The samples of one (name, region) in its window, by source network: what a
+/// region's recorded traffic is (`steerdns diff` weighs networks by it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RegionTraffic {
+    pub name: String,
+    pub region: String,
+    pub window_ms: u64,
+    /// Source network ([`network`]) → samples, every CDN's cell together.
+    pub nets: BTreeMap<u64, u64>,
+}
+
 /// What became of a beacon's samples.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Recorded {
@@ -368,6 +389,34 @@ impl Samples {
         out
     }
 
+    /// The samples accepted since start, and the samples in each region's window by
+    /// source network (regions without any left out).
+    pub fn traffic(&self, now_ms: u64) -> (u64, Vec<RegionTraffic>) {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut accepted, mut out) = (0, Vec::new());
+        for (name, n) in cells.iter() {
+            for rc in n.regions.iter().flatten() {
+                accepted += rc.accepted;
+                let mut nets: BTreeMap<u64, u64> = BTreeMap::new();
+                for b in rc.cells.iter().flat_map(|c| c.window(&rc.perf, now_ms)) {
+                    for (net, count) in &b.nets {
+                        *nets.entry(*net).or_default() += u64::from(*count);
+                    }
+                }
+                if !nets.is_empty() {
+                    out.push(RegionTraffic {
+                        name: name.clone(),
+                        region: rc.region.clone(),
+                        window_ms: cell::window_ms(&rc.perf),
+                        nets,
+                    });
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.name, &a.region).cmp(&(&b.name, &b.region)));
+        (accepted, out)
+    }
+
     /// How often a node of a set shares its cells: a bucket's width (the shortest of
     /// every region's), from 100 ms to 5 s.
     pub fn share_every(&self) -> std::time::Duration {
@@ -411,6 +460,34 @@ mod tests {
         crate::config::parse(std::path::Path::new("steering.yaml"), text)
             .unwrap()
             .0
+    }
+
+    #[test]
+    fn traffic_is_counted_by_source_network_and_numbers_go_back_to_prefixes() {
+        let samples = Samples::default();
+        samples.configure(&named(&["a.example.com"]));
+        let s = Sample {
+            ttfb_ms: Some(80),
+            ..Sample::default()
+        };
+        let v4 = network("2.16.0.77".parse().unwrap());
+        let v6 = network("2a00:1450:4009:81e::200e".parse().unwrap());
+        for (net, cdn) in [(v4, "fastly"), (v4, "cloudflare"), (v6, "fastly")] {
+            let r = samples
+                .record("a.example.com.", 0, net, &[(cdn, s)], 1_000)
+                .unwrap();
+            assert_eq!(r.accepted, 1);
+        }
+        let (accepted, regions) = samples.traffic(1_000);
+        assert_eq!(accepted, 3);
+        assert_eq!(regions.len(), 1);
+        assert_eq!(regions[0].region, "gb");
+        assert_eq!(regions[0].nets, BTreeMap::from([(v4, 2), (v6, 1)]));
+        assert_eq!(network_prefix(v4), ("2.16.0.0".parse().unwrap(), 24));
+        assert_eq!(
+            network_prefix(v6),
+            ("2a00:1450:4009::".parse().unwrap(), 48)
+        );
     }
 
     #[test]
