@@ -2060,21 +2060,7 @@ fn poll_versions(
 
 /// POST `body` to `node`'s `/v1/policy` with `If-Match: "<if_match>"`.
 async fn post_policy(node: &Stack, body: String, if_match: &str) -> (u16, Value) {
-    let resp = node
-        .http
-        .post(format!("http://{}/v1/policy", node.api))
-        .bearer_auth(TOKEN)
-        .header("if-match", format!("\"{if_match}\""))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let code = resp.status().as_u16();
-    let bytes = resp.bytes().await.unwrap();
-    (
-        code,
-        serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
-    )
+    post_staged(node, body, if_match, "").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,9 +14,19 @@ use tokio::time::Instant;
 
 /// POST `body` (YAML) to `/v1/policy` with `If-Match: "<if_match>"` (none: no header).
 async fn post_policy(stack: &Stack, body: &str, if_match: Option<&str>) -> (u16, Value) {
+    post_to(stack, "", body, if_match).await
+}
+
+/// POST `body` to `/v1/policy?{query}`, based on `if_match`.
+async fn post_staged(stack: &Stack, body: &str, if_match: &str, query: &str) -> (u16, Value) {
+    post_to(stack, query, body, Some(if_match)).await
+}
+
+/// POST `body` (YAML) to `/v1/policy?{query}`, with `If-Match` when given.
+async fn post_to(stack: &Stack, query: &str, body: &str, if_match: Option<&str>) -> (u16, Value) {
     let mut req = stack
         .http
-        .post(format!("http://{}/v1/policy", stack.api))
+        .post(format!("http://{}/v1/policy?{query}", stack.api))
         .bearer_auth(TOKEN)
         .header("content-type", "application/yaml")
         .body(body.to_string());
@@ -225,26 +235,6 @@ async fn an_edit_of_the_file_is_a_version_and_one_made_while_down_is_taken_at_st
     let p = stack.get("/v1/policy").await;
     assert_eq!(history(&p).len(), 3, "{p:#}");
     stack.stop().await;
-}
-
-/// POST `body` to `/v1/policy?{query}`, based on `if_match`.
-async fn post_staged(stack: &Stack, body: &str, if_match: &str, query: &str) -> (u16, Value) {
-    let resp = stack
-        .http
-        .post(format!("http://{}/v1/policy?{query}", stack.api))
-        .bearer_auth(TOKEN)
-        .header("content-type", "application/yaml")
-        .header("if-match", format!("\"{if_match}\""))
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.bytes().await.unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
 }
 
 /// The client network `i` of 400 (an ECS /24).
