@@ -472,7 +472,8 @@ pub async fn serve(loaded: Loaded, opts: &ServeOptions) -> io::Result<Service> {
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
     // The reload task loads the set's policy versions too, and the API's are checked
     // with the same inputs.
-    let checker = crate::inputs::Checker::new(opts.inputs.clone(), loaded.geo_cache.clone());
+    let checker = crate::inputs::Checker::new(opts.inputs.clone(), loaded.geo_cache.clone())
+        .in_a_set(opts.cluster.is_some());
     let (versions_tx, versions_rx) = tokio::sync::watch::channel(None);
     controller.load_versions_with(versions_tx, checker.clone(), reload_tx.clone());
     reload::spawn(

@@ -110,7 +110,7 @@ impl GeoCache {
 
 /// As [`load`], reusing the geo database of `cache` when its file is unchanged.
 pub fn load_cached(inputs: &Inputs, cache: &mut GeoCache) -> Result<Loaded, Issues> {
-    load_with(inputs, cache, None)
+    load_with(inputs, cache, None, false)
 }
 
 /// A policy given as text instead of the policy file: a version of the set's store,
@@ -124,12 +124,18 @@ pub struct PolicyText {
 /// As [`load_cached`], with `policy` (when given) in place of the policy file: every
 /// other input is this node's own, so a version of the set is checked against this
 /// node's zones, geo database and probes before it is served.
+///
+/// `places_agree`: the node is one of a set of several (`--etcd`), whose nodes must
+/// place clients alike: a version naming a place this node's geo database has no
+/// network in is refused ([`config::check_against_places`]).
 pub fn load_with(
     inputs: &Inputs,
     cache: &mut GeoCache,
     policy: Option<&PolicyText>,
+    places_agree: bool,
 ) -> Result<Loaded, Issues> {
     let mut issues = Issues::default();
+    let as_version = policy.is_some() && places_agree;
     let policy = match policy {
         None => config::load(&inputs.config),
         Some(p) => config::parse(&p.origin, p.text.to_string()),
@@ -153,6 +159,11 @@ pub fn load_with(
     if inputs.asn.is_none() {
         issues.extend(config::check_without_asn(&policy));
     }
+    issues.extend(config::check_against_places(
+        &policy,
+        geo.places(),
+        as_version,
+    ));
     let cdns: Vec<&str> = policy
         .hosts
         .iter()
@@ -224,6 +235,8 @@ pub fn load_with(
 pub struct Checker {
     pub inputs: Inputs,
     pub cache: Arc<std::sync::Mutex<GeoCache>>,
+    /// One of a set of several nodes: see [`load_with`]'s `places_agree`.
+    pub places_agree: bool,
 }
 
 impl Checker {
@@ -231,7 +244,15 @@ impl Checker {
         Checker {
             inputs,
             cache: Arc::new(std::sync::Mutex::new(cache)),
+            places_agree: false,
         }
+    }
+
+    /// As one of a set of several nodes: a version naming a place this node's geo
+    /// database has no network in is refused.
+    pub fn in_a_set(mut self, yes: bool) -> Checker {
+        self.places_agree = yes;
+        self
     }
 
     /// [`load_with`], off the async runtime (walking a geo database takes tens of
@@ -240,7 +261,7 @@ impl Checker {
         let me = self.clone();
         let load = move || {
             let mut cache = me.cache.lock().unwrap_or_else(|p| p.into_inner());
-            load_with(&me.inputs, &mut cache, policy.as_ref())
+            load_with(&me.inputs, &mut cache, policy.as_ref(), me.places_agree)
         };
         match tokio::task::spawn_blocking(load).await {
             Ok(r) => r,

@@ -158,6 +158,27 @@ fn check_reports_policy_errors_with_file_line_and_field() {
 }
 
 #[test]
+fn check_warns_of_a_place_the_geo_database_has_no_network_in() {
+    // The test database places no client in South America: a region naming it
+    // matches no client. The file still loads (a warning); a version of a set naming
+    // it is refused (tests/cluster.rs, the staged rollout that halts).
+    let dir = scratch("no-such-place");
+    edit(
+        &dir.join("steering.yaml"),
+        "  - match: [US, CA, MX]",
+        "  - match: [US, continent:SA]",
+    );
+    let out = run_in(&dir, &["check"], TEST_GEO);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("steering.yaml:11: regions[1].match[1]: `continent:SA`: the geo database has no network there, so this entry matches no client"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("`US`"), "{stderr}");
+}
+
+#[test]
 fn check_reports_zone_errors_with_their_line() {
     let dir = scratch("zone");
     edit(

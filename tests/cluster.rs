@@ -2430,21 +2430,32 @@ async fn a_staged_rollout_gives_every_node_the_same_networks_and_halts_when_a_no
         .await;
     }
 
-    // ns3 lacks a zone the next version needs: it cannot load it, and halts the
-    // rollout by itself; every node goes back to v1.
-    let zone = "$ORIGIN example.net.\n$TTL 3600\n@ IN SOA ns1.example.net. hostmaster.example.net. 1 7200 900 1209600 300\n  IN NS ns1.example.net.\nns1 IN A 192.0.2.53\n";
+    // ns1 and ns2 get a geo database that places clients in Australia (the City test
+    // database); ns3 keeps one without it. The next version's `AU` region is a place
+    // ns3 cannot place clients in: it refuses the version and halts the rollout by
+    // itself; every node goes back to v1.
+    let mut before = Vec::new();
     for n in &set.nodes[..2] {
-        std::fs::write(n.dir.join("zones/example.net.zone"), zone).unwrap();
+        before.push(n.get("/v1/state").await["config_version"].clone());
+        std::fs::copy(
+            common::repo("tests/fixtures/geo/GeoIP2-City-Test.mmdb"),
+            n.dir.join("geo.mmdb"),
+        )
+        .unwrap();
     }
-    for n in &set.nodes[..2] {
-        n.wait_for("the new zone loaded", |s| last_reload(s).0 == "applied")
-            .await;
+    for (n, was) in set.nodes[..2].iter().zip(&before) {
+        n.wait_for("the new geo database loaded", |s| {
+            s["config_version"] != *was && last_reload(s).0 == "applied"
+        })
+        .await;
     }
+    let only_any = "      - match: [\"*\"]\n        weights: { c: 1 }\n";
+    assert!(edited.contains(only_any));
     let next = edited
         .replace("weights: { a: 100 }", "weights: { a: 50, b: 50 }")
         .replace(
-            "  other.example.com:",
-            "  www.example.net:\n    cdns:\n      c: { cname: c.cdn.test. }\n    regions:\n      - match: [\"*\"]\n        weights: { c: 1 }\n  other.example.com:",
+            only_any,
+            &format!("      - match: [AU]\n        weights: {{ c: 1 }}\n{only_any}"),
         );
     let v2 = steerdns::config::version_of(&next);
     let (code, body) =
@@ -2460,10 +2471,7 @@ async fn a_staged_rollout_gives_every_node_the_same_networks_and_halts_when_a_no
         assert_eq!(p["history"][1]["version"], v2.as_str(), "{p:#}");
         assert_eq!(p["history"][0]["node"], "ns3", "{p:#}");
         let why = p["history"][0]["why"].as_str().unwrap_or_default();
-        assert!(
-            why.contains("cannot load") && why.contains("www.example.net"),
-            "{p:#}"
-        );
+        assert!(why.contains("cannot load") && why.contains("`AU`"), "{p:#}");
         let t = Instant::now();
         while a2_networks(n.dns).await.len() != 400 {
             assert!(t.elapsed() < Duration::from_secs(5), "not all back on v1");

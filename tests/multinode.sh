@@ -17,6 +17,11 @@
 #   ns3 cut off from the CDNs demotes nothing;
 #   fastly broken for every vantage point: every node takes each step within 1 s;
 #   ns2 cut off from etcd fails static (keeps answering, no demotion), then catches up;
+#   a policy version posted to ns1 (If-Match) moves all three at one instant; a stale
+#   If-Match is 412, a broken policy 400 with its line; a rollback moves them back;
+#   a staged rollout (stages=10,100) gives the same 5-15 % of 400 client networks the
+#   new answer on every node, then all; a halt returns them; a version ns3 cannot
+#   place (a country its geo database lacks) halts a rollout by itself;
 #   one etcd member killed changes nothing; two make every node fail static; back.
 #
 #   sudo bash tests/multinode.sh      # STEERDNS_BIN=/path/to/steerdns to drill another binary
@@ -135,9 +140,12 @@ done
 # Plain http between namespaces: --etcd-insecure accepts the password in clear here.
 ETCD_ARGS=(--etcd "$ENDPOINTS" --etcd-user steerdns --etcd-password-file "$TMP/etcd-password"
     --etcd-insecure --members ns1,ns2,ns3,agent1,agent2)
+# Each node reads its own copy of the geo database (ns3's is swapped for a smaller one
+# below).
 for n in 1 2 3; do
+    cp geo/country.mmdb "$TMP/geo-ns$n.mmdb"
     NO_COLOR=1 ip netns exec "sd-n$n" "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" \
-        --zones zones --probes "$TMP/probes" --state-dir "$TMP/state-ns$n" \
+        --zones zones --probes "$TMP/probes" --state-dir "$TMP/state-ns$n" --geo "$TMP/geo-ns$n.mmdb" \
         --listen "10.213.0.2$n:5353" --api "10.213.0.2$n:9153" --api-token-file "$TMP/api-token" \
         --rrl-exempt 10.213.0.0/24 --steering-http off \
         --node "ns$n" "${ETCD_ARGS[@]}" >"$TMP/ns$n.log" 2>&1 &
@@ -270,6 +278,157 @@ else
 fi
 mv "$TMP/fastly-canary" "$TMP/fastly/_health/v1.txt"
 for n in 1 2 3; do until_true 30 "$n" "removed('fastly') == 0" || fail "ns$n: fastly back"; done
+
+# --- policy versions -------------------------------------------------------------------
+# post_policy N QUERY IF-MATCH FILE: POST FILE to node N's /v1/policy?QUERY; prints
+# "CODE BODY".
+post_policy() {
+    cli curl -s --max-time 5 -o "$TMP/post.out" -w '%{http_code}' -X POST \
+        -H "Authorization: Bearer $(cat "$TMP/api-token")" -H "If-Match: \"$3\"" \
+        --data-binary "@$4" "http://10.213.0.2$1:9153/v1/policy${2:+?$2}"
+    echo " $(tr -d '\n' <"$TMP/post.out" | head -c 300)"
+}
+version_of() { sha256sum <"$1" | cut -c1-12; }
+policy_field() { # policy_field N PYTHON-EXPR: EXPR on node N's /v1/policy (as `p`)
+    cli curl -s --max-time 2 "http://10.213.0.2$1:9153/v1/policy" |
+        python3 -c "import json,sys
+try: p = json.load(sys.stdin)
+except Exception: p = {}
+try: print($2)
+except Exception as e: print('?', e)"
+}
+# 400 client networks (ECS /24s), asked through one resolver.
+for i in $(seq 0 399); do echo "-b 10.213.0.101 www.example.com +subnet=10.$((i / 200)).$((i % 200)).0/24"; done >"$TMP/networks"
+# canary N: the indices of the 400 networks node N answers with the canary's CNAME,
+# on one line ("lost" when fewer than 400 answers came back).
+canary() {
+    cli dig @"10.213.0.2$1" -p 5353 +short +time=1 +tries=1 -f "$TMP/networks" |
+        python3 -c "import sys
+lines = [l.strip() for l in sys.stdin if l.strip()]
+nets = [str(i) for i, l in enumerate(lines) if l == 'example.canary.fastly.net.']
+print(' '.join(nets) if len(lines) == 400 else 'lost')"
+}
+count() { wc -w <<<"$1" | tr -d ' '; }
+# until_policy SECONDS N EXPR: polls until `policy_field N EXPR` prints True.
+until_policy() {
+    local end=$(($(date +%s%N) + $1 * 1000000000))
+    while (($(date +%s%N) < end)); do
+        [[ $(policy_field "$2" "$3") == True ]] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+V0=$(version_of "$TMP/steering.yaml")
+check "every node serves the file's version $V0 as the set's" \
+    [ "$(for n in 1 2 3; do policy_field "$n" "p['version']"; done | sort -u)" == "$V0" ]
+sed -e 's/weights: { fastly: 50, cloudflare: 50 }/weights: { cloudflare: 100 }/' "$TMP/steering.yaml" >"$TMP/p1.yaml"
+V1=$(version_of "$TMP/p1.yaml")
+log "POST /v1/policy to ns1: cloudflare only ($V1, If-Match $V0)"
+posted=$(post_policy 1 "" "$V0" "$TMP/p1.yaml")
+check "accepted: $posted" grep -q '^202 ' <<<"$posted"
+# Every node polled in turn (each poll 20 resolvers): when it first answers only
+# cloudflare. The writer's window is 500 ms + the measured skew.
+declare -A moved=()
+t0=$(now_ms)
+while ((${#moved[@]} < 3)) && (($(now_ms) - t0 < 10000)); do
+    for n in 1 2 3; do
+        [[ -z ${moved[$n]:-} && $(answers "$n") == cloudflare ]] && moved[$n]=$(now_ms)
+    done
+done
+if ((${#moved[@]} == 3)); then
+    first=$(printf '%s\n' "${moved[@]}" | sort -n | head -1) last=$(printf '%s\n' "${moved[@]}" | sort -n | tail -1)
+    check "all three answer the new version $((last - t0)) ms after the post, $((last - first)) ms apart (window 500 ms)" [ $((last - first)) -lt 500 ]
+else
+    fail "all three answer the new version (moved: ${!moved[*]})"
+fi
+stale=$(post_policy 2 "" "$V0" tests/fixtures/set-steering.yaml)
+check "a stale If-Match is refused: ${stale:0:120}" grep -q '^412 ' <<<"$stale"
+printf 'hostname: www.example.com\nttl: 30\ncdns:\n  fastly: { cname: example.map.fastly.net. }\nregions:\n  - match: ["*"]\n    weights: { fastyl: 100 }\n' >"$TMP/broken.yaml"
+broken=$(post_policy 2 "" "$V1" "$TMP/broken.yaml")
+check "a broken policy is refused with its line and field: ${broken:0:160}" grep -q '^400 .*:7: regions\[0\]\.weights\.fastyl' <<<"$broken"
+for n in 1 2 3; do check "ns$n still on $V1: $(answers "$n")" [ "$(answers "$n")" == cloudflare ]; done
+rolled=$(api 3 POST /v1/policy/rollback '{"ticket":"DRILL-1"}')
+log "rollback through ns3: $rolled"
+for n in 1 2 3; do
+    t0=$(now_ms)
+    while [[ $(answers "$n") != "cloudflare fastly" ]] && (($(now_ms) - t0 < 5000)); do :; done
+    check "ns$n answers both CDNs again after the rollback" [ "$(answers "$n")" == "cloudflare fastly" ]
+done
+
+# A staged rollout: the canary's CNAME for 10 % of the networks, then all.
+sed -e 's/example.map.fastly.net./example.canary.fastly.net./' \
+    -e 's/weights: { fastly: 50, cloudflare: 50 }/weights: { fastly: 100 }/' "$TMP/steering.yaml" >"$TMP/p2.yaml"
+V2=$(version_of "$TMP/p2.yaml")
+in_force=$(policy_field 1 "p['version']")
+staged=$(post_policy 2 "stages=10,100&stage_seconds=6" "$in_force" "$TMP/p2.yaml")
+check "a staged rollout of $V2 accepted through ns2: ${staged:0:100}" grep -q '^202 ' <<<"$staged"
+for n in 1 2 3; do until_policy 5 "$n" "p['rollout']['loaded']" || fail "ns$n loads the rollout's version"; done
+start=$(policy_field 1 "p['rollout']['start_unix_ms']")
+end=$((start + 6000))
+while (($(now_ms) < start + 300)); do sleep 0.05; done
+polls=0 first_set="" differ=0
+while (($(now_ms) + 1500 < end)); do
+    for n in 1 2 3; do
+        got=$(canary "$n")
+        (($(now_ms) + 300 < end)) || continue
+        [[ -z $first_set ]] && first_set=$got
+        [[ $got == "$first_set" ]] || differ=$((differ + 1))
+        polls=$((polls + 1))
+    done
+done
+share=$(count "$first_set")
+check "the first stage: $share of 400 networks on the canary (5-15 %)" [ "$share" -ge 20 ] && [ "$share" -le 60 ]
+check "the same $share networks at each of $polls polls over the 3 nodes ($differ differed)" [ "$polls" -ge 3 ] && [ "$differ" == 0 ]
+while (($(now_ms) < end + 300)); do sleep 0.05; done
+for n in 1 2 3; do
+    t0=$(now_ms)
+    while [[ $(count "$(canary "$n")") != 400 ]] && (($(now_ms) - t0 < 3000)); do sleep 0.05; done
+    check "ns$n: every network on the canary after the stage" [ "$(count "$(canary "$n")")" == 400 ]
+done
+if until_policy 5 3 "p['version'] == '$V2' and p['rollout'] is None"; then ok "the rollout done: $V2 in force"; else fail "the rollout done: $V2 in force"; fi
+
+# A rollout halted by hand: half the networks back on the file's answers, then none.
+staged=$(post_policy 1 "stages=50,100&stage_seconds=60" "$V2" "$TMP/steering.yaml")
+check "a second staged rollout accepted: ${staged:0:60}" grep -q '^202 ' <<<"$staged"
+t0=$(now_ms)
+while (($(count "$(canary 3)") == 400)) && (($(now_ms) - t0 < 5000)); do sleep 0.05; done
+half=$(count "$(canary 3)")
+check "at 50 %: $half of 400 networks left on the canary on ns3" [ "$half" -ge 150 ] && [ "$half" -le 250 ]
+halted=$(api 2 POST /v1/policy/halt '{"ticket":"DRILL-2"}')
+log "halt through ns2: $halted"
+for n in 1 2 3; do
+    t0=$(now_ms)
+    while [[ $(count "$(canary "$n")") != 400 ]] && (($(now_ms) - t0 < 3000)); do sleep 0.05; done
+    check "ns$n: every network back on $V2 after the halt" [ "$(count "$(canary "$n")")" == 400 ]
+done
+
+# ns3's geo database swapped for one without Brazil: a version naming BR is one ns3
+# cannot place clients by, so it refuses it and halts the rollout by itself.
+was=$(field 3 "s['config_version']")
+cp tests/fixtures/geo/GeoIP2-Country-Test.mmdb "$TMP/geo-ns3.mmdb"
+until_true 5 3 "s['config_version'] != '$was' and s['last_reload']['result'] == 'applied'" ||
+    fail "ns3 loads its new geo database"
+sed -e 's/^regions:$/regions:\n  - match: [BR]\n    weights: { fastly: 100 }/' "$TMP/p2.yaml" >"$TMP/p3.yaml"
+V3=$(version_of "$TMP/p3.yaml")
+staged=$(post_policy 1 "stages=50,100&stage_seconds=60" "$V2" "$TMP/p3.yaml")
+check "a rollout of a version naming BR accepted by ns1: ${staged:0:60}" grep -q '^202 ' <<<"$staged"
+t0=$(now_ms)
+for n in 1 2 3; do
+    until_policy 10 "$n" "p['history'][0]['how'] == 'halt' and p['history'][1]['version'] == '$V3'" ||
+        fail "ns$n sees the rollout of $V3 halted"
+done
+check "ns3 halted it $(($(now_ms) - t0)) ms after the post: $(policy_field 1 "p['history'][0]['node'] + ': ' + p['history'][0]['why'][:120]")" \
+    [ "$(policy_field 1 "p['history'][0]['node'] == 'ns3' and '\`BR\`' in p['history'][0]['why'] and p['version'] == '$V2'")" == True ]
+for n in 1 2 3; do check "ns$n: every network on $V2 after the halt" [ "$(count "$(canary "$n")")" == 400 ]; done
+cp geo/country.mmdb "$TMP/geo-ns3.mmdb"
+# Back to the file's version for the rest of the drill.
+api 1 POST /v1/policy/rollback "{\"version\":\"$V0\"}" >/dev/null
+for n in 1 2 3; do
+    t0=$(now_ms)
+    while [[ $(answers "$n") != "cloudflare fastly" ]] && (($(now_ms) - t0 < 5000)); do :; done
+    check "ns$n back on $V0" [ "$(answers "$n")" == "cloudflare fastly" ]
+done
 
 # --- etcd members lost ----------------------------------------------------------------
 stop "${ETCD_PID[1]}"

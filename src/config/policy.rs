@@ -445,36 +445,25 @@ pub fn load(path: &Path) -> Result<(Policy, Issues), Issues> {
     parse(path, source)
 }
 
-/// Every AS entry of the policy (`match:` and drains' `where:`), refused: the policy
-/// matches AS numbers and no ASN database was given.
-pub fn check_without_asn(policy: &Policy) -> Issues {
-    let mut issues = Issues::default();
+/// Every entry of the policy's `match:` lists and drains' `where:` lists, with its
+/// field path: what the checks against the node's databases walk.
+fn each_match(policy: &Policy, mut f: impl FnMut(Vec<Seg>, &Match)) {
     for host in &policy.hosts {
-        let mut refuse = |path: Vec<Seg>, m: &Match| {
-            issues.push(ConfigIssue::error(
-                &policy.file,
-                super::locate::line_of(&policy.source, &path),
-                super::locate::render(&path),
-                format!("`{m}`: AS-number matching needs an ASN database: give one with --asn-db FILE (GeoLite2-ASN format)"),
-            ));
-        };
         for (i, r) in host.regions.iter().enumerate() {
             for (j, m) in r.matches.iter().enumerate() {
-                if matches!(m, Match::Asn(_)) {
-                    let mut path = host.path.clone();
-                    path.extend([
-                        Seg::Key("regions".into()),
-                        Seg::Index(i),
-                        Seg::Key("match".into()),
-                        Seg::Index(j),
-                    ]);
-                    refuse(path, m);
-                }
+                let mut path = host.path.clone();
+                path.extend([
+                    Seg::Key("regions".into()),
+                    Seg::Index(i),
+                    Seg::Key("match".into()),
+                    Seg::Index(j),
+                ]);
+                f(path, m);
             }
         }
         for (k, d) in host.drains.iter().enumerate() {
             for (j, s) in d.scope.iter().enumerate() {
-                if let DrainScope::Match(m @ Match::Asn(_)) = s {
+                if let DrainScope::Match(m) = s {
                     let mut path = host.path.clone();
                     path.extend([
                         Seg::Key("drain".into()),
@@ -482,11 +471,73 @@ pub fn check_without_asn(policy: &Policy) -> Issues {
                         Seg::Key("where".into()),
                         Seg::Index(j),
                     ]);
-                    refuse(path, m);
+                    f(path, m);
                 }
             }
         }
     }
+}
+
+/// Every AS entry of the policy (`match:` and drains' `where:`), refused: the policy
+/// matches AS numbers and no ASN database was given.
+pub fn check_without_asn(policy: &Policy) -> Issues {
+    let mut issues = Issues::default();
+    each_match(policy, |path, m| {
+        if matches!(m, Match::Asn(_)) {
+            issues.push(ConfigIssue::error(
+                &policy.file,
+                super::locate::line_of(&policy.source, &path),
+                super::locate::render(&path),
+                format!("`{m}`: AS-number matching needs an ASN database: give one with --asn-db FILE (GeoLite2-ASN format)"),
+            ));
+        }
+    });
+    issues
+}
+
+/// Every country or continent the policy names (`match:`, drains' `where:`) that no
+/// network of the geo database is in (`places`: the database's distinct places): no
+/// client is ever placed there. A warning for the policy file (the entry matches no
+/// client; `check`, a reload and a set of one say so), and an error for a version of
+/// a set of several nodes (`as_version`): they must place clients alike, so a node
+/// whose database lacks a place a version names refuses the version (and a staged
+/// rollout of it halts).
+pub fn check_against_places(
+    policy: &Policy,
+    places: &[crate::place::geo::Place],
+    as_version: bool,
+) -> Issues {
+    let mut issues = Issues::default();
+    let has = |m: &Match| match *m {
+        Match::Country(c) => places.iter().any(|p| p.country == Some(c)),
+        Match::Continent(c) => places.iter().any(|p| p.continent == Some(c)),
+        Match::Any | Match::Net(_) | Match::Asn(_) => true,
+    };
+    each_match(policy, |path, m| {
+        if has(m) {
+            return;
+        }
+        let line = super::locate::line_of(&policy.source, &path);
+        let field = super::locate::render(&path);
+        let issue = if as_version {
+            ConfigIssue::error(
+                &policy.file,
+                line,
+                field,
+                format!("`{m}`: this node's geo database has no network there, so it would place those clients elsewhere than the nodes whose database has (give every node the same geo database, or remove `{m}`)"),
+            )
+        } else {
+            ConfigIssue::warning(
+                &policy.file,
+                line,
+                field,
+                format!(
+                    "`{m}`: the geo database has no network there, so this entry matches no client"
+                ),
+            )
+        };
+        issues.push(issue);
+    });
     issues
 }
 

@@ -221,7 +221,11 @@ impl Controller {
         let (tx, rx) = oneshot::channel();
         let proposal = Proposal {
             source: Source::Text(yaml.to_string()),
-            check: None,
+            // An edit is checked as a version (the set's first is what the nodes
+            // serve already): one this node would refuse is never written.
+            check: (how != "first")
+                .then(|| self.versions.checker.clone())
+                .flatten(),
             based_on,
             author: format!("file on {}", self.vantage),
             ticket: None,
