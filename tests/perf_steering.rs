@@ -1124,6 +1124,86 @@ regions:
     plain.stop().await;
 }
 
+/// Four networks of the new version's cohort post slow beacons, with valid tickets, 30
+/// times each, while every other player measures alike: each network holds at most 5 %
+/// of its cohort's samples, so they cannot halt the rollout by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_few_networks_cannot_halt_a_rollout_by_posting_slow_beacons() {
+    let dir = scratch("perf-rollout-few");
+    policy(&dir, 3600.0, 60.0);
+    let original = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
+    let v0 = steerdns::config::version_of(&original);
+    let s = Stack::start(&dir).await;
+    s.wait_for_path("/v1/policy", "the first version", |p| {
+        p["history"][0]["version"] == v0.as_str()
+    })
+    .await;
+    let edited = original.replace(
+        "weights: { fastly: 90, cloudflare: 10 }",
+        "weights: { fastly: 10, cloudflare: 90 }",
+    );
+    let r = s
+        .http
+        .post(format!(
+            "http://{}/v1/policy?stages=50,100&stage_seconds=600",
+            s.api
+        ))
+        .bearer_auth(common::stack::TOKEN)
+        .header("if-match", format!("\"{v0}\""))
+        .body(edited)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    s.wait_for_path("/v1/policy", "the new version serving half", |p| {
+        p["rollout"]["serving_percent"] == 50.0
+    })
+    .await;
+    // Every player measures 100 ms, whichever version answers it.
+    let mut attackers = Vec::new();
+    for i in 0..120 {
+        let e = s
+            .get(&format!(
+                "/v1/explain?name=www.example.com&client={}",
+                player(i)
+            ))
+            .await;
+        if e["rollout"]["cohort"] == "canary" && attackers.len() < 4 {
+            attackers.push(i);
+        }
+        let ticket = fetch_ticket(&s.http, s.steering, &player(i)).await;
+        let (code, body) = post(&s, "www.example.com", &player(i), beacon(&ticket, 100, 100)).await;
+        assert_eq!(code, 204, "{body}");
+    }
+    assert_eq!(attackers.len(), 4);
+    // Four of the new version's networks post 400 ms, 30 beacons each.
+    for &i in &attackers {
+        let ticket = fetch_ticket(&s.http, s.steering, &player(i)).await;
+        for _ in 0..30 {
+            let (code, body) =
+                post(&s, "www.example.com", &player(i), beacon(&ticket, 400, 400)).await;
+            assert!(code == 204 || code == 429, "{code} {body}");
+        }
+    }
+    // A judgement after the last beacon: no halt, and the cohorts show why.
+    let posted = steerdns::clock::now_ms();
+    let p = s
+        .wait_for_path("/v1/policy", "the canary judged after the beacons", |p| {
+            p["rollout"]["checked_unix_ms"]
+                .as_u64()
+                .is_some_and(|t| t > posted)
+                || p["history"][0]["how"] == "halt"
+        })
+        .await;
+    assert_ne!(p["history"][0]["how"], "halt", "{p:#}");
+    let m = &p["rollout"]["measured"][0];
+    assert_eq!(m["region"], "gb", "{p:#}");
+    assert_eq!(m["control"]["value"], m["canary"]["value"], "{p:#}");
+    let canary = m["canary"]["samples"].as_u64().unwrap();
+    assert!(canary < 4 * 30 * 4, "the attackers' samples capped: {p:#}");
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_staged_rollout_halts_when_its_clients_measure_worse() {
     // A long shift period: the shares stay as the policy says, only the cohorts are

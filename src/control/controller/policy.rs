@@ -370,6 +370,7 @@ impl Controller {
             // The last stage reached: the new version is the one in force.
             info!(version = ?r.set, "policy: the staged rollout is complete");
             self.versions.staged = None;
+            self.perf.store().end_cohorts();
         }
         let probes_changed = self.apply_reload(r);
         // The load's temporaries, and the configuration replaced, back to the system.

@@ -248,6 +248,7 @@ impl Controller {
         if s.ends_ms.is_some_and(|e| now >= e) {
             info!(version = %s.version, "policy: the staged rollout's canary stops answering");
             self.versions.staged = None;
+            self.perf.store().end_cohorts();
             return true;
         }
         let stage = s
@@ -298,12 +299,7 @@ impl Controller {
     fn measured_worse(&self, version: &str) -> Option<String> {
         let store = self.perf.store();
         store.cohort_aggregates(version).into_iter().find_map(|c| {
-            let host = self
-                .loaded
-                .policy
-                .hosts
-                .iter()
-                .find(|h| h.name.to_string() == c.name)?;
+            let host = self.loaded.policy.host(&c.name)?;
             let region = host.regions.get(c.region)?;
             let perf = region.performance.as_ref()?;
             let (new, old) = (c.canary.usable(perf)?, c.control.usable(perf)?);
@@ -423,7 +419,41 @@ impl Controller {
             "ending_unix_ms": s.ends_ms,
             "control": counted(control),
             "canary": counted(canary),
+            "checked_unix_ms": (s.checked_ms > 0).then_some(s.checked_ms),
+            "measured": self.measured_doc(&s.version),
         }))
+    }
+
+    /// What each cohort's players measure, per (name, region) whose performance is
+    /// measured: what a halt for "measure worse" compares.
+    fn measured_doc(&self, version: &str) -> Vec<serde_json::Value> {
+        let mut out: Vec<serde_json::Value> = self
+            .perf
+            .store()
+            .cohort_aggregates(version)
+            .into_iter()
+            .filter_map(|c| {
+                let host = self.loaded.policy.host(&c.name)?;
+                let region = host.regions.get(c.region)?;
+                let perf = region.performance.as_ref()?;
+                let side = |a: &crate::control::modifiers::perf::cell::Aggregate| {
+                    let (value, samples) = a.metric(perf.metric);
+                    serde_json::json!({ "value": value, "samples": samples, "networks": a.networks })
+                };
+                Some(serde_json::json!({
+                    "name": c.name,
+                    "region": region.name,
+                    "metric": perf.metric.as_str(),
+                    "control": side(&c.control),
+                    "canary": side(&c.canary),
+                }))
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (a["name"].as_str(), a["region"].as_str())
+                .cmp(&(b["name"].as_str(), b["region"].as_str()))
+        });
+        out
     }
 }
 

@@ -230,12 +230,28 @@ impl Samples {
         net: u64,
         samples: &[(&str, Sample)],
     ) {
+        // Only regions whose performance is measured compare their cohorts.
+        let min_samples = {
+            let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+            match cells.get(name).and_then(|n| n.regions.get(region)) {
+                Some(Some(rc)) => rc.perf.min_samples,
+                _ => return,
+            }
+        };
         let samples: Vec<Sample> = samples.iter().map(|(_, s)| *s).collect();
         let key = (name.to_string(), region);
         self.cohorts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .record(version, key, canary, net, &samples);
+            .record(version, key, (canary, min_samples), net, &samples);
+    }
+
+    /// Drops the cohorts' samples: the staged rollout ended.
+    pub(crate) fn end_cohorts(&self) {
+        self.cohorts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// The cohorts of the staged rollout of `version`, per (name, region).
