@@ -48,7 +48,9 @@ done
 make_tmp multinode
 build_release
 
-NS=(sd-hub sd-etcd sd-n1 sd-n2 sd-n3 sd-g1 sd-g2 sd-cdn sd-cli)
+# Namespace names unique to this run (two drills at once on one host keep apart).
+R=${NS_TAG:-$$}
+NS=(sd${R}-hub sd${R}-etcd sd${R}-n1 sd${R}-n2 sd${R}-n3 sd${R}-g1 sd${R}-g2 sd${R}-cdn sd${R}-cli)
 netns_cleanup() {
     cleanup
     local ns
@@ -58,30 +60,30 @@ trap netns_cleanup EXIT
 
 # --- the topology ------------------------------------------------------------------
 for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-ip netns add sd-hub
-ip -n sd-hub link add br0 type bridge
-ip -n sd-hub link set br0 up
+ip netns add sd${R}-hub
+ip -n sd${R}-hub link add br0 type bridge
+ip -n sd${R}-hub link set br0 up
 # join NS ADDR...: NS on the bridge, with these addresses (the first is its own).
 join() {
     local ns=$1 i=${#JOINED[@]} addr
     shift
     ip netns add "$ns"
-    ip -n sd-hub link add "v$i" type veth peer name eth0 netns "$ns"
-    ip -n sd-hub link set "v$i" master br0 up
+    ip -n sd${R}-hub link add "v$i" type veth peer name eth0 netns "$ns"
+    ip -n sd${R}-hub link set "v$i" master br0 up
     for addr in "$@"; do ip -n "$ns" addr add "$addr/24" dev eth0; done
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
     JOINED+=("$ns")
 }
 JOINED=()
-join sd-etcd 10.213.0.11 10.213.0.12 10.213.0.13
-join sd-n1 10.213.0.21
-join sd-n2 10.213.0.22
-join sd-n3 10.213.0.23
-join sd-g1 10.213.0.31
-join sd-g2 10.213.0.32
-join sd-cdn 10.213.0.41 10.213.0.42
-join sd-cli 10.213.0.51 $(seq -f '10.213.0.1%02g' 1 20)
+join sd${R}-etcd 10.213.0.11 10.213.0.12 10.213.0.13
+join sd${R}-n1 10.213.0.21
+join sd${R}-n2 10.213.0.22
+join sd${R}-n3 10.213.0.23
+join sd${R}-g1 10.213.0.31
+join sd${R}-g2 10.213.0.32
+join sd${R}-cdn 10.213.0.41 10.213.0.42
+join sd${R}-cli 10.213.0.51 $(seq -f '10.213.0.1%02g' 1 20)
 log "namespaces: ${NS[*]} on one bridge, 10.213.0.0/24"
 
 # --- etcd: three members, authentication on -----------------------------------------
@@ -90,7 +92,7 @@ ENDPOINTS=http://10.213.0.11:2379,http://10.213.0.12:2379,http://10.213.0.13:237
 declare -A ETCD_PID=()
 start_member() {
     local i=$1 ip=10.213.0.1$1
-    ip netns exec sd-etcd etcd --name "m$i" --data-dir "$TMP/etcd-m$i" \
+    ip netns exec sd${R}-etcd etcd --name "m$i" --data-dir "$TMP/etcd-m$i" \
         --listen-client-urls "http://$ip:2379" --advertise-client-urls "http://$ip:2379" \
         --listen-peer-urls "http://$ip:2380" --initial-advertise-peer-urls "http://$ip:2380" \
         --initial-cluster "$CLUSTER" --heartbeat-interval 100 --election-timeout 1000 \
@@ -98,7 +100,7 @@ start_member() {
     track $!
     ETCD_PID[$i]=$!
 }
-ctl() { ip netns exec sd-etcd env ETCDCTL_API=3 etcdctl --endpoints="$ENDPOINTS" "$@"; }
+ctl() { ip netns exec sd${R}-etcd env ETCDCTL_API=3 etcdctl --endpoints="$ENDPOINTS" "$@"; }
 for i in 1 2 3; do start_member "$i"; done
 for _ in $(seq 100); do ctl endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
 ctl endpoint health >/dev/null 2>&1 || die "etcd did not start; see $TMP/etcd-m*.log (KEEP=1)"
@@ -117,9 +119,9 @@ log "etcd: 3 members, user steerdns limited to /steerdns/"
 
 # --- CDNs, policy, probes -----------------------------------------------------------
 for cdn in fastly cloudflare; do mkdir -p "$TMP/$cdn/_health" && cp probes/_health/v1.txt "$TMP/$cdn/_health/"; done
-ip netns exec sd-cdn python3 -m http.server --bind 10.213.0.41 8080 --directory "$TMP/fastly" >"$TMP/cdn-fastly.log" 2>&1 &
+ip netns exec sd${R}-cdn python3 -m http.server --bind 10.213.0.41 8080 --directory "$TMP/fastly" >"$TMP/cdn-fastly.log" 2>&1 &
 track $!
-ip netns exec sd-cdn python3 -m http.server --bind 10.213.0.42 8080 --directory "$TMP/cloudflare" >"$TMP/cdn-cloudflare.log" 2>&1 &
+ip netns exec sd${R}-cdn python3 -m http.server --bind 10.213.0.42 8080 --directory "$TMP/cloudflare" >"$TMP/cdn-cloudflare.log" 2>&1 &
 track $!
 cp tests/fixtures/set-steering.yaml "$TMP/steering.yaml"
 mkdir -p "$TMP/probes"
@@ -144,7 +146,7 @@ ETCD_ARGS=(--etcd "$ENDPOINTS" --etcd-user steerdns --etcd-password-file "$TMP/e
 # below).
 for n in 1 2 3; do
     cp geo/country.mmdb "$TMP/geo-ns$n.mmdb"
-    NO_COLOR=1 ip netns exec "sd-n$n" "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" \
+    NO_COLOR=1 ip netns exec "sd${R}-n$n" "$STEERDNS_BIN" serve --config "$TMP/steering.yaml" \
         --zones zones --probes "$TMP/probes" --state-dir "$TMP/state-ns$n" --geo "$TMP/geo-ns$n.mmdb" \
         --listen "10.213.0.2$n:5353" --api "10.213.0.2$n:9153" --api-token-file "$TMP/api-token" \
         --rrl-exempt 10.213.0.0/24 --steering-http off \
@@ -152,13 +154,13 @@ for n in 1 2 3; do
     track $!
 done
 for g in 1 2; do
-    NO_COLOR=1 ip netns exec "sd-g$g" "$STEERDNS_BIN" agent --probes "$TMP/probes" \
+    NO_COLOR=1 ip netns exec "sd${R}-g$g" "$STEERDNS_BIN" agent --probes "$TMP/probes" \
         --api "10.213.0.3$g:9153" --node "agent$g" "${ETCD_ARGS[@]}" >"$TMP/agent$g.log" 2>&1 &
     track $!
 done
 
 # --- helpers --------------------------------------------------------------------------
-cli() { ip netns exec sd-cli "$@"; }
+cli() { ip netns exec sd${R}-cli "$@"; }
 state() { cli curl -s --max-time 2 "http://10.213.0.2$1:9153/v1/state"; }
 # field N PYTHON-EXPR: evaluates EXPR on node N's /v1/state (as `s`); prints the result.
 field() {
@@ -232,8 +234,8 @@ log "anonymous put of /steerdns/obs/forger/fastly: $forged"
 check "a forged observation without credentials is refused by etcd" grep -q "user name is empty" <<<"$forged"
 
 # --- ns3 cut off from the CDNs --------------------------------------------------------
-ip -n sd-n3 route add blackhole 10.213.0.41/32
-ip -n sd-n3 route add blackhole 10.213.0.42/32
+ip -n sd${R}-n3 route add blackhole 10.213.0.41/32
+ip -n sd${R}-n3 route add blackhole 10.213.0.42/32
 log "ns3 cut off from both CDNs"
 until_true 10 3 "s['vantage_unhappy'] is not None" || fail "ns3 sees itself unhappy"
 log "ns3: $(field 3 "s['vantage_unhappy']")"
@@ -244,8 +246,8 @@ for n in 1 2 3; do
     check "ns$n: nothing demoted by ns3's view (fastly $(field "$n" "removed('fastly')") %, cloudflare $(field "$n" "removed('cloudflare')") %)" \
         [ "$(field "$n" "removed('fastly') + removed('cloudflare')")" == 0 ]
 done
-ip -n sd-n3 route del blackhole 10.213.0.41/32
-ip -n sd-n3 route del blackhole 10.213.0.42/32
+ip -n sd${R}-n3 route del blackhole 10.213.0.41/32
+ip -n sd${R}-n3 route del blackhole 10.213.0.42/32
 
 # --- fastly broken for every vantage point --------------------------------------------
 log "fastly's canary removed"
@@ -262,7 +264,7 @@ for n in 1 2 3; do until_true 30 "$n" "removed('fastly') == 0" || fail "ns$n: fa
 ok "fastly restored: every node back to 50/50"
 
 # --- ns2 cut off from etcd ------------------------------------------------------------
-for ip in 10.213.0.11 10.213.0.12 10.213.0.13; do ip -n sd-n2 route add blackhole "$ip/32"; done
+for ip in 10.213.0.11 10.213.0.12 10.213.0.13; do ip -n sd${R}-n2 route add blackhole "$ip/32"; done
 log "ns2 cut off from etcd"
 if until_true 15 2 "s['cluster']['fail_static']"; then ok "ns2 fails static: $(field 2 "s['cluster']['error']")"; else fail "ns2 fails static"; fi
 mv "$TMP/fastly/_health/v1.txt" "$TMP/fastly-canary"
@@ -270,7 +272,7 @@ for n in 1 3; do until_true 20 "$n" "removed('fastly') >= 50" || fail "ns$n demo
 until_true 10 2 "s['health']['fastly']['state'] == 'down'" || fail "ns2 sees fastly down itself"
 check "ns2 does not demote on its own (fastly removed: $(field 2 "removed('fastly')") %)" [ "$(field 2 "removed('fastly')")" == 0 ]
 check "ns2 keeps answering: $(answers 2)" [ "$(answers 2)" == "cloudflare fastly" ]
-for ip in 10.213.0.11 10.213.0.12 10.213.0.13; do ip -n sd-n2 route del blackhole "$ip/32"; done
+for ip in 10.213.0.11 10.213.0.12 10.213.0.13; do ip -n sd${R}-n2 route del blackhole "$ip/32"; done
 if until_true 15 2 "s['cluster']['connected'] and removed('fastly') == $(field 1 "removed('fastly')")"; then
     ok "ns2 back: it follows the set (fastly $(field 2 "removed('fastly')") %)"
 else
