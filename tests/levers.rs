@@ -89,6 +89,10 @@ const TOKENS: &[(&str, &str)] = &[
         "    verbs: [drain, undrain]\n    tenants: [acme]\n    require_ticket: true\n",
     ),
     ("uk-only", "    verbs: [drain, freeze]\n    regions: [uk]\n"),
+    (
+        "acme-freeze",
+        "    verbs: [freeze, resume, undrain]\n    tenants: [acme]\n",
+    ),
     ("drain-only", "    verbs: [drain]\n"),
     ("acme-usage", "    verbs: [usage]\n    tenants: [acme]\n"),
     (
@@ -145,10 +149,18 @@ async fn a_token_acts_only_within_its_scope() {
         "lacks the name b.example.com. (tenant globex)",
     )
     .await;
+    let before = steerdns::clock::now_ms();
     let (code, body) = as_token(&s, "only-a", Method::POST, drains, drain("a.example.com")).await;
+    let after = steerdns::clock::now_ms();
     assert_eq!(code, 201, "{body}");
     assert_eq!(body["author"], "only-a", "{body}");
     let id = body["id"].as_str().unwrap().to_string();
+    // Without `until` or `ttl_seconds`, it expires after 2 hours.
+    let until = body["until_unix_ms"].as_u64().unwrap();
+    assert!(
+        (before + 7_200_000..=after + 7_200_000).contains(&until),
+        "until {until}, posted between {before} and {after}"
+    );
 
     // Without the verb `freeze`: 403 naming it; a name-limited token cannot freeze all.
     let why = json!({"reason": "drill"});
@@ -161,6 +173,25 @@ async fn a_token_acts_only_within_its_scope() {
     )
     .await;
     refused(&s, "only-a", freeze, why.clone(), "lacks every name").await;
+    // Freezing or resuming every name needs a token limited by neither names, tenants
+    // nor regions.
+    refused(&s, "acme-freeze", freeze, why.clone(), "lacks every name").await;
+    refused(
+        &s,
+        "uk-only",
+        freeze,
+        why.clone(),
+        "lacks the scope everywhere",
+    )
+    .await;
+    refused(
+        &s,
+        "acme-freeze",
+        "/v1/failover/resume",
+        why.clone(),
+        "lacks every name",
+    )
+    .await;
     assert!(s.state().await["failover_frozen"].is_null());
 
     // Regions: a drain in `uk` only; everywhere and other places are refused.
@@ -190,6 +221,37 @@ async fn a_token_acts_only_within_its_scope() {
     )
     .await;
     assert_eq!(code, 201, "{body}");
+
+    // Undrain of another name's drain (b.example.com's, of tenant globex): refused to a
+    // token limited to a.example.com and to one limited to the tenant acme.
+    let b_id = body["id"].as_str().unwrap().to_string();
+    for (token, lacks) in [
+        ("only-a", "lacks the name b.example.com."),
+        (
+            "acme-freeze",
+            "lacks the name b.example.com. (tenant globex)",
+        ),
+    ] {
+        let (code, r) = s
+            .call(
+                Method::DELETE,
+                &format!("/v1/drains/{b_id}"),
+                None,
+                Some(&secret(token)),
+            )
+            .await;
+        assert_eq!(code, 403, "{token}: {r}");
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(e.contains(lacks), "{token}: {lacks:?} not in {e:?}");
+    }
+    assert!(
+        s.state().await["drains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["id"] == b_id.as_str()),
+        "b.example.com's drain still in force"
+    );
 
     // Undrain: no-freeze lacks nothing there; uk-only lacks the verb.
     let path = format!("/v1/drains/{id}");
@@ -449,6 +511,19 @@ async fn the_audit_log_chains_every_mutation_and_verify_finds_any_edit() {
     assert_ne!(edit[1], lines[1]);
     let (ok, out) = tampered("edited", edit);
     assert!(!ok && out.contains(":2: changed"), "{out}");
+    // Edited and re-sealed (its own hash made right again): only the next line's `prev`
+    // betrays it.
+    let mut resealed = own(&lines);
+    let mut v: serde_json::Map<String, Value> = serde_json::from_str(lines[1]).unwrap();
+    v.remove("hash");
+    v.insert("reason".into(), "x".into());
+    resealed[1] = sealed(&v).0;
+    assert_ne!(resealed[1], lines[1]);
+    let (ok, out) = tampered("resealed", resealed);
+    assert!(
+        !ok && out.contains(":2: changed: line 3 records another hash for the line before it"),
+        "{out}"
+    );
     // Swapped: lines 2 and 3.
     let mut swap = own(&lines);
     swap.swap(1, 2);
