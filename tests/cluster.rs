@@ -2651,3 +2651,80 @@ async fn a_version_activating_far_ahead_is_refused_and_an_apply_still_goes_throu
     }
     drop(set.etcd);
 }
+
+/// A member holding ns2's credentials rewrites one drain straight to etcd 1,500 times,
+/// each its own revision. Every change is an override without its writer's entry, but
+/// each node appends to its own log at most one `override_seen` per key and wait (the
+/// changes counted in it), and at most 60 a minute: otherwise one member's writes,
+/// copied into every node's log at about 1 KB each, rotate every node's own history
+/// out of its log (`KEEP` files of 16 MiB) within minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_rewriting_a_drain_cannot_flood_every_nodes_audit_log() {
+    if !require_etcd("a_member_rewriting_a_drain_cannot_flood_every_nodes_audit_log") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "unaudited-flood",
+        SetUp {
+            member_roles: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    const CHANGES: usize = 1_500;
+    let kvs: Vec<(String, String)> = (0..CHANGES)
+        .map(|i| {
+            let record = json!({
+                "rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": format!("by hand {i}")},
+                "node": "ns2", "at_unix_ms": unix_ms(),
+            });
+            (format!("{PREFIX}drain/hand-1"), record.to_string())
+        })
+        .collect();
+    let t0 = Instant::now();
+    set.etcd.put_many_in(Some(("ns2", "pw-ns2")), &kvs, 1).await;
+    let writing = t0.elapsed();
+    let last = format!("by hand {}", CHANGES - 1);
+    let seen = |e: &Value| e["kind"] == "override_seen" && e["key"] == "drain/hand-1";
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let entries = audit_entries(&set, i);
+            if entries
+                .iter()
+                .any(|e| seen(e) && e["record"]["rule"]["reason"] == last.as_str())
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ns{}: the last change not audited",
+                i + 1
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let entries = audit_entries(&set, i);
+        let listed: Vec<&Value> = entries.iter().filter(|e| seen(e)).collect();
+        let bound = 2 + writing.as_secs() as usize / 5;
+        eprintln!(
+            "ns{}: {CHANGES} changes written in {writing:?}: {} override_seen entries",
+            i + 1,
+            listed.len()
+        );
+        assert!(
+            listed.len() <= bound.min(60),
+            "ns{}: {} override_seen entries for one key written {CHANGES} times in {writing:?} (at most {} wanted)",
+            i + 1,
+            listed.len(),
+            bound.min(60)
+        );
+        let counted: u64 = listed
+            .iter()
+            .map(|e| e["changes"].as_u64().unwrap_or(1))
+            .sum();
+        assert!(counted > 1, "ns{}: the changes are not counted", i + 1);
+        let log = set.nodes[i].dir.join("state/audit.jsonl");
+        steerdns::control::disk::audit::verify(&[log]).unwrap();
+    }
+}
