@@ -2486,3 +2486,245 @@ async fn a_staged_rollout_gives_every_node_the_same_networks_and_halts_when_a_no
     );
     drop(set.etcd);
 }
+
+/// A set of three with the book's roles, every node on the set's first version: the
+/// set, the policy file's text and its version.
+async fn policy_set(tag: &str) -> (Set, String, String) {
+    let set = set_up(
+        tag,
+        SetUp {
+            member_roles: true,
+            step_seconds: 1.0,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    let original = std::fs::read_to_string(set.nodes[0].dir.join("steering.yaml")).unwrap();
+    let v0 = steerdns::config::version_of(&original);
+    for n in &set.nodes {
+        n.wait_for_path("/v1/policy", "the set's first version", |p| {
+            p["history"][0]["version"] == v0.as_str()
+        })
+        .await;
+    }
+    (set, original, v0)
+}
+
+/// Writes `record` as the set's `policy` with ns1's credentials, as a member could.
+fn policy_as_ns1(set: &Set, record: Value) {
+    let (ok, said) = set.etcd.put_as(
+        Some(("ns1", "pw-ns1")),
+        &format!("{PREFIX}policy"),
+        &record.to_string(),
+    );
+    assert!(ok, "{said}");
+}
+
+/// A member holding ns1's credentials writes the set's `policy` key by hand (its role
+/// may): a record of the version in force whose history says it is the set's first,
+/// with a rollout "from" a version of no history. Taken, every node would give that
+/// version (the one a rollout keeps) to nine clients in ten with no audit entry anywhere
+/// (a set's first version the node serves is no change to audit), and a halt would
+/// write it as the set's, in the halter's name. Every node refuses it and keeps
+/// answering from the version in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_rollout_from_a_version_of_no_history_is_refused_by_every_node() {
+    if !require_etcd("a_forged_rollout_from_a_version_of_no_history_is_refused_by_every_node") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let (set, original, v0) = policy_set("policy-forged").await;
+    // `a2` for `a`: a version no node has served.
+    let evil = original
+        .replace("a: { cname: a.cdn.test. }", "a: { cname: a2.cdn.test. }")
+        .replace("weights: { a: 50, b: 50 }", "weights: { a: 100, b: 1 }");
+    let vx = steerdns::config::version_of(&evil);
+    let now = unix_ms();
+    let applied = |version: &str, how: &str, based_on: Option<&str>, activate: u64| {
+        json!({
+            "version": version, "author": "file on ns1", "ticket": null, "node": "ns1",
+            "at_unix_ms": now, "activate_at_unix_ms": activate, "how": how, "based_on": based_on,
+        })
+    };
+
+    // A rollout "from" a version of no history, on the version in force.
+    policy_as_ns1(
+        &set,
+        json!({
+            "version": v0, "yaml": original, "activate_at_unix_ms": now,
+            "history": [applied(&v0, "first", None, now)],
+            "rollout": {"from": vx, "from_yaml": evil, "plan": {"stages": [10, 100], "stage_seconds": 86400}},
+        }),
+    );
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        for (i, n) in set.nodes.iter().enumerate() {
+            let nets = a2_networks(n.dns).await.len();
+            let about = audit_entries(&set, i)
+                .iter()
+                .filter(|e| e["kind"] == "override_seen" || e["kind"] == "policy")
+                .count();
+            assert_eq!(
+                nets,
+                0,
+                "ns{} answers {nets} of 400 networks from {vx}, a version of no history ({about} audit entries about it)",
+                i + 1
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for n in &set.nodes {
+        let s = n
+            .wait_for("the forged rollout refused", |s| {
+                s["cluster"]["last_refused"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("policy") && w.contains("rollout"))
+            })
+            .await;
+        assert_eq!(s["policy_version"], v0.as_str(), "{s:#}");
+    }
+    drop(set.etcd);
+}
+
+/// A member holding ns1's credentials writes a version activating a year ahead. Taken,
+/// every node would hold it pending for a year (a node started meanwhile serving its
+/// own file) and every `If-Match` of the version served would be `412`. Every node
+/// refuses it, keeps answering from the version in force, and an apply through the API
+/// based on that version goes through everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_activating_far_ahead_is_refused_and_an_apply_still_goes_through() {
+    if !require_etcd("a_version_activating_far_ahead_is_refused_and_an_apply_still_goes_through") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let (set, original, v0) = policy_set("policy-ahead").await;
+    // `a2` for `a`: a version no node has served.
+    let evil = original
+        .replace("a: { cname: a.cdn.test. }", "a: { cname: a2.cdn.test. }")
+        .replace("weights: { a: 50, b: 50 }", "weights: { a: 100, b: 1 }");
+    let vx = steerdns::config::version_of(&evil);
+    let now = unix_ms();
+    let applied = |version: &str, how: &str, based_on: Option<&str>, activate: u64| {
+        json!({
+            "version": version, "author": "file on ns1", "ticket": null, "node": "ns1",
+            "at_unix_ms": now, "activate_at_unix_ms": activate, "how": how, "based_on": based_on,
+        })
+    };
+
+    // A version activating a year ahead.
+    let year = now + 365 * 86_400_000;
+    policy_as_ns1(
+        &set,
+        json!({
+            "version": vx, "yaml": evil, "activate_at_unix_ms": year,
+            "history": [applied(&vx, "api", Some(&v0), year), applied(&v0, "first", None, now)],
+        }),
+    );
+    for n in &set.nodes {
+        let s = n
+            .wait_for("the far activation refused", |s| {
+                s["cluster"]["last_refused"].as_str().is_some_and(|w| {
+                    w.contains("policy") && w.contains("ahead of this node's clock")
+                })
+            })
+            .await;
+        assert!(s["policy"]["pending"].is_null(), "{s:#}");
+        assert_eq!(s["policy_version"], v0.as_str(), "{s:#}");
+    }
+
+    // The version served is what an apply is based on: it goes through, everywhere.
+    let (code, body) = post_policy(&set.nodes[1], evil.clone(), &v0).await;
+    assert_eq!(code, 202, "{body}");
+    for n in &set.nodes {
+        let p = n
+            .wait_for_path("/v1/policy", "the applied version", |p| {
+                p["version"] == vx.as_str()
+            })
+            .await;
+        assert_eq!(p["history"][0]["node"], "ns2", "{p:#}");
+        assert_eq!(p["history"][0]["how"], "api", "{p:#}");
+        let t = Instant::now();
+        while a2_networks(n.dns).await.is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(5), "not on {vx}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    drop(set.etcd);
+}
+
+/// A member holding ns2's credentials rewrites one drain straight to etcd 1,500 times,
+/// each its own revision. Every change is an override without its writer's entry, but
+/// each node appends to its own log at most one `override_seen` per key and wait (the
+/// changes counted in it), and at most 60 a minute: otherwise one member's writes,
+/// copied into every node's log at about 1 KB each, rotate every node's own history
+/// out of its log (`KEEP` files of 16 MiB) within minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_rewriting_a_drain_cannot_flood_every_nodes_audit_log() {
+    if !require_etcd("a_member_rewriting_a_drain_cannot_flood_every_nodes_audit_log") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "unaudited-flood",
+        SetUp {
+            member_roles: true,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    const CHANGES: usize = 1_500;
+    let kvs: Vec<(String, String)> = (0..CHANGES)
+        .map(|i| {
+            let record = json!({
+                "rule": {"id": "hand-1", "name": "www.example.com.", "cdn": "a", "reason": format!("by hand {i}")},
+                "node": "ns2", "at_unix_ms": unix_ms(),
+            });
+            (format!("{PREFIX}drain/hand-1"), record.to_string())
+        })
+        .collect();
+    let t0 = Instant::now();
+    set.etcd.put_many_in(Some(("ns2", "pw-ns2")), &kvs, 1).await;
+    let writing = t0.elapsed();
+    let last = format!("by hand {}", CHANGES - 1);
+    let seen = |e: &Value| e["kind"] == "override_seen" && e["key"] == "drain/hand-1";
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let entries = audit_entries(&set, i);
+            if entries
+                .iter()
+                .any(|e| seen(e) && e["record"]["rule"]["reason"] == last.as_str())
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ns{}: the last change not audited",
+                i + 1
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let entries = audit_entries(&set, i);
+        let listed: Vec<&Value> = entries.iter().filter(|e| seen(e)).collect();
+        let bound = 2 + writing.as_secs() as usize / 5;
+        eprintln!(
+            "ns{}: {CHANGES} changes written in {writing:?}: {} override_seen entries",
+            i + 1,
+            listed.len()
+        );
+        assert!(
+            listed.len() <= bound.min(60),
+            "ns{}: {} override_seen entries for one key written {CHANGES} times in {writing:?} (at most {} wanted)",
+            i + 1,
+            listed.len(),
+            bound.min(60)
+        );
+        let counted: u64 = listed
+            .iter()
+            .map(|e| e["changes"].as_u64().unwrap_or(1))
+            .sum();
+        assert!(counted > 1, "ns{}: the changes are not counted", i + 1);
+        let log = set.nodes[i].dir.join("state/audit.jsonl");
+        steerdns::control::disk::audit::verify(&[log]).unwrap();
+    }
+}

@@ -358,6 +358,17 @@ impl EtcdSet {
     /// transaction through etcd's JSON gateway: thousands of keys in a few seconds, as
     /// a hostile member holding that user's password could. Panics when etcd refuses.
     pub async fn put_many_as(&self, user: Option<(&str, &str)>, kvs: &[(String, String)]) {
+        self.put_many_in(user, kvs, 128).await
+    }
+
+    /// As [`EtcdSet::put_many_as`], `per_txn` puts to a transaction (1: every put its own
+    /// revision, as a member rewriting one key over and over would).
+    pub async fn put_many_in(
+        &self,
+        user: Option<(&str, &str)>,
+        kvs: &[(String, String)],
+        per_txn: usize,
+    ) {
         use base64::Engine;
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let http = reqwest::Client::new();
@@ -382,7 +393,7 @@ impl EtcdSet {
             }
             None => None,
         };
-        for chunk in kvs.chunks(128) {
+        for chunk in kvs.chunks(per_txn.max(1)) {
             let ops: Vec<serde_json::Value> = chunk
                 .iter()
                 .map(|(k, v)| serde_json::json!({"request_put": {"key": b64(k), "value": b64(v)}}))

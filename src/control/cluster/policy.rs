@@ -23,6 +23,12 @@ use crate::control::store::etcd::MAX_VALUE;
 /// At most this many applications in a version's history (the version in force first).
 pub(crate) const MAX_POLICY_HISTORY: usize = 20;
 
+/// How far ahead of a reader's clock a version's activation may be: a writer's
+/// allowance is at most 5 s ([`ClusterLink::allowance_ms`]), and a minute more for
+/// clocks. A version further ahead would be held pending by every node that follows
+/// the set while a node that starts meanwhile serves its own file.
+pub(crate) const MAX_ACTIVATION_AHEAD_MS: u64 = 65_000;
+
 /// The longest policy (YAML bytes) the set's store takes: the value cap less room for
 /// the history.
 pub(crate) const MAX_POLICY_BYTES: usize = MAX_VALUE - 12 * 1024;
@@ -94,9 +100,11 @@ pub struct Applied {
 }
 
 impl SharedPolicy {
-    /// Whether the record is what a node writes: its version is its YAML's, the history
-    /// starts with it, and every field is bounded.
-    pub fn check(&self) -> Result<(), String> {
+    /// Whether the record is what a node writes, read at `now` (Unix ms): its version
+    /// is its YAML's, the history starts with it, its activation is not further ahead
+    /// than a writer puts it, a rollout keeps the version it is based on, and every
+    /// field is bounded.
+    pub fn check(&self, now: u64) -> Result<(), String> {
         if self.yaml.len() > MAX_POLICY_BYTES {
             return Err(format!("a policy over {MAX_POLICY_BYTES} bytes"));
         }
@@ -113,7 +121,25 @@ impl SharedPolicy {
         if self.history.len() > MAX_POLICY_HISTORY {
             return Err(format!("more than {MAX_POLICY_HISTORY} entries of history"));
         }
+        let ahead = self.activate_at_unix_ms.saturating_sub(now);
+        if ahead > MAX_ACTIVATION_AHEAD_MS {
+            return Err(format!(
+                "activates {ahead} ms ahead of this node's clock (a writer puts it at most 5 s ahead): forged, or a clock is off"
+            ));
+        }
         if let Some(r) = &self.rollout {
+            // What the other clients keep is the version this one replaced (the
+            // history's next), as its writer applied it: not a version of no history
+            // (and not audited), which a halt would then write as the set's.
+            let first = &self.history[0];
+            if first.how != "staged"
+                || first.based_on.as_deref() != Some(r.from.as_str())
+                || self.history.get(1).map(|a| a.version.as_str()) != Some(r.from.as_str())
+            {
+                return Err(
+                    "a rollout's version before is not the version it is based on: forged".into(),
+                );
+            }
             r.plan.check()?;
             if self.yaml.len() + r.from_yaml.len() > MAX_POLICY_BYTES {
                 return Err(format!(
@@ -340,7 +366,7 @@ async fn put_policy(
         Some(kv) => {
             let rec = serde_json::from_slice::<SharedPolicy>(&kv.value)
                 .ok()
-                .filter(|r| r.check().is_ok());
+                .filter(|r| r.check(now_ms()).is_ok());
             Some((rec, kv.mod_revision))
         }
         None => None,

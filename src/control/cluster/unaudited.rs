@@ -8,12 +8,18 @@
 //! after the view that did not have it); failing that, the node appends an
 //! `override_seen` entry to its own log (not the set's: each node says what it saw).
 //!
+//! A key that changes again while it waits is one wait (its changes counted in the
+//! entry), and a node appends at most [`MAX_LISTED_PER_MINUTE`] such entries a minute
+//! (those past it counted in the next one): a member rewriting an override straight
+//! to etcd over and over never floods every node's own log, whose rotation would then
+//! drop the node's history.
+//!
 //! What a node meets at its first view (at start) counts as audited: a restart does
 //! not audit the overrides in force again, and those written while no node was
 //! following the set are not audited by anyone. An override that goes and comes back
 //! the same (a new policy has every key read again) is not a change.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +37,12 @@ pub(crate) const UNAUDITED_AFTER: Duration = Duration::from_secs(5);
 /// forgotten.
 const MAX_REMEMBERED: usize = 4096;
 
+/// At most this many `override_seen` entries a minute; the overrides past it are
+/// counted in the next one (`unlisted`).
+pub(crate) const MAX_LISTED_PER_MINUTE: usize = 60;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
 /// The overrides this node follows, and those waiting for their writer's entry.
 #[derive(Default)]
 pub(crate) struct Unaudited {
@@ -46,8 +58,12 @@ pub(crate) struct Unaudited {
     revision: i64,
     /// Per key (under the prefix): the digest of the override seen last.
     seen: BTreeMap<String, [u8; 32]>,
-    /// Overrides waiting for their writer's entry, in the order seen.
+    /// Overrides waiting for their writer's entry, in the order seen: one per key.
     waiting: Vec<Waiting>,
+    /// When the entries of the last minute were appended.
+    listed: VecDeque<Instant>,
+    /// Overrides due past [`MAX_LISTED_PER_MINUTE`], not appended on their own.
+    unlisted: u64,
 }
 
 /// An override seen, and the entry its writer appends for it.
@@ -65,6 +81,8 @@ struct Waiting {
     /// The revision of the last view without it: the writer's entry comes after.
     after: i64,
     due: Instant,
+    /// How many times it changed while it waited (1: once).
+    changes: u64,
 }
 
 impl Waiting {
@@ -167,6 +185,15 @@ impl Unaudited {
             let Value::Object(fields) = o.fields else {
                 continue;
             };
+            if let Some(w) = self.waiting.iter_mut().find(|w| w.key == o.key) {
+                // Changed again while it waits: the same wait, its latest record.
+                w.node = o.node;
+                w.kind = o.kind;
+                w.fields = fields;
+                w.record = o.record;
+                w.changes += 1;
+                continue;
+            }
             self.waiting.push(Waiting {
                 key: o.key,
                 node: o.node,
@@ -175,6 +202,7 @@ impl Unaudited {
                 record: o.record,
                 after: self.revision,
                 due: now + UNAUDITED_AFTER,
+                changes: 1,
             });
         }
         if self.seen.len() > MAX_REMEMBERED {
@@ -197,6 +225,14 @@ impl Unaudited {
     /// for those whose wait is over at `now` (`override_seen`, oldest first).
     pub(crate) fn due(&mut self, view: &SharedView, now: Instant) -> Vec<Value> {
         let mut out = Vec::new();
+        while self
+            .listed
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= MINUTE)
+        {
+            self.listed.pop_front();
+        }
+        let (listed, unlisted) = (&mut self.listed, &mut self.unlisted);
         self.waiting.retain(|w| {
             if view
                 .audit
@@ -208,13 +244,25 @@ impl Unaudited {
             if w.due > now {
                 return true;
             }
+            if listed.len() >= MAX_LISTED_PER_MINUTE {
+                *unlisted += w.changes;
+                return false;
+            }
+            listed.push_back(now);
             let secs = UNAUDITED_AFTER.as_secs();
-            out.push(json!({
+            let mut e = json!({
                 "key": w.key,
                 "record_node": w.node,
                 "record": w.record,
                 "why": format!("no audit entry from the writer within {secs} s: written to the store without going through a node's API"),
-            }));
+            });
+            if w.changes > 1 {
+                e["changes"] = json!(w.changes);
+            }
+            if *unlisted > 0 {
+                e["unlisted_before"] = json!(std::mem::take(unlisted));
+            }
+            out.push(e);
             false
         });
         out
@@ -325,6 +373,45 @@ mod tests {
         u.follow(&gone, 17, "v1", t0);
         u.follow(&again, 18, "v1", t0);
         assert_eq!(u.next_due(), None);
+    }
+
+    #[test]
+    fn a_key_rewritten_while_it_waits_is_one_entry_and_entries_are_capped_per_minute() {
+        let t0 = Instant::now();
+        let mut u = Unaudited::default();
+        u.follow(&SharedView::default(), 1, "v1", t0);
+        // One drain rewritten 50 times: one entry, its changes counted, the last record.
+        let mut v = SharedView::default();
+        for i in 0..50 {
+            let mut d = SharedDrain {
+                rule: rule("hand-1"),
+                node: "ns2".into(),
+                at_unix_ms: 1_000,
+            };
+            d.rule.reason = format!("by hand {i}");
+            Arc::make_mut(&mut v.drains).insert("hand-1".into(), d);
+            u.follow(&v, 2 + i, "v1", t0);
+        }
+        let due = u.due(&v, t0 + UNAUDITED_AFTER);
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert_eq!(due[0]["changes"], 50);
+        assert_eq!(due[0]["record"]["rule"]["reason"], "by hand 49");
+        // 70 drains at once: 59 more this minute, the other 11 counted in the next.
+        let mut many = v.clone();
+        for i in 0..70 {
+            many = with_drain(&many, &format!("d{i}"), "ns2");
+        }
+        u.follow(&many, 100, "v1", t0);
+        let due = u.due(&many, t0 + UNAUDITED_AFTER);
+        assert_eq!(due.len(), MAX_LISTED_PER_MINUTE - 1);
+        assert!(due.iter().all(|e| e.get("unlisted_before").is_none()));
+        let later = with_drain(&many, "late", "ns2");
+        let t1 = t0 + UNAUDITED_AFTER + MINUTE;
+        u.follow(&later, 101, "v1", t1);
+        let due = u.due(&later, t1 + UNAUDITED_AFTER);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0]["key"], "drain/late");
+        assert_eq!(due[0]["unlisted_before"], 11);
     }
 
     #[test]

@@ -412,7 +412,7 @@ impl SharedView {
             }
             Key::Policy => {
                 let p: super::policy::SharedPolicy = parse_json(value)?;
-                p.check()?;
+                p.check(crate::clock::now_ms())?;
                 self.policy = Some((Arc::new(p), rev));
             }
             // Read and checked by `control::cookies`, which polls it; the versions
