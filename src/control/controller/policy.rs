@@ -55,6 +55,10 @@ pub(crate) struct Versions {
     pub staged: Option<super::rollout::Staged>,
     /// The rollout (its version) this node asked the set to halt.
     pub halting: Option<String>,
+    /// The rollout (its version) whose last stage this node reached: done here, even
+    /// while the store's clock, as this node estimates it, still reads it running (the
+    /// estimate moves with each measurement of the skew), so it is never started again.
+    pub rolled_out: Option<String>,
 }
 
 /// What a reload's policy file brings.

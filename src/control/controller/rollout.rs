@@ -87,7 +87,8 @@ impl Controller {
     /// canary started, kept or ended.
     pub(super) fn follow_rollout(&mut self, set: &SharedPolicy) -> (String, Arc<str>) {
         let store_now = self.set.store_ms(now_ms());
-        if let Some(r) = set.running(store_now) {
+        let done_here = self.versions.rolled_out.as_deref() == Some(set.version.as_str());
+        if let Some(r) = set.running(store_now).filter(|_| !done_here) {
             let fresh = self
                 .versions
                 .staged
@@ -272,6 +273,7 @@ impl Controller {
         if k + 1 == of {
             // The last stage: the new version is the one in force; the canary answers
             // everyone until it is loaded as such.
+            self.versions.rolled_out = Some(version);
             self.follow_policy();
         }
         true
