@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::node::{ClusterLink, Done};
+use super::refused::Refused;
 use super::{sane_name, Key, MAX_REASON};
 use crate::clock::now_ms;
 use crate::config::{is_version, version_of};
@@ -96,38 +97,35 @@ pub struct Applied {
 impl SharedPolicy {
     /// Whether the record is what a node writes: its version is its YAML's, the history
     /// starts with it, and every field is bounded.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Refused> {
         if self.yaml.len() > MAX_POLICY_BYTES {
-            return Err(format!("a policy over {MAX_POLICY_BYTES} bytes"));
+            return Err(Refused::PolicySize(MAX_POLICY_BYTES));
         }
         if version_of(&self.yaml) != self.version {
-            return Err(format!(
-                "version {} is not its YAML's ({}): forged",
-                self.version,
-                version_of(&self.yaml)
-            ));
+            return Err(Refused::Version {
+                version: self.version.clone(),
+                of_yaml: version_of(&self.yaml),
+            });
         }
         if self.history.first().map(|a| a.version.as_str()) != Some(self.version.as_str()) {
-            return Err("the history does not start with the version in force".into());
+            return Err(Refused::HistoryStart);
         }
         if self.history.len() > MAX_POLICY_HISTORY {
-            return Err(format!("more than {MAX_POLICY_HISTORY} entries of history"));
+            return Err(Refused::HistoryLength(MAX_POLICY_HISTORY));
         }
         if let Some(r) = &self.rollout {
             r.plan.check()?;
             if self.yaml.len() + r.from_yaml.len() > MAX_POLICY_BYTES {
-                return Err(format!(
-                    "a rollout's two policies over {MAX_POLICY_BYTES} bytes"
-                ));
+                return Err(Refused::RolloutSize(MAX_POLICY_BYTES));
             }
             if version_of(&r.from_yaml) != r.from || r.from == self.version {
-                return Err("a rollout's version before is not its YAML's: forged".into());
+                return Err(Refused::RolloutVersion);
             }
         }
         for a in &self.history {
             let versions = std::iter::once(&a.version).chain(&a.based_on);
             if !versions.into_iter().all(|v| is_version(v)) {
-                return Err("a version in the history is not 12 hex digits".into());
+                return Err(Refused::HistoryVersion);
             }
             let long = [Some(&a.author), a.ticket.as_ref(), a.why.as_ref()]
                 .into_iter()
@@ -140,7 +138,7 @@ impl SharedPolicy {
                     "api" | "file" | "rollback" | "first" | "staged" | "halt"
                 )
             {
-                return Err("a history entry with a field too long or unknown".into());
+                return Err(Refused::HistoryEntry);
             }
         }
         Ok(())
@@ -404,7 +402,9 @@ async fn put_policy(
         .collect();
     let rollout = match (p.stages, in_force) {
         (Some(stages), Some(r)) => {
-            stages.check().map_err(PolicyRefused::Bad)?;
+            stages
+                .check()
+                .map_err(|e| PolicyRefused::Bad(e.to_string()))?;
             if yaml.len() + r.yaml.len() > MAX_POLICY_BYTES {
                 return Err(PolicyRefused::Bad(format!(
                     "a staged rollout keeps both versions in the set's store: {} + {} bytes, over {MAX_POLICY_BYTES}; apply it without stages",

@@ -51,17 +51,18 @@ impl Link {
 /// Whether `files` (an intact chain) hold the entry of the published `head`
 /// (`SEQ:HASH`): a copy cut short before it, or rewritten and rehashed from some line
 /// on, does not.
-pub fn check_head(files: &[PathBuf], head: &str) -> Result<(), String> {
+pub fn check_head(files: &[PathBuf], head: &str) -> Result<(), HeadMissing> {
     let (seq, hash) = head
         .split_once(':')
         .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h)))
         .filter(|(_, h)| h.len() == 64)
-        .ok_or_else(|| {
-            format!("--expect-head {head}: not SEQ:HASH (a number, a colon, 64 hex digits)")
-        })?;
+        .ok_or_else(|| HeadMissing::NotSeqHash(head.to_string()))?;
     let mut last = 0;
     for file in files {
-        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let text = std::fs::read_to_string(file).map_err(|error| HeadMissing::Read {
+            file: file.clone(),
+            error,
+        })?;
         for line in text.lines() {
             let Some(link) = Link::of(line) else { continue };
             last = link.seq;
@@ -69,17 +70,36 @@ pub fn check_head(files: &[PathBuf], head: &str) -> Result<(), String> {
                 return if link.hash == hash {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "rewritten: entry {seq} has the hash {}, the head published says {hash}",
-                        link.hash
-                    ))
+                    Err(HeadMissing::Rewritten {
+                        seq,
+                        found: link.hash,
+                        published: hash.to_string(),
+                    })
                 };
             }
         }
     }
-    Err(format!(
-        "cut short: the head published is entry {seq}, the files end at entry {last}"
-    ))
+    Err(HeadMissing::CutShort { seq, last })
+}
+
+/// Why the files do not hold the head published ([`check_head`]).
+#[derive(Debug, thiserror::Error)]
+pub enum HeadMissing {
+    #[error("--expect-head {0}: not SEQ:HASH (a number, a colon, 64 hex digits)")]
+    NotSeqHash(String),
+    #[error("{}: {error}", file.display())]
+    Read {
+        file: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("rewritten: entry {seq} has the hash {found}, the head published says {published}")]
+    Rewritten {
+        seq: u64,
+        found: String,
+        published: String,
+    },
+    #[error("cut short: the head published is entry {seq}, the files end at entry {last}")]
+    CutShort { seq: u64, last: u64 },
 }
 
 /// Where a chain is broken: the file, the line (1-based) and what is wrong there.

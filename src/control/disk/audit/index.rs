@@ -215,6 +215,15 @@ impl Collect {
     }
 }
 
+/// Why a page of `GET /v1/audit` cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    #[error("no audit log: this server keeps no state directory")]
+    NoLog,
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+}
+
 /// A page of `GET /v1/audit`.
 #[derive(Debug, Serialize)]
 pub struct Page {

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tracing::{error, warn};
 
 use super::chain::{seal, Link};
-use super::index::{Index, Page, Reader};
+use super::index::{Index, Page, PageError, Reader};
 use super::{files, numbered, GENESIS, KEEP};
 use crate::clock::now_ms;
 use crate::control::disk::writers::{self, Exited};
@@ -288,12 +288,12 @@ impl Audit {
     /// runtime (never the append thread's, which goes on appending), and sends it. The
     /// entries handed over before it was asked are in it (it waits for them, while the
     /// log takes entries, at most 2 s): a client reads the entry of what it just did.
-    pub fn page(&self, after: u64, limit: usize, reply: oneshot::Sender<Result<Page, String>>) {
+    pub fn page(&self, after: u64, limit: usize, reply: oneshot::Sender<Result<Page, PageError>>) {
         let (reader, health) = (self.reader.clone(), self.health.clone());
         let upto = health.handed.load(Ordering::Relaxed);
         let read = move || {
             health.wait_dealt(upto);
-            let _ = reply.send(reader.page(after, limit).map_err(|e| e.to_string()));
+            let _ = reply.send(reader.page(after, limit).map_err(PageError::Read));
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(read)),

@@ -34,8 +34,8 @@ mod log;
 #[cfg(test)]
 mod tests;
 
-pub use chain::{check_head, human, verify, Broken, Verified};
-pub use index::Page;
+pub use chain::{check_head, human, verify, Broken, HeadMissing, Verified};
+pub use index::{Page, PageError};
 pub use log::{Audit, Watch};
 
 /// The file's size past which it is rotated.
