@@ -152,10 +152,7 @@ impl AsnDb {
 
 impl std::fmt::Debug for AsnDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsnDb")
-            .field("path", &self.path)
-            .field("networks", &self.networks)
-            .finish()
+        mmdb::debug(f, "AsnDb", &self.path, self.networks)
     }
 }
 

@@ -547,10 +547,7 @@ impl<K: Key> Flat<K> {
 
 impl std::fmt::Debug for GeoDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GeoDb")
-            .field("path", &self.path)
-            .field("networks", &self.networks)
-            .finish()
+        mmdb::debug(f, "GeoDb", &self.path, self.networks)
     }
 }
 

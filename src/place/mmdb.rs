@@ -71,6 +71,20 @@ pub(super) fn read<T>(
     build(bytes).map_err(err)
 }
 
+/// How a database shows in `{:?}` (`kind`: `GeoDb`, `AsnDb`): its file and how many
+/// networks it holds, not its tables.
+pub(super) fn debug(
+    f: &mut std::fmt::Formatter<'_>,
+    kind: &str,
+    path: &Path,
+    networks: usize,
+) -> std::fmt::Result {
+    f.debug_struct(kind)
+        .field("path", &path)
+        .field("networks", &networks)
+        .finish()
+}
+
 /// Opens a database held in memory once its tree passes [`super::tree::check`].
 pub(super) fn open(bytes: Vec<u8>) -> Result<Reader<Vec<u8>>, GeoFault> {
     let (node_count, record_size, ip_version) = {

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::refused::Refused;
 use super::{Key, Store};
 use crate::clock::now_ms;
 use crate::control::decide::times;
@@ -34,10 +35,10 @@ pub struct SharedHead {
 
 impl SharedHead {
     /// Whether the hash is one the log writes.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Refused> {
         let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
         if self.hash.len() != 64 || !self.hash.bytes().all(hex) {
-            return Err("an audit head's hash is not 64 lowercase hex digits".into());
+            return Err(Refused::HeadHash);
         }
         Ok(())
     }

@@ -64,6 +64,7 @@
 //! | `records.rs` | the records above, and `Timeline::at` |
 //! | `view.rs` | `SharedView`, kept by `Mirror` from the read and the watch (`SharedView::add` checks each key) |
 //! | `scope.rs` | `Scope`: the policy and members every key is checked against before it counts |
+//! | `refused.rs` | `Refused`: why a key does not count (its form, the policy, the members, its record) |
 //! | `session.rs` | `spawn_session` (whole reads, watch, liveness, fail static) and the `Publisher` of observations |
 //! | `node.rs` | `ClusterLink`: the controller's side (writes, `on_shared`, proposals) |
 //! | `policy.rs` | the policy version of the set: its record, `write_policy` (compare-and-swap on the version it is based on), `fetch_version` |
@@ -76,6 +77,7 @@ pub(crate) mod node;
 pub(crate) mod performance;
 pub(crate) mod policy;
 mod records;
+mod refused;
 mod scope;
 mod session;
 mod unaudited;

@@ -37,6 +37,7 @@ use crate::metrics::Metrics;
 
 use super::etcd::MAX_VALUE;
 use super::node::ClusterLink;
+use super::refused::Refused;
 use super::{sane_name, EtcdError, Key, Store};
 
 /// Most source networks a node shares per bucket (fewer when the value would not fit).
@@ -120,10 +121,11 @@ pub(crate) fn shift_key(prefix: &str, name: &str, region: usize) -> String {
 }
 
 /// The region index of a key, if it is one.
-pub(crate) fn region_index(r: usize) -> Result<usize, String> {
-    (r < MAX_REGION)
-        .then_some(r)
-        .ok_or_else(|| format!("region `{r}` is not an index below {MAX_REGION}"))
+pub(crate) fn region_index(r: usize) -> Result<usize, Refused> {
+    (r < MAX_REGION).then_some(r).ok_or(Refused::RegionIndex {
+        region: r,
+        max: MAX_REGION,
+    })
 }
 
 impl SharedBucket {
@@ -142,27 +144,27 @@ impl SharedBucket {
         }
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), Refused> {
         let samples = u64::from(self.samples);
         if self.slot > times::MAX_TIME_MS {
-            return Err(format!("slot {} too late", self.slot));
+            return Err(Refused::SlotLate(self.slot));
         }
         if u64::from(self.ok) + u64::from(self.failed) > samples {
-            return Err("more outcomes than samples".into());
+            return Err(Refused::Outcomes);
         }
         if self.nets.len() > 4 * SHARED_NETS || self.nets.len() as u64 > samples {
-            return Err(format!(
-                "{} networks for {samples} samples (at most {})",
-                self.nets.len(),
-                4 * SHARED_NETS
-            ));
+            return Err(Refused::Networks {
+                nets: self.nets.len(),
+                samples,
+                max: 4 * SHARED_NETS,
+            });
         }
         if self.nets.windows(2).any(|w| w[0] >= w[1]) {
-            return Err("networks not in ascending order".into());
+            return Err(Refused::NetworkOrder);
         }
         for h in [&self.ttfb, &self.throughput] {
             if h.count() > samples {
-                return Err("a histogram holds more than the samples".into());
+                return Err(Refused::HistogramSamples);
             }
             let ordered = h.0.windows(2).all(|w| w[0].0 < w[1].0);
             if !ordered
@@ -170,7 +172,7 @@ impl SharedBucket {
                     .iter()
                     .any(|&(i, n)| usize::from(i) >= BUCKETS || n == 0)
             {
-                return Err("a histogram's buckets are out of order or out of range".into());
+                return Err(Refused::HistogramBuckets);
             }
         }
         Ok(())
@@ -193,34 +195,42 @@ impl SharedBucket {
 impl SharedCells {
     /// Checked, as the cells of `node` for region `region` of `name`; `Err` says why
     /// they do not count.
-    pub(crate) fn check(&self, node: &str, name: &str, region: usize) -> Result<NodeCells, String> {
+    pub(crate) fn check(
+        &self,
+        node: &str,
+        name: &str,
+        region: usize,
+    ) -> Result<NodeCells, Refused> {
         if self.region.is_empty() || self.region.len() > MAX_REGION_NAME {
-            return Err("region name empty or too long".into());
+            return Err(Refused::RegionName);
         }
         if !(100..=86_400_000).contains(&self.window_ms) {
-            return Err(format!(
-                "a window of {} ms (100 to 86400000)",
-                self.window_ms
-            ));
+            return Err(Refused::Window(self.window_ms));
         }
         if self.cdns.len() > MAX_CDNS {
-            return Err(format!("more than {MAX_CDNS} CDNs"));
+            return Err(Refused::Cdns(MAX_CDNS));
         }
         let mut cdns = BTreeMap::new();
         for (cdn, buckets) in &self.cdns {
             if !sane_name(cdn) {
-                return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
+                return Err(Refused::Cdn);
             }
             if buckets.len() > SLOTS as usize {
-                return Err(format!("{cdn}: more than {SLOTS} buckets"));
+                return Err(Refused::Buckets {
+                    cdn: cdn.clone(),
+                    max: SLOTS,
+                });
             }
             let mut slots: Vec<u64> = buckets.iter().map(|b| b.slot).collect();
             slots.sort_unstable();
             if slots.windows(2).any(|w| w[0] == w[1]) {
-                return Err(format!("{cdn}: two buckets of one slot"));
+                return Err(Refused::SlotTwice(cdn.clone()));
             }
             for b in buckets {
-                b.check().map_err(|why| format!("{cdn}: {why}"))?;
+                b.check().map_err(|why| Refused::Bucket {
+                    cdn: cdn.clone(),
+                    why: Box::new(why),
+                })?;
             }
             cdns.insert(
                 cdn.clone(),
@@ -269,23 +279,26 @@ impl SharedCells {
 
 impl SharedShift {
     /// Whether the shift read counts: `Err` says why not.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Refused> {
         if !sane_name(&self.node) {
-            return Err("node not 1 to 128 of letters, digits, ._-:@".into());
+            return Err(Refused::Node);
         }
         if self.region.is_empty() || self.region.len() > MAX_REGION_NAME {
-            return Err("region name empty or too long".into());
+            return Err(Refused::RegionName);
         }
         if self.cdns.len() > MAX_CDNS || self.policy.len() > MAX_CDNS {
-            return Err(format!("more than {MAX_CDNS} CDNs"));
+            return Err(Refused::Cdns(MAX_CDNS));
         }
         for (cdn, c) in &self.cdns {
             if !sane_name(cdn) {
-                return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
+                return Err(Refused::Cdn);
             }
             for v in [c.share, c.target] {
                 if !(v.is_finite() && (0.0..=100.0).contains(&v)) {
-                    return Err(format!("{cdn}: a share of {v} (0 to 100)"));
+                    return Err(Refused::Share {
+                        cdn: cdn.clone(),
+                        share: v,
+                    });
                 }
             }
         }

@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::node::{ClusterLink, Done};
+use super::refused::Refused;
 use super::{sane_name, Key, MAX_REASON};
 use crate::clock::now_ms;
 use crate::config::{is_version, version_of};
@@ -104,28 +105,25 @@ impl SharedPolicy {
     /// is its YAML's, the history starts with it, its activation is not further ahead
     /// than a writer puts it, a rollout keeps the version it is based on, and every
     /// field is bounded.
-    pub fn check(&self, now: u64) -> Result<(), String> {
+    pub fn check(&self, now: u64) -> Result<(), Refused> {
         if self.yaml.len() > MAX_POLICY_BYTES {
-            return Err(format!("a policy over {MAX_POLICY_BYTES} bytes"));
+            return Err(Refused::PolicySize(MAX_POLICY_BYTES));
         }
         if version_of(&self.yaml) != self.version {
-            return Err(format!(
-                "version {} is not its YAML's ({}): forged",
-                self.version,
-                version_of(&self.yaml)
-            ));
+            return Err(Refused::Version {
+                version: self.version.clone(),
+                of_yaml: version_of(&self.yaml),
+            });
         }
         if self.history.first().map(|a| a.version.as_str()) != Some(self.version.as_str()) {
-            return Err("the history does not start with the version in force".into());
+            return Err(Refused::HistoryStart);
         }
         if self.history.len() > MAX_POLICY_HISTORY {
-            return Err(format!("more than {MAX_POLICY_HISTORY} entries of history"));
+            return Err(Refused::HistoryLength(MAX_POLICY_HISTORY));
         }
         let ahead = self.activate_at_unix_ms.saturating_sub(now);
         if ahead > MAX_ACTIVATION_AHEAD_MS {
-            return Err(format!(
-                "activates {ahead} ms ahead of this node's clock (a writer puts it at most 5 s ahead): forged, or a clock is off"
-            ));
+            return Err(Refused::ActivatesAhead(ahead));
         }
         if let Some(r) = &self.rollout {
             // What the other clients keep is the version this one replaced (the
@@ -136,24 +134,20 @@ impl SharedPolicy {
                 || first.based_on.as_deref() != Some(r.from.as_str())
                 || self.history.get(1).map(|a| a.version.as_str()) != Some(r.from.as_str())
             {
-                return Err(
-                    "a rollout's version before is not the version it is based on: forged".into(),
-                );
+                return Err(Refused::RolloutBase);
             }
             r.plan.check()?;
             if self.yaml.len() + r.from_yaml.len() > MAX_POLICY_BYTES {
-                return Err(format!(
-                    "a rollout's two policies over {MAX_POLICY_BYTES} bytes"
-                ));
+                return Err(Refused::RolloutSize(MAX_POLICY_BYTES));
             }
             if version_of(&r.from_yaml) != r.from || r.from == self.version {
-                return Err("a rollout's version before is not its YAML's: forged".into());
+                return Err(Refused::RolloutVersion);
             }
         }
         for a in &self.history {
             let versions = std::iter::once(&a.version).chain(&a.based_on);
             if !versions.into_iter().all(|v| is_version(v)) {
-                return Err("a version in the history is not 12 hex digits".into());
+                return Err(Refused::HistoryVersion);
             }
             let long = [Some(&a.author), a.ticket.as_ref(), a.why.as_ref()]
                 .into_iter()
@@ -166,7 +160,7 @@ impl SharedPolicy {
                     "api" | "file" | "rollback" | "first" | "staged" | "halt"
                 )
             {
-                return Err("a history entry with a field too long or unknown".into());
+                return Err(Refused::HistoryEntry);
             }
         }
         Ok(())
@@ -430,7 +424,9 @@ async fn put_policy(
         .collect();
     let rollout = match (p.stages, in_force) {
         (Some(stages), Some(r)) => {
-            stages.check().map_err(PolicyRefused::Bad)?;
+            stages
+                .check()
+                .map_err(|e| PolicyRefused::Bad(e.to_string()))?;
             if yaml.len() + r.yaml.len() > MAX_POLICY_BYTES {
                 return Err(PolicyRefused::Bad(format!(
                     "a staged rollout keeps both versions in the set's store: {} + {} bytes, over {MAX_POLICY_BYTES}; apply it without stages",

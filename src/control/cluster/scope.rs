@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use super::refused::Refused;
 use crate::config::HostPolicy;
 use crate::control::modifiers::commit::month::Month;
 use crate::inputs::Loaded;
@@ -28,74 +29,76 @@ impl Scope {
     }
 
     /// The steered name `name` of the policy.
-    pub(super) fn host(&self, name: &str) -> Result<&HostPolicy, String> {
+    pub(super) fn host(&self, name: &str) -> Result<&HostPolicy, Refused> {
         self.loaded
             .policy
             .host(name)
-            .ok_or_else(|| format!("`{name}` is not a steered name of this policy"))
+            .ok_or_else(|| Refused::NotHost(name.to_string()))
     }
 
     /// The steered name `name`, which must have `cdn`.
-    pub(super) fn host_cdn(&self, name: &str, cdn: &str) -> Result<&HostPolicy, String> {
+    pub(super) fn host_cdn(&self, name: &str, cdn: &str) -> Result<&HostPolicy, Refused> {
         let host = self.host(name)?;
         if !host.has_cdn(cdn) {
-            return Err(format!("`{name}` has no CDN `{cdn}` in this policy"));
+            return Err(Refused::NoCdn {
+                name: name.to_string(),
+                cdn: cdn.to_string(),
+            });
         }
         Ok(host)
     }
 
     /// A region (by index) of the steered name `name`.
-    pub(super) fn region(&self, name: &str, region: usize) -> Result<(), String> {
+    pub(super) fn region(&self, name: &str, region: usize) -> Result<(), Refused> {
         let host = self.host(name)?;
         if region >= host.regions.len() {
-            return Err(format!(
-                "`{name}` has {} regions in this policy, not {}",
-                host.regions.len(),
-                region + 1
-            ));
+            return Err(Refused::Region {
+                name: name.to_string(),
+                regions: host.regions.len(),
+                asked: region + 1,
+            });
         }
         Ok(())
     }
 
-    pub(super) fn tenant(&self, tenant: &str) -> Result<(), String> {
+    pub(super) fn tenant(&self, tenant: &str) -> Result<(), Refused> {
         if !self.loaded.policy.has_tenant(tenant) {
-            return Err(format!("`{tenant}` is not a tenant of this policy"));
+            return Err(Refused::NotTenant(tenant.to_string()));
         }
         Ok(())
     }
 
     /// A CDN of some steered name.
-    pub(super) fn cdn(&self, cdn: &str) -> Result<(), String> {
+    pub(super) fn cdn(&self, cdn: &str) -> Result<(), Refused> {
         if !self.loaded.policy.has_cdn(cdn) {
-            return Err(format!("`{cdn}` is not a CDN of this policy"));
+            return Err(Refused::NotCdn(cdn.to_string()));
         }
         Ok(())
     }
 
     /// A CDN this policy probes (an observation of any other does not count).
-    pub(super) fn probed(&self, cdn: &str) -> Result<(), String> {
+    pub(super) fn probed(&self, cdn: &str) -> Result<(), Refused> {
         if self.loaded.probes.get(cdn).is_none() {
-            return Err(format!("`{cdn}` is not probed under this policy"));
+            return Err(Refused::NotProbed(cdn.to_string()));
         }
         Ok(())
     }
 
-    pub(super) fn member(&self, who: &str, what: &str) -> Result<(), String> {
+    pub(super) fn member(&self, who: &str, what: &'static str) -> Result<(), Refused> {
         if !self.members.contains(who) {
-            return Err(format!(
-                "`{who}` is not a member of the set (--members): its {what}"
-            ));
+            return Err(Refused::NotMember {
+                who: who.to_string(),
+                what,
+            });
         }
         Ok(())
     }
 
     /// A usage day that counts at `now_ms`: this month or last (UTC), or tomorrow (a
     /// record may start up to a day ahead).
-    pub(super) fn usage_day(&self, start_ms: u64, day: &str, now_ms: u64) -> Result<(), String> {
+    pub(super) fn usage_day(&self, start_ms: u64, day: &str, now_ms: u64) -> Result<(), Refused> {
         if start_ms < Month::last_start(now_ms) || start_ms > now_ms + 86_400_000 {
-            return Err(format!(
-                "usage of {day}: only this month's and last month's count"
-            ));
+            return Err(Refused::UsageDay(day.to_string()));
         }
         Ok(())
     }

@@ -352,7 +352,8 @@ mod tests {
         assert!(u.due(&later, t0 + UNAUDITED_AFTER / 2).is_empty());
         let due = u.due(&later, t0 + UNAUDITED_AFTER);
         let keys: Vec<&str> = due.iter().map(|e| e["key"].as_str().unwrap()).collect();
-        assert_eq!(keys, ["drain/hand-1", "drain/hand-2", "drain/hand-3"]);
+        let drain = |id: &str| Key::Drain { id: id.into() }.to_string();
+        assert_eq!(keys, [drain("hand-1"), drain("hand-2"), drain("hand-3")]);
         assert_eq!(due[0]["record_node"], "ns2");
         assert_eq!(due[0]["record"]["rule"]["id"], "hand-1");
         assert!(due[0]["why"].as_str().unwrap().contains("no audit entry"));
@@ -440,7 +441,10 @@ mod tests {
         );
         let due = u.due(&v, t0 + UNAUDITED_AFTER);
         assert_eq!(due.len(), 1, "{due:?}");
-        assert_eq!(due[0]["key"], "freeze/blog");
+        let blog = Key::TenantFreeze {
+            tenant: "blog".into(),
+        };
+        assert_eq!(due[0]["key"], blog.to_string());
         // A set's first version, the one this node serves, is no change; another
         // version is matched with its writer's `policy` entry.
         // As a node writes it under `policy` (the YAML left out).

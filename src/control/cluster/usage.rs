@@ -39,6 +39,7 @@ use crate::control::modifiers::commit::{Commit, OutsideBand};
 
 use super::etcd::MAX_VALUE;
 use super::node::{put_audit, ClusterLink, Done};
+use super::refused::Refused;
 use super::{sane_name, Key, Store};
 
 /// How long a day of usage stays in etcd: the ledger keeps this month and the last.
@@ -106,21 +107,24 @@ fn day_start(day: &str) -> Option<u64> {
 impl SharedUsage {
     /// Whether the records read for `day` count (the start of the day, Unix ms):
     /// `Err` says why not.
-    pub fn check(&self, day: &str) -> Result<u64, String> {
-        let start = day_start(day).ok_or("the day is not YYYY-MM-DD")?;
+    pub fn check(&self, day: &str) -> Result<u64, Refused> {
+        let start = day_start(day).ok_or(Refused::Day)?;
         let mut last = None;
         for &(t, seconds, bytes) in &self.records {
             if !(start..start + DAY_MS).contains(&t) {
-                return Err(format!("a record starting at {t} is not of {day}"));
+                return Err(Refused::NotOfDay {
+                    start: t,
+                    day: day.to_string(),
+                });
             }
             if last.is_some_and(|l| l >= t) {
-                return Err("records not in order of start".into());
+                return Err(Refused::RecordOrder);
             }
             if !(1..=86_400).contains(&seconds) {
-                return Err(format!("a record of {seconds} s (1 to 86400)"));
+                return Err(Refused::Seconds(seconds));
             }
             if !(bytes.is_finite() && (0.0..=1e18).contains(&bytes)) {
-                return Err(format!("a record of {bytes} bytes (0 to 1e18)"));
+                return Err(Refused::Bytes(bytes));
             }
             last = Some(t);
         }
@@ -146,19 +150,22 @@ impl SharedUsage {
 
 impl SharedBiases {
     /// Whether the biases read count: `Err` says why not.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Refused> {
         if !sane_name(&self.node) {
-            return Err("node not 1 to 128 of letters, digits, ._-:@".into());
+            return Err(Refused::Node);
         }
         if self.biases.len() > MAX_BIASED_CDNS {
-            return Err(format!("more than {MAX_BIASED_CDNS} CDNs"));
+            return Err(Refused::Cdns(MAX_BIASED_CDNS));
         }
         for (cdn, b) in &self.biases {
             if !sane_name(cdn) {
-                return Err("CDN not 1 to 128 of letters, digits, ._-:@".into());
+                return Err(Refused::Cdn);
             }
             if !(b.points.is_finite() && b.points.abs() <= 100.0) {
-                return Err(format!("{cdn}: {} points (-100 to 100)", b.points));
+                return Err(Refused::Points {
+                    cdn: cdn.clone(),
+                    points: b.points,
+                });
             }
         }
         Ok(())

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::refused::Refused;
 use super::scope::Scope;
 use super::{etcd, heads, performance, usage};
 use super::{
@@ -16,7 +17,7 @@ use super::{
 };
 use crate::control::decide::health::{Observation, VantageView};
 use crate::control::decide::keys::{CdnDay, NameCdn};
-use crate::control::store::{BadKey, Key};
+use crate::control::store::Key;
 
 /// One vantage point's observations: per CDN, the observation and when this node
 /// received it.
@@ -119,13 +120,13 @@ pub struct Shared {
     pub link: Link,
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(v).map_err(|e| format!("not a valid record: {e}"))
+fn parse_json<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, Refused> {
+    serde_json::from_slice(v).map_err(|e| Refused::Record(e.to_string()))
 }
 
-fn check_reason(r: &str) -> Result<(), String> {
+fn check_reason(r: &str) -> Result<(), Refused> {
     if r.len() > MAX_REASON {
-        return Err(format!("reason longer than {MAX_REASON} bytes"));
+        return Err(Refused::Reason);
     }
     Ok(())
 }
@@ -243,7 +244,7 @@ impl Mirror {
             Ok(()) => {
                 self.revisions.insert(kv.key, kv.mod_revision);
             }
-            Err(why) => self.refuse(&kv.key, why),
+            Err(why) => self.refuse(&kv.key, why.to_string()),
         }
     }
 
@@ -291,12 +292,12 @@ impl SharedView {
         rev: i64,
         at: Instant,
         scope: &Scope,
-    ) -> Result<(), String> {
-        let key: Key = rest.parse().map_err(|e: BadKey| e.to_string())?;
+    ) -> Result<(), Refused> {
+        let key: Key = rest.parse()?;
         match &key {
             Key::Obs { vantage, cdn } => {
                 if !sane_name(vantage) || !sane_name(cdn) {
-                    return Err("vantage or CDN name not 1 to 128 of letters, digits, ._-:@".into());
+                    return Err(Refused::ObservationNames);
                 }
                 scope.member(vantage, "observations do not count")?;
                 scope.probed(cdn)?;
@@ -317,31 +318,31 @@ impl SharedView {
             Key::Drain { id } => {
                 let d: SharedDrain = parse_json(value)?;
                 if d.rule.id != *id || !sane_name(id) {
-                    return Err("the rule's id is not its key".into());
+                    return Err(Refused::DrainId);
                 }
                 check_reason(&d.rule.reason)?;
                 d.rule
                     .resolve(&scope.loaded.policy)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Refused::Drain(e.to_string()))?;
                 if self.drains.len() >= MAX_DRAINS {
-                    return Err(format!("more than {MAX_DRAINS} drains"));
+                    return Err(Refused::Drains);
                 }
                 Arc::make_mut(&mut self.drains).insert(id.to_string(), d);
             }
             Key::Audit { node, .. } => {
                 if !sane_name(node) || value.len() > MAX_AUDIT_VALUE {
-                    return Err("node not a sane name, or an entry over 16 KiB".into());
+                    return Err(Refused::AuditEntry);
                 }
                 scope.member(node, "audit entries are not kept")?;
                 let v: serde_json::Value = parse_json(value)?;
                 if !v.is_object() {
-                    return Err("an audit entry is a JSON object".into());
+                    return Err(Refused::AuditObject);
                 }
                 if v["node"] != node.as_str() {
-                    return Err(format!(
-                        "an entry under `{node}` says it is of node {}: forged",
-                        v["node"]
-                    ));
+                    return Err(Refused::AuditForged {
+                        node: node.to_string(),
+                        says: v["node"].clone(),
+                    });
                 }
                 let audit = Arc::make_mut(&mut self.audit);
                 audit.insert(rev, Arc::new(v));
@@ -382,7 +383,7 @@ impl SharedView {
             }
             Key::Perf { node, name, region } => {
                 if !sane_name(node) {
-                    return Err("node not 1 to 128 of letters, digits, ._-:@".into());
+                    return Err(Refused::Node);
                 }
                 scope.member(node, "samples do not count")?;
                 let region = performance::region_index(*region)?;
@@ -403,7 +404,7 @@ impl SharedView {
             }
             Key::AuditHead { node } => {
                 if !sane_name(node) {
-                    return Err("node not 1 to 128 of letters, digits, ._-:@".into());
+                    return Err(Refused::Node);
                 }
                 scope.member(node, "audit head is not kept")?;
                 let h: heads::SharedHead = parse_json(value)?;

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use super::Controller;
 use crate::clock::now_ms;
 use crate::control::decide::drains::DrainError;
+use crate::control::disk::audit::PageError;
 use crate::control::levers::command::{
     admit, admit_usage, may_undrain, Command, Lever, UsageRefused,
 };
@@ -130,9 +131,7 @@ impl Controller {
             } => match &self.audit {
                 Some(a) => a.page(after, limit, reply),
                 None => {
-                    let _ = reply.send(Err(
-                        "no audit log: this server keeps no state directory".into()
-                    ));
+                    let _ = reply.send(Err(PageError::NoLog));
                 }
             },
         }

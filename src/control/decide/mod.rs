@@ -10,7 +10,7 @@
 //! | `drains` | drains, from the policy and the API: rules, progress, reports |
 //! | `state` | `ControlState`: failover and drains together, as the planner reads them |
 //! | `planner` | `(policy, state) -> Plan`, the snapshot the data plane serves |
-//! | `diff` | what a policy edit changes: both policies planned, every network of the geo database asked (`PolicyDiff`, `steerdns diff`) |
+//! | `diff/` | what a policy edit changes: both policies planned, every network of the geo database asked (`PolicyDiff`, `steerdns diff`) |
 //! | `keys` | typed keys: (name, CDN), (name, region), (CDN, day) |
 //! | `times` | times that enter from outside, bounded, and how they are shown |
 

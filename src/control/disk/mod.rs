@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `persist` | `Saved`: the state file, written atomically and durably, restored at start |
 //! | `traffic` | the recorded traffic `steerdns-traffic.json`: beacon samples by source network, for `diff` |
-//! | `audit` | the hash-chained audit log `audit.jsonl`, and `verify` |
+//! | `audit/` | the hash-chained audit log `audit.jsonl`: appending (`log`), pages (`index`), the chain and `verify` (`chain`) |
 //! | `writers` | the threads that write here, and waiting until they finish |
 
 pub mod audit;

@@ -53,7 +53,7 @@ pub enum Command {
     Audit {
         after: u64,
         limit: usize,
-        reply: oneshot::Sender<Result<audit::Page, String>>,
+        reply: oneshot::Sender<Result<audit::Page, audit::PageError>>,
     },
     /// `GET /v1/policy`: the document (`state_doc::PolicyStatus`) as JSON.
     PolicyStatus {

@@ -18,24 +18,44 @@ pub(crate) const MAX_STAGES: usize = 10;
 /// The longest stage: a day.
 pub(crate) const MAX_STAGE_SECONDS: u32 = 86_400;
 
+/// Why stages cannot run, or were not asked right.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadStages {
+    #[error("stages: 1 to {MAX_STAGES} percents, as 5,25,100")]
+    Count,
+    #[error("stages: percents from 1 to 100, each above the one before")]
+    Rising,
+    #[error("stages: the last stage is 100 (every client gets the version)")]
+    Last,
+    #[error("stage_seconds: from 1 to {MAX_STAGE_SECONDS} (how long each stage lasts)")]
+    Seconds,
+    /// `?stages=` without `stage_seconds=`, or the other way round.
+    #[error("stages and stage_seconds go together: ?stages=5,25,100&stage_seconds=300")]
+    Alone,
+    /// `?stages=` as asked.
+    #[error("stages: {0:?} is not percents separated by commas, as 5,25,100")]
+    NotPercents(String),
+    /// `?stage_seconds=` as asked.
+    #[error("stage_seconds: {0:?} is not a number of seconds")]
+    NotSeconds(String),
+}
+
 impl Stages {
     /// Whether the stages can run: 1 to [`MAX_STAGES`] percents, each 1-100, rising,
     /// the last 100; 1 to [`MAX_STAGE_SECONDS`] seconds per stage.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BadStages> {
         let s = &self.stages;
         if s.is_empty() || s.len() > MAX_STAGES {
-            return Err(format!("stages: 1 to {MAX_STAGES} percents, as 5,25,100"));
+            return Err(BadStages::Count);
         }
         if s.iter().any(|&p| p == 0 || p > 100) || s.windows(2).any(|w| w[0] >= w[1]) {
-            return Err("stages: percents from 1 to 100, each above the one before".into());
+            return Err(BadStages::Rising);
         }
         if s.last() != Some(&100) {
-            return Err("stages: the last stage is 100 (every client gets the version)".into());
+            return Err(BadStages::Last);
         }
         if self.stage_seconds == 0 || self.stage_seconds > MAX_STAGE_SECONDS {
-            return Err(format!(
-                "stage_seconds: from 1 to {MAX_STAGE_SECONDS} (how long each stage lasts)"
-            ));
+            return Err(BadStages::Seconds);
         }
         Ok(())
     }

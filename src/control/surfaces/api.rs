@@ -460,7 +460,7 @@ async fn audit_page(state: &ApiState, query: &str) -> Reply {
     .await
     {
         Ok(Ok(page)) => json_reply(StatusCode::OK, &page),
-        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         Err(reply) => *reply,
     }
 }

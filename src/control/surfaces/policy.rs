@@ -17,6 +17,7 @@ use crate::config::tokens::Token;
 use crate::control::cluster::policy::Stages;
 use crate::control::http::{error, json_reply, Reply};
 use crate::control::levers::command::{Command, PolicyRefused, Written};
+use crate::control::levers::stages::BadStages;
 
 /// `GET /v1/policy`.
 pub(super) async fn status(commands: Option<&mpsc::Sender<Command>>) -> Reply {
@@ -64,7 +65,7 @@ pub(super) async fn mutate(
         "/v1/policy" => {
             let stages = match stages_of(param("stages"), param("stage_seconds")) {
                 Ok(s) => s,
-                Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+                Err(why) => return error(StatusCode::BAD_REQUEST, &why.to_string()),
             };
             if asked.body.iter().all(u8::is_ascii_whitespace) {
                 return error(
@@ -157,27 +158,21 @@ pub(super) async fn mutate(
 }
 
 /// `?stages=5,25,100&stage_seconds=300`: both or neither (`None`: at once).
-fn stages_of(stages: Option<String>, seconds: Option<String>) -> Result<Option<Stages>, String> {
+fn stages_of(stages: Option<String>, seconds: Option<String>) -> Result<Option<Stages>, BadStages> {
     let (stages, seconds) = match (stages, seconds) {
         (None, None) => return Ok(None),
         (Some(s), Some(t)) => (s, t),
-        _ => {
-            return Err(
-                "stages and stage_seconds go together: ?stages=5,25,100&stage_seconds=300".into(),
-            )
-        }
+        _ => return Err(BadStages::Alone),
     };
     let stages = stages
         .split(',')
         .map(|p| p.trim().parse::<u8>())
         .collect::<Result<Vec<u8>, _>>()
-        .map_err(|_| {
-            format!("stages: {stages:?} is not percents separated by commas, as 5,25,100")
-        })?;
+        .map_err(|_| BadStages::NotPercents(stages.clone()))?;
     let stage_seconds = seconds
         .trim()
         .parse::<u32>()
-        .map_err(|_| format!("stage_seconds: {seconds:?} is not a number of seconds"))?;
+        .map_err(|_| BadStages::NotSeconds(seconds.clone()))?;
     let s = Stages {
         stages,
         stage_seconds,

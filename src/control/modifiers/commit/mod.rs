@@ -13,6 +13,16 @@
 //! The same [`Commit`] (configure, record, evaluate, apply) drives the live server
 //! and `steerdns simulate` (`simulate.rs`), which replays a month of five-minute
 //! demand through it at full speed.
+//!
+//! | room | holds |
+//! |---|---|
+//! | `modifier` | `Commit`: configure, record, evaluate (`take_due`, `adopt`), `apply`, its view, saved state |
+//! | `usage` | a usage record as it comes in (`UsageIn`) and its checks (`UsageError`) |
+//! | `ledger` | the usage ledger: a record per (CDN, start), month to date, rate, projection |
+//! | `bias` | a CDN's bias per evaluation, and a region's shares with the biases applied |
+//! | `month` | calendar months in UTC and a month's burst allowance |
+//! | `page` | the status page's "Commits and capacity" table |
+//! | `demand`, `simulate` | `steerdns simulate`: demand files, the replay, the report |
 
 pub(crate) mod bias;
 pub mod demand;
@@ -21,4 +31,6 @@ mod modifier;
 pub mod month;
 pub(crate) mod page;
 pub mod simulate;
+mod usage;
 pub use modifier::*;
+pub use usage::{UsageError, UsageIn};
