@@ -424,6 +424,12 @@ check "ns3 halted it $(($(now_ms) - t0)) ms after the post: $(policy_field 1 "p[
     [ "$(policy_field 1 "p['history'][0]['node'] == 'ns3' and '\`BR\`' in p['history'][0]['why'] and p['version'] == '$V2'")" == True ]
 for n in 1 2 3; do check "ns$n: every network on $V2 after the halt" [ "$(count "$(canary "$n")")" == 400 ]; done
 cp geo/country.mmdb "$TMP/geo-ns3.mmdb"
+# Three rollouts: each node started each once (a node's estimate of the store's clock
+# moves with every skew measurement; a rollout it saw end must stay ended).
+for n in 1 2 3; do
+    started=$(grep -c 'a staged rollout; loading its version' "$TMP/ns$n.log" || true)
+    check "ns$n started each of the 3 rollouts once ($started)" [ "$started" == 3 ]
+done
 # Back to the file's version for the rest of the drill.
 api 1 POST /v1/policy/rollback "{\"version\":\"$V0\"}" >/dev/null
 for n in 1 2 3; do

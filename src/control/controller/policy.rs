@@ -55,9 +55,10 @@ pub(crate) struct Versions {
     pub staged: Option<super::rollout::Staged>,
     /// The rollout (its version) this node asked the set to halt.
     pub halting: Option<String>,
-    /// The rollout (its version) whose last stage this node reached: done here, even
-    /// while the store's clock, as this node estimates it, still reads it running (the
-    /// estimate moves with each measurement of the skew), so it is never started again.
+    /// The rollout (its version) that ended here, by this node's clock (its last stage
+    /// reached) or by its estimate of the store's: done for good, even while the next
+    /// estimate (it moves with each measurement of the skew) reads it running again, so
+    /// it is never started again.
     pub rolled_out: Option<String>,
 }
 

@@ -99,6 +99,11 @@ impl Controller {
             }
             return (r.from.clone(), Arc::from(r.from_yaml.as_str()));
         }
+        if set.rollout.is_some() {
+            // Ended, by either clock: for good, whatever the next estimate of the
+            // store's clock reads.
+            self.versions.rolled_out = Some(set.version.clone());
+        }
         let at = self.set.local_ms(set.activate_at_unix_ms);
         if let Some(s) = &mut self.versions.staged {
             if s.version != set.version && s.ends_ms.is_none() {
