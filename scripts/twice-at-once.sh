@@ -6,8 +6,13 @@
 #
 #   bash scripts/twice-at-once.sh [RUNS]     # OUT=dir for the logs (default: a new /tmp dir)
 #
+# With DRILLS=1 (as root) each run of a lane also runs the shell drills after the
+# binaries: tests/multinode.sh and tests/chaos.sh (DURATION=${CHAOS_SECONDS:-60}), whose
+# namespaces are named per run, so the two lanes' drills run side by side.
+#
 # Prints one line per run and lane ("lane A run 3: 388 passed, 0 binaries failed, 472 s")
-# and keeps the whole output of every failing binary in $OUT. Exits 1 if any run failed.
+# and keeps the whole output of every failing binary or drill in $OUT. Exits 1 if any run
+# failed.
 # Do not run it beside builds: it is the two suites alone that the issue promises.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,6 +42,17 @@ lane() { # lane NAME: RUNS runs of every binary, one line per run
                 echo "$out" >"$OUT/fail-$name-$r-$(basename "$bin").log"
             fi
         done <"$bins"
+        if [[ ${DRILLS:-0} == 1 ]]; then
+            for drill in multinode chaos; do
+                rc=0
+                out=$(CI=true DURATION=${CHAOS_SECONDS:-60} bash "tests/$drill.sh" 2>&1) || rc=$?
+                passed=$((passed + $(grep -oE '[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -1 | awk '{ print $1 + 0 }')))
+                if ((rc != 0)); then
+                    failed=$((failed + 1))
+                    echo "$out" >"$OUT/fail-$name-$r-$drill.log"
+                fi
+            done
+        fi
         echo "lane $name run $r: $passed passed, $failed binaries failed, $(($(date +%s) - start)) s" | tee -a "$OUT/runs.log"
     done
 }
