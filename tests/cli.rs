@@ -44,9 +44,16 @@ struct Served {
 impl Served {
     /// Starts `steerdns serve ARGS` in `dir`, logging at INFO.
     fn start(dir: &Path, args: &[&str]) -> Served {
+        Served::start_with(dir, args, &[])
+    }
+
+    /// As [`Served::start`], with these variables in the child's environment (never
+    /// the test process's: sibling tests spawn children at the same time).
+    fn start_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
         let mut child = steerdns(&["serve"])
             .current_dir(dir)
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped())
@@ -823,8 +830,7 @@ failover:
             "off".into(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        std::env::set_var("STEERDNS_API_TOKEN", TOKEN);
-        let served = Served::start(&dir, &args);
+        let served = Served::start_with(&dir, &args, &[("STEERDNS_API_TOKEN", TOKEN)]);
         let line = served.next_line("api listening");
         let api = line
             .split("addr=")

@@ -68,12 +68,9 @@ impl Prometheus {
             rules.display()
         );
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-        // A free port: bound, then released for Prometheus.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // A free port below the kernel's ephemeral range (an outgoing connection cannot
+        // take it between this check and Prometheus binding it).
+        let port = common::etcd::free_port();
         let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
         let child = Command::new(bin)
             .arg(format!(
