@@ -603,3 +603,35 @@ pub(super) fn parse_path(s: &str) -> Vec<Seg> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::place::countries::{Continent, Country};
+    use crate::place::geo::Place;
+
+    #[test]
+    fn a_place_the_geo_database_lacks_warns_in_a_file_and_refuses_a_version() {
+        let text = "hostname: www.example.com\nttl: 30\ncdns:\n  a: { cname: a.cdn.test. }\nregions:\n  - match: [GB, continent:SA]\n    weights: { a: 1 }\n  - match: [continent:EU]\n    weights: { a: 1 }\n  - match: [\"*\"]\n    weights: { a: 1 }\n";
+        let (policy, _) = parse(Path::new("steering.yaml"), text.to_string()).unwrap();
+        // A database with Great Britain (in Europe) alone.
+        let places = [Place {
+            country: Country::parse("GB"),
+            continent: Some(Continent::Europe),
+            ..Place::default()
+        }];
+        let file = check_against_places(&policy, &places, false);
+        let said: Vec<String> = file.0.iter().map(ToString::to_string).collect();
+        assert!(!file.has_errors(), "{said:?}");
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains(
+                "regions[0].match[1]: `continent:SA`: the geo database has no network there"
+            ),
+            "{said:?}"
+        );
+        let version = check_against_places(&policy, &places, true);
+        assert!(version.has_errors());
+        assert_eq!(version.errors().count(), 1);
+    }
+}
