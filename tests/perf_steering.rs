@@ -852,6 +852,44 @@ async fn min_networks_alone_holds_the_shift_until_enough_networks_report() {
     s.stop().await;
 }
 
+/// The cadence of shifts: fastly slow on 30 networks goes from 90 down to its floor,
+/// and no two shifts of the region are closer than `shift_period_seconds` (0.3 s),
+/// counted from the evaluations' own timestamps (`/v1/state`
+/// `performance[].evaluated_unix_ms` of the state that first shows each new share),
+/// not from when the test happened to read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_two_shifts_of_a_region_are_closer_than_a_period() {
+    let s = start("perf-cadence", 0.3, 0.6).await;
+    let conditions: Conditions = Arc::new(Mutex::new((300, 78, 30)));
+    let feeder = players(&s, conditions);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // (fastly share, the evaluation that put it in force)
+    let mut shifts: Vec<(f64, u64)> = Vec::new();
+    loop {
+        let st = s.state().await;
+        let (f, _, reason) = shares(&st);
+        let at = gb(&st)["evaluated_unix_ms"].as_u64().unwrap_or(0);
+        if f != shifts.last().map_or(90.0, |l| l.0) {
+            shifts.push((f, at));
+        }
+        if f == 10.0 && reason == "perf_floor" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never at the floor: {shifts:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    feeder.abort();
+    assert!(shifts.len() >= 8, "90 to 10 in steps of 10: {shifts:?}");
+    for w in shifts.windows(2) {
+        assert!(
+            w[1].1 >= w[0].1 + 300,
+            "two shifts {} ms apart (period 300 ms): {shifts:?}",
+            w[1].1 as i64 - w[0].1 as i64
+        );
+    }
+    s.stop().await;
+}
+
 /// Two nodes of a set on a real three-member etcd, the beacons split between them:
 /// 16 networks post to each, and a figure counts with 50 samples from 20 networks,
 /// which neither node holds alone (a network holds 3 samples of a window at most).
