@@ -783,6 +783,113 @@ async fn flapping_does_not_oscillate() {
     }
 }
 
+/// `min_networks` deciding alone: a figure counts with 100 samples from 30 networks.
+/// 25 networks post fastly at 300 ms and cloudflare at 78 ms, every 50 ms: each holds
+/// about 4 % of a window (under its 5 % share, so the share cap does not decide) and
+/// the window holds well over 100 samples of each CDN (so `min_samples` does not
+/// decide), yet for 1.5 s (five evaluations) nothing moves and both CDNs are
+/// `perf_stale` with no measured figure. Five more networks post the same: fastly
+/// leaves its policy share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_networks_alone_holds_the_shift_until_enough_networks_report() {
+    let dir = scratch("perf-min-networks");
+    policy_needing(&dir, 0.3, 2.0, 100, 30);
+    let s = Stack::start(&dir).await;
+    let conditions: Conditions = Arc::new(Mutex::new((300, 78, 25)));
+    let feeder = players(&s, conditions.clone());
+    // Both windows full of samples from 25 networks, as an evaluation saw them.
+    let window = |st: &Value, cdn: usize, field: &str| {
+        gb(st)["cdns"][cdn]["window"][field].as_u64().unwrap_or(0)
+    };
+    s.wait_for("both windows with 25 networks and 300 samples", |st| {
+        (0..2).all(|c| window(st, c, "networks") == 25 && window(st, c, "ttfb_samples") >= 300)
+    })
+    .await;
+    let full = s.state().await;
+    let full_at = gb(&full)["evaluated_unix_ms"].as_u64().unwrap();
+    let held = Instant::now();
+    let seen = watch(&s, |_, _| held.elapsed() > Duration::from_millis(1500)).await;
+    let st = s.state().await;
+    assert_eq!(
+        seen,
+        [90.0],
+        "25 of 30 networks moved the shares: {:#}",
+        gb(&st)
+    );
+    let evaluated = gb(&st)["evaluated_unix_ms"].as_u64().unwrap();
+    assert!(
+        evaluated >= full_at + 4 * 300,
+        "evaluated at {full_at} and {evaluated} only"
+    );
+    for c in 0..2 {
+        let cdn = &gb(&st)["cdns"][c];
+        assert_eq!(cdn["reason"], "perf_stale", "{cdn}");
+        assert!(cdn["measured"].is_null(), "{cdn}");
+        assert_eq!(window(&st, c, "networks"), 25, "{cdn}");
+        let samples = window(&st, c, "ttfb_samples");
+        assert!(samples >= 300, "min_samples (100) must not decide: {cdn}");
+        assert!(
+            cdn["refused"].as_u64().unwrap_or(0) * 10 < samples,
+            "the share cap must not decide: {cdn}"
+        );
+    }
+
+    // Five more networks: 30 report, the figures count, fastly leaves 90.
+    let more: Conditions = Arc::new(Mutex::new((300, 78, 5)));
+    let feeder2 = players_from(&s, more, 25);
+    let seen = watch(&s, |f, r| {
+        f < 90.0 && (r == "perf_penalty" || r == "perf_floor")
+    })
+    .await;
+    let st = s.state().await;
+    assert_eq!(window(&st, 0, "networks"), 30, "{:#}", gb(&st));
+    assert!(
+        seen.windows(2).all(|w| w[0] - w[1] <= 10.0 + 1e-6),
+        "{seen:?}"
+    );
+    feeder.abort();
+    feeder2.abort();
+    s.stop().await;
+}
+
+/// The cadence of shifts: fastly slow on 30 networks goes from 90 down to its floor,
+/// and no two shifts of the region are closer than `shift_period_seconds` (0.3 s),
+/// counted from the evaluations' own timestamps (`/v1/state`
+/// `performance[].evaluated_unix_ms` of the state that first shows each new share),
+/// not from when the test happened to read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_two_shifts_of_a_region_are_closer_than_a_period() {
+    let s = start("perf-cadence", 0.3, 0.6).await;
+    let conditions: Conditions = Arc::new(Mutex::new((300, 78, 30)));
+    let feeder = players(&s, conditions);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // (fastly share, the evaluation that put it in force)
+    let mut shifts: Vec<(f64, u64)> = Vec::new();
+    loop {
+        let st = s.state().await;
+        let (f, _, reason) = shares(&st);
+        let at = gb(&st)["evaluated_unix_ms"].as_u64().unwrap_or(0);
+        if f != shifts.last().map_or(90.0, |l| l.0) {
+            shifts.push((f, at));
+        }
+        if f == 10.0 && reason == "perf_floor" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never at the floor: {shifts:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    feeder.abort();
+    assert!(shifts.len() >= 8, "90 to 10 in steps of 10: {shifts:?}");
+    for w in shifts.windows(2) {
+        assert!(
+            w[1].1 >= w[0].1 + 300,
+            "two shifts {} ms apart (period 300 ms): {shifts:?}",
+            w[1].1 as i64 - w[0].1 as i64
+        );
+    }
+    s.stop().await;
+}
+
 /// Two nodes of a set on a real three-member etcd, the beacons split between them:
 /// 16 networks post to each, and a figure counts with 50 samples from 20 networks,
 /// which neither node holds alone (a network holds 3 samples of a window at most).
