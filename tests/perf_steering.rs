@@ -1231,12 +1231,11 @@ regions:
     plain.stop().await;
 }
 
-/// Four networks of the new version's cohort post slow beacons, with valid tickets, 30
-/// times each, while every other player measures alike: each network holds at most 5 %
-/// of its cohort's samples, so they cannot halt the rollout by themselves.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_few_networks_cannot_halt_a_rollout_by_posting_slow_beacons() {
-    let dir = scratch("perf-rollout-few");
+/// A stack on [`policy`] (long periods: the shares stay as the policy says) with GB's
+/// weights swapped by a staged rollout at 50 % for 10 minutes, served; and the version
+/// before it.
+async fn half_rolled_out(tag: &str) -> (Stack, String) {
+    let dir = scratch(tag);
     policy(&dir, 3600.0, 60.0);
     let original = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
     let v0 = steerdns::config::version_of(&original);
@@ -1266,6 +1265,15 @@ async fn a_few_networks_cannot_halt_a_rollout_by_posting_slow_beacons() {
         p["rollout"]["serving_percent"] == 50.0
     })
     .await;
+    (s, v0)
+}
+
+/// Four networks of the new version's cohort post slow beacons, with valid tickets, 30
+/// times each, while every other player measures alike: each network holds at most 5 %
+/// of its cohort's samples, so they cannot halt the rollout by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_few_networks_cannot_halt_a_rollout_by_posting_slow_beacons() {
+    let (s, _) = half_rolled_out("perf-rollout-few").await;
     // Every player measures 100 ms, whichever version answers it.
     let mut attackers = Vec::new();
     for i in 0..120 {
@@ -1315,36 +1323,7 @@ async fn a_few_networks_cannot_halt_a_rollout_by_posting_slow_beacons() {
 async fn a_staged_rollout_halts_when_its_clients_measure_worse() {
     // A long shift period: the shares stay as the policy says, only the cohorts are
     // compared.
-    let dir = scratch("perf-rollout");
-    policy(&dir, 3600.0, 60.0);
-    let original = std::fs::read_to_string(dir.join("steering.yaml")).unwrap();
-    let v0 = steerdns::config::version_of(&original);
-    let s = Stack::start(&dir).await;
-    s.wait_for_path("/v1/policy", "the first version", |p| {
-        p["history"][0]["version"] == v0.as_str()
-    })
-    .await;
-    let edited = original.replace(
-        "weights: { fastly: 90, cloudflare: 10 }",
-        "weights: { fastly: 10, cloudflare: 90 }",
-    );
-    let r = s
-        .http
-        .post(format!(
-            "http://{}/v1/policy?stages=50,100&stage_seconds=600",
-            s.api
-        ))
-        .bearer_auth(common::stack::TOKEN)
-        .header("if-match", format!("\"{v0}\""))
-        .body(edited.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
-    s.wait_for_path("/v1/policy", "the new version serving half", |p| {
-        p["rollout"]["serving_percent"] == 50.0
-    })
-    .await;
+    let (s, v0) = half_rolled_out("perf-rollout").await;
     // Players of the new version's cohort measure 400 ms, the others 100 ms.
     let mut canary = 0;
     for i in 0..120 {

@@ -366,6 +366,7 @@ async fn put_policy(
         None => None,
     };
     let version = version_of(&yaml);
+    let p_based_on = p.based_on.clone();
     let in_force = current.as_ref().and_then(|(r, _)| r.as_ref());
     let running = in_force.and_then(|r| r.running(store_now));
     match (p.how, running) {
@@ -489,12 +490,11 @@ async fn put_policy(
                 activate_at_unix_ms: r.activate_at_unix_ms,
                 unchanged: true,
             }),
+            // What the operator based it on (not what the record could base it on:
+            // none, when the set's record was refused).
             other => Err(PolicyRefused::Stale {
                 in_force: other.map_or_else(|| "another".into(), |r| r.version),
-                based_on: record.history[0]
-                    .based_on
-                    .clone()
-                    .unwrap_or_else(|| "none".into()),
+                based_on: p_based_on.unwrap_or_else(|| "none".into()),
             }),
         };
     }
