@@ -235,7 +235,8 @@ impl Metrics {
         let etcd_skew = prometheus::Gauge::new(
             "etcd_clock_skew_seconds",
             "This node's clock against etcd's, from the Date of etcd's answers (positive: \
-             etcd is ahead; about 0.1 s precise), updated at each liveness check; NaN until \
+             etcd is ahead; 0 unless the answers prove the clocks apart, then the smallest \
+             offset they allow, within about 0.2 s), updated at each liveness check; NaN until \
              measured (and without --etcd). Timelines are scheduled by the clock: keep every \
              node on NTP.",
         )

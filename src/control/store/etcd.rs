@@ -97,7 +97,10 @@ pub struct Etcd {
 /// The offset of etcd's clock from this node's (ms, positive when etcd is ahead), from
 /// the `Date` header of its answers. A `Date` has a one-second resolution: each
 /// answer bounds the offset to an interval, and the intersection of the latest ones
-/// (back to the first that disagrees, after a clock jump) narrows it.
+/// (back to the first that disagrees, after a clock jump) narrows it. The estimate is
+/// the smallest offset in that intersection: a node whose clock the answers cannot
+/// prove wrong (NTP, the set's requirement) keeps its own, rather than moving by a
+/// guess of up to half a second (the interval's middle) that it would then act on.
 #[derive(Debug, Default)]
 struct Skew {
     samples: std::collections::VecDeque<(i64, i64)>,
@@ -125,7 +128,7 @@ impl Skew {
             }
             (lo, hi) = (l, h);
         }
-        (lo != i64::MIN).then(|| lo + (hi - lo) / 2)
+        (lo != i64::MIN).then(|| 0.clamp(lo, hi))
     }
 }
 
@@ -774,14 +777,22 @@ mod tests {
             let etcd = t + 2_000;
             s.add(etcd - etcd % 1000, t - 5, t + 5);
         }
-        let e = s.estimate().unwrap();
-        assert!((1_900..=2_100).contains(&e), "{e}");
-        // The clock jumped: the newest answers win.
+        // [1_895, 2_015]: its nearest end to no skew.
+        assert_eq!(s.estimate(), Some(1_895));
+        // The clock jumped: the newest answers win, and they allow no skew at all,
+        // wherever in the second they fell (the interval's middle would be 200 ms).
         for t in [2_000_100i64, 2_000_500] {
             s.add(t - t % 1000, t - 5, t + 5);
         }
-        let e = s.estimate().unwrap();
-        assert!((-600..=600).contains(&e), "{e}");
+        assert_eq!(s.estimate(), Some(0));
+        // Behind: the end nearest to no skew is the upper one.
+        let mut s = Skew::default();
+        for t in [3_000_200i64, 3_000_900] {
+            let etcd = t - 1_500;
+            s.add(etcd - etcd % 1000, t - 5, t + 5);
+        }
+        // [-1_905, -1_196].
+        assert_eq!(s.estimate(), Some(-1_196));
         assert!(decode_kv(&json!({"key": "%%%"})).is_err());
     }
 }
