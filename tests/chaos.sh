@@ -6,11 +6,22 @@
 #
 #   an etcd member frozen (SIGSTOP, then SIGCONT), or killed and restarted;
 #   a node cut off from etcd (blackhole routes);
-#   200 ms delay and 5 % loss on a node's link (tc netem);
+#   200 ms delay and 5 % loss on a node's links to etcd (tests/wan-relay.py: this
+#   kernel has no netem; every etcd member is reached through a relay in its namespace);
 #   a node's clock 2 s ahead or behind (libfaketime, its offset read from a file);
 #   fastly failing for two vantage points of five;
 #   a drain or an undrain posted to a random node;
 #   a policy version applied through a random node (POST /v1/policy, If-Match).
+#
+# PROFILE=wan puts the set on three continents: sites A (m1, ns1, agent1), B (m2, ns2,
+# agent2) and C (m3, ns3), 40, 90 and 125 ms apart one way (80, 180 and 250 ms round
+# trips) with 10 % jitter, every etcd link (client and peer) through the relays. It adds
+# a fault, a burst of 1-5 % loss on the link between two sites, and before the faults it
+# measures, from outside: the time from an API call (drain, undrain, freeze, resume,
+# policy version, each through each node) to every node applying it, against the bound
+# of the profile (WAN_BOUND_MS: three round trips of the longest link plus 500 ms), and
+# the bytes each node exchanges with etcd per minute at rest. WAN_SCALE multiplies every
+# delay (WAN_SCALE=4 puts the links beyond the bounds: the drill must fail).
 #
 # From outside (the client namespace), every half second, through /v1/state and dig:
 #
@@ -39,6 +50,9 @@ script_init chaos
 CHECK_PREFIX="chaos: "
 DURATION=${DURATION:-300}
 SEED=${SEED:-24}
+PROFILE=${PROFILE:-lan}
+WAN_SCALE=${WAN_SCALE:-1}
+[[ $PROFILE == lan || $PROFILE == wan ]] || die "PROFILE=$PROFILE: lan or wan"
 
 skip() {
     if [[ ${CI:-} == true ]]; then die "$1 (required in CI)"; fi
@@ -46,7 +60,7 @@ skip() {
     exit 0
 }
 [[ $(id -u) == 0 ]] || skip "needs root (network namespaces): sudo bash tests/chaos.sh"
-for tool in ip tc etcd etcdctl python3 curl dig faketime; do
+for tool in ip etcd etcdctl python3 curl dig faketime; do
     command -v "$tool" >/dev/null || skip "needs $tool"
 done
 FAKETIME_LIB=$(find /usr/lib -name libfaketime.so.1 2>/dev/null | head -1)
@@ -57,7 +71,7 @@ build_release
 
 # Namespace names unique to this run (two drills at once on one host keep apart).
 R=${NS_TAG:-$$}
-NS=(sc${R}-hub sc${R}-etcd sc${R}-n1 sc${R}-n2 sc${R}-n3 sc${R}-g1 sc${R}-g2 sc${R}-cdn sc${R}-cli)
+NS=(sc${R}-hub sc${R}-e1 sc${R}-e2 sc${R}-e3 sc${R}-n1 sc${R}-n2 sc${R}-n3 sc${R}-g1 sc${R}-g2 sc${R}-cdn sc${R}-cli)
 netns_cleanup() {
     cleanup
     local ns
@@ -82,17 +96,42 @@ attach() { # attach NS ADDR...: NS on the bridge, through hub-side veth $VETH[NS
     ip -n "$ns" link set lo up
     VETH[$ns]=v$i
 }
-attach sc${R}-etcd 10.214.0.11 10.214.0.12 10.214.0.13
+for i in 1 2 3; do attach "sc${R}-e$i" "10.214.0.1$i"; done
 for n in 1 2 3; do attach "sc${R}-n$n" "10.214.0.2$n"; done
 for g in 1 2; do attach "sc${R}-g$g" "10.214.0.3$g"; done
 attach sc${R}-cdn 10.214.0.41 10.214.0.42
 attach sc${R}-cli 10.214.0.51
-# tc netem needs the kernel's sch_netem (absent in some containers: that fault is skipped).
-NETEM=0
-if ip netns exec sc${R}-hub tc qdisc add dev "${VETH[sc${R}-cli]}" root netem delay 1ms 2>/dev/null; then
-    NETEM=1
-    ip netns exec sc${R}-hub tc qdisc del dev "${VETH[sc${R}-cli]}" root
+# --- the links: a relay in front of each etcd member ----------------------------------
+# Each member listens on its namespace's loopback; a relay on its address (client port
+# 2379, peer port 2380) delays what comes from each address by the profile
+# ($TMP/links.json, rewritten by the faults; the relays read it again when it changes).
+declare -A LINK_FAULT=() # client address -> its own rule, while a fault lasts
+SITE_FAULT=""            # '"A": {"loss": 0.03}' while a site's links lose
+if [[ $PROFILE == wan ]]; then
+    # Sites: A = m1, ns1, agent1; B = m2, ns2, agent2; C = m3, ns3. One way, ms.
+    SITES='"10.214.0.11": "A", "10.214.0.21": "A", "10.214.0.31": "A", "10.214.0.12": "B", "10.214.0.22": "B", "10.214.0.32": "B", "10.214.0.13": "C", "10.214.0.23": "C"'
+    wan() { echo "\"delay_ms\": $(($1 * WAN_SCALE)), \"jitter_ms\": $(($1 * WAN_SCALE / 10))"; }
+    LINKS="\"A-B\": {$(wan 40)}, \"A-C\": {$(wan 90)}, \"B-C\": {$(wan 125)}, \"A-A\": {$(wan 1)}, \"B-B\": {$(wan 1)}, \"C-C\": {$(wan 1)}"
+    MAX_RTT_MS=$((250 * WAN_SCALE))
+    WAN_BOUND_MS=${WAN_BOUND_MS:-$((3 * 250 + 500))}
+else
+    SITES="" LINKS="" MAX_RTT_MS=0
 fi
+write_links() { # the profile, with the faults in LINK_FAULT
+    local from="" a
+    for a in "${!LINK_FAULT[@]}"; do from+="${from:+, }\"$a\": {${LINK_FAULT[$a]}}"; done
+    echo "{\"sites\": {$SITES}, \"links\": {$LINKS}, \"from\": {$from}, \"site_faults\": {$SITE_FAULT}}" >"$TMP/links.json.tmp"
+    mv "$TMP/links.json.tmp" "$TMP/links.json"
+}
+write_links
+SITE=([1]=A [2]=B [3]=C)
+for i in 1 2 3; do
+    ip=10.214.0.1$i
+    ip netns exec "sc${R}-e$i" python3 tests/wan-relay.py --profile "$TMP/links.json" --site "${SITE[$i]}" \
+        --stats "$TMP/bytes-m$i.json" "tcp:$ip:2379=127.0.0.1:2379" "tcp:$ip:2380=127.0.0.1:2380" \
+        >"$TMP/relay-m$i.log" 2>&1 &
+    track $!
+done
 
 # --- etcd ------------------------------------------------------------------------------
 CLUSTER=m1=http://10.214.0.11:2380,m2=http://10.214.0.12:2380,m3=http://10.214.0.13:2380
@@ -100,16 +139,16 @@ ENDPOINTS=http://10.214.0.11:2379,http://10.214.0.12:2379,http://10.214.0.13:237
 declare -A MEMBER=()
 member_up() {
     local i=$1 ip=10.214.0.1$1
-    ip netns exec sc${R}-etcd etcd --name "m$i" --data-dir "$TMP/etcd-m$i" \
-        --listen-client-urls "http://$ip:2379" --advertise-client-urls "http://$ip:2379" \
-        --listen-peer-urls "http://$ip:2380" --initial-advertise-peer-urls "http://$ip:2380" \
+    ip netns exec "sc${R}-e$i" etcd --name "m$i" --data-dir "$TMP/etcd-m$i" \
+        --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls "http://$ip:2379" \
+        --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls "http://$ip:2380" \
         --initial-cluster "$CLUSTER" --heartbeat-interval 100 --election-timeout 1000 \
         >>"$TMP/etcd-m$i.log" 2>&1 &
     track $!
     MEMBER[$i]=$!
 }
 for i in 1 2 3; do member_up "$i"; done
-healthy() { ip netns exec sc${R}-etcd env ETCDCTL_API=3 etcdctl --endpoints="$ENDPOINTS" endpoint health >/dev/null 2>&1; }
+healthy() { ip netns exec sc${R}-cli env ETCDCTL_API=3 etcdctl --endpoints="$ENDPOINTS" endpoint health >/dev/null 2>&1; }
 for _ in $(seq 100); do healthy && break; sleep 0.1; done
 healthy || die "etcd did not start; see $TMP/etcd-m*.log (KEEP=1)"
 
@@ -153,7 +192,7 @@ done
 cat >"$TMP/checker.py" <<'PY'
 import json, subprocess, sys, time, urllib.request
 
-TMP, DEADLINE = sys.argv[1], float(sys.argv[2])
+TMP, DEADLINE, SLACK = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 NODES = [1, 2, 3]
 violations = 0
 
@@ -217,7 +256,7 @@ while now() < DEADLINE and healed() is None:
         for b in connected:
             if a >= b:
                 continue
-            for i, (what, limit) in enumerate([("drains/freeze", 2.0), ("steps", 3.0), ("policy version", 3.0)]):
+            for i, (what, limit) in enumerate([("drains/freeze", 2.0 + SLACK), ("steps", 3.0 + SLACK), ("policy version", 3.0 + SLACK)]):
                 key = (what, a, b)
                 if views[a][i] != views[b][i]:
                     first = since.setdefault(key, now())
@@ -231,7 +270,12 @@ while now() < DEADLINE and healed() is None:
         if kind == "cut-etcd":
             n = int(target[-1])
             s = states[n]
-            if s and not s["cluster"]["fail_static"] and now() - at > 3.0 and (kind, target, at) not in cut_seen:
+            if (kind, target, at) in cut_seen or not s:
+                continue
+            if s["cluster"]["fail_static"]:
+                cut_seen[(kind, target, at)] = True
+                print(f"chaos: {target} fail-static {now() - at:.1f} s after the cut (within a poll of 0.5 s)", flush=True)
+            elif now() - at > 3.0 + SLACK:
                 cut_seen[(kind, target, at)] = True
                 violation(f"{target} cut off from etcd for {now() - at:.1f} s is not fail-static (connected: {s['cluster']['connected']})")
     for n, s in states.items():
@@ -294,20 +338,139 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 mark() { echo "$(now_ms) $1 $2 $3" >>"$TMP/faults"; }
 hold() { sleep "$1"; }
 
+# --- PROFILE=wan: each lever's time to every node, and the bytes at rest -------------
+if [[ $PROFILE == wan ]]; then
+    cat >"$TMP/measure.py" <<'PY'
+import json, sys, time, urllib.request
+
+TMP, BOUND_MS = sys.argv[1], int(sys.argv[2])
+TOKEN = open(f"{TMP}/api-token").read().strip()
+NODES = [1, 2, 3]
+failed = 0
+
+def call(n, method, path, body=None, headers=None):
+    req = urllib.request.Request(f"http://10.214.0.2{n}:9153{path}", method=method, data=body,
+                                 headers={"Authorization": f"Bearer {TOKEN}", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, {}
+
+def state(n):
+    try:
+        with urllib.request.urlopen(f"http://10.214.0.2{n}:9153/v1/state", timeout=1) as r:
+            return json.load(r)
+    except Exception:
+        return {}
+
+def everywhere(what, through, t0, done):
+    """Polls every node each 20 ms until `done(state)`; prints and checks the slowest."""
+    global failed
+    took = {}
+    while len(took) < 3 and time.monotonic() - t0 < 10:
+        for n in NODES:
+            if n not in took and done(state(n)):
+                took[n] = (time.monotonic() - t0) * 1000
+        time.sleep(0.02)
+    slowest = max(took.values()) if len(took) == 3 else None
+    per = ", ".join(f"ns{n} {took[n]:.0f}" if n in took else f"ns{n} never" for n in NODES)
+    if slowest is None or slowest > BOUND_MS:
+        failed += 1
+        print(f"chaos: VIOLATION wan: {what} through ns{through}: not on every node within {BOUND_MS} ms ({per} ms)", flush=True)
+    else:
+        print(f"chaos: wan: {what} through ns{through}: on every node in {slowest:.0f} ms ({per} ms)", flush=True)
+    return slowest
+
+def in_force(s):
+    return [d["id"] for d in s.get("drains", []) if d["status"] == "in force"]
+
+def node_bytes():
+    total = {n: 0 for n in NODES}
+    for m in NODES:
+        try:
+            doc = json.load(open(f"{TMP}/bytes-m{m}.json"))
+        except (OSError, ValueError):
+            continue
+        for n in NODES:
+            c = doc.get(f"10.214.0.2{n}", {})
+            total[n] += c.get("up", 0) + c.get("down", 0)
+    return total
+
+# At rest: 30 s of each node's traffic to and from etcd, through the relays.
+before, t = node_bytes(), time.monotonic()
+time.sleep(30)
+after, took = node_bytes(), time.monotonic() - t
+rest = {n: (after[n] - before[n]) * 60 / took / 1024 for n in NODES}
+print("chaos: wan: etcd traffic at rest per node: " + ", ".join(f"ns{n} {rest[n]:.0f} KiB/min" for n in NODES), flush=True)
+
+policies = [open(f"{TMP}/policy-b.yaml", "rb").read(), open(f"{TMP}/policy-a.yaml", "rb").read()]
+for through in NODES:
+    t0 = time.monotonic()
+    code, d = call(through, "POST", "/v1/drains", json.dumps({"name": "www.example.com", "cdn": "cloudflare", "reason": "wan: measured", "immediate": True}).encode(), {"content-type": "application/json"})
+    if code != 201:
+        failed += 1
+        print(f"chaos: VIOLATION wan: drain through ns{through}: {code}", flush=True)
+        continue
+    everywhere("drain", through, t0, lambda s: d["id"] in in_force(s))
+    t0 = time.monotonic()
+    call(through, "DELETE", f"/v1/drains/{d['id']}")
+    everywhere("undrain", through, t0, lambda s: s and d["id"] not in in_force(s))
+    t0 = time.monotonic()
+    call(through, "POST", "/v1/failover/freeze", b'{"reason":"wan: measured"}', {"content-type": "application/json"})
+    everywhere("freeze", through, t0, lambda s: s.get("failover_frozen") is not None)
+    t0 = time.monotonic()
+    call(through, "POST", "/v1/failover/resume", b'{"reason":"wan: measured"}', {"content-type": "application/json"})
+    everywhere("resume", through, t0, lambda s: s and s.get("failover_frozen") is None)
+    _, p = call(through, "GET", "/v1/policy")
+    body = policies[0] if p.get("version") != __import__("hashlib").sha256(policies[0]).hexdigest()[:12] else policies[1]
+    version = __import__("hashlib").sha256(body).hexdigest()[:12]
+    t0 = time.monotonic()
+    code, _ = call(through, "POST", "/v1/policy", body, {"If-Match": f'"{p.get("version")}"'})
+    if code != 202:
+        failed += 1
+        print(f"chaos: VIOLATION wan: policy through ns{through}: {code}", flush=True)
+        continue
+    everywhere("policy version", through, t0, lambda s: s.get("policy_version") == version)
+sys.exit(1 if failed else 0)
+PY
+    log "wan: measuring each lever's time to every node (bound $WAN_BOUND_MS ms) and the traffic at rest"
+    cli python3 "$TMP/measure.py" "$TMP" "$WAN_BOUND_MS" || MEASURE_FAILED=1
+fi
+MEASURE_FAILED=${MEASURE_FAILED:-0}
+
+node_bytes() { # each node's bytes to and from etcd so far, through the relays: "B1 B2 B3"
+    python3 - "$TMP" <<'PY'
+import json, sys
+total = [0, 0, 0]
+for m in (1, 2, 3):
+    try:
+        doc = json.load(open(f"{sys.argv[1]}/bytes-m{m}.json"))
+    except (OSError, ValueError):
+        continue
+    for n in (1, 2, 3):
+        c = doc.get(f"10.214.0.2{n}", {})
+        total[n - 1] += c.get("up", 0) + c.get("down", 0)
+print(*total)
+PY
+}
 start=$(date +%s)
 deadline=$((start + DURATION))
+read -r -a bytes_start <<<"$(node_bytes)"
 # The checker checks until the drill marks the last fault healed ("end all"), then
 # checks convergence from that instant.
-cli python3 "$TMP/checker.py" "$TMP" "$((deadline + 30))" &
+cli python3 "$TMP/checker.py" "$TMP" "$((deadline + 30))" "$(python3 -c "print($MAX_RTT_MS * 2 / 1000)")" &
 checker=$!
 RANDOM=$SEED
+KINDS=8
+[[ $PROFILE == wan ]] && KINDS=9
 faults=0
 applied=0
 DRAIN_LOST=0
 while (($(date +%s) + 10 < deadline)); do
     faults=$((faults + 1))
     n=$((RANDOM % 3 + 1))
-    case $((RANDOM % 8)) in
+    case $((RANDOM % KINDS)) in
         0)
             # A drain posted meanwhile must reach the nodes that watched that member.
             d=$((RANDOM % 3 + 1))
@@ -350,16 +513,26 @@ while (($(date +%s) + 10 < deadline)); do
             mark end cut-etcd "ns$n"
             ;;
         3)
-            if ! ((NETEM)); then
-                log "fault $faults: (200 ms delay and 5 % loss skipped: this kernel has no netem)"
-                continue
-            fi
-            log "fault $faults: 200 ms delay and 5 % loss on ns$n's link for 5 s"
-            mark start netem "ns$n"
-            ip netns exec sc${R}-hub tc qdisc add dev "${VETH[sc${R}-n$n]}" root netem delay 200ms loss 5%
+            log "fault $faults: 200 ms delay and 5 % loss on ns$n's links to etcd for 5 s (the relays)"
+            mark start delay-loss "ns$n"
+            LINK_FAULT[10.214.0.2$n]='"delay_ms": 200, "loss": 0.05'
+            write_links
             hold 5
-            ip netns exec sc${R}-hub tc qdisc del dev "${VETH[sc${R}-n$n]}" root
-            mark end netem "ns$n"
+            unset "LINK_FAULT[10.214.0.2$n]"
+            write_links
+            mark end delay-loss "ns$n"
+            ;;
+        8)
+            # PROFILE=wan only: a burst of loss on every link from or to one site.
+            pct=$((RANDOM % 5 + 1))
+            log "fault $faults: ${pct} % loss on every link of site ${SITE[$n]} for 6 s (the relays)"
+            mark start loss-burst "site-${SITE[$n]}"
+            SITE_FAULT="\"${SITE[$n]}\": {\"loss\": 0.0$pct}"
+            write_links
+            hold 6
+            SITE_FAULT=""
+            write_links
+            mark end loss-burst "site-${SITE[$n]}"
             ;;
         4)
             offset=$(((RANDOM % 2) * 4 - 2))
@@ -408,5 +581,9 @@ while (($(date +%s) + 10 < deadline)); do
 done
 mark end all -
 log "last fault healed; $faults faults injected, $applied of them policy applies"
-if wait "$checker" && ((DRAIN_LOST == 0)); then ok "no invariant violated under $faults faults"; else fail "invariants violated (see above)"; fi
+sleep 1 # the relays write their counts each second
+read -r -a bytes_end <<<"$(node_bytes)"
+minutes=$(python3 -c "print(max(1, $(date +%s) - $start) / 60)")
+log "etcd traffic per node during the faults: $(for n in 0 1 2; do python3 -c "print(f'ns$((n + 1)) {(${bytes_end[$n]:-0} - ${bytes_start[$n]:-0}) / 1024 / $minutes:.0f} KiB/min', end='; ')"; done)"
+if wait "$checker" && ((DRAIN_LOST == 0 && MEASURE_FAILED == 0)); then ok "no invariant violated under $faults faults"; else fail "invariants violated (see above)"; fi
 summary

@@ -16,6 +16,7 @@ use common::etcd::{require_etcd, EtcdSet};
 use common::mock_cdn::{MockCdn, Mode};
 use common::relay::Relay;
 use common::stack::*;
+use common::wan::WanRelay;
 use serde_json::{json, Value};
 use steerdns::control::cluster::{ClusterOptions, EtcdOptions};
 use tokio::sync::Mutex;
@@ -31,6 +32,8 @@ struct Set {
     opts: Vec<ClusterOptions>,
     /// Per node, one relay per etcd member.
     relays: Vec<Vec<Relay>>,
+    /// With `SetUp::wan_ms`: the long link in front of each etcd member.
+    _wan: Vec<WanRelay>,
     a: MockCdn,
     b: MockCdn,
     _dead: MockCdn,
@@ -50,6 +53,8 @@ struct SetUp {
     member_roles: bool,
     /// The policy of [`commit_policy`] instead (`a` behind its commit).
     commit: bool,
+    /// Every node this far from every etcd member, one way (ms; `tests/wan-relay.py`).
+    wan_ms: u64,
 }
 
 async fn set_up(tag: &str, how: SetUp) -> Set {
@@ -63,6 +68,14 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
     let a = MockCdn::start(Mode::Healthy).await;
     let b = MockCdn::start(Mode::Healthy).await;
     let dead = MockCdn::start(Mode::Refused).await;
+    let wan: Vec<WanRelay> = if how.wan_ms > 0 {
+        (0..3)
+            .map(|m| WanRelay::start(etcd.client_addr(m), how.wan_ms))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let member = |m: usize| wan.get(m).map_or(etcd.client_addr(m), |w| w.addr);
     let mut nodes = Vec::new();
     let mut all_opts = Vec::new();
     let mut relays = Vec::new();
@@ -82,7 +95,7 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
         probe(&dir, "b", &ub, 1);
         let mut rs = Vec::new();
         for m in 0..3 {
-            rs.push(Relay::start(etcd.client_addr(m)).await);
+            rs.push(Relay::start(member(m)).await);
         }
         let opts = ClusterOptions {
             etcd: EtcdOptions {
@@ -109,6 +122,7 @@ async fn set_up(tag: &str, how: SetUp) -> Set {
         nodes,
         opts: all_opts,
         relays,
+        _wan: wan,
         a,
         b,
         _dead: dead,
@@ -186,6 +200,94 @@ fn step_since(s: &Value, cdn: &str) -> Option<u64> {
         .iter()
         .find(|f| f["cdn"] == cdn && f["name"] == "www.example.com.")?["since_unix_ms"]
         .as_u64()
+}
+
+/// Every node 100 ms from every etcd member, one way (200 ms round trips through
+/// `tests/wan-relay.py`, as across an ocean): a drain is answered by every node within
+/// its writer's answer plus one way and 500 ms; a policy version is served by every node
+/// from its instant, half a second after the writer's answer; a node cut off fails
+/// static within 3.5 s (the book: "about 3 s").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_an_ocean_every_node_applies_a_lever_within_its_bound_and_fails_static_in_time() {
+    if !require_etcd("across_an_ocean…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let set = set_up(
+        "wan",
+        SetUp {
+            wan_ms: 100,
+            ..SetUp::default()
+        },
+    )
+    .await;
+    for i in 0..3 {
+        answers_until(&set, i, Instant::now(), "both CDNs answer", |c| {
+            c == ["a", "b"]
+        })
+        .await;
+    }
+    let t0 = Instant::now();
+    let (status, rule) = set.nodes[0]
+        .post(
+            "/v1/drains",
+            json!({"name": "www.example.com", "cdn": "a", "reason": "across an ocean", "immediate": true}),
+        )
+        .await;
+    let answered = t0.elapsed();
+    assert_eq!(status, 201, "{rule}");
+    // The write was committed through the long link: at least one round trip.
+    assert!(
+        answered >= Duration::from_millis(180),
+        "answered in {answered:?}: the relay delays nothing?"
+    );
+    // The writer serves it from its answer on.
+    let (counts, _) = set.nodes[0].answers(20).await;
+    assert_eq!(counts.get("b"), Some(&20), "{counts:?}");
+    let bound = answered + Duration::from_millis(100 + 500);
+    let mut took = Vec::new();
+    for i in [1, 2] {
+        let t = answers_until(&set, i, t0, "only b after the drain", |c| c == ["b"]).await;
+        assert!(
+            t < bound,
+            "ns{}: the drain answered after {t:?} (the writer answered after {answered:?})",
+            i + 1
+        );
+        took.push(t);
+    }
+    eprintln!(
+        "wan 100 ms: drain answered by its writer in {answered:?}, by the others in {took:?}"
+    );
+
+    // A policy version through ns2: served by every node from its instant.
+    let original = std::fs::read_to_string(set.nodes[0].dir.join("steering.yaml")).unwrap();
+    let v0 = steerdns::config::version_of(&original);
+    let edited = original.replace("ttl: 30", "ttl: 31");
+    assert_ne!(edited, original);
+    let v1 = steerdns::config::version_of(&edited);
+    let t0 = Instant::now();
+    let (code, body) = post_policy(&set.nodes[1], edited, &v0).await;
+    let answered = t0.elapsed();
+    assert_eq!(code, 202, "{body}");
+    let bound = answered + Duration::from_millis(500 + 300);
+    for (i, n) in set.nodes.iter().enumerate() {
+        n.wait_for("the new version", |s| s["policy_version"] == v1.as_str())
+            .await;
+        let t = t0.elapsed();
+        assert!(
+            t < bound,
+            "ns{}: the version served after {t:?} (the writer answered after {answered:?})",
+            i + 1
+        );
+    }
+
+    // Cut off, ns3 fails static within about 3 s (3.5 s: the check every 400 ms, its
+    // 1 s timeout, a second more for the next member, and a poll).
+    let t0 = Instant::now();
+    set.cut_off(2).await;
+    let t = t0.elapsed();
+    assert!(t < Duration::from_millis(3_500), "fail static after {t:?}");
+    eprintln!("wan 100 ms: policy answered in {answered:?}; ns3 fail static {t:?} after the cut");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ pub mod mock_cdn;
 pub mod relay;
 pub mod stack;
 pub mod unbound;
+pub mod wan;
 pub mod wire;
 
 pub use wire::*;
