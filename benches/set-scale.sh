@@ -204,9 +204,13 @@ def read(path):
             out[g.group(1) + (g.group(2) or "")] = float(g.group(3))
     return out
 a, b = read(m0), read(m1)
-def rate(name, match=""):
-    keys = [k for k in b if (k == name or k.startswith(name + "{")) and match in k]
-    return sum(b[k] - a.get(k, 0) for k in keys) / secs
+def rate(name):
+    # etcd 3.4 has most mvcc counters under both names (etcd_debugging_mvcc_* too).
+    for n in (name, name.replace("etcd_debugging_mvcc_", "etcd_mvcc_")):
+        keys = [k for k in b if k == n or k.startswith(n + "{")]
+        if keys:
+            return sum(b[k] - a.get(k, 0) for k in keys) / secs
+    return float("nan")
 def gauge(name):
     return sum(v for k, v in b.items() if k == name or k.startswith(name + "{"))
 print(f"window at rest: {secs:.0f} s")
@@ -255,13 +259,14 @@ def call(port, method, path, body=None):
     data = r.read()
     c.close()
     return r.status, data
-def wait_in_force(port, drain_id, t0, deadline):
+def wait_in_force(port, reason, t0, deadline):
+    # Polling starts before the POST: the drain is known by its reason (unique).
     c = http.client.HTTPConnection("127.0.0.1", int(port), timeout=10)
     while time.monotonic() < deadline:
         c.request("GET", "/v1/state")
         data = c.getresponse().read()
-        # Parsed only once the id is in it (the document is large; 50 pollers share a GIL).
-        if drain_id.encode() in data and any(d.get("id") == drain_id and d.get("status") == "in force" for d in json.loads(data).get("drains", [])):
+        # Parsed only once the reason is in it (50 pollers share one GIL).
+        if reason.encode() in data and any(d.get("reason") == reason and d.get("status") == "in force" for d in json.loads(data).get("drains", [])):
             return time.monotonic() - t0
         time.sleep(0.02)
     return float("inf")
@@ -270,15 +275,17 @@ with open(out, "w") as f:
     for i in range(repeats):
         k = i % len(ports)
         name = f"h{(7 + 13 * i) % 1000:04d}.example.com"
+        reason = f"set-scale drain {i + 1} {time.time():.0f}"
         t0 = time.monotonic()
-        status, data = call(ports[k], "POST", "/v1/drains",
-                            {"name": name, "cdn": "fastly", "reason": f"set-scale drain {i + 1}", "immediate": True})
-        posted = time.monotonic() - t0
-        if status != 201:
-            sys.exit(f"POST /v1/drains to ns{k + 1}: {status} {data[:300]!r}")
-        drain_id = json.loads(data)["id"]
         with concurrent.futures.ThreadPoolExecutor(len(ports)) as pool:
-            took = list(pool.map(lambda p: wait_in_force(p, drain_id, t0, t0 + 30), ports))
+            waits = [pool.submit(wait_in_force, p, reason, t0, t0 + 30) for p in ports]
+            status, data = call(ports[k], "POST", "/v1/drains",
+                                {"name": name, "cdn": "fastly", "reason": reason, "immediate": True})
+            posted = time.monotonic() - t0
+            if status != 201:
+                sys.exit(f"POST /v1/drains to ns{k + 1}: {status} {data[:300]!r}")
+            drain_id = json.loads(data)["id"]
+            took = [w.result() for w in waits]
         took_ms = sorted(t * 1000 for t in took)
         med, slow = statistics.median(took_ms), took_ms[-1]
         others = sorted(t * 1000 for j, t in enumerate(took) if j != k)
@@ -435,6 +442,9 @@ PY
     lost=$(cat "$TMP"/ns*.log | grep -c "another node wrote the failover timeline first" || true)
     failed=$(cat "$TMP"/ns*.log | grep -c "cannot write the failover timeline" || true)
     echo "timeline writes: $won created, $lost lost the race (compare failed), $failed failed" >>"$TMP/incident.txt"
+    audits=$(ctl get "${PREFIX}audit/" --prefix --keys-only | grep -c . || true)
+    unwritten=$(cat "$TMP"/ns*.log | grep -c "cannot write an audit entry" || true)
+    echo "then: $audits audit entries in etcd (each under its own lease), $(ctl lease list | sed -n 's/^found \([0-9]*\) leases.*/\1/p') leases; $unwritten audit entries not written (logged)" >>"$TMP/incident.txt"
     echo
     cat "$TMP/incident.txt"
     echo
