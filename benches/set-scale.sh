@@ -14,7 +14,11 @@
 #       --stats) over REST_SECONDS, and during the drains;
 #   (d) etcd's CPU (utime + stime) per minute and its RSS, at rest and during the drains;
 #   (e) the leases (etcdctl lease list) and, from etcd's /metrics, the keepalives, puts,
-#       ranges and watch events per second at rest.
+#       ranges and watch events per second at rest;
+#   (f) a node restarted at rest: the seconds until its whole read is done;
+#   (g) an incident: fastly's canary removed, so every node sees fastly down: the time
+#       until every node has every name's first step, etcd's load, the timeline races,
+#       the audit entries and leases it leaves; then a node restarted with those keys.
 #
 #   bash benches/set-scale.sh                      # 50 nodes, 1,000 names, 100 ms one way
 #   NODES=10 NAMES=100 REST_SECONDS=20 bash benches/set-scale.sh   # a quick one
@@ -27,6 +31,7 @@
 #   REPEATS=3         drains measured
 #   REST_SECONDS=60   the window at rest
 #   PROBE_INTERVAL=10 interval_seconds of the three probes (0: no probes, no observations)
+#   INCIDENT=1        0: skip the CDN incident (and the restart after it)
 #   WAN_RELAY         the relay (default tests/wan-relay.py)
 #   STEERDNS_BIN      the binary (default: cargo build --release)
 #   KEEP=1            keep the scratch directory (logs, etcd data, raw readings)
@@ -49,6 +54,7 @@ BATCH=${BATCH:-10}
 REPEATS=${REPEATS:-3}
 REST_SECONDS=${REST_SECONDS:-60}
 PROBE_INTERVAL=${PROBE_INTERVAL:-10}
+INCIDENT=${INCIDENT:-1}
 WAN_RELAY=${WAN_RELAY:-tests/wan-relay.py}
 PREFIX=/steerdns/
 
@@ -175,6 +181,8 @@ metrics "$TMP/metrics-rest-0.txt"
 read -r up0 down0 < <(relay_bytes)
 c0=$(cpu_ticks "$ETCD_PID")
 r0=$(cpu_ticks "$RELAY_PID")
+nodes_cpu() { for ((k = 1; k <= NODES; k++)); do cpu_ticks "${NODE_PID[k]}"; done | awk '{ s += $1 } END { print s }'; }
+n0=$(nodes_cpu)
 rev0=$(revision)
 t0=$(date +%s%N)
 sleep "$REST_SECONDS"
@@ -182,16 +190,17 @@ t1=$(date +%s%N)
 rev1=$(revision)
 c1=$(cpu_ticks "$ETCD_PID")
 r1=$(cpu_ticks "$RELAY_PID")
+n1=$(nodes_cpu)
 read -r up1 down1 < <(relay_bytes)
 metrics "$TMP/metrics-rest-1.txt"
 ETCD_RSS_REST=$(rss_kb "$ETCD_PID")
 LEASES=$(ctl lease list | sed -n 's/^found \([0-9]*\) leases.*/\1/p')
 REST="$TMP/rest.txt"
 python3 - "$NODES" "$t0" "$t1" "$c0" "$c1" "$HZ" "$up0" "$up1" "$down0" "$down1" "$rev0" "$rev1" \
-    "$r0" "$r1" "$TMP/metrics-rest-0.txt" "$TMP/metrics-rest-1.txt" >"$REST" <<'PY'
+    "$r0" "$r1" "$n0" "$n1" "$TMP/metrics-rest-0.txt" "$TMP/metrics-rest-1.txt" >"$REST" <<'PY'
 import re, sys
-n, t0, t1, c0, c1, hz, up0, up1, d0, d1, rev0, rev1, r0, r1 = map(float, sys.argv[1:15])
-m0, m1 = sys.argv[15:17]
+n, t0, t1, c0, c1, hz, up0, up1, d0, d1, rev0, rev1, r0, r1, n0, n1 = map(float, sys.argv[1:17])
+m0, m1 = sys.argv[17:19]
 secs = (t1 - t0) / 1e9
 per_min = 60 / secs
 def read(path):
@@ -217,7 +226,7 @@ print(f"window at rest: {secs:.0f} s")
 print(f"bytes nodes<->etcd per node per minute: {((up1 - up0) + (d1 - d0)) / n * per_min / 1024:.1f} KiB "
       f"(to etcd {(up1 - up0) / n * per_min / 1024:.1f} KiB, from etcd {(d1 - d0) / n * per_min / 1024:.1f} KiB)")
 print(f"etcd CPU per minute at rest: {(c1 - c0) / hz * per_min:.2f} s")
-print(f"relay CPU per minute at rest: {(r1 - r0) / hz * per_min:.2f} s")
+print(f"relay CPU per minute at rest: {(r1 - r0) / hz * per_min:.2f} s; a node's CPU per minute at rest (mean): {(n1 - n0) / hz * per_min / n:.2f} s")
 print(f"writes (revisions) per second at rest: {(rev1 - rev0) / secs:.2f}")
 print(f"etcd puts/s {rate('etcd_debugging_mvcc_put_total'):.2f}, txns/s {rate('etcd_debugging_mvcc_txn_total'):.2f}, "
       f"ranges/s {rate('etcd_debugging_mvcc_range_total'):.2f}, "
@@ -363,7 +372,7 @@ restart_node 2
 echo "ns2 restarted at rest ($n_timelines timeline keys): connected after $RESTART_S s"
 
 # --- (g) an incident: fastly broken for every node -------------------------------------------
-if ((PROBE_INTERVAL > 0)); then
+if ((PROBE_INTERVAL > 0)) && [[ $INCIDENT == 1 ]]; then
     log "incident: fastly's canary removed; every node sees fastly down after 2 rounds"
     metrics "$TMP/metrics-inc-0.txt"
     read -r iu0 id0 < <(relay_bytes)
