@@ -102,7 +102,7 @@ impl Done {
         written: bool,
     ) {
         let revision = match written {
-            true => store.revision(key).await.ok(),
+            true => store.revision_after_writes(key).await.ok(),
             false => None,
         };
         let answer: Answer = Box::new(move || {

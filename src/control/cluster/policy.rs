@@ -246,10 +246,14 @@ impl ClusterLink {
             return;
         }
         let (store, prefix, node) = (self.store.clone(), self.prefix.clone(), self.node.clone());
-        let store_now = self.store_ms(now_ms());
-        let activate = store_now + self.allowance_ms();
+        // The instant is taken once the version is checked (a load with this node's
+        // inputs takes up to a second with a full geo database): taken before, it
+        // could pass while the check ran, and every node would switch on receipt
+        // instead of at one instant.
+        let (skew, allowance) = (self.store.skew_ms().unwrap_or(0), self.allowance_ms());
+        let activate = self.store_ms(now_ms()) + allowance;
         let version = proposal.source.version();
-        let (audit_key, entry) = self.audit_entry(
+        let (audit_key, mut entry) = self.audit_entry(
             "policy",
             serde_json::json!({
                 "version": version,
@@ -285,6 +289,9 @@ impl ClusterLink {
                         ));
                     }
                 }
+                let store_now = now_ms().saturating_add_signed(skew);
+                let activate = store_now + allowance;
+                entry["activate_at_unix_ms"] = activate.into();
                 put_policy(
                     &store,
                     &prefix,

@@ -247,8 +247,16 @@ impl Controller {
         tokio::spawn(async move {
             match rx.await {
                 // A new set's first version: another node's was taken.
-                Ok(Err(e)) if how == "first" => {
+                Ok(Err(e @ PolicyRefused::Stale { .. })) if how == "first" => {
                     info!(version = %version, error = %e, "policy: another node's first version was taken")
+                }
+                // The set cannot take it at all (too large for the store): the node
+                // serves its file, and the set has no version until one is applied.
+                Ok(Err(e)) if how == "first" => {
+                    metrics.policy_file_refused();
+                    warn!(version = %version, error = %e, "policy file: the set cannot take it as its first version; this node serves its file");
+                    *errors.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((version, e.to_string()));
                 }
                 Ok(Err(e)) => {
                     metrics.policy_file_refused();

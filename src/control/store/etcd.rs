@@ -92,6 +92,8 @@ pub struct Etcd {
     user: Option<(String, String)>,
     token: Arc<Mutex<Option<String>>>,
     skew: Arc<Mutex<Skew>>,
+    /// The highest revision a write of this node's was answered at (0: none yet).
+    written: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// The offset of etcd's clock from this node's (ms, positive when etcd is ahead), from
@@ -266,6 +268,7 @@ impl Etcd {
             user: opts.user.clone(),
             token: Arc::new(Mutex::new(None)),
             skew: Arc::new(Mutex::new(Skew::default())),
+            written: Arc::new(std::sync::atomic::AtomicI64::new(0)),
         })
     }
 
@@ -475,7 +478,22 @@ impl Etcd {
         if let Some(l) = lease {
             body["lease"] = json!(l.to_string());
         }
-        self.call("v3/kv/put", &body).await.map(|_| ())
+        let v = self.call("v3/kv/put", &body).await?;
+        self.wrote(&v);
+        Ok(())
+    }
+
+    /// Notes the revision a write was answered at.
+    fn wrote(&self, answer: &Value) {
+        if let Some(rev) = num(&answer["header"]["revision"]) {
+            self.written.fetch_max(rev, Ordering::Relaxed);
+        }
+    }
+
+    /// The highest revision a write of this node's was answered at: a view at it holds
+    /// every write this node saw answered (`None` before the first).
+    pub fn written_revision(&self) -> Option<i64> {
+        Some(self.written.load(Ordering::Relaxed)).filter(|&r| r > 0)
     }
 
     /// Writes `key` only if it does not exist; whether it was written.
@@ -567,13 +585,19 @@ impl Etcd {
             "success": [{ "request_put": extra }],
         });
         let v = self.call("v3/kv/txn", &body).await?;
-        Ok(v["succeeded"].as_bool().unwrap_or(false))
+        let written = v["succeeded"].as_bool().unwrap_or(false);
+        if written {
+            self.wrote(&v);
+        }
+        Ok(written)
     }
 
     /// Deletes `key`.
     pub async fn delete(&self, key: &str) -> Result<(), EtcdError> {
         let body = json!({ "key": b64(key.as_bytes()) });
-        self.call("v3/kv/deleterange", &body).await.map(|_| ())
+        let v = self.call("v3/kv/deleterange", &body).await?;
+        self.wrote(&v);
+        Ok(())
     }
 
     /// A lease of `ttl` (etcd may lengthen a very short one); its id.
