@@ -27,7 +27,7 @@
 # to its nearest other member (180 ms): WAN_BOUND_MS = 3 x 430 + 500 = 1,790 ms,
 # WAN_POLICY_BOUND_MS = 1,000 + 3 x 430 + 500 = 2,790 ms (500 ms for the watch, the
 # answer and the polling). Each node lists its own site's member first (--etcd), as the book
-# says to. WAN_SCALE multiplies every delay (WAN_SCALE=4 puts the links beyond the
+# says to. WAN_SCALE multiplies every delay (WAN_SCALE=2 puts the links beyond the
 # bounds: the drill must fail).
 #
 # From outside (the client namespace), every half second, through /v1/state and dig:

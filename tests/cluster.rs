@@ -2846,3 +2846,46 @@ async fn a_member_rewriting_a_drain_cannot_flood_every_nodes_audit_log() {
         steerdns::control::disk::audit::verify(&[log]).unwrap();
     }
 }
+
+/// A policy file the set's store cannot take (over 53,248 bytes): the node serves its
+/// file and says why, as a refused file (it was logged as "another node's first version
+/// was taken", and nothing showed it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_version_too_large_for_the_store_is_shown_as_a_refused_file() {
+    if !require_etcd("a_first_version_too_large…") {
+        return;
+    }
+    let _turn = SERIAL.lock().await;
+    let etcd = EtcdSet::start("policy-large").await;
+    let cdn = MockCdn::start(Mode::Healthy).await;
+    let dir = scratch("policy-large-ns1");
+    policy(&dir, "[50, 100]", 0.5);
+    probe(&dir, "a", &cdn.url("/a"), 1);
+    probe(&dir, "b", &cdn.url("/b"), 1);
+    let file = dir.join("steering.yaml");
+    let mut yaml = std::fs::read_to_string(&file).unwrap();
+    for i in 0..1_200 {
+        yaml.push_str(&format!(
+            "# padding {i:04}: a comment line to make the file large\n"
+        ));
+    }
+    assert!(yaml.len() > 56_000, "{}", yaml.len());
+    std::fs::write(&file, &yaml).unwrap();
+    let ns1 = Stack::start_node(&dir, "ns1", etcd.node_options("ns1", &["ns1"])).await;
+    let s = ns1
+        .wait_for("the file refused", |s| {
+            s["policy"]["file_error"].is_string()
+        })
+        .await;
+    let why = s["policy"]["file_error"].as_str().unwrap();
+    assert!(why.contains("at most 53248"), "{s:#}");
+    assert_eq!(
+        ns1.metric("steerdns_policy_file_refused_total").await,
+        Some(1.0)
+    );
+    // It serves its file meanwhile.
+    let (counts, _) = ns1.answers(20).await;
+    assert_eq!(counts.values().sum::<usize>(), 20, "{counts:?}");
+    ns1.stop().await;
+    drop(etcd);
+}
