@@ -249,9 +249,8 @@ impl ClusterLink {
         // The instant is taken once the version is checked (a load with this node's
         // inputs takes up to a second with a full geo database): taken before, it
         // could pass while the check ran, and every node would switch on receipt
-        // instead of at one instant.
+        // instead of at one instant (the audit entry gets it then).
         let (skew, allowance) = (self.store.skew_ms().unwrap_or(0), self.allowance_ms());
-        let activate = self.store_ms(now_ms()) + allowance;
         let version = proposal.source.version();
         let (audit_key, mut entry) = self.audit_entry(
             "policy",
@@ -263,7 +262,6 @@ impl ClusterLink {
                 "how": proposal.how,
                 "why": proposal.why,
                 "stages": proposal.stages,
-                "activate_at_unix_ms": activate,
             }),
         );
         let done = self.done.clone();
